@@ -1,0 +1,25 @@
+// CUDA device facts llmq needs before choosing a kernel (FP8 needs sm_89+). No CUDA headers here.
+#pragma once
+
+#include <string>
+
+#include "llmq/status.hpp"
+
+namespace llmq {
+
+struct CudaDeviceInfo {
+  std::string name;
+  int major = 0;
+  int minor = 0;
+  int multiprocessors = 0;
+  long long global_memory_bytes = 0;
+  bool supports_fp8() const { return major > 8 || (major == 8 && minor >= 9); }
+};
+
+// Fails with kUnsupported when llmq was built without CUDA or no device is present.
+Status query_cuda_device(int ordinal, CudaDeviceInfo* out);
+
+// The standard check before an FP8 kernel: ok on sm_89+, a clear error otherwise.
+Status require_fp8_device(int ordinal);
+
+}  // namespace llmq

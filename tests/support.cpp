@@ -1,0 +1,65 @@
+// Shared test helpers (see support.hpp).
+#include "support.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+namespace llmq::testing {
+
+std::vector<float> outlier_matrix(int64_t rows, int64_t cols, uint64_t seed, float outlier_gain) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  std::vector<bool> outlier_col(static_cast<size_t>(cols), false);
+  for (int64_t c = 0; c < cols; ++c) outlier_col[c] = uniform(rng) < 0.02f || c == cols / 3;
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float row_gain = 0.25f + 2.0f * uniform(rng);  // tokens differ in magnitude
+    for (int64_t c = 0; c < cols; ++c) {
+      float v = normal(rng) * row_gain;
+      if (outlier_col[c]) v *= outlier_gain;
+      if (uniform(rng) < 0.001f) v *= 25.0f;  // rare spikes: heavy tail
+      if (v == 0.0f) v = 1e-3f;
+      x[static_cast<size_t>(r * cols + c)] = v;
+    }
+  }
+  return x;
+}
+
+std::vector<float> normal_vector(int64_t n, uint64_t seed, float sigma) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) {
+    v = normal(rng);
+    if (v == 0.0f) v = sigma * 1e-3f;
+  }
+  return x;
+}
+
+std::string testdata_dir() {
+  if (const char* env = std::getenv("LLMQ_TESTDATA"); env && *env) return env;
+#ifdef LLMQ_DEFAULT_TESTDATA
+  return LLMQ_DEFAULT_TESTDATA;
+#else
+  return "../shared/testdata";
+#endif
+}
+
+bool read_file(const std::string& path, std::vector<uint8_t>* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  out->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return true;
+}
+
+std::string repro(uint64_t seed, int64_t rows, int64_t cols, const std::string& what) {
+  std::ostringstream os;
+  os << "REPRO seed=" << seed << " rows=" << rows << " cols=" << cols << " " << what;
+  return os.str();
+}
+
+}  // namespace llmq::testing

@@ -1,0 +1,25 @@
+// Shared test helpers: seeded inputs with outliers (never zeros), the reference-data folder,
+// and a REPRO line for failure messages.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace llmq::testing {
+
+// Gaussian values with a few outlier columns (x outlier_gain) and heavy-tailed spikes, as LLM
+// activations have. Seeded; no element is exactly zero.
+std::vector<float> outlier_matrix(int64_t rows, int64_t cols, uint64_t seed, float outlier_gain = 40.0f);
+// Plain N(0, sigma) values, no zeros.
+std::vector<float> normal_vector(int64_t n, uint64_t seed, float sigma = 1.0f);
+
+// The folder of reference vectors: $LLMQ_TESTDATA, else the build's default (../shared/testdata).
+std::string testdata_dir();
+bool read_file(const std::string& path, std::vector<uint8_t>* out);
+
+// "REPRO seed=3 rows=19 cols=99 spec=e4m3 per-token absmax dynamic" for failure messages.
+std::string repro(uint64_t seed, int64_t rows, int64_t cols, const std::string& what);
+
+}  // namespace llmq::testing
