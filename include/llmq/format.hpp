@@ -66,7 +66,8 @@ inline int32_t unpack_int4(uint8_t byte, int which) {
   return nibble >= 8 ? nibble - 16 : nibble;
 }
 
-// Is the magnitude of x beyond what `target` represents (before saturation)? Used to count clips.
+// Would x clip: does round-to-nearest carry it past the largest finite value (integers: outside
+// [qmin, qmax])? Inf clips; NaN does not. Used to count saturated elements.
 bool exceeds_range(float x, DType target);
 
 // Counter-based random numbers for stochastic rounding: Philox4x32-10 keyed by `seed`, counter =

@@ -8,7 +8,12 @@
 namespace llmq {
 namespace {
 
-constexpr double pow2(int e) { return e >= 0 ? double(int64_t{1} << e) : 1.0 / double(int64_t{1} << -e); }
+constexpr double pow2(int e) {
+  double v = 1.0;
+  for (; e > 0; --e) v *= 2.0;
+  for (; e < 0; ++e) v *= 0.5;
+  return v;
+}
 
 // max finite = (2 - 2^-M) * 2^(emax) unless noted; min normal = 2^(1 - bias); min subnormal =
 // 2^(1 - bias - M).

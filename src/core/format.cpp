@@ -176,7 +176,11 @@ bool exceeds_range(float x, DType target) {
     const double r = std::nearbyint(static_cast<double>(x));
     return r < static_cast<double>(f.qmin) || r > static_cast<double>(f.qmax);
   }
-  return std::fabs(static_cast<double>(x)) > f.max_finite;
+  // A clip is a value that round-to-nearest would carry past max: the non-saturating conversion
+  // overflows to Inf or NaN. 448.00003 in E4M3 rounds to 448 and is not a clip; 465 is.
+  if (std::isinf(x)) return true;
+  const float decoded = decode_float(encode_float(x, target, {Rounding::kNearestEven, Saturation::kNonSaturating}), target);
+  return !std::isfinite(decoded);
 }
 
 uint32_t philox_random_u32(uint64_t seed, uint64_t index) {

@@ -1,1 +1,94 @@
-int main() { return 0; }
+// The llmq command line: a thin shell over the library. Only this file prints and exits.
+//   llmq                      the default report (formats, scaling-method round trip, W8A8 GEMM)
+//   llmq formats              the format table
+//   llmq convert -f e4m3 X..  encode values and show the codes and what they decode to
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "llmq/format.hpp"
+#include "llmq/status.hpp"
+#include "report.hpp"
+
+namespace {
+
+int fail(const llmq::Status& st) {
+  std::fprintf(stderr, "llmq: %s\n", st.to_string().c_str());
+  return st.code() == llmq::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+int run_report(const llmq::cli::ReportOptions& options) {
+  llmq::cli::Report report;
+  if (auto st = llmq::cli::build_report(options, &report); !st.ok()) return fail(st);
+  const std::string text = options.json ? llmq::cli::report_json(options, report)
+                                        : llmq::cli::report_text(options, report);
+  std::fputs(text.c_str(), stdout);
+  if (options.json) std::fputs("\n", stdout);
+  return 0;
+}
+
+int run_convert(const std::string& format_name, const std::vector<double>& values, bool nosat,
+                bool stochastic, uint64_t seed) {
+  const auto dtype = llmq::parse_dtype(format_name);
+  if (!dtype || !(llmq::is_fp8(*dtype) || *dtype == llmq::DType::kBF16 || *dtype == llmq::DType::kF16 ||
+                  *dtype == llmq::DType::kI8 || *dtype == llmq::DType::kI4))
+    return fail(llmq::invalid_argument("--format: '" + format_name +
+                                       "' is not one of e4m3, e4m3_ieee, e5m2, e4m3fnuz, e5m2fnuz, bf16, f16, int8, int4"));
+  const llmq::ConvertOptions options{stochastic ? llmq::Rounding::kStochastic : llmq::Rounding::kNearestEven,
+                                     nosat ? llmq::Saturation::kNonSaturating : llmq::Saturation::kSatFinite};
+  fmt::print("{:>16} | {:>8} | {}\n", "input", "code", std::string(llmq::dtype_name(*dtype)) + " value");
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float x = static_cast<float>(values[i]);
+    const uint32_t bits = stochastic ? llmq::philox_random_u32(seed, i) : 0u;
+    if (llmq::format_info(*dtype).is_integer) {
+      const int32_t q = llmq::encode_int(x, *dtype, options.rounding, bits);
+      fmt::print("{:>16.9g} | {:>8} | {}\n", x, q, q);
+    } else {
+      const uint32_t code = llmq::encode_float(x, *dtype, options, bits);
+      const int width = llmq::format_info(*dtype).bits / 4;
+      fmt::print("{:>16.9g} | 0x{:0{}x}{} | {:.9g}\n", x, code, width, std::string(static_cast<size_t>(6 - width), ' '),
+                 llmq::decode_float(code, *dtype));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"llmq: 8-bit (FP8 / INT8) quantization of large language models, with the accuracy measured"};
+  app.require_subcommand(0, 1);
+  llmq::cli::ReportOptions report_options;
+  auto add_report_flags = [&report_options](CLI::App* cmd) {
+    cmd->add_option("--rows", report_options.rows, "tokens in the seeded tensor")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--cols", report_options.cols, "hidden size (K)")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--out-features", report_options.out_features, "N of the GEMM table")->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--seed", report_options.seed, "seed of the synthetic tensors");
+    cmd->add_flag("--json", report_options.json, "print JSON instead of tables");
+  };
+  add_report_flags(&app);
+  CLI::App* report = app.add_subcommand("report", "the default report (also what `llmq` alone prints)");
+  add_report_flags(report);
+  CLI::App* formats = app.add_subcommand("formats", "print the table of 8-bit and 4-bit formats");
+
+  CLI::App* convert = app.add_subcommand("convert", "encode values in a format, print codes and decoded values");
+  std::string format_name = "e4m3";
+  std::vector<double> values;
+  bool nosat = false, stochastic = false;
+  uint64_t seed = 0;
+  convert->add_option("-f,--format", format_name, "e4m3, e4m3_ieee, e5m2, e4m3fnuz, e5m2fnuz, bf16, f16, int8, int4");
+  convert->add_option("values", values, "values to convert")->required();
+  convert->add_flag("--nosat", nosat, "non-saturating: overflow gives Inf or NaN instead of +-max");
+  convert->add_flag("--stochastic", stochastic, "stochastic rounding (Philox, counter = position)");
+  convert->add_option("--seed", seed, "stochastic rounding seed");
+
+  CLI11_PARSE(app, argc, argv);
+  if (*formats) {
+    std::fputs(llmq::cli::format_table_text().c_str(), stdout);
+    return 0;
+  }
+  if (*convert) return run_convert(format_name, values, nosat, stochastic, seed);
+  return run_report(report_options);
+}
