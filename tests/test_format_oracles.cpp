@@ -30,8 +30,7 @@ struct Mismatches {
     ++count;
     uint32_t bits;
     std::memcpy(&bits, &input, 4);
-    if (count <= 50)  // the full count is always reported; the first 50 are listed
-      text << "  input " << input << " (0x" << std::hex << bits << ") ours 0x" << ours << " theirs 0x"
+    text << "  input " << input << " (0x" << std::hex << bits << ") ours 0x" << ours << " theirs 0x"
            << theirs << std::dec << "\n";
   }
 };

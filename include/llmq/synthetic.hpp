@@ -12,7 +12,7 @@ struct SyntheticOptions {
   float outlier_fraction = 0.01f;  // fraction of columns that are outlier channels
   float outlier_gain = 40.0f;      // their typical magnitude relative to the bulk
   float spike_probability = 1e-3f; // isolated heavy-tail spikes
-  float spike_gain = 20.0f;
+  float spike_gain = 8.0f;
   // Which columns are outlier channels is a property of the model, not of the batch: batches
   // drawn with different `seed`s share the channels chosen by `channel_seed`.
   uint64_t channel_seed = 0xC4A77E15ULL;

@@ -83,23 +83,38 @@ uint32_t encode_float(float x, DType target, ConvertOptions options, uint32_t ra
   // 0x7FC0 (c10); FP16 keeps the sign (0x7E00 | sign, PyTorch). Overflow to NaN keeps the sign.
   if (std::isnan(x)) return nan_code(l, l.bits == 16 && negative);
 
-  double a = std::fabs(static_cast<double>(x));
   const bool saturate = options.saturation == Saturation::kSatFinite;
-  if (saturate && a > l.max_finite) a = l.max_finite;  // Inf included
+  uint32_t abs_bits = float_bits(x) & 0x7FFFFFFFu;
+  const uint32_t max_bits = float_bits(static_cast<float>(l.max_finite));
+  if (saturate && abs_bits > max_bits) abs_bits = max_bits;  // Inf included
   uint32_t magnitude;
-  if (std::isinf(a)) {
+  if (abs_bits == 0x7F800000u) {
     magnitude = l.has_inf ? inf_code(l) : 0xFFFFFFFFu;  // marker: overflow to NaN below
   } else {
+    // |x| = significand * 2^(e32 - 23) with a 24-bit significand (hidden bit included for
+    // normals). The target grid at exponent `exponent` has step 2^(exponent - M), so the value on
+    // that grid is significand >> shift with the dropped bits deciding the rounding.
+    const int biased32 = static_cast<int>(abs_bits >> 23);
+    const uint64_t significand = (abs_bits & 0x7FFFFFu) | (biased32 != 0 ? 0x800000u : 0u);
+    const int e32 = biased32 != 0 ? biased32 - 127 : -126;
     const int emin = 1 - l.bias;  // exponent of the smallest normal
-    int e;
-    std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1): unbiased exponent is e - 1
-    const int exponent = (a == 0.0) ? emin : std::max(e - 1, emin);
-    const double q = std::ldexp(a, l.m - exponent);  // on the grid of this binade
-    const double rounded = round_magnitude(q, options.rounding, random_bits);
+    const int exponent = std::max(biased32 != 0 ? e32 : emin, emin);
+    const int shift = 23 + exponent - l.m - e32;  // >= 23 - M > 0 for every target
+    uint64_t rounded = shift < 64 ? significand >> shift : 0;
+    const uint64_t dropped = shift < 64 ? significand & ((uint64_t{1} << shift) - 1) : significand;
+    if (options.rounding == Rounding::kNearestEven) {
+      const uint64_t half = shift < 64 ? uint64_t{1} << (shift - 1) : ~uint64_t{0};
+      if (dropped > half || (dropped == half && (rounded & 1u))) ++rounded;
+    } else {
+      // Round up with probability dropped / 2^shift, resolved to 32 bits.
+      const uint64_t threshold = shift >= 32 ? (shift - 32 < 64 ? dropped >> (shift - 32) : 0)
+                                             : dropped << (32 - shift);
+      if (random_bits < threshold) ++rounded;
+    }
     // code = (biased exponent - 1) * 2^M + rounded mantissa (hidden bit included). At the
     // smallest exponent the first term is 0, so a subnormal's code is its rounded mantissa.
-    const double code = std::ldexp(static_cast<double>(exponent + l.bias - 1), l.m) + rounded;
-    magnitude = code > static_cast<double>(max_code(l)) ? 0xFFFFFFFFu : static_cast<uint32_t>(code);
+    const uint64_t code = (static_cast<uint64_t>(exponent + l.bias - 1) << l.m) + rounded;
+    magnitude = code > max_code(l) ? 0xFFFFFFFFu : static_cast<uint32_t>(code);
   }
   if (magnitude == 0xFFFFFFFFu) {  // overflow past max
     if (saturate) magnitude = max_code(l);
@@ -110,8 +125,36 @@ uint32_t encode_float(float x, DType target, ConvertOptions options, uint32_t ra
   return magnitude | (negative ? sign_bit(l) : 0u);
 }
 
+namespace {
+
+float decode_float_slow(uint32_t code, DType source);
+
+// Every 8-bit code of every FP8 format, decoded once: decode is on the hot path of dequantize,
+// the MSE search and the GEMM reference.
+struct Fp8Tables {
+  float values[static_cast<int>(DType::kI32) + 1][256];
+  Fp8Tables() {
+    for (DType d : kAllDTypes)
+      if (is_fp8(d))
+        for (uint32_t c = 0; c < 256; ++c) values[static_cast<int>(d)][c] = decode_float_slow(c, d);
+  }
+};
+
+}  // namespace
+
 float decode_float(uint32_t code, DType source) {
   if (source == DType::kF32) return bits_float(code);
+  if (source == DType::kBF16) return bits_float((code & 0xFFFFu) << 16);
+  if (is_fp8(source)) {
+    static const Fp8Tables tables;
+    return tables.values[static_cast<int>(source)][code & 0xFFu];
+  }
+  return decode_float_slow(code, source);
+}
+
+namespace {
+
+float decode_float_slow(uint32_t code, DType source) {
   const Layout l = layout_of(source);
   code &= (l.bits == 32) ? 0xFFFFFFFFu : ((1u << l.bits) - 1u);
   const bool negative = (code & sign_bit(l)) != 0;
@@ -141,6 +184,8 @@ float decode_float(uint32_t code, DType source) {
                                         static_cast<int>(exp_field) - l.bias - l.m);
   return static_cast<float>(negative ? -value : value);
 }
+
+}  // namespace
 
 uint16_t float_to_bf16_bits(float x) {
   return static_cast<uint16_t>(encode_float(x, DType::kBF16, {Rounding::kNearestEven, Saturation::kNonSaturating}));
@@ -179,6 +224,7 @@ bool exceeds_range(float x, DType target) {
   // A clip is a value that round-to-nearest would carry past max: the non-saturating conversion
   // overflows to Inf or NaN. 448.00003 in E4M3 rounds to 448 and is not a clip; 465 is.
   if (std::isinf(x)) return true;
+  if (std::fabs(static_cast<double>(x)) <= f.max_finite) return false;  // the common case, cheaply
   const float decoded = decode_float(encode_float(x, target, {Rounding::kNearestEven, Saturation::kNonSaturating}), target);
   return !std::isfinite(decoded);
 }

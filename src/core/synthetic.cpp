@@ -33,7 +33,7 @@ std::vector<float> synthetic_activations(int64_t rows, int64_t cols, uint64_t se
   Normal g(seed);
   std::vector<float> x(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) {
-    const double token_gain = std::exp(0.5 * g.next());  // log-normal spread across tokens
+    const double token_gain = std::exp(0.3 * g.next());  // log-normal spread across tokens
     for (int64_t c = 0; c < cols; ++c) {
       double v = g.next() * token_gain * channel_gain[static_cast<size_t>(c)];
       if (g.uniform() < options.spike_probability) v *= options.spike_gain;

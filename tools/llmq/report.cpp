@@ -106,6 +106,7 @@ struct GemmScheme {
   QuantSpec (*weight)(DType);
   float smooth_alpha = -1.0f;  // >= 0: SmoothQuant with this alpha
   bool static_activations = false;
+  float static_backoff = 1.0f;  // beta of the calibrated activation scale (eq. 15a / 27)
 };
 
 QuantSpec unit_tensor(DType d) {
@@ -130,6 +131,7 @@ const GemmScheme kGemmSchemes[] = {
     {"per-token x per-channel MSE", QuantSpec::per_token, mse_channel},
     {"block 1x128 x block 128x128", block_1x128, block_128x128},
     {"SmoothQuant 0.5: static per-tensor x per-channel", QuantSpec::per_tensor, QuantSpec::per_channel, 0.5f, true},
+    {"SmoothQuant 0.5: static, backoff 0.5 x per-channel", QuantSpec::per_tensor, QuantSpec::per_channel, 0.5f, true, 0.5f},
     {"SmoothQuant 0.5: per-tensor x per-channel", QuantSpec::per_tensor, QuantSpec::per_channel, 0.5f},
     {"SmoothQuant 0.5: per-token x per-channel", QuantSpec::per_token, QuantSpec::per_channel, 0.5f},
 };
@@ -139,7 +141,7 @@ Status gemm_cell(const std::vector<float>& x, const std::vector<float>& x_calibr
                  const GemmScheme& scheme, DType d, ReportCell* cell) {
   const int64_t m = o.rows, n = o.out_features, k = o.cols;
   // Calibration (the MEASURE phase): per-input-channel absmax of a second batch and of W.
-  const MatrixView xc{x_calibration.data(), DType::kF32, m, k, k, 1};
+  const MatrixView xc{x_calibration.data(), DType::kF32, static_cast<int64_t>(x_calibration.size()) / k, k, k, 1};
   const MatrixView wm{w.data(), DType::kF32, n, k, k, 1};
   const std::vector<float> act_absmax = column_absmax(xc);
   std::vector<float> smooth(static_cast<size_t>(k), 1.0f);
@@ -151,6 +153,7 @@ Status gemm_cell(const std::vector<float>& x, const std::vector<float>& x_calibr
   ScaleSet act_scale;
   if (scheme.static_activations) {
     act.source = ScaleSource::kStatic;
+    act.backoff = scheme.static_backoff;
     act_scale.scales = Tensor(DType::kF32, {1, 1});
     act_scale.scales.data_as<float>()[0] = smoothed_activation_scale(act_absmax, smooth, act);  // eq. 27
     act_scale.block = {m, k};
@@ -220,7 +223,8 @@ Status build_report(const ReportOptions& o, Report* out) {
     }
     report.roundtrip.push_back(row);
   }
-  const auto x_calibration = synthetic_activations(o.rows, o.cols, o.seed + 1);
+  // The calibration batch is 4x the evaluation batch, drawn with another seed (same channels).
+  const auto x_calibration = synthetic_activations(4 * o.rows, o.cols, o.seed + 1);
   const auto w = synthetic_weights(o.out_features, o.cols, o.seed);
   const auto ref = reference_product(x, w, o.rows, o.out_features, o.cols);
   for (const auto& scheme : kGemmSchemes) {
