@@ -1,0 +1,97 @@
+// Safetensors files and Hugging Face checkpoints: memory-mapped reading (a checkpoint larger than
+// RAM is processed tensor by tensor; the OS pages in what is touched), and writing to a temporary
+// file that is renamed into place.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llmq/dtype.hpp"
+#include "llmq/model.hpp"
+#include "llmq/status.hpp"
+#include "llmq/tensor.hpp"
+
+namespace llmq {
+
+// Safetensors dtype strings: "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "I8", "I32", "F64".
+const char* safetensors_dtype_name(DType dtype);
+Status parse_safetensors_dtype(const std::string& name, DType* out);
+
+struct SafetensorsTensorInfo {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // from the start of the data section
+  int64_t nbytes = 0;
+};
+
+// One .safetensors file, memory-mapped read-only.
+class SafetensorsFile {
+ public:
+  static Status open(const std::string& path, std::unique_ptr<SafetensorsFile>* out);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsTensorInfo>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const SafetensorsTensorInfo* find(const std::string& name) const;
+  // A view of the mapped bytes (read-only; do not write through it).
+  Status view(const std::string& name, TensorView* out) const;
+
+ private:
+  SafetensorsFile() = default;
+  std::string path_;
+  void* map_ = nullptr;
+  int64_t map_size_ = 0;
+  const uint8_t* data_ = nullptr;  // start of the data section
+  std::vector<SafetensorsTensorInfo> tensors_;
+  std::map<std::string, int64_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A Hugging Face model directory: config.json and model.safetensors or the shards listed in
+// model.safetensors.index.json. Tensor names resolve across shards.
+class Checkpoint {
+ public:
+  static Status open(const std::string& dir, std::unique_ptr<Checkpoint>* out);
+  const std::string& dir() const { return dir_; }
+  const std::string& config_json() const { return config_json_; }  // raw text of config.json
+  std::vector<std::string> tensor_names() const;  // in file order, shard by shard
+  const SafetensorsTensorInfo* find(const std::string& name) const;
+  Status view(const std::string& name, TensorView* out) const;
+  // Read a tensor as float32, whatever its stored dtype (F8/I8 are returned raw: no scale applied).
+  Status read_f32(const std::string& name, Tensor* out) const;
+
+ private:
+  std::string dir_;
+  std::string config_json_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const SafetensorsFile*> owner_;
+};
+
+// Writing: the header (names, dtypes, shapes) must be known first; each tensor's bytes are then
+// produced by a callback, in order, so a large checkpoint streams through memory one tensor at a
+// time. The file is written as `path` + ".tmp-<pid>" and renamed on success.
+struct SafetensorsWriteEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  // Fills exactly dtype_storage_bytes(dtype, numel) bytes at dst.
+  std::function<Status(uint8_t* dst)> fill;
+};
+Status write_safetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
+                         const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
+// Parse config.json text into a ModelConfig (llama, mistral, qwen2, mixtral by model_type).
+Status parse_hf_config(const std::string& json_text, ModelConfig* out);
+// Load a Hugging Face directory into float32 weights. Quantized checkpoints llmq writes (FP8 /
+// INT8 with weight_scale or weight_scale_inv) are dequantized on load.
+Status load_hf_model(const std::string& dir, ModelWeights* out);
+
+}  // namespace llmq

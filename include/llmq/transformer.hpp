@@ -1,0 +1,48 @@
+// The reference forward pass of a Llama-family model on the CPU, in float32: RMSNorm, RoPE
+// (interleaved or rotate-half, Llama 3 scaling), grouped-query attention with a KV cache, SwiGLU,
+// and Mixtral-style MoE (softmax over the router logits, top-k, renormalised weights).
+// Every linear layer goes through a LinearBackend, so the same forward pass runs in float, through
+// llmq's quantized reference GEMM in any scheme, or with calibration observers attached.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "llmq/model.hpp"
+#include "llmq/status.hpp"
+
+namespace llmq {
+
+class LinearBackend {
+ public:
+  virtual ~LinearBackend() = default;
+  // y[rows, out] = x[rows, in] * W^T (+ bias), for the linear layer `linear`.
+  virtual Status forward(const Linear& linear, const float* x, int64_t rows, float* y) = 0;
+};
+
+// Plain float32 matmul (accumulation in float32, ascending k): the unquantized baseline.
+class FloatLinearBackend : public LinearBackend {
+ public:
+  Status forward(const Linear& linear, const float* x, int64_t rows, float* y) override;
+};
+
+class Transformer {
+ public:
+  // `weights` and `backend` must outlive the Transformer. backend == nullptr: float.
+  Transformer(const ModelWeights& weights, LinearBackend* backend = nullptr);
+
+  // Run `n` tokens at positions start_pos .. start_pos + n - 1 (the cache holds what came
+  // before); logits is [n, vocab]. Errors: position past max_seq_len, token out of range.
+  Status forward(const int32_t* tokens, int64_t n, int64_t start_pos, float* logits);
+  void reset();  // empty the KV cache
+  const ModelConfig& config() const { return weights_.config; }
+
+ private:
+  const ModelWeights& weights_;
+  FloatLinearBackend float_backend_;
+  LinearBackend* backend_;
+  std::vector<float> key_cache_;    // [layer, max_seq, n_kv_heads * head_dim]
+  std::vector<float> value_cache_;  // same
+};
+
+}  // namespace llmq

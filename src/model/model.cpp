@@ -1,0 +1,114 @@
+// ModelConfig validation, linear-layer names and the weight inventory.
+#include "llmq/model.hpp"
+
+namespace llmq {
+
+Status ModelConfig::validate() const {
+  auto positive = [](int64_t v, const char* field) -> Status {
+    if (v <= 0) return invalid_argument(std::string("config.") + field + ": must be positive, got " + std::to_string(v));
+    return {};
+  };
+  LLMQ_RETURN_IF_ERROR(positive(dim, "dim (hidden_size)"));
+  LLMQ_RETURN_IF_ERROR(positive(hidden_dim, "hidden_dim (intermediate_size)"));
+  LLMQ_RETURN_IF_ERROR(positive(n_layers, "n_layers (num_hidden_layers)"));
+  LLMQ_RETURN_IF_ERROR(positive(n_heads, "n_heads (num_attention_heads)"));
+  LLMQ_RETURN_IF_ERROR(positive(n_kv_heads, "n_kv_heads (num_key_value_heads)"));
+  LLMQ_RETURN_IF_ERROR(positive(head_dim, "head_dim"));
+  LLMQ_RETURN_IF_ERROR(positive(vocab_size, "vocab_size"));
+  LLMQ_RETURN_IF_ERROR(positive(max_seq_len, "max_seq_len (max_position_embeddings)"));
+  if (n_heads % n_kv_heads != 0)
+    return invalid_argument("config.n_kv_heads: " + std::to_string(n_kv_heads) + " does not divide n_heads " +
+                            std::to_string(n_heads));
+  if (head_dim % 2 != 0) return invalid_argument("config.head_dim: RoPE needs an even head_dim, got " + std::to_string(head_dim));
+  if (n_experts < 0 || (n_experts > 0 && (n_experts_per_token <= 0 || n_experts_per_token > n_experts)))
+    return invalid_argument("config.n_experts_per_token: need 1 <= k <= n_experts (" + std::to_string(n_experts) +
+                            "), got " + std::to_string(n_experts_per_token));
+  if (!(norm_eps > 0)) return invalid_argument("config.norm_eps: must be positive");
+  if (!(rope_theta > 0)) return invalid_argument("config.rope_theta: must be positive");
+  return {};
+}
+
+const char* linear_role_name(LinearRole role) {
+  switch (role) {
+    case LinearRole::kQ: return "q_proj";
+    case LinearRole::kK: return "k_proj";
+    case LinearRole::kV: return "v_proj";
+    case LinearRole::kO: return "o_proj";
+    case LinearRole::kGate: return "gate_proj";
+    case LinearRole::kUp: return "up_proj";
+    case LinearRole::kDown: return "down_proj";
+    case LinearRole::kRouter: return "router";
+    case LinearRole::kLmHead: return "lm_head";
+  }
+  return "?";
+}
+
+std::string LinearId::hf_name(const ModelConfig& config) const {
+  if (role == LinearRole::kLmHead) return "lm_head";
+  const std::string layer_prefix = "model.layers." + std::to_string(layer) + ".";
+  switch (role) {
+    case LinearRole::kQ:
+    case LinearRole::kK:
+    case LinearRole::kV:
+    case LinearRole::kO: return layer_prefix + "self_attn." + linear_role_name(role);
+    case LinearRole::kRouter: return layer_prefix + "block_sparse_moe.gate";
+    default: break;
+  }
+  if (config.is_moe()) {
+    // Mixtral: w1 = gate, w3 = up, w2 = down.
+    const char* w = role == LinearRole::kGate ? "w1" : role == LinearRole::kUp ? "w3" : "w2";
+    return layer_prefix + "block_sparse_moe.experts." + std::to_string(expert) + "." + w;
+  }
+  return layer_prefix + "mlp." + linear_role_name(role);
+}
+
+namespace {
+
+template <typename Weights, typename Out>
+void collect_linears(Weights& w, Out* out) {
+  for (auto& layer : w.layers) {
+    out->push_back(&layer.q);
+    out->push_back(&layer.k);
+    out->push_back(&layer.v);
+    out->push_back(&layer.o);
+    if (w.config.is_moe()) {
+      out->push_back(&layer.router);
+      for (auto& e : layer.experts) {
+        out->push_back(&e.gate);
+        out->push_back(&e.up);
+        out->push_back(&e.down);
+      }
+    } else {
+      out->push_back(&layer.mlp.gate);
+      out->push_back(&layer.mlp.up);
+      out->push_back(&layer.mlp.down);
+    }
+  }
+  out->push_back(&w.lm_head);
+}
+
+}  // namespace
+
+std::vector<Linear*> ModelWeights::linears() {
+  std::vector<Linear*> out;
+  collect_linears(*this, &out);
+  return out;
+}
+
+std::vector<const Linear*> ModelWeights::linears() const {
+  std::vector<const Linear*> out;
+  collect_linears(*this, &out);
+  return out;
+}
+
+int64_t ModelWeights::parameter_count() const {
+  int64_t n = token_embedding.numel() + final_norm.numel();
+  for (const auto& layer : layers) n += layer.attn_norm.numel() + layer.ffn_norm.numel();
+  for (const Linear* l : linears()) {
+    if (l->id.role == LinearRole::kLmHead && config.tie_embeddings) continue;
+    n += l->weight.numel() + l->bias.numel();
+  }
+  return n;
+}
+
+}  // namespace llmq
