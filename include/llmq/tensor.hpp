@@ -50,7 +50,8 @@ class Tensor {
 
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
-  int64_t numel() const;
+  int64_t numel() const;  // 0 for a default-constructed tensor (which holds nothing, not a scalar)
+  bool empty() const { return numel() == 0; }
   int64_t nbytes() const { return static_cast<int64_t>(storage_.size()); }
   void* data() { return storage_.data(); }
   const void* data() const { return storage_.data(); }
@@ -65,6 +66,7 @@ class Tensor {
   DType dtype_ = DType::kF32;
   std::vector<int64_t> shape_;
   std::vector<uint8_t> storage_;
+  bool allocated_ = false;  // false: default-constructed; shape [] then means "no tensor"
 };
 
 // Convenience: wrap a float vector as a 2-D view.

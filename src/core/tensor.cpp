@@ -85,11 +85,12 @@ float load_float(const MatrixView& m, int64_t r, int64_t c) {
   }
 }
 
-Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)), allocated_(true) {
   storage_.assign(static_cast<size_t>(dtype_storage_bytes(dtype_, numel())), 0);
 }
 
 int64_t Tensor::numel() const {
+  if (!allocated_) return 0;
   int64_t n = 1;
   for (int64_t d : shape_) n *= d;
   return n;

@@ -2,6 +2,7 @@
 //   llmq                      the default report (formats, scaling-method round trip, W8A8 GEMM)
 //   llmq formats              the format table
 //   llmq convert -f e4m3 X..  encode values and show the codes and what they decode to
+//   llmq run / calibrate / quantize / eval / schemes   the model workflow (see --help of each)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -10,14 +11,12 @@
 
 #include "llmq/format.hpp"
 #include "llmq/status.hpp"
+#include "commands.hpp"
 #include "report.hpp"
 
 namespace {
 
-int fail(const llmq::Status& st) {
-  std::fprintf(stderr, "llmq: %s\n", st.to_string().c_str());
-  return st.code() == llmq::StatusCode::kInvalidArgument ? 2 : 1;
-}
+using llmq::cli::fail;
 
 int run_report(const llmq::cli::ReportOptions& options) {
   llmq::cli::Report report;
@@ -84,7 +83,16 @@ int main(int argc, char** argv) {
   convert->add_flag("--stochastic", stochastic, "stochastic rounding (Philox, counter = position)");
   convert->add_option("--seed", seed, "stochastic rounding seed");
 
+  std::vector<llmq::cli::Command> commands;
+  llmq::cli::add_run_command(app, &commands);
+  llmq::cli::add_calibrate_command(app, &commands);
+  llmq::cli::add_quantize_command(app, &commands);
+  llmq::cli::add_eval_command(app, &commands);
+  llmq::cli::add_schemes_command(app, &commands);
+
   CLI11_PARSE(app, argc, argv);
+  for (const auto& c : commands)
+    if (*c.app) return c.run();
   if (*formats) {
     std::fputs(llmq::cli::format_table_text().c_str(), stdout);
     return 0;

@@ -1,0 +1,55 @@
+// Calibration (the MEASURE phase of the FP8 paper, section 3.1): run calibration tokens through
+// the model and record, for the input of every linear layer, the per-tensor absmax r_x (eq. 8a) and
+// the per-input-channel absmax r_x| (eq. 8b), plus the weights' per-tensor and per-input-channel
+// absmax (eq. 10a, 10c). Saved as JSON; `quantize` reads it for static scales and SmoothQuant.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "llmq/model.hpp"
+#include "llmq/status.hpp"
+#include "llmq/transformer.hpp"
+
+namespace llmq {
+
+struct LinearStats {
+  int64_t in_features = 0;
+  int64_t rows_seen = 0;                // tokens (rows) that went through this linear
+  double input_absmax = 0;              // r_x
+  std::vector<float> input_channel_absmax;   // r_x| [in]
+  double weight_absmax = 0;             // r_w
+  std::vector<float> weight_channel_absmax;  // r_w| [in] (per input channel)
+};
+
+struct CalibrationStats {
+  std::string model;       // what was calibrated (path or "default")
+  std::string data;        // the calibration data
+  int64_t tokens = 0;
+  std::map<std::string, LinearStats> linears;  // by Hugging Face module name
+
+  Status save(const std::string& path) const;  // JSON, written to a temp file and renamed
+  static Status load(const std::string& path, CalibrationStats* out);
+  const LinearStats* find(const std::string& module) const;
+};
+
+// A LinearBackend that observes inputs (and weights, once) and then runs the float matmul.
+class CalibrationBackend : public LinearBackend {
+ public:
+  explicit CalibrationBackend(const ModelConfig& config, CalibrationStats* stats);
+  Status forward(const Linear& linear, const float* x, int64_t rows, float* y) override;
+
+ private:
+  const ModelConfig& config_;
+  CalibrationStats* stats_;
+  FloatLinearBackend float_;
+};
+
+// Run `tokens` through the model in chunks of `chunk` positions (the KV cache is reset between
+// chunks) with observers on every linear layer.
+Status calibrate(const ModelWeights& model, const std::vector<int32_t>& tokens, int64_t chunk,
+                 CalibrationStats* out);
+
+}  // namespace llmq

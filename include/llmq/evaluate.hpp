@@ -1,0 +1,27 @@
+// Evaluation of quantized models against the unquantized one over token sequences: each sequence
+// is cut into windows of `context` tokens, each window starts with BOS and an empty KV cache, and
+// every position's next-token distribution is compared (see eval_metrics.hpp). The base model runs
+// once per window and every candidate after it, so memory holds one window of logits per model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "llmq/eval_metrics.hpp"
+#include "llmq/status.hpp"
+#include "llmq/transformer.hpp"
+
+namespace llmq {
+
+struct EvalOptions {
+  int64_t context = 256;    // window length in tokens (BOS included)
+  int64_t max_tokens = 0;   // stop after this many scored tokens (0: all)
+  std::function<void(int64_t scored, int64_t total)> progress;  // called after each window
+};
+
+Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,
+                const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
+                std::vector<EvalAccumulator>* results);
+
+}  // namespace llmq

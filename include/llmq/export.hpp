@@ -1,0 +1,64 @@
+// Quantized checkpoints out (and back in): Hugging Face directories in the formats vLLM and
+// transformers load. Export streams tensor by tensor from a WeightSource, so quantizing a
+// checkpoint larger than RAM needs memory for one tensor at a time (plus the OS page cache).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llmq/calibration.hpp"
+#include "llmq/model.hpp"
+#include "llmq/quantized_model.hpp"
+#include "llmq/scheme.hpp"
+#include "llmq/status.hpp"
+
+namespace llmq {
+
+// Float32 weights by Hugging Face tensor name.
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  virtual const ModelConfig& config() const = 0;      // in Hugging Face conventions (rotate-half RoPE)
+  virtual std::vector<std::string> tensor_names() const = 0;  // in checkpoint order
+  virtual Status shape(const std::string& name, std::vector<int64_t>* out) const = 0;
+  virtual Status read(const std::string& name, Tensor* out) const = 0;  // float32
+  virtual std::string config_json() const = 0;  // the config.json to extend with quantization_config
+  virtual std::string directory() const { return ""; }  // where tokenizer files may be copied from
+};
+
+// An in-memory model under Hugging Face names. llama2.c models (interleaved RoPE) have their q/k
+// rows permuted to the rotate-half layout, as Hugging Face's conversion does.
+std::unique_ptr<WeightSource> memory_weight_source(const ModelWeights& model);
+// A Hugging Face directory (memory-mapped). Refuses an already-quantized checkpoint.
+Status checkpoint_weight_source(const std::string& dir, std::unique_ptr<WeightSource>* out);
+
+// Config JSON (text) for a model that came without one.
+std::string hf_config_json(const ModelConfig& config);
+
+struct ExportOptions {
+  QuantizeModelOptions quantize;
+  DType keep_dtype = DType::kBF16;  // embeddings, norms, lm_head and routers
+  int64_t max_shard_bytes = int64_t{4} << 30;
+  bool dry_run = false;             // plan and report, write nothing
+  bool overwrite = false;           // replace an existing output directory (never the input)
+};
+
+struct ExportSummary {
+  int64_t tensors = 0;
+  int64_t quantized_linears = 0;
+  int64_t bytes = 0;       // of all tensors written
+  int64_t shards = 0;
+  std::string quantization_config;  // JSON text
+};
+
+Status export_quantized(const WeightSource& source, const Scheme& scheme, const CalibrationStats* stats,
+                        const std::string& out_dir, const ExportOptions& options, ExportSummary* summary);
+
+// Read a directory written by export_quantized (or another tool in the same formats) into a
+// QuantizedModel for evaluation: the FP8/INT8 codes and scales as stored, the activation
+// quantization from its quantization_config.
+Status load_quantized_checkpoint(const std::string& dir, QuantizedModel* out);
+
+}  // namespace llmq

@@ -1,0 +1,27 @@
+// Finding models and token data by path, as the CLI takes them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "llmq/model.hpp"
+#include "llmq/status.hpp"
+
+namespace llmq {
+
+// "" or "default": the seeded default model; a directory: a Hugging Face checkpoint; a file: a
+// llama2.c checkpoint. `description` says which ("llama2.c stories260K.bin", ...).
+Status load_model(const std::string& path, ModelWeights* out, std::string* description = nullptr);
+
+// Token data: a text file of token ids separated by white space; each non-empty line is one
+// sequence (evaluated from an empty KV cache). Text that is not token ids is an error that says a
+// tokenizer is needed. Ids are checked against vocab_size (when > 0).
+Status read_token_sequences(const std::string& path, int64_t vocab_size, std::vector<std::vector<int32_t>>* out);
+
+// Deterministic token data from a model's own samples: `count` sequences of `length` tokens from
+// BOS at temperature 1 / top-p 0.9 with seeds seed, seed+1, ... (llama2.c sampling).
+Status sample_token_sequences(const ModelWeights& model, int64_t count, int64_t length, uint64_t seed,
+                              std::vector<std::vector<int32_t>>* out);
+
+}  // namespace llmq

@@ -1,0 +1,42 @@
+// Quantization schemes for whole models: how weights and activations of every linear layer are
+// quantized (the methods of the FP8 paper, section 3.2) and which checkpoint format they export to.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "llmq/quant_spec.hpp"
+#include "llmq/status.hpp"
+
+namespace llmq {
+
+// The on-disk format a scheme exports to; both load in vLLM, and the block format in Hugging Face
+// transformers (FineGrainedFP8).
+enum class ExportFormat {
+  kVllmFp8,            // quant_method "fp8": per-tensor weight_scale (+ input_scale when static),
+                       // or 128x128 blocks with weight_scale_inv and weight_block_size
+  kCompressedTensors,  // quant_method "compressed-tensors": float-quantized / int-quantized
+  kNone,               // evaluation only (formats no engine loads, e.g. hardware scale sets)
+};
+
+struct Scheme {
+  std::string name;         // "fp8-dynamic"
+  std::string description;  // one line for --help and tables
+  QuantSpec weight;
+  bool quantize_activations = true;  // false: weight-only (W8A16)
+  QuantSpec activation;              // source kStatic: scales from calibration statistics
+  float smooth_alpha = -1.0f;        // >= 0: SmoothQuant with this alpha (needs statistics)
+  ExportFormat export_format = ExportFormat::kCompressedTensors;
+
+  bool needs_statistics() const {
+    return smooth_alpha >= 0.0f || (quantize_activations && activation.source == ScaleSource::kStatic);
+  }
+};
+
+// Every scheme llmq knows, in the order tables print them. The default is "fp8-dynamic".
+const std::vector<Scheme>& all_schemes();
+Status find_scheme(const std::string& name, Scheme* out);  // error lists the known names
+inline const char* kDefaultScheme = "fp8-dynamic";
+const char* export_format_name(ExportFormat f);
+
+}  // namespace llmq

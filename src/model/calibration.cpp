@@ -1,0 +1,132 @@
+// Calibration observers and the statistics file.
+#include "llmq/calibration.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+namespace llmq {
+
+const LinearStats* CalibrationStats::find(const std::string& module) const {
+  const auto it = linears.find(module);
+  return it == linears.end() ? nullptr : &it->second;
+}
+
+Status CalibrationStats::save(const std::string& path) const {
+  nlohmann::json j;
+  j["format"] = "llmq-calibration-v1";
+  j["model"] = model;
+  j["data"] = data;
+  j["tokens"] = tokens;
+  nlohmann::json ls = nlohmann::json::object();
+  for (const auto& [name, s] : linears) {
+    ls[name] = {{"in_features", s.in_features},
+                {"rows_seen", s.rows_seen},
+                {"input_absmax", s.input_absmax},
+                {"input_channel_absmax", s.input_channel_absmax},
+                {"weight_absmax", s.weight_absmax},
+                {"weight_channel_absmax", s.weight_channel_absmax}};
+  }
+  j["linears"] = ls;
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp);
+    if (!out) return {StatusCode::kIoError, "stats: cannot write " + tmp};
+    out << j.dump(1) << "\n";
+    if (!out.good()) {
+      std::remove(tmp.c_str());
+      return {StatusCode::kIoError, "stats: write failed for " + tmp};
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return {StatusCode::kIoError, "stats: cannot rename " + tmp + " to " + path};
+  }
+  return {};
+}
+
+Status CalibrationStats::load(const std::string& path, CalibrationStats* out) {
+  std::ifstream in(path);
+  if (!in) return {StatusCode::kIoError, "--stats: cannot open " + path};
+  nlohmann::json j;
+  try {
+    in >> j;
+    if (j.value("format", "") != "llmq-calibration-v1")
+      return invalid_argument("--stats: " + path + " is not an llmq calibration file (format llmq-calibration-v1)");
+    CalibrationStats s;
+    s.model = j.value("model", "");
+    s.data = j.value("data", "");
+    s.tokens = j.value("tokens", int64_t{0});
+    for (const auto& [name, v] : j.at("linears").items()) {
+      LinearStats l;
+      l.in_features = v.at("in_features").get<int64_t>();
+      l.rows_seen = v.at("rows_seen").get<int64_t>();
+      l.input_absmax = v.at("input_absmax").get<double>();
+      l.input_channel_absmax = v.at("input_channel_absmax").get<std::vector<float>>();
+      l.weight_absmax = v.at("weight_absmax").get<double>();
+      l.weight_channel_absmax = v.at("weight_channel_absmax").get<std::vector<float>>();
+      if (static_cast<int64_t>(l.input_channel_absmax.size()) != l.in_features ||
+          static_cast<int64_t>(l.weight_channel_absmax.size()) != l.in_features)
+        return invalid_argument("--stats: " + path + ": " + name + " has channel statistics of the wrong length");
+      s.linears[name] = std::move(l);
+    }
+    *out = std::move(s);
+  } catch (const std::exception& e) {
+    return invalid_argument("--stats: " + path + ": " + e.what());
+  }
+  return {};
+}
+
+CalibrationBackend::CalibrationBackend(const ModelConfig& config, CalibrationStats* stats)
+    : config_(config), stats_(stats) {}
+
+Status CalibrationBackend::forward(const Linear& linear, const float* x, int64_t rows, float* y) {
+  const int64_t in = linear.weight.shape()[1];
+  LinearStats& s = stats_->linears[linear.id.hf_name(config_)];
+  if (s.in_features == 0) {
+    // First sighting: the weight statistics (eq. 10a, 10c), measured once.
+    s.in_features = in;
+    s.input_channel_absmax.assign(static_cast<size_t>(in), 0.0f);
+    s.weight_channel_absmax.assign(static_cast<size_t>(in), 0.0f);
+    const float* w = linear.weight.data_as<float>();
+    const int64_t out = linear.weight.shape()[0];
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < in; ++k) {
+        const float a = std::fabs(w[o * in + k]);
+        float& m = s.weight_channel_absmax[static_cast<size_t>(k)];
+        if (a > m) m = a;
+      }
+    for (float m : s.weight_channel_absmax) s.weight_absmax = std::max(s.weight_absmax, static_cast<double>(m));
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < in; ++k) {
+      const float a = std::fabs(x[r * in + k]);
+      float& m = s.input_channel_absmax[static_cast<size_t>(k)];
+      if (a > m) m = a;  // NaN never wins
+    }
+  for (float m : s.input_channel_absmax) s.input_absmax = std::max(s.input_absmax, static_cast<double>(m));
+  s.rows_seen += rows;
+  return float_.forward(linear, x, rows, y);
+}
+
+Status calibrate(const ModelWeights& model, const std::vector<int32_t>& tokens, int64_t chunk,
+                 CalibrationStats* out) {
+  if (chunk <= 0 || chunk > model.config.max_seq_len)
+    return invalid_argument("--chunk: must be in [1, max_seq_len = " + std::to_string(model.config.max_seq_len) + "]");
+  if (tokens.empty()) return invalid_argument("--data: no calibration tokens");
+  CalibrationBackend backend(model.config, out);
+  Transformer transformer(model, &backend);
+  std::vector<float> logits;
+  for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(chunk)) {
+    const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(tokens.size() - start));
+    logits.resize(static_cast<size_t>(n * model.config.vocab_size));
+    transformer.reset();
+    LLMQ_RETURN_IF_ERROR(transformer.forward(tokens.data() + start, n, 0, logits.data()));
+  }
+  out->tokens += static_cast<int64_t>(tokens.size());
+  return {};
+}
+
+}  // namespace llmq

@@ -1,0 +1,360 @@
+// export_quantized: stream a WeightSource into a quantized Hugging Face directory.
+//
+// Layout written (per quantized linear module M):
+//   vLLM "fp8", per-tensor:  M.weight F8_E4M3 [N, K], M.weight_scale F32 [], M.input_scale F32 []
+//                            (static activations only)
+//   vLLM "fp8", blocks:      M.weight F8_E4M3, M.weight_scale_inv F32 [ceil(N/128), ceil(K/128)]
+//   compressed-tensors:      M.weight F8_E4M3 or I8, M.weight_scale F32 [N, 1] (channel) or [1]
+//                            (tensor), M.input_scale F32 [1] (static activations only)
+// Everything else (embeddings, norms, lm_head, routers) is kept in options.keep_dtype (BF16).
+// The directory is written as <out>.tmp-<pid> and renamed into place at the end.
+#include "llmq/export.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "llmq/safetensors.hpp"
+#include "llmq/scale.hpp"
+
+namespace llmq {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ModuleInfo {
+  LinearId id;
+  bool quantized = false;
+};
+
+bool is_block(const QuantSpec& s) { return s.granularity == Granularity::kPerBlock; }
+
+Status check_scheme_format(const Scheme& scheme) {
+  const Granularity wg = scheme.weight.granularity;
+  const bool act_static = scheme.quantize_activations && scheme.activation.source == ScaleSource::kStatic;
+  if (act_static && scheme.activation.granularity != Granularity::kPerTensor)
+    return unsupported("--scheme " + scheme.name + ": static activation scales are per-tensor only");
+  if (!scheme.weight.symmetric || !scheme.activation.symmetric)
+    return unsupported("--scheme " + scheme.name + ": asymmetric schemes have no export format yet");
+  switch (scheme.export_format) {
+    case ExportFormat::kVllmFp8:
+      if (scheme.weight.format != DType::kE4M3)
+        return unsupported("--scheme " + scheme.name + ": the vLLM fp8 format stores e4m3 only");
+      if (wg == Granularity::kPerBlock && (scheme.weight.block_rows != 128 || scheme.weight.block_cols != 128))
+        return unsupported("--scheme " + scheme.name + ": vLLM fp8 blocks are 128x128");
+      if (wg != Granularity::kPerTensor && wg != Granularity::kPerBlock)
+        return unsupported("--scheme " + scheme.name + ": vLLM fp8 has per-tensor or 128x128 block weights");
+      if (is_block(scheme.weight) && act_static)
+        return unsupported("--scheme " + scheme.name + ": block fp8 takes dynamic activations");
+      return {};
+    case ExportFormat::kCompressedTensors:
+      if (wg != Granularity::kPerTensor && wg != Granularity::kPerChannel)
+        return unsupported("--scheme " + scheme.name + ": llmq writes compressed-tensors with tensor or channel weights");
+      if (scheme.weight.format != DType::kE4M3 && scheme.weight.format != DType::kI8)
+        return unsupported("--scheme " + scheme.name + ": compressed-tensors 8-bit is e4m3 or int8");
+      if (scheme.quantize_activations && scheme.activation.source == ScaleSource::kDynamic &&
+          scheme.activation.granularity != Granularity::kPerToken &&
+          scheme.activation.granularity != Granularity::kPerTensor)
+        return unsupported("--scheme " + scheme.name + ": dynamic activations must be per-token or per-tensor");
+      return {};
+    case ExportFormat::kNone: break;
+  }
+  return unsupported("--scheme " + scheme.name + ": evaluation only; no engine loads its format");
+}
+
+nlohmann::ordered_json quantization_config(const Scheme& scheme, const std::vector<std::string>& ignored) {
+  nlohmann::ordered_json q;
+  const bool act = scheme.quantize_activations;
+  const bool act_static = act && scheme.activation.source == ScaleSource::kStatic;
+  if (scheme.export_format == ExportFormat::kVllmFp8) {
+    q["quant_method"] = "fp8";
+    q["activation_scheme"] = act_static ? "static" : "dynamic";
+    if (is_block(scheme.weight)) q["weight_block_size"] = {scheme.weight.block_rows, scheme.weight.block_cols};
+    q["ignored_layers"] = ignored;
+    q["modules_to_not_convert"] = ignored;  // the transformers spelling
+  } else {
+    const bool is_float = scheme.weight.format == DType::kE4M3;
+    auto args = [&](bool dynamic, const char* strategy) {
+      return nlohmann::ordered_json{{"num_bits", 8},           {"type", is_float ? "float" : "int"},
+                                    {"symmetric", true},       {"strategy", strategy},
+                                    {"dynamic", dynamic},      {"group_size", nullptr},
+                                    {"block_structure", nullptr}, {"actorder", nullptr},
+                                    {"observer", nullptr},     {"observer_kwargs", nlohmann::ordered_json::object()}};
+    };
+    nlohmann::ordered_json group;
+    group["targets"] = {"Linear"};
+    group["weights"] = args(false, scheme.weight.granularity == Granularity::kPerChannel ? "channel" : "tensor");
+    if (act)
+      group["input_activations"] =
+          args(!act_static, scheme.activation.granularity == Granularity::kPerToken ? "token" : "tensor");
+    else
+      group["input_activations"] = nullptr;
+    group["output_activations"] = nullptr;
+    q["quant_method"] = "compressed-tensors";
+    q["format"] = is_float ? "float-quantized" : "int-quantized";
+    q["quantization_status"] = "compressed";
+    q["config_groups"] = {{"group_0", group}};
+    q["ignore"] = ignored;
+    q["kv_cache_scheme"] = nullptr;
+    q["global_compression_ratio"] = nullptr;
+  }
+  q["llmq_scheme"] = scheme.name;  // which llmq scheme produced it (loaders ignore unknown keys)
+  return q;
+}
+
+// One quantized module at a time: weight and scale tensors are filled from the same result.
+class QuantizeCache {
+ public:
+  QuantizeCache(const WeightSource& src, const Scheme& scheme, const std::map<std::string, std::vector<float>>& smooth)
+      : src_(src), scheme_(scheme), smooth_(smooth) {}
+  Status get(const std::string& module, const QuantizedTensor** out) {
+    if (module != module_) {
+      Tensor w;
+      LLMQ_RETURN_IF_ERROR(src_.read(module + ".weight", &w));
+      if (const auto it = smooth_.find(module); it != smooth_.end()) scale_columns(&w, it->second);
+      LLMQ_RETURN_IF_ERROR(quantize_weight(w, scheme_, &q_));
+      module_ = module;
+    }
+    *out = &q_;
+    return {};
+  }
+  static void scale_columns(Tensor* w, const std::vector<float>& s) {
+    const int64_t rows = w->shape()[0], cols = w->shape()[1];
+    float* p = w->data_as<float>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) p[r * cols + c] *= s[static_cast<size_t>(c)];
+  }
+
+ private:
+  const WeightSource& src_;
+  const Scheme& scheme_;
+  const std::map<std::string, std::vector<float>>& smooth_;
+  std::string module_;
+  QuantizedTensor q_;
+};
+
+void store_float(const Tensor& t, DType dtype, uint8_t* dst) {
+  const float* p = t.data_as<float>();
+  const int64_t n = t.numel();
+  if (dtype == DType::kF32) {
+    std::memcpy(dst, p, static_cast<size_t>(n) * 4);
+    return;
+  }
+  auto* d = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = dtype == DType::kBF16 ? float_to_bf16_bits(p[i]) : float_to_fp16_bits(p[i]);
+}
+
+Status write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text << "\n";
+  if (!out.good()) return {StatusCode::kIoError, "cannot write " + path.string()};
+  return {};
+}
+
+}  // namespace
+
+Status export_quantized(const WeightSource& source, const Scheme& scheme, const CalibrationStats* stats,
+                        const std::string& out_dir, const ExportOptions& options, ExportSummary* summary) {
+  LLMQ_RETURN_IF_ERROR(check_scheme_format(scheme));
+  if (scheme.needs_statistics() && stats == nullptr)
+    return invalid_argument("--stats: scheme " + scheme.name + " needs calibration statistics; run llmq calibrate");
+  if (options.keep_dtype != DType::kBF16 && options.keep_dtype != DType::kF16 && options.keep_dtype != DType::kF32)
+    return invalid_argument("--keep-dtype: must be bf16, f16 or f32");
+  const fs::path out_path = fs::absolute(out_dir).lexically_normal();
+  if (!source.directory().empty()) {
+    std::error_code ec;
+    if (fs::equivalent(out_path, source.directory(), ec))
+      return invalid_argument("--out: " + out_dir + " is the input directory; llmq never overwrites its input");
+  }
+  if (fs::exists(out_path) && !options.overwrite && !options.dry_run)
+    return invalid_argument("--out: " + out_dir + " exists (pass --force to replace it)");
+
+  const ModelConfig& config = source.config();
+  std::map<std::string, ModuleInfo> modules;  // module name -> info
+  std::vector<std::string> ignored;
+  for (const LinearId& id : linear_ids(config)) {
+    Linear probe;
+    probe.id = id;
+    const bool q = linear_is_quantized(probe, options.quantize);
+    modules[id.hf_name(config)] = {id, q};
+    if (!q && !(id.role == LinearRole::kLmHead && config.tie_embeddings)) ignored.push_back(id.hf_name(config));
+  }
+
+  // SmoothQuant: factors per consumer module and per norm (divided into the norm's gain).
+  std::map<std::string, std::vector<float>> smooth_of, norm_divisor;
+  if (scheme.smooth_alpha >= 0.0f) {
+    auto columns = [&source](const std::string& module, std::vector<float>* absmax) -> Status {
+      Tensor w;
+      LLMQ_RETURN_IF_ERROR(source.read(module + ".weight", &w));
+      MatrixView m{w.data(), DType::kF32, w.shape()[0], w.shape()[1], w.shape()[1], 1};
+      *absmax = column_absmax(m);
+      return {};
+    };
+    std::vector<SmoothingGroup> groups;
+    LLMQ_RETURN_IF_ERROR(smoothing_groups(config, *stats, scheme.smooth_alpha, columns, &groups));
+    for (const SmoothingGroup& g : groups) {
+      norm_divisor[g.norm] = g.factors;
+      for (const std::string& m : g.members) smooth_of[m] = g.factors;
+    }
+  }
+
+  QuantizeCache cache(source, scheme, smooth_of);
+  const DType wdtype = scheme.weight.format;
+  const bool vllm = scheme.export_format == ExportFormat::kVllmFp8;
+  const bool act_static = scheme.quantize_activations && scheme.activation.source == ScaleSource::kStatic;
+  std::vector<SafetensorsWriteEntry> entries;
+  ExportSummary sum;
+  for (const std::string& name : source.tensor_names()) {
+    std::vector<int64_t> shape;
+    LLMQ_RETURN_IF_ERROR(source.shape(name, &shape));
+    const bool is_weight = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
+    const std::string module = is_weight ? name.substr(0, name.size() - 7) : "";
+    const auto mod = modules.find(module);
+    if (is_weight && mod != modules.end() && mod->second.quantized) {
+      if (shape.size() != 2) return invalid_argument(source.directory() + ": " + name + " is not a matrix");
+      const int64_t n = shape[0], k = shape[1];
+      ++sum.quantized_linears;
+      entries.push_back({name, wdtype, shape, [&cache, module](uint8_t* dst) -> Status {
+                           const QuantizedTensor* q = nullptr;
+                           LLMQ_RETURN_IF_ERROR(cache.get(module, &q));
+                           std::memcpy(dst, q->data.data(), static_cast<size_t>(q->data.nbytes()));
+                           return {};
+                         }});
+      std::vector<int64_t> scale_shape;
+      std::string scale_name = module + ".weight_scale";
+      if (is_block(scheme.weight)) {
+        scale_name = module + ".weight_scale_inv";  // vLLM/DeepSeek name; the value multiplies
+        scale_shape = {(n + 127) / 128, (k + 127) / 128};
+      } else if (scheme.weight.granularity == Granularity::kPerChannel) {
+        scale_shape = {n, 1};
+      } else {
+        scale_shape = vllm ? std::vector<int64_t>{} : std::vector<int64_t>{1};
+      }
+      entries.push_back({scale_name, DType::kF32, scale_shape, [&cache, module](uint8_t* dst) -> Status {
+                           const QuantizedTensor* q = nullptr;
+                           LLMQ_RETURN_IF_ERROR(cache.get(module, &q));
+                           std::memcpy(dst, q->scales.scales.data(), static_cast<size_t>(q->scales.scales.nbytes()));
+                           return {};
+                         }});
+      if (act_static) {
+        float s = 1.0f;
+        if (scheme.activation.method != ScaleMethod::kUnit) {
+          const LinearStats* st = stats->find(module);
+          if (st == nullptr || st->rows_seen == 0)
+            return invalid_argument("--stats: no activation statistics for " + module +
+                                    " (a static scheme needs every quantized linear calibrated)");
+          const auto sm = smooth_of.find(module);
+          LLMQ_RETURN_IF_ERROR(static_activation_scale(*st, sm == smooth_of.end() ? nullptr : &sm->second,
+                                                       scheme.activation, &s));
+        }
+        entries.push_back({module + ".input_scale", DType::kF32,
+                           vllm ? std::vector<int64_t>{} : std::vector<int64_t>{1}, [s](uint8_t* dst) -> Status {
+                             std::memcpy(dst, &s, 4);
+                             return {};
+                           }});
+      }
+      continue;
+    }
+    // Kept in high precision; norms of smoothed groups divided by s, smoothed unquantized
+    // consumers (MoE routers) multiplied by s.
+    const DType keep = options.keep_dtype;
+    const std::vector<float>* divide = nullptr;
+    const std::vector<float>* multiply = nullptr;
+    if (const auto it = norm_divisor.find(name); it != norm_divisor.end()) divide = &it->second;
+    if (is_weight)
+      if (const auto it = smooth_of.find(module); it != smooth_of.end()) multiply = &it->second;
+    entries.push_back({name, keep, shape, [&source, name, keep, divide, multiply](uint8_t* dst) -> Status {
+                         Tensor t;
+                         LLMQ_RETURN_IF_ERROR(source.read(name, &t));
+                         if (divide != nullptr) {
+                           float* p = t.data_as<float>();
+                           for (int64_t i = 0; i < t.numel(); ++i) p[i] /= (*divide)[static_cast<size_t>(i)];
+                         }
+                         if (multiply != nullptr) QuantizeCache::scale_columns(&t, *multiply);
+                         store_float(t, keep, dst);
+                         return {};
+                       }});
+  }
+  for (const auto& e : entries) {
+    int64_t numel = 1;
+    for (int64_t d : e.shape) numel *= d;
+    sum.bytes += dtype_storage_bytes(e.dtype, numel);
+  }
+  sum.tensors = static_cast<int64_t>(entries.size());
+
+  nlohmann::ordered_json config_json;
+  try {
+    config_json = nlohmann::ordered_json::parse(source.config_json());
+  } catch (const std::exception& e) {
+    return invalid_argument(std::string("config.json: ") + e.what());
+  }
+  config_json["torch_dtype"] = options.keep_dtype == DType::kBF16  ? "bfloat16"
+                               : options.keep_dtype == DType::kF16 ? "float16"
+                                                                   : "float32";
+  config_json["quantization_config"] = quantization_config(scheme, ignored);
+  sum.quantization_config = config_json["quantization_config"].dump(2);
+
+  // Shards of at most max_shard_bytes (a tensor larger than that gets a shard of its own).
+  std::vector<std::vector<SafetensorsWriteEntry>> shards(1);
+  int64_t shard_bytes = 0;
+  for (auto& e : entries) {
+    int64_t numel = 1;
+    for (int64_t d : e.shape) numel *= d;
+    const int64_t b = dtype_storage_bytes(e.dtype, numel);
+    if (shard_bytes > 0 && shard_bytes + b > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(std::move(e));
+    shard_bytes += b;
+  }
+  sum.shards = static_cast<int64_t>(shards.size());
+  if (options.dry_run) {
+    *summary = sum;
+    return {};
+  }
+
+  const fs::path tmp = fs::path(out_path.string() + ".tmp-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directories(tmp, ec)) return {StatusCode::kIoError, "--out: cannot create " + tmp.string()};
+  auto fail = [&tmp](Status st) {
+    std::error_code ignore;
+    fs::remove_all(tmp, ignore);
+    return st;
+  };
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    char file[64];
+    if (shards.size() == 1)
+      std::snprintf(file, sizeof file, "model.safetensors");
+    else
+      std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    for (const auto& e : shards[i]) weight_map[e.name] = file;
+    if (Status st = write_safetensors((tmp / file).string(), shards[i]); !st.ok()) return fail(st);
+  }
+  if (shards.size() > 1) {
+    nlohmann::ordered_json index = {{"metadata", {{"total_size", sum.bytes}}}, {"weight_map", weight_map}};
+    if (Status st = write_text(tmp / "model.safetensors.index.json", index.dump(2)); !st.ok()) return fail(st);
+  }
+  if (Status st = write_text(tmp / "config.json", config_json.dump(2)); !st.ok()) return fail(st);
+  if (!source.directory().empty()) {
+    for (const char* f : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                          "generation_config.json"}) {
+      const fs::path from = fs::path(source.directory()) / f;
+      if (fs::exists(from)) fs::copy_file(from, tmp / f, ec);
+    }
+  }
+  if (fs::exists(out_path)) fs::remove_all(out_path, ec);
+  fs::rename(tmp, out_path, ec);
+  if (ec) return fail({StatusCode::kIoError, "--out: cannot rename " + tmp.string() + " to " + out_dir + ": " + ec.message()});
+  *summary = sum;
+  return {};
+}
+
+}  // namespace llmq

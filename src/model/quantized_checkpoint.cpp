@@ -1,0 +1,128 @@
+// load_quantized_checkpoint: read an FP8/INT8 Hugging Face directory (vLLM "fp8" or
+// compressed-tensors) into a QuantizedModel, keeping the stored codes and scales, so `eval
+// --quantized` measures exactly what an engine would load.
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "llmq/export.hpp"
+#include "llmq/safetensors.hpp"
+
+namespace llmq {
+namespace {
+
+Status read_scales(const Checkpoint& ckpt, const std::string& name, Tensor* out) {
+  if (ckpt.find(name) == nullptr) return invalid_argument(ckpt.dir() + ": missing " + name);
+  return ckpt.read_f32(name, out);
+}
+
+// The activation quantization a quantization_config asks for.
+Status activation_spec(const nlohmann::json& q, DType format, bool* quantize_input, QuantSpec* spec) {
+  const std::string method = q.value("quant_method", "");
+  *quantize_input = true;
+  if (method == "fp8") {
+    if (q.contains("weight_block_size")) {
+      *spec = QuantSpec::per_block(format, 1, q["weight_block_size"][1].get<int64_t>());
+      return {};
+    }
+    *spec = QuantSpec::per_tensor(format);
+    if (q.value("activation_scheme", "dynamic") == "static") spec->source = ScaleSource::kStatic;
+    return {};
+  }
+  if (method == "compressed-tensors") {
+    const auto& groups = q.at("config_groups");
+    if (groups.size() != 1) return unsupported("quantization_config: one config group supported");
+    const auto& g = groups.begin().value();
+    if (!g.contains("input_activations") || g["input_activations"].is_null()) {
+      *quantize_input = false;
+      return {};
+    }
+    const auto& a = g["input_activations"];
+    const std::string strategy = a.value("strategy", "tensor");
+    if (strategy == "token") *spec = QuantSpec::per_token(format);
+    else if (strategy == "tensor") *spec = QuantSpec::per_tensor(format);
+    else return unsupported("quantization_config: input_activations strategy '" + strategy + "'");
+    if (!a.value("dynamic", true)) spec->source = ScaleSource::kStatic;
+    return {};
+  }
+  return unsupported("quantization_config.quant_method '" + method + "' (llmq reads fp8 and compressed-tensors)");
+}
+
+}  // namespace
+
+Status load_quantized_checkpoint(const std::string& dir, QuantizedModel* out) {
+  std::unique_ptr<Checkpoint> ckpt;
+  LLMQ_RETURN_IF_ERROR(Checkpoint::open(dir, &ckpt));
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(ckpt->config_json());
+  } catch (const std::exception& e) {
+    return invalid_argument("--quantized: " + dir + "/config.json: " + e.what());
+  }
+  if (!config.contains("quantization_config"))
+    return invalid_argument("--quantized: " + dir + " has no quantization_config in config.json");
+  const nlohmann::json& q = config["quantization_config"];
+
+  QuantizedModel qm;
+  LLMQ_RETURN_IF_ERROR(load_hf_model(dir, &qm.weights));  // float (dequantized) weights for the rest
+  qm.scheme.name = q.value("llmq_scheme", std::string("checkpoint"));
+  qm.scheme.description = "as stored in " + dir;
+  const ModelConfig& c = qm.weights.config;
+  try {
+    for (const Linear* l : qm.weights.linears()) {
+      const std::string module = l->id.hf_name(c);
+      const SafetensorsTensorInfo* info = ckpt->find(module + ".weight");
+      if (info == nullptr || !(is_fp8(info->dtype) || info->dtype == DType::kI8)) continue;  // kept
+      const int64_t n = info->shape[0], k = info->shape[1];
+      QuantizedLinear ql;
+      QuantizedTensor& w = ql.weight;
+      w.rows = n;
+      w.cols = k;
+      w.data = Tensor(info->dtype, {n, k});
+      TensorView v;
+      LLMQ_RETURN_IF_ERROR(ckpt->view(module + ".weight", &v));
+      std::memcpy(w.data.data(), v.data, static_cast<size_t>(w.data.nbytes()));
+      Tensor s;
+      if (ckpt->find(module + ".weight_scale_inv") != nullptr) {
+        LLMQ_RETURN_IF_ERROR(read_scales(*ckpt, module + ".weight_scale_inv", &s));
+        const int64_t br = (n + s.shape()[0] - 1) / s.shape()[0], bc = (k + s.shape()[1] - 1) / s.shape()[1];
+        w.spec = QuantSpec::per_block(info->dtype, br, bc);
+        w.scales.block = {br, bc};
+        w.scales.scales = Tensor(DType::kF32, {s.shape()[0], s.shape()[1]});
+      } else {
+        LLMQ_RETURN_IF_ERROR(read_scales(*ckpt, module + ".weight_scale", &s));
+        if (s.numel() == 1) {
+          w.spec = QuantSpec::per_tensor(info->dtype);
+          w.scales.block = {n, k};
+          w.scales.scales = Tensor(DType::kF32, {1, 1});
+        } else if (s.numel() == n) {
+          w.spec = QuantSpec::per_channel(info->dtype);
+          w.scales.block = {1, k};
+          w.scales.scales = Tensor(DType::kF32, {n, 1});
+        } else {
+          return invalid_argument("--quantized: " + module + ".weight_scale has " + std::to_string(s.numel()) +
+                                  " elements; expected 1 or " + std::to_string(n));
+        }
+      }
+      std::memcpy(w.scales.scales.data(), s.data(), static_cast<size_t>(s.nbytes()));
+      LLMQ_RETURN_IF_ERROR(activation_spec(q, info->dtype, &ql.quantize_input, &ql.input_spec));
+      if (ql.quantize_input && ql.input_spec.source == ScaleSource::kStatic) {
+        Tensor in;
+        LLMQ_RETURN_IF_ERROR(read_scales(*ckpt, module + ".input_scale", &in));
+        ql.static_input_scale.scales = Tensor(DType::kF32, {1, 1});
+        ql.static_input_scale.scales.data_as<float>()[0] = in.data_as<float>()[0];
+        ql.static_input_scale.block = {1, 1};
+      }
+      qm.scheme.weight = w.spec;
+      qm.scheme.quantize_activations = ql.quantize_input;
+      qm.scheme.activation = ql.input_spec;
+      qm.linears[module] = std::move(ql);
+    }
+  } catch (const std::exception& e) {
+    return invalid_argument("--quantized: " + dir + ": quantization_config: " + e.what());
+  }
+  if (qm.linears.empty()) return invalid_argument("--quantized: " + dir + " holds no FP8/INT8 linear weights");
+  *out = std::move(qm);
+  return {};
+}
+
+}  // namespace llmq

@@ -1,0 +1,174 @@
+// WeightSources: an in-memory model under Hugging Face names, and a memory-mapped HF checkpoint.
+#include <nlohmann/json.hpp>
+
+#include "llmq/export.hpp"
+#include "llmq/safetensors.hpp"
+
+namespace llmq {
+namespace {
+
+// Interleaved RoPE pairs (2i, 2i+1) of each head move to (i, i + head_dim/2): the row
+// permutation Hugging Face's Llama conversion applies to q and k.
+Tensor interleaved_to_half(const Tensor& w, int64_t heads, int64_t head_dim) {
+  Tensor out(DType::kF32, w.shape());
+  const int64_t cols = w.shape()[1];
+  const float* src = w.data_as<float>();
+  float* dst = out.data_as<float>();
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < head_dim / 2; ++i)
+      for (int64_t j = 0; j < 2; ++j) {
+        const int64_t from = h * head_dim + 2 * i + j;
+        const int64_t to = h * head_dim + j * (head_dim / 2) + i;
+        std::copy(src + from * cols, src + (from + 1) * cols, dst + to * cols);
+      }
+  return out;
+}
+
+class MemorySource : public WeightSource {
+ public:
+  explicit MemorySource(const ModelWeights& m) : model_(m), config_(m.config) {
+    const ModelConfig& c = m.config;
+    const bool permute = c.rope_style == RopeStyle::kInterleaved;
+    config_.rope_style = RopeStyle::kHalf;
+    add("model.embed_tokens.weight", &m.token_embedding);
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      const LayerWeights& l = m.layers[static_cast<size_t>(i)];
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      add(p + "input_layernorm.weight", &l.attn_norm);
+      for (const Linear* lin : {&l.q, &l.k, &l.v, &l.o}) {
+        const std::string name = lin->id.hf_name(c) + ".weight";
+        if (permute && (lin == &l.q || lin == &l.k)) {
+          owned_.push_back(std::make_unique<Tensor>(
+              interleaved_to_half(lin->weight, lin == &l.q ? c.n_heads : c.n_kv_heads, c.head_dim)));
+          add(name, owned_.back().get());
+        } else {
+          add(name, &lin->weight);
+        }
+        if (lin->bias.numel() > 0) add(lin->id.hf_name(c) + ".bias", &lin->bias);
+      }
+      add(p + "post_attention_layernorm.weight", &l.ffn_norm);
+      if (c.is_moe()) {
+        add(l.router.id.hf_name(c) + ".weight", &l.router.weight);
+        for (const Expert& e : l.experts)
+          for (const Linear* lin : {&e.gate, &e.up, &e.down}) add(lin->id.hf_name(c) + ".weight", &lin->weight);
+      } else {
+        for (const Linear* lin : {&l.mlp.gate, &l.mlp.up, &l.mlp.down}) add(lin->id.hf_name(c) + ".weight", &lin->weight);
+      }
+    }
+    add("model.norm.weight", &m.final_norm);
+    if (!c.tie_embeddings) add("lm_head.weight", &m.lm_head.weight);
+  }
+
+  const ModelConfig& config() const override { return config_; }
+  std::vector<std::string> tensor_names() const override { return names_; }
+  Status shape(const std::string& name, std::vector<int64_t>* out) const override {
+    const Tensor* t = lookup(name);
+    if (t == nullptr) return invalid_argument("model: no tensor " + name);
+    *out = t->shape();
+    return {};
+  }
+  Status read(const std::string& name, Tensor* out) const override {
+    const Tensor* t = lookup(name);
+    if (t == nullptr) return invalid_argument("model: no tensor " + name);
+    *out = *t;
+    return {};
+  }
+  std::string config_json() const override { return hf_config_json(config_); }
+
+ private:
+  void add(const std::string& name, const Tensor* t) {
+    names_.push_back(name);
+    tensors_[name] = t;
+  }
+  const Tensor* lookup(const std::string& name) const {
+    const auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : it->second;
+  }
+  const ModelWeights& model_;
+  ModelConfig config_;
+  std::vector<std::string> names_;
+  std::map<std::string, const Tensor*> tensors_;
+  std::vector<std::unique_ptr<Tensor>> owned_;
+};
+
+class CheckpointSource : public WeightSource {
+ public:
+  CheckpointSource(std::unique_ptr<Checkpoint> ckpt, ModelConfig config)
+      : ckpt_(std::move(ckpt)), config_(std::move(config)) {}
+  const ModelConfig& config() const override { return config_; }
+  std::vector<std::string> tensor_names() const override { return ckpt_->tensor_names(); }
+  Status shape(const std::string& name, std::vector<int64_t>* out) const override {
+    const SafetensorsTensorInfo* info = ckpt_->find(name);
+    if (info == nullptr) return invalid_argument(ckpt_->dir() + ": no tensor " + name);
+    *out = info->shape;
+    return {};
+  }
+  Status read(const std::string& name, Tensor* out) const override { return ckpt_->read_f32(name, out); }
+  std::string config_json() const override { return ckpt_->config_json(); }
+  std::string directory() const override { return ckpt_->dir(); }
+
+ private:
+  std::unique_ptr<Checkpoint> ckpt_;
+  ModelConfig config_;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> memory_weight_source(const ModelWeights& model) {
+  return std::make_unique<MemorySource>(model);
+}
+
+Status checkpoint_weight_source(const std::string& dir, std::unique_ptr<WeightSource>* out) {
+  std::unique_ptr<Checkpoint> ckpt;
+  LLMQ_RETURN_IF_ERROR(Checkpoint::open(dir, &ckpt));
+  ModelConfig config;
+  LLMQ_RETURN_IF_ERROR(parse_hf_config(ckpt->config_json(), &config));
+  try {
+    if (nlohmann::json::parse(ckpt->config_json()).contains("quantization_config"))
+      return invalid_argument("--model: " + dir + " is already quantized (config.json has quantization_config)");
+  } catch (const std::exception& e) {
+    return invalid_argument("--model: " + dir + "/config.json: " + e.what());
+  }
+  for (const std::string& name : ckpt->tensor_names()) {
+    const SafetensorsTensorInfo* info = ckpt->find(name);
+    if (info != nullptr && (is_fp8(info->dtype) || info->dtype == DType::kI8))
+      return invalid_argument("--model: " + dir + " holds 8-bit tensor " + name + "; quantize from the original weights");
+  }
+  *out = std::make_unique<CheckpointSource>(std::move(ckpt), std::move(config));
+  return {};
+}
+
+std::string hf_config_json(const ModelConfig& c) {
+  nlohmann::ordered_json j;
+  j["architectures"] = {c.is_moe() ? "MixtralForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = c.is_moe() ? "mixtral" : "llama";
+  j["hidden_size"] = c.dim;
+  j["intermediate_size"] = c.hidden_dim;
+  j["num_hidden_layers"] = c.n_layers;
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["vocab_size"] = c.vocab_size;
+  j["max_position_embeddings"] = c.max_seq_len;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling.enabled)
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.rope_scaling.factor},
+                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = c.attention_bias;
+  j["bos_token_id"] = c.bos_token;
+  j["eos_token_id"] = c.eos_token;
+  j["torch_dtype"] = "bfloat16";
+  if (c.is_moe()) {
+    j["num_local_experts"] = c.n_experts;
+    j["num_experts_per_tok"] = c.n_experts_per_token;
+  }
+  return j.dump(2);
+}
+
+}  // namespace llmq

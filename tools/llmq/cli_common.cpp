@@ -1,0 +1,43 @@
+// Shared CLI helpers: error printing and the progress bar.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "commands.hpp"
+
+namespace llmq::cli {
+
+int fail(const Status& st) {
+  std::fprintf(stderr, "llmq: %s\n", st.to_string().c_str());
+  return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Progress::Progress(std::string what) : what_(std::move(what)), tty_(::isatty(2) != 0), start_(now_seconds()) {}
+
+void Progress::update(int64_t done, int64_t total) {
+  if (!tty_ || total <= 0) return;
+  const int percent = static_cast<int>(100 * done / total);
+  if (percent == last_percent_) return;
+  last_percent_ = percent;
+  constexpr int kWidth = 30;
+  const int filled = kWidth * percent / 100;
+  const double elapsed = now_seconds() - start_;
+  const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0.0;
+  std::fprintf(stderr, "\r%s [%.*s%*s] %3d%% %lld/%lld (%.0f/s)", what_.c_str(), filled,
+               "==============================", kWidth - filled, "", percent, static_cast<long long>(done),
+               static_cast<long long>(total), rate);
+  std::fflush(stderr);
+}
+
+void Progress::finish() {
+  if (tty_ && last_percent_ >= 0) std::fprintf(stderr, "\n");
+}
+
+}  // namespace llmq::cli

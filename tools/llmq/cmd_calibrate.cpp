@@ -1,0 +1,73 @@
+// llmq calibrate: the MEASURE phase. Runs calibration tokens through the model and saves the
+// absmax statistics of every linear layer's input and weight.
+#include <cstdio>
+
+#include "commands.hpp"
+#include "llmq/calibration.hpp"
+#include "llmq/model_io.hpp"
+
+namespace llmq::cli {
+namespace {
+
+struct CalibrateArgs {
+  std::string model;
+  std::string data;
+  std::string out = "llmq-stats.json";
+  int64_t context = 256;
+  int64_t samples = 64;  // without --data: sequences sampled from the model itself
+  int64_t length = 128;
+  uint64_t seed = 1000;
+};
+
+int run(const CalibrateArgs& a) {
+  ModelWeights model;
+  std::string description;
+  if (Status st = load_model(a.model, &model, &description); !st.ok()) return fail(st);
+  std::vector<std::vector<int32_t>> sequences;
+  std::string data_name = a.data;
+  if (a.data.empty()) {
+    if (Status st = sample_token_sequences(model, a.samples, std::min(a.length, model.config.max_seq_len), a.seed, &sequences);
+        !st.ok())
+      return fail(st);
+    data_name = "sampled from the model: " + std::to_string(a.samples) + " x " + std::to_string(a.length) +
+                " tokens, seeds from " + std::to_string(a.seed);
+  } else if (Status st = read_token_sequences(a.data, model.config.vocab_size, &sequences); !st.ok()) {
+    return fail(st);
+  }
+  CalibrationStats stats;
+  stats.model = a.model.empty() ? "default" : a.model;
+  stats.data = data_name;
+  Progress progress("calibrate");
+  int64_t total = 0, done = 0;
+  for (const auto& s : sequences) total += static_cast<int64_t>(s.size()) + 1;
+  for (const auto& s : sequences) {
+    std::vector<int32_t> tokens = {model.config.bos_token};
+    tokens.insert(tokens.end(), s.begin(), s.end());
+    if (Status st = calibrate(model, tokens, std::min(a.context, model.config.max_seq_len), &stats); !st.ok())
+      return fail(st);
+    done += static_cast<int64_t>(tokens.size());
+    progress.update(done, total);
+  }
+  progress.finish();
+  if (Status st = stats.save(a.out); !st.ok()) return fail(st);
+  std::printf("calibrated %s on %lld tokens (%s): %zu linear layers -> %s\n", description.c_str(),
+              static_cast<long long>(stats.tokens), data_name.c_str(), stats.linears.size(), a.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_calibrate_command(CLI::App& app, std::vector<Command>* commands) {
+  auto args = std::make_shared<CalibrateArgs>();
+  CLI::App* cmd = app.add_subcommand("calibrate", "measure per-tensor and per-channel absmax of every linear input");
+  cmd->add_option("--model", args->model, "llama2.c .bin, Hugging Face directory, or 'default'");
+  cmd->add_option("--data", args->data, "token-id file (one sequence per line); default: the model's own samples");
+  cmd->add_option("-o,--out", args->out, "statistics file (JSON)");
+  cmd->add_option("--context", args->context, "tokens per forward window")->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--samples", args->samples, "without --data: sequences to sample")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--length", args->length, "without --data: tokens per sampled sequence")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--seed", args->seed, "without --data: first sampling seed");
+  commands->push_back({cmd, [args] { return run(*args); }});
+}
+
+}  // namespace llmq::cli

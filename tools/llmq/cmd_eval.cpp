@@ -1,0 +1,208 @@
+// llmq eval: accuracy of quantized models against the unquantized one (llama.cpp's
+// --kl-divergence statistics), one row per scheme or quantized checkpoint, like Tables 2-4 of the
+// FP8 paper.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "commands.hpp"
+#include "llmq/evaluate.hpp"
+#include "llmq/export.hpp"
+#include "llmq/model_io.hpp"
+#include "llmq/quantized_model.hpp"
+
+namespace llmq::cli {
+namespace {
+
+struct EvalArgs {
+  std::string model;
+  std::vector<std::string> quantized;
+  std::string schemes;
+  std::string data;
+  std::string stats;
+  int64_t context = 256;
+  int64_t max_tokens = 0;
+  int64_t samples = 80;
+  int64_t length = 128;
+  uint64_t seed = 1;
+  bool json = false;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+int run(const EvalArgs& a) {
+  ModelWeights model;
+  std::string description;
+  if (Status st = load_model(a.model, &model, &description); !st.ok()) return fail(st);
+
+  std::vector<std::string> scheme_names = split(a.schemes);
+  if (scheme_names.size() == 1 && scheme_names[0] == "all") {
+    scheme_names.clear();
+    for (const Scheme& s : all_schemes()) scheme_names.push_back(s.name);
+  }
+  if (scheme_names.empty() && a.quantized.empty()) scheme_names.push_back(kDefaultScheme);
+  std::vector<Scheme> schemes(scheme_names.size());
+  bool need_stats = false;
+  for (size_t i = 0; i < scheme_names.size(); ++i) {
+    if (Status st = find_scheme(scheme_names[i], &schemes[i]); !st.ok()) return fail(st);
+    need_stats = need_stats || schemes[i].needs_statistics();
+  }
+
+  // Evaluation data: a token file, or the model's own samples (seeds from --seed).
+  std::vector<std::vector<int32_t>> sequences;
+  std::string data_name = a.data;
+  if (a.data.empty()) {
+    if (Status st = sample_token_sequences(model, a.samples, std::min(a.length, model.config.max_seq_len - 1), a.seed,
+                                           &sequences);
+        !st.ok())
+      return fail(st);
+    data_name = fmt::format("{} sequences sampled from the model (T=1, top-p 0.9, seeds {}..{})", a.samples, a.seed,
+                            a.seed + static_cast<uint64_t>(a.samples) - 1);
+  } else if (Status st = read_token_sequences(a.data, model.config.vocab_size, &sequences); !st.ok()) {
+    return fail(st);
+  }
+
+  CalibrationStats stats;
+  bool have_stats = false;
+  if (!a.stats.empty()) {
+    if (Status st = CalibrationStats::load(a.stats, &stats); !st.ok()) return fail(st);
+    have_stats = true;
+  } else if (need_stats) {
+    // Calibrate on other samples than the evaluation data (seeds 1000+), as the paper advises.
+    std::vector<std::vector<int32_t>> calib;
+    if (Status st = sample_token_sequences(model, 32, std::min<int64_t>(128, model.config.max_seq_len - 1), 1000, &calib);
+        !st.ok())
+      return fail(st);
+    for (const auto& s : calib) {
+      std::vector<int32_t> t = {model.config.bos_token};
+      t.insert(t.end(), s.begin(), s.end());
+      if (Status st = calibrate(model, t, std::min(a.context, model.config.max_seq_len), &stats); !st.ok()) return fail(st);
+    }
+    std::fprintf(stderr, "llmq: no --stats: calibrated on 32 sampled sequences (seeds 1000..1031), %lld tokens\n",
+                 static_cast<long long>(stats.tokens));
+    have_stats = true;
+  }
+
+  std::vector<std::string> labels;
+  std::vector<std::unique_ptr<QuantizedModel>> qmodels;
+  for (const Scheme& s : schemes) {
+    auto qm = std::make_unique<QuantizedModel>();
+    if (Status st = quantize_model(model, s, have_stats ? &stats : nullptr, {}, qm.get()); !st.ok()) return fail(st);
+    labels.push_back(s.name);
+    qmodels.push_back(std::move(qm));
+  }
+  for (const std::string& dir : a.quantized) {
+    auto qm = std::make_unique<QuantizedModel>();
+    if (Status st = load_quantized_checkpoint(dir, qm.get()); !st.ok()) return fail(st);
+    labels.push_back(dir + " (" + qm->scheme.name + ")");
+    qmodels.push_back(std::move(qm));
+  }
+  std::vector<std::unique_ptr<QuantizedLinearBackend>> backends;
+  std::vector<std::unique_ptr<Transformer>> transformers;
+  std::vector<Transformer*> candidates;
+  for (const auto& qm : qmodels) {
+    backends.push_back(std::make_unique<QuantizedLinearBackend>(*qm));
+    transformers.push_back(std::make_unique<Transformer>(qm->weights, backends.back().get()));
+    candidates.push_back(transformers.back().get());
+  }
+  Transformer base(model);
+  EvalOptions options;
+  options.context = std::min(a.context, model.config.max_seq_len);
+  options.max_tokens = a.max_tokens;
+  Progress progress("eval");
+  options.progress = [&progress](int64_t done, int64_t total) { progress.update(done, total); };
+  std::vector<EvalAccumulator> results;
+  if (Status st = evaluate(&base, candidates, sequences, options, &results); !st.ok()) return fail(st);
+  progress.finish();
+
+  std::vector<EvalAccumulator::Summary> sums;
+  for (const auto& r : results) sums.push_back(r.summarize());
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["model"] = description;
+    j["data"] = data_name;
+    j["tokens"] = sums.empty() ? 0 : sums[0].tokens;
+    j["ppl_base"] = sums.empty() ? 0 : sums[0].ppl_base;
+    j["results"] = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < sums.size(); ++i) {
+      const auto& s = sums[i];
+      j["results"].push_back({{"scheme", labels[i]},
+                              {"ppl", s.ppl_quant},
+                              {"ppl_err", s.ppl_quant_err},
+                              {"ppl_ratio", s.ppl_ratio},
+                              {"ppl_ratio_err", s.ppl_ratio_err},
+                              {"kl_mean", s.kl.mean},
+                              {"kl_mean_err", s.kl.stderr_},
+                              {"kl_median", s.kl_median},
+                              {"kl_p99", s.kl_p99},
+                              {"kl_max", s.kl_max},
+                              {"top1", s.top1_agreement.mean},
+                              {"top1_err", s.top1_agreement.stderr_},
+                              {"delta_p_mean", s.delta_p.mean},
+                              {"delta_p_err", s.delta_p.stderr_},
+                              {"delta_p_rms", s.delta_p_rms}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("model: %s\ndata:  %s\ntokens scored: %lld, context %lld\n", description.c_str(), data_name.c_str(),
+              static_cast<long long>(sums.empty() ? 0 : sums[0].tokens), static_cast<long long>(options.context));
+  if (!sums.empty())
+    std::printf("unquantized perplexity: %.4f +- %.4f\n\n", sums[0].ppl_base, sums[0].ppl_base_err);
+  size_t w = 6;
+  for (const auto& l : labels) w = std::max(w, l.size());
+  std::printf("%s\n", fmt::format("{:<{}} | {:>9} | {:>16} | {:>19} | {:>9} | {:>9} | {:>14} | {:>17}", "scheme", w,
+                                  "PPL", "PPL ratio", "mean KL", "KL p99", "KL max", "top-1 agree %", "mean dp %")
+                          .c_str());
+  std::printf("%s\n", std::string(w + 126, '-').c_str());
+  for (size_t i = 0; i < sums.size(); ++i) {
+    const auto& s = sums[i];
+    std::printf("%s\n", fmt::format("{:<{}} | {:>9.4f} | {:>7.5f} +- {:.5f} | {:>8.6f} +- {:.6f} | {:>9.6f} | {:>9.6f} | "
+                                    "{:>6.2f} +- {:.2f} | {:>7.4f} +- {:.4f}",
+                                    labels[i], w, s.ppl_quant, s.ppl_ratio, s.ppl_ratio_err, s.kl.mean, s.kl.stderr_,
+                                    s.kl_p99, s.kl_max, 100 * s.top1_agreement.mean, 100 * s.top1_agreement.stderr_,
+                                    100 * s.delta_p.mean, 100 * s.delta_p.stderr_)
+                            .c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
+  auto args = std::make_shared<EvalArgs>();
+  CLI::App* cmd = app.add_subcommand("eval", "compare quantized schemes / checkpoints with the unquantized model");
+  cmd->add_option("--model", args->model, "llama2.c .bin, Hugging Face directory, or 'default'");
+  cmd->add_option("--quantized", args->quantized, "quantized checkpoint directory (repeatable)");
+  cmd->add_option("--scheme", args->schemes, "comma-separated schemes, or 'all' (default: fp8-dynamic)");
+  cmd->add_option("--data", args->data, "token-id file; default: the model's own samples");
+  cmd->add_option("--stats", args->stats, "calibration statistics; default: calibrate on other samples");
+  cmd->add_option("--context", args->context, "window length (BOS included)")->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--max-tokens", args->max_tokens, "stop after this many scored tokens");
+  cmd->add_option("--samples", args->samples, "without --data: sequences to sample")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--length", args->length, "without --data: tokens per sequence")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--seed", args->seed, "without --data: first sampling seed");
+  cmd->add_flag("--json", args->json, "machine-readable output");
+  commands->push_back({cmd, [args] { return run(*args); }});
+}
+
+void add_schemes_command(CLI::App& app, std::vector<Command>* commands) {
+  CLI::App* cmd = app.add_subcommand("schemes", "list the quantization schemes");
+  commands->push_back({cmd, [] {
+                         for (const Scheme& s : all_schemes())
+                           std::printf("%-20s %-19s %s\n", s.name.c_str(), export_format_name(s.export_format),
+                                       s.description.c_str());
+                         return 0;
+                       }});
+}
+
+}  // namespace llmq::cli

@@ -1,0 +1,82 @@
+// llmq quantize: write a quantized checkpoint (vLLM fp8 or compressed-tensors) from a model.
+// A Hugging Face input is streamed tensor by tensor from its memory map.
+#include <cstdio>
+#include <filesystem>
+
+#include "commands.hpp"
+#include "llmq/export.hpp"
+#include "llmq/model_io.hpp"
+
+namespace llmq::cli {
+namespace {
+
+struct QuantizeArgs {
+  std::string model;
+  std::string scheme = kDefaultScheme;
+  std::string stats;
+  std::string out;
+  std::string keep_dtype = "bf16";
+  bool quantize_lm_head = false;
+  bool dry_run = false;
+  bool force = false;
+};
+
+int run(const QuantizeArgs& a) {
+  Scheme scheme;
+  if (Status st = find_scheme(a.scheme, &scheme); !st.ok()) return fail(st);
+  CalibrationStats stats;
+  if (!a.stats.empty())
+    if (Status st = CalibrationStats::load(a.stats, &stats); !st.ok()) return fail(st);
+  ExportOptions options;
+  options.dry_run = a.dry_run;
+  options.overwrite = a.force;
+  options.quantize.quantize_lm_head = a.quantize_lm_head;
+  const auto keep = parse_dtype(a.keep_dtype);
+  if (!keep) return fail(invalid_argument("--keep-dtype: unknown dtype '" + a.keep_dtype + "'"));
+  options.keep_dtype = *keep;
+
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!a.model.empty() && !fs::is_directory(a.model, ec) && fs::exists(a.model, ec)) {
+    // A llama2.c file: refuse an output directory that would contain (and so replace) it.
+    const fs::path in = fs::absolute(a.model).lexically_normal(), out = fs::absolute(a.out).lexically_normal();
+    if (in.string().rfind(out.string() + "/", 0) == 0)
+      return fail(invalid_argument("--out: " + a.out + " contains the input " + a.model));
+  }
+  ModelWeights model;
+  std::unique_ptr<WeightSource> source;
+  if (!a.model.empty() && fs::is_directory(a.model, ec)) {
+    if (Status st = checkpoint_weight_source(a.model, &source); !st.ok()) return fail(st);
+  } else {
+    if (Status st = load_model(a.model, &model); !st.ok()) return fail(st);
+    source = memory_weight_source(model);
+  }
+  ExportSummary summary;
+  if (Status st = export_quantized(*source, scheme, a.stats.empty() ? nullptr : &stats, a.out, options, &summary);
+      !st.ok())
+    return fail(st);
+  std::printf("%s %s: scheme %s (%s), %lld tensors, %lld quantized linear layers, %.2f MB in %lld shard(s)\n",
+              a.dry_run ? "would write" : "wrote", a.out.c_str(), scheme.name.c_str(), export_format_name(scheme.export_format),
+              static_cast<long long>(summary.tensors), static_cast<long long>(summary.quantized_linears),
+              static_cast<double>(summary.bytes) / 1e6, static_cast<long long>(summary.shards));
+  std::printf("quantization_config: %s\n", summary.quantization_config.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_quantize_command(CLI::App& app, std::vector<Command>* commands) {
+  auto args = std::make_shared<QuantizeArgs>();
+  CLI::App* cmd = app.add_subcommand("quantize", "write a quantized checkpoint that vLLM / transformers load");
+  cmd->add_option("--model", args->model, "llama2.c .bin, Hugging Face directory, or 'default'");
+  cmd->add_option("--scheme", args->scheme, "quantization scheme (llmq schemes lists them)");
+  cmd->add_option("--stats", args->stats, "calibration statistics (static schemes, SmoothQuant)");
+  cmd->add_option("-o,--out", args->out, "output directory (written to a temporary one, then renamed)")->required();
+  cmd->add_option("--keep-dtype", args->keep_dtype, "dtype of tensors not quantized: bf16, f16 or f32");
+  cmd->add_flag("--quantize-lm-head", args->quantize_lm_head, "quantize lm_head too (kept by default)");
+  cmd->add_flag("--dry-run", args->dry_run, "plan and report; write nothing");
+  cmd->add_flag("--force", args->force, "replace an existing output directory (never the input)");
+  commands->push_back({cmd, [args] { return run(*args); }});
+}
+
+}  // namespace llmq::cli

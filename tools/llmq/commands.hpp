@@ -1,0 +1,43 @@
+// The CLI's subcommands, one file each; each registers its options and a function to run.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "llmq/status.hpp"
+
+namespace llmq::cli {
+
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+void add_run_command(CLI::App& app, std::vector<Command>* commands);
+void add_calibrate_command(CLI::App& app, std::vector<Command>* commands);
+void add_quantize_command(CLI::App& app, std::vector<Command>* commands);
+void add_eval_command(CLI::App& app, std::vector<Command>* commands);
+void add_schemes_command(CLI::App& app, std::vector<Command>* commands);
+
+// Print "llmq: <status>" to stderr; exit code 2 for bad arguments, 1 otherwise.
+int fail(const Status& st);
+
+// A progress bar on stderr, drawn only when stderr is a terminal.
+class Progress {
+ public:
+  explicit Progress(std::string what);
+  void update(int64_t done, int64_t total);
+  void finish();
+
+ private:
+  std::string what_;
+  bool tty_;
+  double start_;
+  int last_percent_ = -1;
+};
+
+}  // namespace llmq::cli
