@@ -43,6 +43,8 @@ struct ExportOptions {
   int64_t max_shard_bytes = int64_t{4} << 30;
   bool dry_run = false;             // plan and report, write nothing
   bool overwrite = false;           // replace an existing output directory (never the input)
+  bool unquantized = false;         // write every tensor in keep_dtype: a plain HF checkpoint
+                                    // (llama2.c -> Hugging Face conversion); the scheme is ignored
 };
 
 struct ExportSummary {

@@ -10,7 +10,7 @@
 
 namespace llmq {
 
-// "" or "default": the seeded default model; a directory: a Hugging Face checkpoint; a file: a
+// "" or "default": the seeded default model; "default-moe": its Mixtral-style sibling; a directory: a Hugging Face checkpoint; a file: a
 // llama2.c checkpoint. `description` says which ("llama2.c stories260K.bin", ...).
 Status load_model(const std::string& path, ModelWeights* out, std::string* description = nullptr);
 

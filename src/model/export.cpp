@@ -160,8 +160,8 @@ Status write_text(const fs::path& path, const std::string& text) {
 
 Status export_quantized(const WeightSource& source, const Scheme& scheme, const CalibrationStats* stats,
                         const std::string& out_dir, const ExportOptions& options, ExportSummary* summary) {
-  LLMQ_RETURN_IF_ERROR(check_scheme_format(scheme));
-  if (scheme.needs_statistics() && stats == nullptr)
+  if (!options.unquantized) LLMQ_RETURN_IF_ERROR(check_scheme_format(scheme));
+  if (!options.unquantized && scheme.needs_statistics() && stats == nullptr)
     return invalid_argument("--stats: scheme " + scheme.name + " needs calibration statistics; run llmq calibrate");
   if (options.keep_dtype != DType::kBF16 && options.keep_dtype != DType::kF16 && options.keep_dtype != DType::kF32)
     return invalid_argument("--keep-dtype: must be bf16, f16 or f32");
@@ -180,14 +180,14 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme, const 
   for (const LinearId& id : linear_ids(config)) {
     Linear probe;
     probe.id = id;
-    const bool q = linear_is_quantized(probe, options.quantize);
+    const bool q = !options.unquantized && linear_is_quantized(probe, options.quantize);
     modules[id.hf_name(config)] = {id, q};
     if (!q && !(id.role == LinearRole::kLmHead && config.tie_embeddings)) ignored.push_back(id.hf_name(config));
   }
 
   // SmoothQuant: factors per consumer module and per norm (divided into the norm's gain).
   std::map<std::string, std::vector<float>> smooth_of, norm_divisor;
-  if (scheme.smooth_alpha >= 0.0f) {
+  if (!options.unquantized && scheme.smooth_alpha >= 0.0f) {
     auto columns = [&source](const std::string& module, std::vector<float>* absmax) -> Status {
       Tensor w;
       LLMQ_RETURN_IF_ERROR(source.read(module + ".weight", &w));
@@ -296,8 +296,10 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme, const 
   config_json["torch_dtype"] = options.keep_dtype == DType::kBF16  ? "bfloat16"
                                : options.keep_dtype == DType::kF16 ? "float16"
                                                                    : "float32";
-  config_json["quantization_config"] = quantization_config(scheme, ignored);
-  sum.quantization_config = config_json["quantization_config"].dump(2);
+  if (!options.unquantized) {
+    config_json["quantization_config"] = quantization_config(scheme, ignored);
+    sum.quantization_config = config_json["quantization_config"].dump(2);
+  }
 
   // Shards of at most max_shard_bytes (a tensor larger than that gets a shard of its own).
   std::vector<std::vector<SafetensorsWriteEntry>> shards(1);

@@ -84,7 +84,17 @@ Status load_quantized_checkpoint(const std::string& dir, QuantizedModel* out) {
       Tensor s;
       if (ckpt->find(module + ".weight_scale_inv") != nullptr) {
         LLMQ_RETURN_IF_ERROR(read_scales(*ckpt, module + ".weight_scale_inv", &s));
-        const int64_t br = (n + s.shape()[0] - 1) / s.shape()[0], bc = (k + s.shape()[1] - 1) / s.shape()[1];
+        // The block shape comes from the config (ceil(n / scale_rows) would be wrong for partial
+        // edge blocks: 688 rows in 128-row blocks have 6 scale rows, and 688 / 6 is not 128).
+        int64_t br = 128, bc = 128;
+        if (q.contains("weight_block_size")) {
+          br = q["weight_block_size"][0].get<int64_t>();
+          bc = q["weight_block_size"][1].get<int64_t>();
+        }
+        if (s.shape().size() != 2 || s.shape()[0] != (n + br - 1) / br || s.shape()[1] != (k + bc - 1) / bc)
+          return invalid_argument("--quantized: " + module + ".weight_scale_inv does not match " + std::to_string(br) +
+                                  "x" + std::to_string(bc) + " blocks of a [" + std::to_string(n) + ", " +
+                                  std::to_string(k) + "] weight");
         w.spec = QuantSpec::per_block(info->dtype, br, bc);
         w.scales.block = {br, bc};
         w.scales.scales = Tensor(DType::kF32, {s.shape()[0], s.shape()[1]});

@@ -23,12 +23,19 @@ struct QuantizeArgs {
 
 int run(const QuantizeArgs& a) {
   Scheme scheme;
-  if (Status st = find_scheme(a.scheme, &scheme); !st.ok()) return fail(st);
+  const bool unquantized = a.scheme == "none";
+  if (unquantized) {
+    scheme.name = "none";
+    scheme.export_format = ExportFormat::kNone;
+  } else if (Status st = find_scheme(a.scheme, &scheme); !st.ok()) {
+    return fail(st);
+  }
   CalibrationStats stats;
   if (!a.stats.empty())
     if (Status st = CalibrationStats::load(a.stats, &stats); !st.ok()) return fail(st);
   ExportOptions options;
   options.dry_run = a.dry_run;
+  options.unquantized = unquantized;
   options.overwrite = a.force;
   options.quantize.quantize_lm_head = a.quantize_lm_head;
   const auto keep = parse_dtype(a.keep_dtype);
@@ -59,7 +66,7 @@ int run(const QuantizeArgs& a) {
               a.dry_run ? "would write" : "wrote", a.out.c_str(), scheme.name.c_str(), export_format_name(scheme.export_format),
               static_cast<long long>(summary.tensors), static_cast<long long>(summary.quantized_linears),
               static_cast<double>(summary.bytes) / 1e6, static_cast<long long>(summary.shards));
-  std::printf("quantization_config: %s\n", summary.quantization_config.c_str());
+  if (!unquantized) std::printf("quantization_config: %s\n", summary.quantization_config.c_str());
   return 0;
 }
 
@@ -69,7 +76,7 @@ void add_quantize_command(CLI::App& app, std::vector<Command>* commands) {
   auto args = std::make_shared<QuantizeArgs>();
   CLI::App* cmd = app.add_subcommand("quantize", "write a quantized checkpoint that vLLM / transformers load");
   cmd->add_option("--model", args->model, "llama2.c .bin, Hugging Face directory, or 'default'");
-  cmd->add_option("--scheme", args->scheme, "quantization scheme (llmq schemes lists them)");
+  cmd->add_option("--scheme", args->scheme, "quantization scheme (llmq schemes lists them); 'none' writes an unquantized checkpoint");
   cmd->add_option("--stats", args->stats, "calibration statistics (static schemes, SmoothQuant)");
   cmd->add_option("-o,--out", args->out, "output directory (written to a temporary one, then renamed)")->required();
   cmd->add_option("--keep-dtype", args->keep_dtype, "dtype of tensors not quantized: bf16, f16 or f32");
