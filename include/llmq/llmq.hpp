@@ -9,3 +9,4 @@
 #include "llmq/scale.hpp"
 #include "llmq/status.hpp"
 #include "llmq/tensor.hpp"
+#include "llmq/tokenizer.hpp"

@@ -14,10 +14,18 @@ namespace llmq {
 // llama2.c checkpoint. `description` says which ("llama2.c stories260K.bin", ...).
 Status load_model(const std::string& path, ModelWeights* out, std::string* description = nullptr);
 
+class Tokenizer;
+
 // Token data: a text file of token ids separated by white space; each non-empty line is one
-// sequence (evaluated from an empty KV cache). Text that is not token ids is an error that says a
-// tokenizer is needed. Ids are checked against vocab_size (when > 0).
-Status read_token_sequences(const std::string& path, int64_t vocab_size, std::vector<std::vector<int32_t>>* out);
+// sequence (evaluated from an empty KV cache). A file that is not all token ids is read as text
+// with `tokenizer` (read_text_sequences) when one is given, and is otherwise an error that says
+// which tokenizer files enable text. Ids are checked against vocab_size (when > 0).
+Status read_token_sequences(const std::string& path, int64_t vocab_size, std::vector<std::vector<int32_t>>* out,
+                            const Tokenizer* tokenizer = nullptr);
+
+// Text data: each line with any non-space character is one sequence, encoded with BOS (a trailing
+// "\r" of CRLF files is dropped).
+Status read_text_sequences(const std::string& path, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out);
 
 // Deterministic token data from a model's own samples: `count` sequences of `length` tokens from
 // BOS at temperature 1 / top-p 0.9 with seeds seed, seed+1, ... (llama2.c sampling).

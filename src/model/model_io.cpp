@@ -1,4 +1,4 @@
-// Model and token-data loading by path.
+// Model and token-data loading by path; text data goes through the model's tokenizer.
 #include "llmq/model_io.hpp"
 
 #include <filesystem>
@@ -7,6 +7,7 @@
 
 #include "llmq/safetensors.hpp"
 #include "llmq/sampler.hpp"
+#include "llmq/tokenizer.hpp"
 #include "llmq/transformer.hpp"
 
 namespace llmq {
@@ -37,7 +38,8 @@ Status load_model(const std::string& path, ModelWeights* out, std::string* descr
   return load_llama2c(path, out);
 }
 
-Status read_token_sequences(const std::string& path, int64_t vocab_size, std::vector<std::vector<int32_t>>* out) {
+Status read_token_sequences(const std::string& path, int64_t vocab_size, std::vector<std::vector<int32_t>>* out,
+                            const Tokenizer* tokenizer) {
   std::ifstream in(path);
   if (!in) return {StatusCode::kIoError, "--data: cannot open " + path};
   out->clear();
@@ -56,10 +58,21 @@ Status read_token_sequences(const std::string& path, int64_t vocab_size, std::ve
       } catch (const std::exception&) {
         used = 0;
       }
-      if (used != word.size())
-        return invalid_argument("--data: " + path + ":" + std::to_string(line_no) + ": '" + word +
-                                "' is not a token id; text needs the model's tokenizer, which llmq reads from "
-                                "tokenizer.json / tokenizer.model only once tokenizer support lands: give token ids");
+      if (used != word.size()) {
+        if (tokenizer == nullptr)
+          return invalid_argument("--data: " + path + ":" + std::to_string(line_no) + ": '" + word +
+                                  "' is not a token id; text needs the model's tokenizer: a tokenizer.json or "
+                                  "tokenizer.model (Hugging Face) or tokenizer.bin (llama2.c) beside the model "
+                                  "enables text, else give token ids");
+        // Not all ids: the whole file is text (a line of digits in it is text too).
+        LLMQ_RETURN_IF_ERROR(read_text_sequences(path, *tokenizer, out));
+        for (const auto& s : *out)
+          for (int32_t id : s)
+            if (vocab_size > 0 && id >= vocab_size)
+              return invalid_argument("--data: " + path + ": the tokenizer gave id " + std::to_string(id) +
+                                      ", outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")");
+        return {};
+      }
       if (v < 0 || (vocab_size > 0 && v >= vocab_size))
         return invalid_argument("--data: " + path + ":" + std::to_string(line_no) + ": token id " + word +
                                 " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
@@ -68,6 +81,25 @@ Status read_token_sequences(const std::string& path, int64_t vocab_size, std::ve
     if (!seq.empty()) out->push_back(std::move(seq));
   }
   if (out->empty()) return invalid_argument("--data: " + path + " holds no token ids");
+  return {};
+}
+
+Status read_text_sequences(const std::string& path, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {StatusCode::kIoError, "--data: cannot open " + path};
+  out->clear();
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t\v\f") == std::string::npos) continue;
+    std::vector<int32_t> seq;
+    if (Status st = tok.encode(line, /*add_bos=*/true, &seq); !st.ok())
+      return {st.code(), "--data: " + path + ":" + std::to_string(line_no) + ": " + st.message()};
+    out->push_back(std::move(seq));
+  }
+  if (out->empty()) return invalid_argument("--data: " + path + " holds no text");
   return {};
 }
 

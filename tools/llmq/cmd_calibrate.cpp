@@ -5,6 +5,7 @@
 #include "commands.hpp"
 #include "llmq/calibration.hpp"
 #include "llmq/model_io.hpp"
+#include "llmq/tokenizer.hpp"
 
 namespace llmq::cli {
 namespace {
@@ -31,8 +32,12 @@ int run(const CalibrateArgs& a) {
       return fail(st);
     data_name = "sampled from the model: " + std::to_string(a.samples) + " x " + std::to_string(a.length) +
                 " tokens, seeds from " + std::to_string(a.seed);
-  } else if (Status st = read_token_sequences(a.data, model.config.vocab_size, &sequences); !st.ok()) {
-    return fail(st);
+  } else {
+    std::unique_ptr<Tokenizer> tokenizer;  // text data needs one; token-id files do not
+    if (!a.model.empty() && !Tokenizer::find(a.model).empty())
+      if (Status st = Tokenizer::load(a.model, &tokenizer); !st.ok()) return fail(st);
+    if (Status st = read_token_sequences(a.data, model.config.vocab_size, &sequences, tokenizer.get()); !st.ok())
+      return fail(st);
   }
   CalibrationStats stats;
   stats.model = a.model.empty() ? "default" : a.model;

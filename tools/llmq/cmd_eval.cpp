@@ -11,6 +11,7 @@
 #include "llmq/evaluate.hpp"
 #include "llmq/export.hpp"
 #include "llmq/model_io.hpp"
+#include "llmq/tokenizer.hpp"
 #include "llmq/quantized_model.hpp"
 
 namespace llmq::cli {
@@ -67,8 +68,12 @@ int run(const EvalArgs& a) {
       return fail(st);
     data_name = fmt::format("{} sequences sampled from the model (T=1, top-p 0.9, seeds {}..{})", a.samples, a.seed,
                             a.seed + static_cast<uint64_t>(a.samples) - 1);
-  } else if (Status st = read_token_sequences(a.data, model.config.vocab_size, &sequences); !st.ok()) {
-    return fail(st);
+  } else {
+    std::unique_ptr<Tokenizer> tokenizer;  // text data needs one; token-id files do not
+    if (!a.model.empty() && !Tokenizer::find(a.model).empty())
+      if (Status st = Tokenizer::load(a.model, &tokenizer); !st.ok()) return fail(st);
+    if (Status st = read_token_sequences(a.data, model.config.vocab_size, &sequences, tokenizer.get()); !st.ok())
+      return fail(st);
   }
 
   CalibrationStats stats;

@@ -6,6 +6,7 @@
 #include "llmq/model_io.hpp"
 #include "llmq/quantized_model.hpp"
 #include "llmq/sampler.hpp"
+#include "llmq/tokenizer.hpp"
 
 namespace llmq::cli {
 namespace {
@@ -59,9 +60,22 @@ int run(const RunArgs& a) {
   g.seed = a.seed;
   std::vector<int32_t> out;
   if (Status st = generate(&transformer, prompt, g, &out); !st.ok()) return fail(st);
-  if (!a.ids)
-    std::fprintf(stderr, "llmq: this model has no tokenizer llmq reads yet; printing token ids\n");
-  for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (!a.ids && !a.model.empty() && !Tokenizer::find(a.model).empty())
+    if (Status st = Tokenizer::load(a.model, &tokenizer); !st.ok()) return fail(st);
+  if (tokenizer == nullptr) {
+    if (!a.ids) std::fprintf(stderr, "llmq: no tokenizer beside the model; printing token ids\n");
+    for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
+    std::printf("\n");
+    return 0;
+  }
+  int32_t prev = prompt.back();
+  for (int32_t t : out) {
+    std::string piece;
+    if (Status st = tokenizer->decode_token(prev, t, &piece); !st.ok()) return fail(st);
+    std::fputs(piece.c_str(), stdout);
+    prev = t;
+  }
   std::printf("\n");
   return 0;
 }
@@ -77,7 +91,7 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("-t,--temperature", args->temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
   cmd->add_option("-p,--topp", args->topp, "nucleus sampling threshold")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("-s,--seed", args->seed, "sampler seed (required when temperature > 0)");
-  cmd->add_flag("--ids", args->ids, "print generated token ids (the only output until tokenizers land)");
+  cmd->add_flag("--ids", args->ids, "print generated token ids instead of text");
   cmd->add_option("--scheme", args->scheme, "run with every linear layer quantized under this scheme");
   cmd->add_option("--stats", args->stats, "calibration statistics for static schemes");
   commands->push_back({cmd, [args] { return run(*args); }});

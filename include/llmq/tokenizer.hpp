@@ -1,0 +1,54 @@
+// Tokenizer: text <-> token ids for the models llmq loads, so calibration and evaluation data can
+// be text and `llmq run` can print text. Three on-disk forms, all BPE:
+//  - Hugging Face tokenizer.json, model.type "BPE": byte-level BPE (GPT-2, Llama 3, Qwen2) or
+//    sentencepiece-style BPE with "▁" and <0xNN> byte fallback (Llama 2, Mistral);
+//  - sentencepiece tokenizer.model (BPE models; pieces merged by score);
+//  - llama2.c tokenizer.bin (pieces with scores, merged exactly as run.c's encode does).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llmq/status.hpp"
+
+namespace llmq {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // `model_dir_or_file`: a Hugging Face directory (tokenizer.json, else tokenizer.model), a
+  // tokenizer file itself (*.json, *.model, tokenizer.bin / tok<N>.bin), or a llama2.c checkpoint
+  // (tokenizer.bin beside it, else the one tok<N>.bin there, as llama2.c ships tok512.bin).
+  // Errors name the file at fault, or every file looked for when there is none.
+  static Status load(const std::string& model_dir_or_file, std::unique_ptr<Tokenizer>* out);
+  // The tokenizer file load() would read, or "" when there is none (a model without tokenizer is
+  // not an error for callers that can fall back to token ids).
+  static std::string find(const std::string& model_dir_or_file);
+
+  // Special tokens (added_tokens, sentencepiece user-defined pieces) are matched literally first.
+  // BOS is prepended when add_bos and the tokenizer has one (bos() >= 0).
+  virtual Status encode(const std::string& text, bool add_bos, std::vector<int32_t>* out) const = 0;
+  // The bytes `token` stands for when it follows `prev` (-1: start of text). As run.c does, the
+  // space a sentencepiece-style tokenizer prepends is dropped from the first piece after BOS or at
+  // the start. BOS, EOS and control tokens give "". A piece may be part of a UTF-8 character.
+  virtual Status decode_token(int32_t prev, int32_t token, std::string* piece) const = 0;
+  // The text of a whole sequence; an id outside the vocabulary gives U+FFFD.
+  std::string decode(const std::vector<int32_t>& tokens) const;
+
+  int64_t vocab_size() const { return vocab_size_; }
+  int32_t bos() const { return bos_; }  // -1 when the tokenizer has none (Qwen2)
+  int32_t eos() const { return eos_; }
+  // "tokenizer.json byte-level BPE, 128256 tokens (/models/llama3/tokenizer.json)"
+  const std::string& description() const { return description_; }
+
+ protected:
+  int64_t vocab_size_ = 0;
+  int32_t bos_ = -1;
+  int32_t eos_ = -1;
+  std::string description_;
+};
+
+}  // namespace llmq
