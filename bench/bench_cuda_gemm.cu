@@ -1,0 +1,437 @@
+// Benchmark of the cuBLASLt GEMM runner (include/llmq/cuda_gemm.hpp): FP8 E4M3 with per-tensor,
+// per-token x per-channel (outer-vector) and 1x128 x 128x128 block scales, against BF16 x BF16 (the
+// peer, measured in the same run), all with FP32 accumulation and BF16 output.
+//
+// Method (CUTLASS style): operands filled on the device with random non-zero values and positive
+// scales; S >= 4 operand sets rotated so that the bytes touched between two uses of one set exceed
+// 2x the L2 (read from the device); one untimed run per set (plan creation, first-touch) plus
+// --warmup runs; then a ~2 ms spin kernel so that the host can queue every timed run before the
+// GPU reaches them (the times are then GPU time, not launch gaps), and each of --iters >= 30 runs
+// timed on its own by a pair of CUDA events; the median is reported. Block scales are passed in
+// cuBLASLt's layout (ScaleLayout::kCublasLt), so the conversion kernel is not timed. cuBLASLt's
+// block scaling needs M % 4 == 0: M = 1 runs as M = 4 and says so. TFLOP/s = 2 M N K / median.
+//
+// Shapes: 8192^3, and the Llama projections K x N in {4096x4096, 4096x14336, 14336x4096,
+// 8192x28672, 8192x8192} at M in {1, 16, 128, 2048, 8192}.
+//
+// Usage: bench_cuda_gemm [--json PATH] [--iters N] [--warmup N] [--quick]
+//                        [--modes bf16,fp8_tensor,fp8_outer,fp8_block] [--shapes MxNxK[,...]]
+// Prints a table and, with --json, writes one JSON object per line per (shape, mode).
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "llmq/cuda_gemm.hpp"
+
+namespace {
+
+using llmq::CudaGemmProblem;
+using llmq::CudaGemmRunner;
+using llmq::DType;
+using llmq::GemmScaleMode;
+using llmq::Status;
+
+#define BENCH_CUDA(call)                                                                    \
+  do {                                                                                      \
+    const cudaError_t e_ = (call);                                                          \
+    if (e_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+// ---- device fills: a counter-based hash, so every set differs and nothing is zero.
+
+__device__ uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+__device__ float uniform(uint64_t seed, int64_t i) {  // [-1, 1)
+  return static_cast<float>(mix(seed * 0x100000001B3ull + static_cast<uint64_t>(i)) >> 40) *
+             (2.0f / 16777216.0f) - 1.0f;
+}
+
+__global__ void fill_e4m3(uint8_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint8_t code = __nv_cvt_float_to_fp8(uniform(seed, i) * 300.0f, __NV_SATFINITE, __NV_E4M3);
+    if ((code & 0x7F) == 0) code = 0x38;  // 1.0 instead of +-0
+    p[i] = code;
+  }
+}
+
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = uniform(seed, i);
+    if (v == 0.0f) v = 0.5f;
+    p[i] = __float2bfloat16(v);
+  }
+}
+
+__global__ void fill_scales(float* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    p[i] = (1.0f + 0.5f * uniform(seed, i)) * 1e-2f;
+}
+
+// Holds the GPU for `ns` nanoseconds so that the runs queued behind it start back to back.
+__global__ void spin(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)); }
+
+// ---- configuration
+
+enum class Mode { kBf16, kFp8Tensor, kFp8Outer, kFp8Block };
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::kBf16: return "bf16";
+    case Mode::kFp8Tensor: return "fp8_tensor";
+    case Mode::kFp8Outer: return "fp8_outer";
+    case Mode::kFp8Block: return "fp8_block";
+  }
+  return "?";
+}
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+struct Options {
+  std::string json_path;
+  int iters = 50;
+  int warmup = 5;
+  std::vector<Mode> modes = {Mode::kBf16, Mode::kFp8Tensor, Mode::kFp8Outer, Mode::kFp8Block};
+  std::vector<Shape> shapes;
+};
+
+std::vector<Shape> default_shapes(bool quick) {
+  std::vector<Shape> s;
+  s.push_back({8192, 8192, 8192});
+  const std::pair<int64_t, int64_t> kn[] = {
+      {4096, 4096}, {4096, 14336}, {14336, 4096}, {8192, 28672}, {8192, 8192}};
+  const int64_t ms_full[] = {1, 16, 128, 2048, 8192};
+  const int64_t ms_quick[] = {1, 128, 8192};
+  for (const auto& [k, n] : kn) {
+    if (quick && k != 4096) continue;
+    if (quick)
+      for (int64_t m : ms_quick) s.push_back({m, n, k});
+    else
+      for (int64_t m : ms_full) s.push_back({m, n, k});
+  }
+  return s;
+}
+
+bool parse(int argc, char** argv, Options* o) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&](const char* name) -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", name);
+        std::exit(1);
+      }
+      return argv[++i];
+    };
+    if (a == "--json") {
+      o->json_path = next("--json");
+    } else if (a == "--iters") {
+      o->iters = std::atoi(next("--iters").c_str());
+    } else if (a == "--warmup") {
+      o->warmup = std::atoi(next("--warmup").c_str());
+    } else if (a == "--quick") {
+      quick = true;
+    } else if (a == "--modes") {
+      o->modes.clear();
+      std::stringstream ss(next("--modes"));
+      std::string t;
+      while (std::getline(ss, t, ',')) {
+        bool found = false;
+        for (Mode m : {Mode::kBf16, Mode::kFp8Tensor, Mode::kFp8Outer, Mode::kFp8Block})
+          if (t == mode_name(m)) {
+            o->modes.push_back(m);
+            found = true;
+          }
+        if (!found) {
+          std::fprintf(stderr, "--modes: unknown '%s'\n", t.c_str());
+          return false;
+        }
+      }
+    } else if (a == "--shapes") {
+      std::stringstream ss(next("--shapes"));
+      std::string t;
+      while (std::getline(ss, t, ',')) {
+        Shape s{};
+        if (std::sscanf(t.c_str(), "%ldx%ldx%ld", &s.m, &s.n, &s.k) != 3) {
+          std::fprintf(stderr, "--shapes: '%s' is not MxNxK\n", t.c_str());
+          return false;
+        }
+        o->shapes.push_back(s);
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--json PATH] [--iters N>=30] [--warmup N] [--quick] "
+                   "[--modes bf16,fp8_tensor,fp8_outer,fp8_block] [--shapes MxNxK[,...]]\n",
+                   argv[0]);
+      return false;
+    }
+  }
+  if (o->iters < 30) {
+    std::fprintf(stderr, "--iters %d: the median needs at least 30 runs\n", o->iters);
+    return false;
+  }
+  if (o->shapes.empty()) o->shapes = default_shapes(quick);
+  return true;
+}
+
+// ---- one operand set: device buffers for A, B, D and the scales.
+
+struct DeviceMem {
+  void* p = nullptr;
+  DeviceMem() = default;
+  explicit DeviceMem(size_t bytes) { BENCH_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 256))); }
+  ~DeviceMem() {
+    if (p != nullptr) (void)cudaFree(p);
+  }
+  DeviceMem(DeviceMem&& o) noexcept : p(o.p) { o.p = nullptr; }
+  DeviceMem(const DeviceMem&) = delete;
+};
+
+struct OperandSet {
+  DeviceMem a, b, d, sa, sb;
+};
+
+struct Result {
+  std::string status = "ok";
+  std::string reason;
+  int64_t m_run = 0;
+  double us_median = 0, us_min = 0;
+  int sets = 0;
+};
+
+GemmScaleMode a_mode(Mode m) {
+  return m == Mode::kFp8Outer ? GemmScaleMode::kOuterVector
+         : m == Mode::kFp8Block ? GemmScaleMode::kBlock1x128
+                                : GemmScaleMode::kTensor;
+}
+GemmScaleMode b_mode(Mode m) {
+  return m == Mode::kFp8Outer ? GemmScaleMode::kOuterVector
+         : m == Mode::kFp8Block ? GemmScaleMode::kBlock128x128
+                                : GemmScaleMode::kTensor;
+}
+
+Result measure(CudaGemmRunner& runner, cudaStream_t stream, const Shape& shape, Mode mode,
+               const Options& opt, int64_t l2_bytes) {
+  Result res;
+  const bool fp8 = mode != Mode::kBf16;
+  int64_t m = shape.m;
+  if (mode == Mode::kFp8Block && m % 4 != 0) m = (m + 3) / 4 * 4;  // cuBLASLt block scaling: M % 4
+  res.m_run = m;
+  const int64_t n = shape.n, k = shape.k;
+  const int64_t in_bytes = fp8 ? 1 : 2;
+  const int64_t sa_count = fp8 ? llmq::cublaslt_scale_count(a_mode(mode), m, k) : 0;
+  const int64_t sb_count = fp8 ? llmq::cublaslt_scale_count(b_mode(mode), n, k) : 0;
+  const int64_t set_bytes = (m * k + n * k) * in_bytes + m * n * 2 + (sa_count + sb_count) * 4;
+
+  CudaGemmProblem p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.a.dtype = p.b.dtype = fp8 ? DType::kE4M3 : DType::kBF16;
+  if (fp8) {
+    p.a.scale_mode = a_mode(mode);
+    p.b.scale_mode = b_mode(mode);
+    p.a.scale_layout = p.b.scale_layout = llmq::ScaleLayout::kCublasLt;
+  }
+  p.d_dtype = DType::kBF16;
+  const Status can = runner.can_implement(p);
+  if (!can.ok()) {
+    res.status = "unsupported";
+    res.reason = can.message();
+    return res;
+  }
+
+  // Enough sets that one pass over them moves more than 2x the L2.
+  int sets = static_cast<int>(std::max<int64_t>(4, (2 * l2_bytes + set_bytes - 1) / set_bytes + 1));
+  size_t free_bytes = 0, total_bytes = 0;
+  BENCH_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t workspace_bytes = runner.workspace_size(p);
+  if (static_cast<double>(sets) * set_bytes + workspace_bytes > 0.85 * static_cast<double>(free_bytes)) {
+    res.status = "skipped";
+    res.reason = "operand sets do not fit in device memory";
+    return res;
+  }
+  res.sets = sets;
+  std::vector<OperandSet> sets_mem;
+  sets_mem.reserve(static_cast<size_t>(sets));
+  for (int s = 0; s < sets; ++s) {
+    OperandSet os{DeviceMem(static_cast<size_t>(m * k * in_bytes)), DeviceMem(static_cast<size_t>(n * k * in_bytes)),
+                  DeviceMem(static_cast<size_t>(m * n * 2)), DeviceMem(static_cast<size_t>(sa_count * 4)),
+                  DeviceMem(static_cast<size_t>(sb_count * 4))};
+    const uint64_t seed = static_cast<uint64_t>(s) * 7919 + 17;
+    if (fp8) {
+      fill_e4m3<<<grid_for(m * k), 256, 0, stream>>>(static_cast<uint8_t*>(os.a.p), m * k, seed);
+      fill_e4m3<<<grid_for(n * k), 256, 0, stream>>>(static_cast<uint8_t*>(os.b.p), n * k, seed + 1);
+      fill_scales<<<grid_for(sa_count), 256, 0, stream>>>(static_cast<float*>(os.sa.p), sa_count, seed + 2);
+      fill_scales<<<grid_for(sb_count), 256, 0, stream>>>(static_cast<float*>(os.sb.p), sb_count, seed + 3);
+    } else {
+      fill_bf16<<<grid_for(m * k), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(os.a.p), m * k, seed);
+      fill_bf16<<<grid_for(n * k), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(os.b.p), n * k, seed + 1);
+    }
+    BENCH_CUDA(cudaGetLastError());
+    sets_mem.push_back(std::move(os));
+  }
+  DeviceMem workspace(static_cast<size_t>(workspace_bytes));
+
+  auto problem_for = [&](int s) {
+    CudaGemmProblem q = p;
+    const OperandSet& os = sets_mem[static_cast<size_t>(s)];
+    q.a.data = os.a.p;
+    q.b.data = os.b.p;
+    q.d = os.d.p;
+    if (fp8) {
+      q.a.scales = static_cast<const float*>(os.sa.p);
+      q.b.scales = static_cast<const float*>(os.sb.p);
+    }
+    return q;
+  };
+  auto launch = [&](int s) -> bool {
+    const Status st = runner.run(problem_for(s), workspace.p, workspace_bytes, stream);
+    if (!st.ok()) {
+      res.status = st.code() == llmq::StatusCode::kUnsupported ? "unsupported" : "error";
+      res.reason = st.message();
+      return false;
+    }
+    return true;
+  };
+
+  for (int s = 0; s < sets; ++s)
+    if (!launch(s)) return res;
+  for (int i = 0; i < opt.warmup; ++i)
+    if (!launch(i % sets)) return res;
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+
+  std::vector<cudaEvent_t> start(static_cast<size_t>(opt.iters)), stop(static_cast<size_t>(opt.iters));
+  for (int i = 0; i < opt.iters; ++i) {
+    BENCH_CUDA(cudaEventCreate(&start[i]));
+    BENCH_CUDA(cudaEventCreate(&stop[i]));
+  }
+  spin<<<1, 1, 0, stream>>>(2'000'000);
+  BENCH_CUDA(cudaGetLastError());
+  for (int i = 0; i < opt.iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(start[i], stream));
+    if (!launch(i % sets)) break;
+    BENCH_CUDA(cudaEventRecord(stop[i], stream));
+  }
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> us;
+  if (res.status == "ok")
+    for (int i = 0; i < opt.iters; ++i) {
+      float ms = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&ms, start[i], stop[i]));
+      us.push_back(1e3 * ms);
+    }
+  for (int i = 0; i < opt.iters; ++i) {
+    BENCH_CUDA(cudaEventDestroy(start[i]));
+    BENCH_CUDA(cudaEventDestroy(stop[i]));
+  }
+  if (us.empty()) return res;
+  std::sort(us.begin(), us.end());
+  res.us_median = us.size() % 2 == 1 ? us[us.size() / 2] : 0.5 * (us[us.size() / 2 - 1] + us[us.size() / 2]);
+  res.us_min = us.front();
+  return res;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  if (!parse(argc, argv, &opt)) return 1;
+  std::unique_ptr<CudaGemmRunner> runner;
+  const Status st = CudaGemmRunner::create(0, &runner);
+  if (!st.ok()) {
+    std::fprintf(stderr, "bench_cuda_gemm: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  int l2 = 0;
+  BENCH_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreate(&stream));
+  std::ofstream json;
+  if (!opt.json_path.empty()) {
+    json.open(opt.json_path);
+    if (!json) {
+      std::fprintf(stderr, "--json: cannot write %s\n", opt.json_path.c_str());
+      return 1;
+    }
+  }
+  std::printf("device %s (sm_%d%d, %d SMs, L2 %.0f MB), iters %d, warmup %d\n", prop.name, prop.major,
+              prop.minor, prop.multiProcessorCount, l2 / 1e6, opt.iters, opt.warmup);
+  std::printf("%6s %6s %6s  %-11s %10s %9s %8s  %s\n", "M", "N", "K", "mode", "us", "TFLOP/s",
+              "vs bf16", "note");
+
+  std::map<Mode, std::vector<double>> speedups;
+  for (const Shape& s : opt.shapes) {
+    double bf16_us = 0;
+    for (Mode mode : opt.modes) {
+      const Result r = measure(*runner, stream, s, mode, opt, l2);
+      const double flops = 2.0 * static_cast<double>(r.m_run) * s.n * s.k;
+      const double tflops = r.us_median > 0 ? flops / (r.us_median * 1e-6) / 1e12 : 0;
+      if (mode == Mode::kBf16 && r.status == "ok") bf16_us = r.us_median;
+      const double speedup = (bf16_us > 0 && r.us_median > 0 && mode != Mode::kBf16) ? bf16_us / r.us_median : 0;
+      if (speedup > 0) speedups[mode].push_back(speedup);
+      std::string note = r.status == "ok" ? "" : r.status + ": " + r.reason;
+      if (r.m_run != s.m) note = "run as M=" + std::to_string(r.m_run) + " (block scaling needs M % 4 == 0) " + note;
+      char ratio[32] = "";
+      if (speedup > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", speedup);
+      if (r.status == "ok")
+        std::printf("%6ld %6ld %6ld  %-11s %10.1f %9.1f %8s  %s\n", s.m, s.n, s.k, mode_name(mode),
+                    r.us_median, tflops, ratio, note.c_str());
+      else
+        std::printf("%6ld %6ld %6ld  %-11s %10s %9s %8s  %s\n", s.m, s.n, s.k, mode_name(mode), "-", "-", "",
+                    note.c_str());
+      std::fflush(stdout);
+      if (json.is_open()) {
+        nlohmann::json j = {{"bench", "cuda_gemm"}, {"device", prop.name},  {"m", s.m},
+                            {"n", s.n},             {"k", s.k},             {"m_run", r.m_run},
+                            {"mode", mode_name(mode)}, {"out", "bf16"},     {"status", r.status},
+                            {"us_median", r.us_median}, {"us_min", r.us_min}, {"tflops", tflops},
+                            {"speedup_vs_bf16", speedup}, {"sets", r.sets}, {"iters", opt.iters},
+                            {"warmup", opt.warmup}};
+        if (!r.reason.empty()) j["reason"] = r.reason;
+        json << j.dump() << "\n";
+      }
+    }
+  }
+  std::printf("\ngeometric-mean speedup over bf16 (same run):\n");
+  for (const auto& [mode, v] : speedups) {
+    double log_sum = 0;
+    for (double x : v) log_sum += std::log(x);
+    std::printf("  %-11s %.3fx over %zu shapes\n", mode_name(mode), std::exp(log_sum / static_cast<double>(v.size())), v.size());
+  }
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}

@@ -1,0 +1,384 @@
+// CudaGemmRunner (include/llmq/cuda_gemm.hpp): FP8 and BF16 GEMM through cuBLASLt, with a plan
+// cache so that cublasLtMatmulAlgoGetHeuristic runs once per problem shape, and the kernels that
+// convert llmq's row-major block scales into the order cuBLASLt reads.
+//
+// Row-major to column-major. llmq computes D[M, N] = A[M, K] * B[N, K]^T with every matrix
+// row-major; cuBLASLt is column-major. A row-major [r, c] matrix with row stride ld is a
+// column-major [c, r] matrix with leading dimension ld, so cuBLASLt computes the transpose:
+//     D^T [N, M] = B [N, K] * A^T [K, M]
+// with cuBLASLt's A := our B (stored [K, N] column-major, op T), cuBLASLt's B := our A (stored
+// [K, M], op N) and cuBLASLt's (m, n, k) = (N, M, K). That is the "TN" form FP8 kernels require on
+// Hopper. Every per-operand setting swaps with it: A_SCALE_* carries our b's scales, B_SCALE_* our
+// a's; the bias runs along cuBLASLt's rows, which are our N output channels.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <string>
+
+#include "cuda/cublas_check.cuh"
+#include "cuda/cublaslt_handles.cuh"
+#include "cuda/cuda_check.cuh"
+#include "llmq/cuda_gemm.hpp"
+
+namespace llmq {
+namespace {
+
+using detail::LtHandle;
+using detail::LtMatmulDesc;
+using detail::LtMatrixLayout;
+using detail::LtPreference;
+
+constexpr int64_t kWorkspaceAlign = 256;  // cublasLtMatmul's workspace alignment
+constexpr int64_t kMaxPointerAlign = 256;  // cuBLASLt's default alignment assumption
+
+int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
+int64_t round_up(int64_t x, int64_t y) { return ceil_div(x, y) * y; }
+
+cudaDataType_t cuda_type(DType d) {
+  switch (d) {
+    case DType::kE4M3: return CUDA_R_8F_E4M3;
+    case DType::kE5M2: return CUDA_R_8F_E5M2;
+    case DType::kBF16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;  // kF32; can_implement admits nothing else
+  }
+}
+
+int32_t lt_scale_mode(GemmScaleMode mode) {
+  switch (mode) {
+    case GemmScaleMode::kTensor: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    case GemmScaleMode::kOuterVector: return CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    case GemmScaleMode::kBlock1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case GemmScaleMode::kBlock128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  }
+  return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+
+// Largest power of two (up to 256) dividing an address or byte offset. cuBLASLt picks kernels by
+// the alignment it is promised, so the promise is part of the plan key.
+int64_t alignment_of(uint64_t value) {
+  if (value == 0) return kMaxPointerAlign;
+  int64_t a = 1;
+  while (a < kMaxPointerAlign && value % static_cast<uint64_t>(2 * a) == 0) a *= 2;
+  return a;
+}
+int64_t pointer_alignment(const void* p) {
+  return alignment_of(reinterpret_cast<uintptr_t>(p));
+}
+
+// Everything a plan depends on, resolved (strides with their defaults filled in).
+struct Resolved {
+  int64_t lda, ldb, ldd;        // row strides, elements
+  int64_t a_bs, b_bs, d_bs;     // batch strides, elements
+  int64_t align_a, align_b, align_d;  // of every batch entry's pointer
+};
+
+Resolved resolve(const CudaGemmProblem& p) {
+  Resolved r{};
+  r.lda = p.a.row_stride == 0 ? p.k : p.a.row_stride;
+  r.ldb = p.b.row_stride == 0 ? p.k : p.b.row_stride;
+  r.ldd = p.d_row_stride == 0 ? p.n : p.d_row_stride;
+  r.a_bs = p.a.batch_stride == 0 ? p.m * r.lda : p.a.batch_stride;
+  r.b_bs = p.b.batch_stride == 0 ? p.n * r.ldb : p.b.batch_stride;
+  r.d_bs = p.d_batch_stride == 0 ? p.m * r.ldd : p.d_batch_stride;
+  const int64_t ea = dtype_storage_bytes(p.a.dtype, 1), eb = dtype_storage_bytes(p.b.dtype, 1);
+  const int64_t ed = dtype_storage_bytes(p.d_dtype, 1);
+  const bool batched = p.batch > 1;
+  r.align_a = std::min(pointer_alignment(p.a.data), batched ? alignment_of(static_cast<uint64_t>(r.a_bs * ea)) : kMaxPointerAlign);
+  r.align_b = std::min(pointer_alignment(p.b.data), batched ? alignment_of(static_cast<uint64_t>(r.b_bs * eb)) : kMaxPointerAlign);
+  r.align_d = std::min(pointer_alignment(p.d), batched ? alignment_of(static_cast<uint64_t>(r.d_bs * ed)) : kMaxPointerAlign);
+  return r;
+}
+
+// A bias entry's pointer alignment: its base and, in a batch, its stride.
+int64_t bias_alignment(const CudaGemmProblem& p) {
+  const int64_t base = pointer_alignment(p.bias);
+  if (p.batch <= 1) return base;
+  return std::min(base, alignment_of(static_cast<uint64_t>(p.bias_batch_stride) *
+                                     static_cast<uint64_t>(dtype_storage_bytes(p.bias_dtype, 1))));
+}
+
+using PlanKey = std::array<int64_t, 25>;
+
+PlanKey make_key(const CudaGemmProblem& p, const Resolved& r, const float* a_scales,
+                 const float* b_scales, int64_t lt_workspace_bytes) {
+  const bool bias = p.bias != nullptr;
+  return {p.m, p.n, p.k, p.batch,
+          static_cast<int64_t>(p.a.dtype), static_cast<int64_t>(p.b.dtype),
+          static_cast<int64_t>(p.d_dtype),
+          static_cast<int64_t>(p.a.scale_mode), static_cast<int64_t>(p.b.scale_mode),
+          a_scales != nullptr ? pointer_alignment(a_scales) : 0,
+          b_scales != nullptr ? pointer_alignment(b_scales) : 0,
+          r.lda, r.ldb, r.ldd, r.a_bs, r.b_bs, r.d_bs,
+          r.align_a, r.align_b, r.align_d,
+          bias ? 1 : 0, bias ? static_cast<int64_t>(p.bias_dtype) : 0,
+          bias ? p.bias_batch_stride : 0, bias ? bias_alignment(p) : 0,
+          lt_workspace_bytes};
+}
+
+// One cached problem shape: the descriptors and the algorithm the heuristic chose for them.
+struct Plan {
+  LtMatmulDesc desc;
+  LtMatrixLayout lt_a;  // our b: column-major [K, N], ld = ldb
+  LtMatrixLayout lt_b;  // our a: column-major [K, M], ld = lda
+  LtMatrixLayout lt_d;  // our d: column-major [N, M], ld = ldd (also C; beta = 0)
+  cublasLtMatmulAlgo_t algo{};
+};
+
+Status build_descriptors(const CudaGemmProblem& p, const Resolved& r, Plan* plan) {
+  LLMQ_RETURN_IF_ERROR(detail::create_matmul_desc(CUBLAS_COMPUTE_32F, CUDA_R_32F, &plan->desc));
+  const int32_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  LLMQ_RETURN_IF_ERROR(detail::set_desc_attribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, op_t));
+  LLMQ_RETURN_IF_ERROR(detail::set_desc_attribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, op_n));
+  if (is_fp8(p.a.dtype)) {
+    // Swapped operands: cuBLASLt's A is our b.
+    LLMQ_RETURN_IF_ERROR(detail::set_desc_attribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                    lt_scale_mode(p.b.scale_mode)));
+    LLMQ_RETURN_IF_ERROR(detail::set_desc_attribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                    lt_scale_mode(p.a.scale_mode)));
+  }
+  if (p.bias != nullptr) {
+    const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const int32_t bias_type = cuda_type(p.bias_dtype);
+    LLMQ_RETURN_IF_ERROR(detail::set_desc_attribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue));
+    LLMQ_RETURN_IF_ERROR(
+        detail::set_desc_attribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type));
+    if (p.batch > 1)
+      LLMQ_RETURN_IF_ERROR(detail::set_desc_attribute(
+          plan->desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, p.bias_batch_stride));
+  }
+  const int32_t batch = static_cast<int32_t>(p.batch);
+  LLMQ_RETURN_IF_ERROR(detail::create_matrix_layout(cuda_type(p.b.dtype), static_cast<uint64_t>(p.k),
+                                                    static_cast<uint64_t>(p.n), r.ldb, batch, r.b_bs,
+                                                    &plan->lt_a));
+  LLMQ_RETURN_IF_ERROR(detail::create_matrix_layout(cuda_type(p.a.dtype), static_cast<uint64_t>(p.k),
+                                                    static_cast<uint64_t>(p.m), r.lda, batch, r.a_bs,
+                                                    &plan->lt_b));
+  LLMQ_RETURN_IF_ERROR(detail::create_matrix_layout(cuda_type(p.d_dtype), static_cast<uint64_t>(p.n),
+                                                    static_cast<uint64_t>(p.m), r.ldd, batch, r.d_bs,
+                                                    &plan->lt_d));
+  return {};
+}
+
+// The per-call pointers live in the descriptor; set them before every matmul (and before the
+// heuristic, which reads the bias pointer's alignment).
+Status bind_pointers(const CudaGemmProblem& p, const float* a_scales, const float* b_scales,
+                     const Plan& plan) {
+  if (is_fp8(p.a.dtype)) {
+    const void* lt_a_scale = b_scales;  // swapped: cuBLASLt's A is our b
+    const void* lt_b_scale = a_scales;
+    LLMQ_RETURN_IF_ERROR(
+        detail::set_desc_attribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, lt_a_scale));
+    LLMQ_RETURN_IF_ERROR(
+        detail::set_desc_attribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, lt_b_scale));
+  }
+  if (p.bias != nullptr)
+    LLMQ_RETURN_IF_ERROR(detail::set_desc_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias));
+  return {};
+}
+
+// ---- block-scale conversion (llmq row-major -> cuBLASLt), one thread per destination float so
+// ---- that the writes are coalesced; the tensors are tiny (rows x K/128 floats).
+
+// 1x128: src [rows, blocks] row-major -> dst outer-major, (r, kb) at kb * rows + r.
+__global__ void repack_1x128_scales(const float* __restrict__ src, float* __restrict__ dst,
+                                    int64_t rows, int64_t blocks) {
+  const int64_t total = rows * blocks;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t kb = i / rows, r = i - kb * rows;
+    dst[i] = src[r * blocks + kb];
+  }
+}
+
+// 128x128: src [row_blocks, blocks] row-major -> dst K-major with stride blocks4 (a multiple of
+// 4), pad entries 0.
+__global__ void repack_128x128_scales(const float* __restrict__ src, float* __restrict__ dst,
+                                      int64_t row_blocks, int64_t blocks, int64_t blocks4) {
+  const int64_t total = row_blocks * blocks4;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t rb = i / blocks4, kb = i - rb * blocks4;
+    dst[i] = kb < blocks ? src[rb * blocks + kb] : 0.0f;
+  }
+}
+
+// Does this operand's scale tensor need converting, and into how many bytes of workspace?
+int64_t repack_bytes(const CudaGemmInput& x, int64_t rows, int64_t k) {
+  if (!is_fp8(x.dtype) || x.scale_layout != ScaleLayout::kRowMajor) return 0;
+  if (x.scale_mode == GemmScaleMode::kBlock1x128 ||
+      (x.scale_mode == GemmScaleMode::kBlock128x128 && ceil_div(k, 128) % 4 != 0))
+    return round_up(cublaslt_scale_count(x.scale_mode, rows, k) * int64_t{sizeof(float)},
+                    kWorkspaceAlign);
+  return 0;  // tensor, outer vector, and 128x128 with L % 4 == 0 are already in cuBLASLt's order
+}
+
+Status repack_scales(const CudaGemmInput& x, int64_t rows, int64_t k, float* dst,
+                     cudaStream_t stream) {
+  const int64_t blocks = ceil_div(k, 128);
+  constexpr int kThreads = 256;
+  const int64_t total = cublaslt_scale_count(x.scale_mode, rows, k);
+  const int grid = static_cast<int>(std::min<int64_t>(ceil_div(total, kThreads), 1024));
+  if (x.scale_mode == GemmScaleMode::kBlock1x128) {
+    repack_1x128_scales<<<grid, kThreads, 0, stream>>>(x.scales, dst, rows, blocks);
+    LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("repack_1x128_scales");
+  } else {
+    repack_128x128_scales<<<grid, kThreads, 0, stream>>>(x.scales, dst, ceil_div(rows, 128), blocks,
+                                                         round_up(blocks, 4));
+    LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("repack_128x128_scales");
+  }
+  return {};
+}
+
+}  // namespace
+
+struct CudaGemmRunner::Impl {
+  int ordinal = 0;
+  int sm_major = 0;
+  int sm_minor = 0;
+  LtHandle handle;
+  std::map<PlanKey, Plan> plans;
+  int64_t heuristic_queries = 0;
+
+  // Finds the plan for `key`, building it (and asking the heuristic) on a miss.
+  Status plan_for(const PlanKey& key, const CudaGemmProblem& p, const Resolved& r,
+                  const float* a_scales, const float* b_scales, int64_t lt_workspace_bytes,
+                  Plan** out) {
+    auto it = plans.find(key);
+    if (it != plans.end()) {
+      *out = &it->second;
+      return {};
+    }
+    Plan plan;
+    LLMQ_RETURN_IF_ERROR(build_descriptors(p, r, &plan));
+    LLMQ_RETURN_IF_ERROR(bind_pointers(p, a_scales, b_scales, plan));
+    LtPreference pref;
+    LLMQ_RETURN_IF_ERROR(detail::create_preference(&pref));
+    const uint64_t max_workspace = static_cast<uint64_t>(lt_workspace_bytes);
+    LLMQ_RETURN_IF_ERROR(detail::set_preference_attribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_workspace));
+    // Promise only the alignment these pointers have (cuBLASLt assumes 256 bytes otherwise).
+    const uint32_t align_a = static_cast<uint32_t>(r.align_b);  // cuBLASLt's A is our b
+    const uint32_t align_b = static_cast<uint32_t>(r.align_a);
+    const uint32_t align_d = static_cast<uint32_t>(r.align_d);
+    LLMQ_RETURN_IF_ERROR(detail::set_preference_attribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a));
+    LLMQ_RETURN_IF_ERROR(detail::set_preference_attribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b));
+    LLMQ_RETURN_IF_ERROR(detail::set_preference_attribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d));
+    LLMQ_RETURN_IF_ERROR(detail::set_preference_attribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d));
+
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    ++heuristic_queries;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        handle.get(), plan.desc.get(), plan.lt_a.get(), plan.lt_b.get(), plan.lt_d.get(),
+        plan.lt_d.get(), pref.get(), 1, &result, &returned);
+    // can_implement has vetted our side, so INVALID_VALUE here is cuBLASLt refusing the combination
+    // (e.g. an epilogue it does not offer with these scale modes), like NOT_SUPPORTED.
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
+        (st == CUBLAS_STATUS_SUCCESS && returned == 0))
+      return unsupported("cuBLASLt has no algorithm for " + describe(p) + " (heuristic: " +
+                         cublasLtGetStatusName(st) + ", " + std::to_string(returned) + " results)");
+    LLMQ_CUBLAS_RETURN_IF_ERROR(st);
+    plan.algo = result.algo;
+    auto inserted = plans.emplace(key, std::move(plan));
+    *out = &inserted.first->second;
+    return {};
+  }
+};
+
+CudaGemmRunner::CudaGemmRunner() : impl_(std::make_unique<Impl>()) {}
+CudaGemmRunner::~CudaGemmRunner() = default;
+
+Status CudaGemmRunner::create(int device_ordinal, std::unique_ptr<CudaGemmRunner>* out) {
+  if (out == nullptr) return invalid_argument("out: null");
+  std::unique_ptr<CudaGemmRunner> runner(new CudaGemmRunner());
+  // The compute capability straight from the runtime (two attribute reads, no property struct).
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess)
+    return unsupported(std::string("no CUDA device: ") + cudaGetErrorString(err));
+  if (device_ordinal < 0 || device_ordinal >= count)
+    return invalid_argument("device: ordinal " + std::to_string(device_ordinal) + " but " +
+                            std::to_string(count) + " device(s) present");
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&runner->impl_->sm_major,
+                                                   cudaDevAttrComputeCapabilityMajor, device_ordinal));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&runner->impl_->sm_minor,
+                                                   cudaDevAttrComputeCapabilityMinor, device_ordinal));
+  runner->impl_->ordinal = device_ordinal;
+  LLMQ_RETURN_IF_ERROR(detail::create_lt_handle(&runner->impl_->handle));
+  *out = std::move(runner);
+  return {};
+}
+
+Status CudaGemmRunner::can_implement(const CudaGemmProblem& p) const {
+  return cuda_gemm_can_implement(p, impl_->sm_major, impl_->sm_minor);
+}
+
+int64_t CudaGemmRunner::workspace_size(const CudaGemmProblem& p) const {
+  return repack_bytes(p.a, p.m, p.k) + repack_bytes(p.b, p.n, p.k) + kCublasLtWorkspaceBytes;
+}
+
+Status CudaGemmRunner::run(const CudaGemmProblem& p, void* workspace, int64_t workspace_bytes,
+                           CudaStream stream) {
+  LLMQ_RETURN_IF_ERROR(can_implement(p));
+  if (p.a.data == nullptr || p.b.data == nullptr || p.d == nullptr)
+    return invalid_argument("a.data, b.data and d must be device pointers, got a null one");
+  int current = -1;
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current));
+  if (current != impl_->ordinal)
+    return invalid_argument("the runner belongs to device " + std::to_string(impl_->ordinal) +
+                            " but device " + std::to_string(current) + " is current");
+
+  // Workspace: converted scales first (256-byte aligned pieces), cuBLASLt gets the rest.
+  const int64_t a_repack = repack_bytes(p.a, p.m, p.k), b_repack = repack_bytes(p.b, p.n, p.k);
+  if (workspace_bytes < a_repack + b_repack || workspace_bytes < 0)
+    return invalid_argument("workspace: " + std::to_string(workspace_bytes) +
+                            " bytes, but converting the block scales needs " +
+                            std::to_string(a_repack + b_repack) + " (workspace_size() = " +
+                            std::to_string(workspace_size(p)) + ")");
+  if (workspace_bytes > 0 &&
+      (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlign != 0))
+    return invalid_argument("workspace must be a 256-byte aligned device pointer");
+  char* ws = static_cast<char*>(workspace);
+  const float* a_scales = p.a.scales;
+  const float* b_scales = p.b.scales;
+  if (a_repack > 0) {
+    LLMQ_RETURN_IF_ERROR(repack_scales(p.a, p.m, p.k, reinterpret_cast<float*>(ws), stream));
+    a_scales = reinterpret_cast<const float*>(ws);
+  }
+  if (b_repack > 0) {
+    LLMQ_RETURN_IF_ERROR(repack_scales(p.b, p.n, p.k, reinterpret_cast<float*>(ws + a_repack), stream));
+    b_scales = reinterpret_cast<const float*>(ws + a_repack);
+  }
+  void* lt_workspace = workspace_bytes > a_repack + b_repack ? ws + a_repack + b_repack : nullptr;
+  const int64_t lt_workspace_bytes = lt_workspace != nullptr ? workspace_bytes - a_repack - b_repack : 0;
+
+  const Resolved r = resolve(p);
+  const PlanKey key = make_key(p, r, a_scales, b_scales, lt_workspace_bytes);
+  Plan* plan = nullptr;
+  LLMQ_RETURN_IF_ERROR(impl_->plan_for(key, p, r, a_scales, b_scales, lt_workspace_bytes, &plan));
+  LLMQ_RETURN_IF_ERROR(bind_pointers(p, a_scales, b_scales, *plan));
+
+  const float alpha = 1.0f, beta = 0.0f;  // the scales are in the descriptor; C is unused
+  const cublasStatus_t st = cublasLtMatmul(
+      impl_->handle.get(), plan->desc.get(), &alpha, p.b.data, plan->lt_a.get(), p.a.data,
+      plan->lt_b.get(), &beta, p.d, plan->lt_d.get(), p.d, plan->lt_d.get(), &plan->algo,
+      lt_workspace, static_cast<size_t>(lt_workspace_bytes), stream);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    const Status failed = detail::cublas_status(st, "cublasLtMatmul", __FILE__, __LINE__);
+    return {failed.code(), describe(p) + ": " + failed.message()};
+  }
+  return {};
+}
+
+int CudaGemmRunner::device_ordinal() const { return impl_->ordinal; }
+int64_t CudaGemmRunner::heuristic_queries() const { return impl_->heuristic_queries; }
+int64_t CudaGemmRunner::cached_plans() const { return static_cast<int64_t>(impl_->plans.size()); }
+
+}  // namespace llmq
