@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -165,11 +166,21 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme, const 
     return invalid_argument("--stats: scheme " + scheme.name + " needs calibration statistics; run llmq calibrate");
   if (options.keep_dtype != DType::kBF16 && options.keep_dtype != DType::kF16 && options.keep_dtype != DType::kF32)
     return invalid_argument("--keep-dtype: must be bf16, f16 or f32");
-  const fs::path out_path = fs::absolute(out_dir).lexically_normal();
+  fs::path out_path = fs::absolute(out_dir).lexically_normal();
+  // "out/" (and "out/.") normalize to "out/", whose file name is empty: the temp directory
+  // "out/" + ".tmp-<pid>" would then sit inside the output and be deleted with it.
+  if (!out_path.has_filename() && out_path != out_path.root_path()) out_path = out_path.parent_path();
   if (!source.directory().empty()) {
     std::error_code ec;
     if (fs::equivalent(out_path, source.directory(), ec))
       return invalid_argument("--out: " + out_dir + " is the input directory; llmq never overwrites its input");
+    // Replacing a directory that holds the input would delete the input with it.
+    std::error_code ec_in, ec_out;
+    const fs::path in = fs::weakly_canonical(fs::absolute(source.directory()), ec_in);
+    const fs::path out = fs::weakly_canonical(out_path, ec_out);
+    if (!ec_in && !ec_out && std::mismatch(out.begin(), out.end(), in.begin(), in.end()).first == out.end())
+      return invalid_argument("--out: " + out_dir + " holds the input directory " + source.directory() +
+                              "; llmq never overwrites its input");
   }
   if (fs::exists(out_path) && !options.overwrite && !options.dry_run)
     return invalid_argument("--out: " + out_dir + " exists (pass --force to replace it)");
@@ -182,7 +193,11 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme, const 
     probe.id = id;
     const bool q = !options.unquantized && linear_is_quantized(probe, options.quantize);
     modules[id.hf_name(config)] = {id, q};
-    if (!q && !(id.role == LinearRole::kLmHead && config.tie_embeddings)) ignored.push_back(id.hf_name(config));
+    // A tied lm_head has no tensor of its own and stays the high-precision embedding: list it, or
+    // a loader that quantizes every Linear not ignored (transformers' compressed-tensors) would
+    // quantize it (llm-compressor lists it for tied models too).
+    const bool tied_head = id.role == LinearRole::kLmHead && config.tie_embeddings;
+    if (!q || tied_head) ignored.push_back(id.hf_name(config));
   }
 
   // SmoothQuant: factors per consumer module and per norm (divided into the norm's gain).

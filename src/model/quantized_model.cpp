@@ -171,9 +171,12 @@ Status quantize_model(const ModelWeights& model, const Scheme& scheme, const Cal
       const LinearStats* s = stats != nullptr ? stats->find(name) : nullptr;
       float scale = 1.0f;
       if (scheme.activation.method != ScaleMethod::kUnit) {
-        if (s == nullptr || s->rows_seen == 0) {
+        if ((s == nullptr || s->rows_seen == 0) && l->id.expert >= 0) {
           // An MoE expert no calibration token reached: fall back to dynamic for it.
           ql.input_spec.source = ScaleSource::kDynamic;
+        } else if (s == nullptr || s->rows_seen == 0) {
+          return invalid_argument("--stats: no activation statistics for " + name +
+                                  " (were they measured on this model?)");
         } else {
           const auto sm = smoothing_of.find(name);
           LLMQ_RETURN_IF_ERROR(static_activation_scale(*s, sm == smoothing_of.end() ? nullptr : sm->second,
