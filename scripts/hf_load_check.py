@@ -2,7 +2,7 @@
 """Load checkpoints llmq wrote with Hugging Face transformers and compare their logits with
 llmq's own logits for the same token ids (written by `llmq logits`).
 
-usage: hf_load_check.py IDS_FILE  DIR:LLMQ_LOGITS[:dtype] ...
+usage: hf_load_check.py IDS_FILE  DIR:LLMQ_LOGITS[:dtype[:LLMQ_DEQUANTIZED_LOGITS]] ...
 Prints one row per checkpoint: did it load, and how far transformers' logits are from llmq's
 (relative Frobenius error, mean KL, top-1 agreement). Writes the rows as JSON to $OUT if set."""
 import json
@@ -21,14 +21,24 @@ def main():
         parts = spec.split(":")
         path, logits_file = parts[0], parts[1]
         dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[parts[2] if len(parts) > 2 else "bf16"]
+        # Optional 4th part: llmq's logits of the same checkpoint with weights dequantized and
+        # activations in float, what transformers' dequantize path computes.
+        dequant_logits = parts[3] if len(parts) > 3 else None
         row = {"checkpoint": path, "loaded": False}
         try:
             from transformers import AutoModelForCausalLM
+
+            def logits_of(model):
+                with torch.no_grad():
+                    return model(torch.tensor([ids], device="cuda")).logits[0].float().cpu()
             try:
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map="cuda")
+                row["quantization"] = type(getattr(model.config, "quantization_config", None)).__name__
+                out = logits_of(model)
             except ImportError as e:
-                # transformers' FP8 kernels need the `kernels` package; its dequantize path does not,
-                # and still checks that names, shapes and weight_scale_inv mean what llmq wrote.
+                # transformers' FP8 kernels need the `kernels` package (missing on some images); its
+                # dequantize path does not, and still checks that the tensor names, shapes and
+                # weight_scale_inv mean what llmq wrote.
                 if "fp8" not in str(e).lower():
                     raise
                 from transformers import FineGrainedFP8Config
@@ -37,11 +47,12 @@ def main():
                 model = AutoModelForCausalLM.from_pretrained(
                     path, dtype=dtype, device_map="cuda",
                     quantization_config=FineGrainedFP8Config(weight_block_size=tuple(block), dequantize=True))
-                row["note"] = "dequantized on load (no FP8 kernels package)"
+                row["quantization"] = "FineGrainedFP8Config"
+                row["note"] = "dequantized on load (no FP8 kernels package); vs llmq dequantized"
+                out = logits_of(model)
+                if dequant_logits:
+                    logits_file = dequant_logits
             row["loaded"] = True
-            row["quantization"] = type(getattr(model.config, "quantization_config", None)).__name__
-            with torch.no_grad():
-                out = model(torch.tensor([ids], device="cuda")).logits[0].float().cpu()
             ref = torch.frombuffer(bytearray(open(logits_file, "rb").read()), dtype=torch.float32)
             ref = ref.reshape(len(ids), -1)[:, : out.shape[1]]
             row["rel_err"] = float((out - ref).norm() / ref.norm())
