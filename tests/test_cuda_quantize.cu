@@ -662,10 +662,17 @@ TEST(CudaQuantizeArgs, BadArgumentsAreErrorsNotCrashes) {
   const QuantSpec spec = QuantSpec::per_token(DType::kE4M3);
   ASSERT_TRUE(cuda_quantize(f.x, spec, f.q, f.scales).ok());
   {
+    // Host memory labelled as device memory: cuda_quantize checks the memory type only when asked
+    // (options.check_pointers); can_implement always does.
     TensorView x = f.x;
-    x.data = f.host_x.data();  // host memory labelled as device memory
-    expect_error(cuda_quantize(x, spec, f.q, f.scales), StatusCode::kInvalidArgument, "x", "host pointer for x");
+    x.data = f.host_x.data();
+    CudaQuantizeOptions checked;
+    checked.check_pointers = true;
+    expect_error(cuda_quantize(x, spec, f.q, f.scales, checked), StatusCode::kInvalidArgument, "x", "host pointer for x");
     expect_error(cuda_quantize_can_implement(x, spec, f.q, f.scales), StatusCode::kInvalidArgument, "host memory", "can_implement");
+    TensorView s = f.scales;
+    s.data = nullptr;
+    expect_error(cuda_quantize(f.x, spec, f.q, s), StatusCode::kInvalidArgument, "scales", "null scales");
   }
   {
     TensorView x = f.x;
@@ -736,6 +743,9 @@ TEST(CudaQuantizeArgs, BadArgumentsAreErrorsNotCrashes) {
     std::vector<float> host_smooth(256, 1.0f);
     CudaQuantizeOptions o;
     o.smooth_divisor = host_smooth.data();
+    expect_error(cuda_quantize_can_implement(f.x, spec, f.q, f.scales, o), StatusCode::kInvalidArgument, "smooth",
+                 "host smooth divisor (can_implement)");
+    o.check_pointers = true;
     expect_error(cuda_quantize(f.x, spec, f.q, f.scales, o), StatusCode::kInvalidArgument, "smooth", "host smooth divisor");
   }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "no bad argument may reach a kernel";
@@ -825,6 +835,77 @@ TEST(CudaQuantizeNumerics, ElementEncodersMatchReference) {
       }
       EXPECT_EQ(differ, 0) << dtype_name(format) << " over " << xs.size() << " values";
     }
+}
+
+TEST(CudaQuantizeNumerics, PhiloxPackMatchesPhilox) {
+  std::mt19937_64 rng(5);
+  std::vector<uint64_t> bases = {0, 16, 0xFFFFFFF0ull, 0x100000000ull, 0xFFFFFFFFFFFFFFF0ull, 0x7FFFFFFFFFFFFFF0ull};
+  for (int i = 0; i < 4000; ++i) bases.push_back((rng() >> (i % 64)) & ~uint64_t{15});
+  for (size_t i = 0; i < bases.size(); ++i) {
+    const uint64_t seed = i < 6 ? (i % 2 ? ~uint64_t{0} : 0) : rng();
+    const quant_kernels::PhiloxPack pack(seed, bases[i]);
+    for (uint32_t j = 0; j < 16; ++j)
+      ASSERT_EQ(pack.word(j), philox_random_u32(seed, bases[i] + j)) << "seed=" << seed << " flat0=" << bases[i] << " j=" << j;
+  }
+}
+
+// The INT8 RNE pack path (clamp, then the 1.5 * 2^23 add) and its clip test, on the host.
+TEST(CudaQuantizeNumerics, Int8RoundNearestFastPathMatchesReference) {
+  const std::vector<float>& xs = sample_floats();
+  int64_t differ = 0;
+  for (float v : xs) {
+    bool clipped = false;
+    const uint32_t want = static_cast<uint32_t>(detail::encode_scaled(v, DType::kI8, 0, Rounding::kNearestEven, 0, &clipped)) & 0xFFu;
+    const uint32_t got = quant_kernels::int8_rne_bits(v) & 0xFFu;
+    const uint32_t clips = quant_kernels::int8_rne_clips(v);
+    if (got != want || (clips != 0) != clipped) {
+      if (++differ <= 5)
+        ADD_FAILURE() << "x=" << float_text(v) << ": ours " << hex2(got) << " clip " << clips << ", reference " << hex2(want)
+                      << " clip " << clipped;
+    }
+  }
+  EXPECT_EQ(differ, 0) << "over " << xs.size() << " values";
+}
+
+// The stochastic OCP FP8 pack path: noise added to the float bits, truncated to the FP8 grid, then
+// the exact conversion (emulated here by the RNE integer encoder, exact on grid values), for every
+// magnitude it covers; the rest take the integer path, which ElementEncodersMatchReference checks.
+template <int M>
+void check_fp8_stochastic_grid(DType format) {
+  const std::vector<float>& xs = sample_floats();
+  QuantSpec spec = QuantSpec::per_tensor(format);
+  spec.rounding = Rounding::kStochastic;
+  spec.seed = kStochasticSeed;
+  const quant_kernels::EncodeParams p = quant_kernels::encode_params(spec);
+  ASSERT_EQ(p.mantissa_bits, M);
+  const uint32_t min_normal = quant_kernels::fp8_min_normal_bits(p);
+  int64_t differ = 0, covered = 0;
+  std::mt19937 rng(11);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const float v = xs[i];
+    for (int k = 0; k < 3; ++k) {
+      // Random bits, and the extremes (never / always round up).
+      const uint32_t bits = k == 0 ? philox_random_u32(spec.seed, i) : (k == 1 ? 0u : 0xFFFFFFFFu) ^ (rng() & 1u);
+      if (quant_kernels::fp8_sr_needs_soft(bits_of(v), min_normal)) continue;
+      ++covered;
+      bool clipped = false;
+      const uint32_t want = static_cast<uint32_t>(detail::encode_scaled(v, format, 0, Rounding::kStochastic, bits, &clipped)) & 0xFFu;
+      const float grid = float_of(quant_kernels::fp8_sr_grid_bits<M>(bits_of(v), p.max_bits, bits));
+      const uint32_t got = quant_kernels::encode_fp8_soft_t<false>(grid, p, 0u);
+      if (got != want) {
+        if (++differ <= 5)
+          ADD_FAILURE() << dtype_name(format) << " x=" << float_text(v) << " bits=" << bits << ": ours " << hex2(got)
+                        << " (grid " << float_text(grid) << "), reference " << hex2(want);
+      }
+    }
+  }
+  EXPECT_GT(covered, static_cast<int64_t>(xs.size()));
+  EXPECT_EQ(differ, 0) << dtype_name(format) << " over " << covered << " values";
+}
+
+TEST(CudaQuantizeNumerics, Fp8StochasticGridPathMatchesReference) {
+  check_fp8_stochastic_grid<3>(DType::kE4M3);
+  check_fp8_stochastic_grid<2>(DType::kE5M2);
 }
 
 TEST(CudaQuantizeNumerics, ScaleFromAbsmaxMatchesReference) {

@@ -8,10 +8,12 @@
 // tensors comes from the caller (workspace, stream), so it can be called in a loop or captured in
 // a CUDA graph.
 //
-// What runs (details in src/cuda/quantize_kernels.cu):
+// What runs (details in src/cuda/quantize_kernels.cu; the rounding mode is compiled into each
+// kernel instance, so RNE kernels carry no Philox code):
 //  * dynamic per-token / per-channel / per-group / per-block scales: one pass, x read once (each
 //    scale block is held in registers while its absmax is reduced);
-//  * dynamic per-tensor: a partial-absmax pass, then quantize (x read twice; one pass when the
+//  * dynamic per-tensor: a partial-absmax pass, then quantize (x read twice, the second pass
+//    backwards so that it starts on the tail of x the first pass left in L2; one pass when the
 //    tensor is small enough for one CTA);
 //  * static scales (and ScaleMethod::kUnit): one elementwise pass.
 // Rows with cols % 16 == 0 and 16-byte aligned pointers use 16-byte vector loads and stores;
@@ -42,6 +44,12 @@ struct CudaQuantizeOptions {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   CudaStream stream = nullptr;  // nullptr: the legacy default stream
+  // Ask the driver about every pointer (one cudaPointerGetAttributes each) and fail with
+  // kInvalidArgument for host memory or another device's memory. Off by default: cuda_quantize
+  // takes every pointer to be device (or managed) memory of the current device, as documented
+  // below, and spends no host time verifying it; turn it on while debugging, or call
+  // cuda_quantize_can_implement once up front, which always checks.
+  bool check_pointers = false;
 };
 
 // Bytes of workspace cuda_quantize needs for this problem (0 for most specs).
@@ -57,12 +65,19 @@ size_t cuda_quantize_workspace_bytes(int64_t rows, int64_t cols, const QuantSpec
 //  q       device tensor of dtype spec.format, contiguous, the shape of x.
 //  scales  device F32, contiguous, [scale_rows, scale_cols] (or rank 1 of that many elements):
 //          written for dynamic specs, read for static ones (finite and > 0, not checked).
-// Also checks that the pointers are device (or managed) memory of the current device, and for FP8
-// formats that the device is sm_89 or newer.
+// Also checks that the pointers (x, q, scales, and the non-null pointers of `options`) are device
+// (or managed) memory of the current device, and for FP8 formats that the device is sm_89 or
+// newer.
 Status cuda_quantize_can_implement(const TensorView& x, const QuantSpec& spec, const TensorView& q,
-                                   const TensorView& scales);
+                                   const TensorView& scales, const CudaQuantizeOptions& options = {});
 
 // Quantize x into q (codes) and scales, on options.stream, asynchronously.
+//
+// The per-call host work is the shape and spec checks above (no allocation, no system call) and
+// one kernel launch (two for large dynamic per-tensor problems). x.data, q.data, scales.data and
+// the pointers in `options` must be device (or managed) memory of the current device: that is not
+// verified here unless options.check_pointers is set (cuda_quantize_can_implement verifies it); a
+// host pointer makes the kernel fault. The device's FP8 support is checked once per device.
 //
 // Where the CPU reference returns an error about the data it cannot see in advance (dynamic
 // scales of a block containing +-Inf, or a scale that overflows float32), this writes that

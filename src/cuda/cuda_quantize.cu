@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -49,66 +50,115 @@ float bits_float(uint32_t u) {
   return f;
 }
 
-// ---- Device facts, queried once per device: the FP8 check and the SM count.
+// ---- Device facts, queried once per device (the FP8 check and the SM count). The hot path is
+// one cudaGetDevice (no system call) and an acquire load; the first call per device fills the
+// entry under a mutex.
+constexpr int kMaxCachedDevices = 64;
 struct DeviceFacts {
-  bool known = false;
-  Status fp8;
+  std::atomic<bool> ready{false};
+  bool fp8 = false;
   int sms = 0;
 };
+DeviceFacts g_device_facts[kMaxCachedDevices];
+std::mutex g_device_facts_mutex;
+
+Status query_device_facts(int device, bool* fp8, int* sms) {
+  int n = 0;
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  *fp8 = require_fp8_device(device).ok();
+  *sms = n;
+  return {};
+}
 
 Status current_device(bool need_fp8, int* ordinal, int* sms) {
   int device = 0;
   LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  static std::mutex mutex;
-  static std::vector<DeviceFacts> facts;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (facts.size() <= static_cast<size_t>(device)) facts.resize(static_cast<size_t>(device) + 1);
-  DeviceFacts& f = facts[static_cast<size_t>(device)];
-  if (!f.known) {
-    int n = 0;
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    // Built whole: nvcc's front end flags Status::operator= as a discarded [[nodiscard]] value.
-    f = DeviceFacts{true, require_fp8_device(device), n};
+  bool fp8 = false;
+  int n = 0;
+  if (device >= 0 && device < kMaxCachedDevices) {
+    DeviceFacts& f = g_device_facts[device];
+    if (!f.ready.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(g_device_facts_mutex);
+      if (!f.ready.load(std::memory_order_relaxed)) {
+        LLMQ_RETURN_IF_ERROR(query_device_facts(device, &f.fp8, &f.sms));
+        f.ready.store(true, std::memory_order_release);
+      }
+    }
+    fp8 = f.fp8;
+    n = f.sms;
+  } else {
+    LLMQ_RETURN_IF_ERROR(query_device_facts(device, &fp8, &n));
   }
-  if (need_fp8 && !f.fp8.ok()) return f.fp8;
+  if (need_fp8 && !fp8) return require_fp8_device(device);  // the error, with its message
   *ordinal = device;
-  *sms = f.sms;
+  *sms = n;
   return {};
 }
 
 // A pointer the kernels may dereference: device memory of the current device, or managed memory.
-Status check_device_pointer(const void* p, const std::string& name, int device) {
-  if (p == nullptr) return invalid_argument(name + ": null pointer");
+// One cudaPointerGetAttributes each: only can_implement and CudaQuantizeOptions::check_pointers
+// run it, never the default cuda_quantize path.
+Status check_device_pointer(const void* p, const char* name, int device) {
+  if (p == nullptr) return invalid_argument(std::string(name) + ": null pointer");
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, p);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky; keep it from being reported by a later launch check
-    return invalid_argument(name + ": not a pointer CUDA knows (" + cudaGetErrorString(err) + ")");
+    return invalid_argument(std::string(name) + ": not a pointer CUDA knows (" + cudaGetErrorString(err) + ")");
   }
   if (attr.type == cudaMemoryTypeManaged) return {};
   if (attr.type == cudaMemoryTypeDevice) {
     if (attr.device != device)
-      return invalid_argument(name + ": memory of CUDA device " + std::to_string(attr.device) +
+      return invalid_argument(std::string(name) + ": memory of CUDA device " + std::to_string(attr.device) +
                               ", but the current device is " + std::to_string(device));
     return {};
   }
-  return invalid_argument(name + ": points to host memory; cuda_quantize needs device (or managed) memory");
+  return invalid_argument(std::string(name) + ": points to host memory; cuda_quantize needs device (or managed) memory");
 }
 
-// as_matrix for a device view: the shape logic only (it never touches the data).
-Status device_matrix(const TensorView& v, const char* name, MatrixView* m) {
+// as_matrix for a device view: the shape logic only (it never touches the data), without copying
+// the view; strings are built only for errors.
+Status device_matrix(const TensorView& v, const char* name, MatrixView* out) {
   if (v.device != Device::kCuda)
     return invalid_argument(std::string(name) + ": must be a CUDA device tensor, got " + v.describe());
-  TensorView shape_only = v;
-  shape_only.device = Device::kCpu;
-  return as_matrix(shape_only, name, m);
+  const int64_t r = v.rank();
+  if (r < 1) return invalid_argument(std::string(name) + ": tensor has rank 0");
+  if (!v.strides.empty() && v.strides.size() != v.shape.size())
+    return invalid_argument(std::string(name) + ": strides and shape differ in rank");
+  int64_t numel = 1;
+  for (int64_t d : v.shape) {
+    if (d < 0) return invalid_argument(std::string(name) + ": negative extent in " + v.describe());
+    numel *= d;
+  }
+  if (v.data == nullptr && numel != 0) return invalid_argument(std::string(name) + ": data pointer is null");
+  MatrixView m;
+  m.data = v.data;
+  m.dtype = v.dtype;
+  m.cols = v.shape[static_cast<size_t>(r - 1)];
+  m.col_stride = v.stride(r - 1);
+  if (r == 1) {
+    m.rows = 1;
+    m.row_stride = m.cols * m.col_stride;
+  } else {
+    // Leading dimensions must collapse into one: stride(d) == stride(d + 1) * shape(d + 1).
+    m.rows = 1;
+    for (int64_t d = 0; d < r - 1; ++d) m.rows *= v.shape[static_cast<size_t>(d)];
+    m.row_stride = v.stride(r - 2);
+    for (int64_t d = 0; d + 1 < r - 1; ++d)
+      if (v.shape[static_cast<size_t>(d)] != 1 && v.stride(d) != v.stride(d + 1) * v.shape[static_cast<size_t>(d + 1)])
+        return invalid_argument(std::string(name) + ": leading dimensions of " + v.describe() +
+                                " cannot be flattened into rows");
+  }
+  *out = m;
+  return {};
 }
 
 qk::Encoder encoder_for(const QuantSpec& spec) {
-  if (spec.format == DType::kI8) return qk::Encoder::kInt8;
-  if (spec.rounding == Rounding::kNearestEven && spec.format == DType::kE4M3) return qk::Encoder::kE4M3Hw;
-  if (spec.rounding == Rounding::kNearestEven && spec.format == DType::kE5M2) return qk::Encoder::kE5M2Hw;
-  return qk::Encoder::kSoftFp8;
+  const bool sr = spec.rounding == Rounding::kStochastic;
+  if (spec.format == DType::kI8) return sr ? qk::Encoder::kInt8Sr : qk::Encoder::kInt8;
+  if (spec.format == DType::kE4M3) return sr ? qk::Encoder::kE4M3HwSr : qk::Encoder::kE4M3Hw;
+  if (spec.format == DType::kE5M2) return sr ? qk::Encoder::kE5M2HwSr : qk::Encoder::kE5M2Hw;
+  return sr ? qk::Encoder::kSoftFp8Sr : qk::Encoder::kSoftFp8;
 }
 
 // ---- The checked problem.
@@ -122,6 +172,8 @@ struct Problem {
   int sms = 0;
 };
 
+// Everything but the pointers' memory type: shapes, dtypes, spec support, the device's FP8
+// support (cached). No allocation and no CUDA call beyond cudaGetDevice on success.
 Status check_problem(const TensorView& x, const QuantSpec& spec, const TensorView& q,
                      const TensorView& scales, Problem* out) {
   Problem p;
@@ -171,15 +223,16 @@ Status check_problem(const TensorView& x, const QuantSpec& spec, const TensorVie
   // scales: float32 [scale_rows, scale_cols], contiguous (rank 1 of as many elements accepted).
   p.scale_rows = std::max<int64_t>(ceil_div(rows, p.block.rows), 1);
   p.scale_cols = std::max<int64_t>(ceil_div(cols, p.block.cols), 1);
-  const std::string want = "float32 [" + std::to_string(p.scale_rows) + ", " + std::to_string(p.scale_cols) + "]";
   if (scales.device != Device::kCuda)
     return invalid_argument("scales: must be a CUDA device tensor, got " + scales.describe());
   const bool shape_ok =
       (scales.rank() == 2 && scales.shape[0] == p.scale_rows && scales.shape[1] == p.scale_cols) ||
       (scales.rank() == 1 && scales.shape[0] == p.scale_rows * p.scale_cols);
   if (scales.dtype != DType::kF32 || !shape_ok || !scales.is_contiguous())
-    return invalid_argument("scales: expected contiguous " + want + " for " + describe(spec) + " over x " +
-                            x.describe() + ", got " + scales.describe());
+    return invalid_argument("scales: expected contiguous float32 [" + std::to_string(p.scale_rows) + ", " +
+                            std::to_string(p.scale_cols) + "] for " + describe(spec) + " over x " + x.describe() +
+                            ", got " + scales.describe());
+  if (scales.data == nullptr) return invalid_argument("scales: data pointer is null");
 
   if (rows * cols >= kMax32 * qk::kPackElems)
     return unsupported("x: " + std::to_string(rows * cols) + " elements exceed cuda_quantize's 2^36 limit");
@@ -187,12 +240,24 @@ Status check_problem(const TensorView& x, const QuantSpec& spec, const TensorVie
     return unsupported("scales: more than 2^32 scale blocks");
 
   LLMQ_RETURN_IF_ERROR(current_device(is_fp8(spec.format), &p.device, &p.sms));
-  if (rows * cols > 0) {
-    LLMQ_RETURN_IF_ERROR(check_device_pointer(x.data, "x", p.device));
-    LLMQ_RETURN_IF_ERROR(check_device_pointer(q.data, "q", p.device));
-  }
-  LLMQ_RETURN_IF_ERROR(check_device_pointer(scales.data, "scales", p.device));
   *out = p;
+  return {};
+}
+
+// The memory type of every pointer the call would dereference (one driver query each).
+Status check_pointers(const TensorView& x, const TensorView& q, const TensorView& scales,
+                      const CudaQuantizeOptions& options, int device) {
+  if (x.numel() > 0) {
+    LLMQ_RETURN_IF_ERROR(check_device_pointer(x.data, "x", device));
+    LLMQ_RETURN_IF_ERROR(check_device_pointer(q.data, "q", device));
+  }
+  LLMQ_RETURN_IF_ERROR(check_device_pointer(scales.data, "scales", device));
+  if (options.smooth_divisor != nullptr)
+    LLMQ_RETURN_IF_ERROR(check_device_pointer(options.smooth_divisor, "options.smooth_divisor", device));
+  if (options.clip_count != nullptr)
+    LLMQ_RETURN_IF_ERROR(check_device_pointer(options.clip_count, "options.clip_count", device));
+  if (options.workspace != nullptr)
+    LLMQ_RETURN_IF_ERROR(check_device_pointer(options.workspace, "options.workspace", device));
   return {};
 }
 
@@ -270,29 +335,25 @@ size_t cuda_quantize_workspace_bytes(int64_t rows, int64_t cols, const QuantSpec
 }
 
 Status cuda_quantize_can_implement(const TensorView& x, const QuantSpec& spec, const TensorView& q,
-                                   const TensorView& scales) {
+                                   const TensorView& scales, const CudaQuantizeOptions& options) {
   Problem p;
-  return check_problem(x, spec, q, scales, &p);
+  LLMQ_RETURN_IF_ERROR(check_problem(x, spec, q, scales, &p));
+  return check_pointers(x, q, scales, options, p.device);
 }
 
 Status cuda_quantize(const TensorView& x, const QuantSpec& spec, const TensorView& q,
                      const TensorView& scales, const CudaQuantizeOptions& options) {
   Problem p;
   LLMQ_RETURN_IF_ERROR(check_problem(x, spec, q, scales, &p));
-  if (options.smooth_divisor != nullptr)
-    LLMQ_RETURN_IF_ERROR(check_device_pointer(options.smooth_divisor, "options.smooth_divisor", p.device));
-  if (options.clip_count != nullptr) {
-    LLMQ_RETURN_IF_ERROR(check_device_pointer(options.clip_count, "options.clip_count", p.device));
-    if ((reinterpret_cast<uintptr_t>(options.clip_count) & 7u) != 0)
-      return invalid_argument("options.clip_count: must be 8-byte aligned");
-  }
+  if (options.check_pointers) LLMQ_RETURN_IF_ERROR(check_pointers(x, q, scales, options, p.device));
+  if (options.clip_count != nullptr && (reinterpret_cast<uintptr_t>(options.clip_count) & 7u) != 0)
+    return invalid_argument("options.clip_count: must be 8-byte aligned");
   const cudaStream_t stream = options.stream;
   const int64_t rows = p.x.rows, cols = p.x.cols, numel = rows * cols;
   const bool dynamic = spec.source == ScaleSource::kDynamic;
   const qk::Encoder enc = encoder_for(spec);
   const int in_bytes = p.in == qk::InType::kF32 ? 4 : 2;
-  const int max_slots = p.in == qk::InType::kF32 ? qk::InTraits<qk::InType::kF32>::kSlots
-                                                 : qk::InTraits<qk::InType::kBF16>::kSlots;
+  const int max_slots = qk::slots_for(p.in, enc);
 
   qk::CommonArgs c;
   c.x = p.x.data;
@@ -321,7 +382,7 @@ Status cuda_quantize(const TensorView& x, const QuantSpec& spec, const TensorVie
     t.c = c;
     t.num_tiles = num_tiles;
     t.scale_cols_div = qk::FastDivmod(static_cast<uint32_t>(p.scale_cols));
-    return qk::launch_generic_tiles(t, p.in, enc, p.sms, stream);
+    return qk::launch_generic_tiles(t, p.in, enc, p.device, p.sms, stream);
   };
   if (numel == 0) return dynamic ? run_generic() : Status{};
 
@@ -350,7 +411,7 @@ Status cuda_quantize(const TensorView& x, const QuantSpec& spec, const TensorVie
       e.block_rows_div = qk::FastDivmod(static_cast<uint32_t>(std::min(p.block.rows, rows)));
       e.block_cols_div = qk::FastDivmod(static_cast<uint32_t>(std::min(p.block.cols, cols)));
     }
-    return qk::launch_elementwise(e, p.in, enc, packs, p.sms, stream);
+    return qk::launch_elementwise(e, p.in, enc, packs, p.device, p.sms, stream);
   }
 
   // Dynamic absmax scales. One pass with each scale block in registers when the block fits.
@@ -369,14 +430,14 @@ Status cuda_quantize(const TensorView& x, const QuantSpec& spec, const TensorVie
       t.slots = static_cast<int>(ceil_div(tile_packs, lanes));
       const int64_t teams_per_cta = kSubWarpCtaThreads / lanes;
       return qk::launch_tiles(t, p.in, enc, /*cta_team=*/false, kSubWarpCtaThreads,
-                              static_cast<uint64_t>(ceil_div(num_tiles, teams_per_cta)), p.sms, stream);
+                              static_cast<uint64_t>(ceil_div(num_tiles, teams_per_cta)), p.device, p.sms, stream);
     }
     // Long blocks (rows of 4096+, 128 x 128): the whole CTA is the team, with as few threads as
     // keep each at <= max_slots packs (more CTAs per SM, shorter reductions).
     const int threads = static_cast<int>(ceil_div(ceil_div(tile_packs, max_slots), 32) * 32);
     t.team_lanes = threads;
     t.slots = static_cast<int>(ceil_div(tile_packs, threads));
-    return qk::launch_tiles(t, p.in, enc, /*cta_team=*/true, threads, num_tiles, p.sms, stream);
+    return qk::launch_tiles(t, p.in, enc, /*cta_team=*/true, threads, num_tiles, p.device, p.sms, stream);
   }
 
   if (num_tiles == 1 && (packs || numel > kGenericSingleCtaElems)) {
@@ -386,7 +447,6 @@ Status cuda_quantize(const TensorView& x, const QuantSpec& spec, const TensorVie
                               std::to_string(kMaxPartials * sizeof(float)) +
                               " bytes of device workspace (cuda_quantize_workspace_bytes), got " +
                               std::to_string(options.workspace_bytes));
-    LLMQ_RETURN_IF_ERROR(check_device_pointer(options.workspace, "options.workspace", p.device));
     if ((reinterpret_cast<uintptr_t>(options.workspace) & 3u) != 0)
       return invalid_argument("options.workspace: must be 4-byte aligned");
     qk::ReduceArgs r;
@@ -395,7 +455,7 @@ Status cuda_quantize(const TensorView& x, const QuantSpec& spec, const TensorVie
     fill_pack_geometry(&r);
     r.need_row_col = need_row_col;
     int num_partials = 0;
-    LLMQ_RETURN_IF_ERROR(qk::launch_reduce(r, p.in, packs, p.sms, kMaxPartials, stream, &num_partials));
+    LLMQ_RETURN_IF_ERROR(qk::launch_reduce(r, p.in, packs, p.device, p.sms, kMaxPartials, stream, &num_partials));
     qk::ElementwiseArgs e;
     e.c = c;
     e.source = qk::ScaleSource::kPartials;
@@ -403,7 +463,7 @@ Status cuda_quantize(const TensorView& x, const QuantSpec& spec, const TensorVie
     e.num_partials = num_partials;
     fill_pack_geometry(&e);
     e.need_row_col = need_row_col;
-    return qk::launch_elementwise(e, p.in, enc, packs, p.sms, stream);
+    return qk::launch_elementwise(e, p.in, enc, packs, p.device, p.sms, stream);
   }
   return run_generic();
 }

@@ -27,6 +27,13 @@ struct InTraits {
   static constexpr int kSlots = 32 / kWords;  // 2 (F32) or 4 (BF16, F16)
 };
 
+// Packs per thread in flight for an input type and encoder: the stochastic encoders are bound by
+// Philox arithmetic, not memory, and need the registers for it, so they keep half as many.
+__host__ __device__ constexpr int slots_for(InType t, Encoder e) {
+  const int full = t == InType::kF32 ? InTraits<InType::kF32>::kSlots : InTraits<InType::kBF16>::kSlots;
+  return is_stochastic(e) ? (full > 1 ? full / 2 : 1) : full;
+}
+
 // ---- Loads.
 
 template <InType T>

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/cuda_check.cuh"
 #include "cuda/quantize_kernels.cuh"
@@ -18,6 +19,16 @@ namespace {
 
 constexpr int kThreads = 256;  // every family except CTA-team tiles
 
+// Minimum resident CTAs the tiles kernels are compiled for. Up to 256 threads with the cheap
+// encoders (hardware FP8 cvt, INT8 RNE): 3, i.e. at most 80 registers, so 24 warps per SM keep
+// their packs in flight (2 CTAs of 256 threads at the 86+ registers the compiler picks unbounded
+// left the 128 x 128 case well short of the copy rate). The integer-path and stochastic encoders
+// need more registers (Philox) and are compute-bound: 2.
+constexpr int tiles_min_blocks(Encoder e, int max_threads) {
+  if (max_threads > 256) return 1;
+  return e == Encoder::kE4M3Hw || e == Encoder::kE5M2Hw || e == Encoder::kInt8 ? 3 : 2;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tiles: dynamic scales, x read once. A team (kCtaTeam: the whole CTA; otherwise `team_lanes`
 // consecutive lanes, several teams per warp) owns one scale block at a time: it loads the block's
@@ -25,13 +36,15 @@ constexpr int kThreads = 256;  // every family except CTA-team tiles
 // loads are contiguous across the team), reduces the absmax across the team, computes the scale
 // exactly as the CPU does, and quantizes from the registers.
 //
-// kMaxThreads is the launch bound: 256 for sub-warp teams; CTA teams of up to 512 threads get up to
-// 128 registers (no spills), and only blocks that need more threads (rows beyond 32768 BF16 or
-// 16384 F32 elements) run the 1024-thread instance, whose 64-register cap costs a few spills.
+// kMaxThreads is the launch bound: 256 for sub-warp teams and for CTA teams of up to 256 threads
+// (both built for 3 resident CTAs, see tiles_min_blocks); CTA teams of up to 512 threads get up to
+// 128 registers, and only blocks that need more threads (rows beyond 32768 BF16 or 16384 F32
+// elements; half that for the stochastic encoders, which keep half the packs per thread) run the
+// 1024-thread instance, whose 64-register cap costs spills.
 template <InType T, Encoder E, bool kCtaTeam, int kMaxThreads>
-__global__ void __launch_bounds__(kMaxThreads) quantize_tiles_kernel(const TileArgs a) {
+__global__ void __launch_bounds__(kMaxThreads, tiles_min_blocks(E, kMaxThreads)) quantize_tiles_kernel(const TileArgs a) {
   using Tr = InTraits<T>;
-  constexpr int kSlots = Tr::kSlots;
+  constexpr int kSlots = slots_for(T, E);
   constexpr uint32_t kNone = 0xFFFFFFFFu;
   __shared__ float warp_maxima[2][32];
   const CommonArgs& c = a.c;
@@ -40,6 +53,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_tiles_kernel(const TileA
   const uint32_t teams_per_cta = kCtaTeam ? 1u : blockDim.x / static_cast<uint32_t>(lanes);
   const uint32_t team = kCtaTeam ? 0u : threadIdx.x / static_cast<uint32_t>(lanes);
   uint32_t clips = 0;
+  const bool count = c.clip_count != nullptr;
   int parity = 0;
   // The loop bound depends only on the CTA, so whole warps (and the CTA) iterate together, as the
   // shuffles and barriers below need; a team past the last tile idles with no packs.
@@ -98,7 +112,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_tiles_kernel(const TileA
       unpack<T>(w[s], v);
       if (c.smooth != nullptr) smooth_pack(c.smooth, col, v);
       scale_pack(v, inverse);
-      *reinterpret_cast<uint4*>(c.q + flat) = encode_pack<E>(v, c.enc, static_cast<uint64_t>(flat), clips);
+      *reinterpret_cast<uint4*>(c.q + flat) = encode_pack<E>(v, c.enc, static_cast<uint64_t>(flat), count, clips);
     }
   }
   flush_clips(clips, c.clip_count);
@@ -180,23 +194,29 @@ __device__ __forceinline__ float tensor_inverse(const ElementwiseArgs& a, float*
 template <InType T, Encoder E>
 __global__ void __launch_bounds__(kThreads) quantize_elementwise_packs_kernel(const ElementwiseArgs a) {
   using Tr = InTraits<T>;
-  constexpr int kUnroll = Tr::kSlots;
+  constexpr int kUnroll = slots_for(T, E);
   __shared__ float warp_slots[32];
   const CommonArgs& c = a.c;
   const float tensor_inv = tensor_inverse(a, warp_slots);
   uint32_t clips = 0;
+  const bool count = c.clip_count != nullptr;
+  // Pass 2 of dynamic per-tensor scales walks the packs backwards: the reduce pass read them
+  // forwards, so the tail of x is still in L2 when this pass starts there.
+  const bool backwards = a.source == ScaleSource::kPartials;
+  const uint32_t last = a.total_packs - 1u;
   const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x * kUnroll;
   for (uint64_t base = static_cast<uint64_t>(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x;
        base < a.total_packs; base += step) {
     uint32_t w[kUnroll][Tr::kWords];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const uint64_t p = base + static_cast<uint64_t>(u) * blockDim.x;
-      if (p < a.total_packs) {
+      const uint64_t i = base + static_cast<uint64_t>(u) * blockDim.x;
+      if (i < a.total_packs) {
+        const uint32_t p = backwards ? last - static_cast<uint32_t>(i) : static_cast<uint32_t>(i);
         int64_t offset = static_cast<int64_t>(p) * kPackElems;
         if (a.need_row_col) {
-          const uint32_t r = a.packs_per_row.div(static_cast<uint32_t>(p));
-          const uint32_t pc = static_cast<uint32_t>(p) - r * a.packs_per_row.d;
+          const uint32_t r = a.packs_per_row.div(p);
+          const uint32_t pc = p - r * a.packs_per_row.d;
           offset = static_cast<int64_t>(r) * c.x_stride + static_cast<int64_t>(pc) * kPackElems;
         }
         load_pack<T>(c.x, offset, w[u]);
@@ -204,14 +224,15 @@ __global__ void __launch_bounds__(kThreads) quantize_elementwise_packs_kernel(co
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const uint64_t p = base + static_cast<uint64_t>(u) * blockDim.x;
-      if (p >= a.total_packs) break;  // later packs are further out
+      const uint64_t i = base + static_cast<uint64_t>(u) * blockDim.x;
+      if (i >= a.total_packs) break;  // later packs are further out
+      const uint32_t p = backwards ? last - static_cast<uint32_t>(i) : static_cast<uint32_t>(i);
       float v[16];
       unpack<T>(w[u], v);
       float inverse = tensor_inv;
       if (a.need_row_col) {
-        const uint32_t r = a.packs_per_row.div(static_cast<uint32_t>(p));
-        const uint32_t col = (static_cast<uint32_t>(p) - r * a.packs_per_row.d) * kPackElems;
+        const uint32_t r = a.packs_per_row.div(p);
+        const uint32_t col = (p - r * a.packs_per_row.d) * kPackElems;
         if (c.smooth != nullptr) smooth_pack(c.smooth, col, v);
         if (a.source == ScaleSource::kBlocks) {
           // Block widths are multiples of 16 (or span all columns) here: one scale per pack.
@@ -221,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) quantize_elementwise_packs_kernel(co
       }
       scale_pack(v, inverse);
       const int64_t flat = static_cast<int64_t>(p) * kPackElems;  // q is contiguous
-      *reinterpret_cast<uint4*>(c.q + flat) = encode_pack<E>(v, c.enc, static_cast<uint64_t>(flat), clips);
+      *reinterpret_cast<uint4*>(c.q + flat) = encode_pack<E>(v, c.enc, static_cast<uint64_t>(flat), count, clips);
     }
   }
   flush_clips(clips, c.clip_count);
@@ -330,14 +351,18 @@ Status with_encoder(Encoder e, F&& f) {
     case Encoder::kE5M2Hw: return f(std::integral_constant<Encoder, Encoder::kE5M2Hw>{});
     case Encoder::kSoftFp8: return f(std::integral_constant<Encoder, Encoder::kSoftFp8>{});
     case Encoder::kInt8: return f(std::integral_constant<Encoder, Encoder::kInt8>{});
+    case Encoder::kE4M3HwSr: return f(std::integral_constant<Encoder, Encoder::kE4M3HwSr>{});
+    case Encoder::kE5M2HwSr: return f(std::integral_constant<Encoder, Encoder::kE5M2HwSr>{});
+    case Encoder::kSoftFp8Sr: return f(std::integral_constant<Encoder, Encoder::kSoftFp8Sr>{});
+    case Encoder::kInt8Sr: return f(std::integral_constant<Encoder, Encoder::kInt8Sr>{});
   }
   return {StatusCode::kInternal, "quantize: unknown encoder"};
 }
 
 // Persistent grid: no more CTAs than can be resident at once.
-Status persistent_grid(const void* kernel, int threads, uint64_t wanted, int sms, unsigned* grid) {
+Status persistent_grid(const void* kernel, int threads, uint64_t wanted, int device, int sms, unsigned* grid) {
   int per_sm = 0;
-  LLMQ_RETURN_IF_ERROR(resident_ctas_per_sm(kernel, threads, &per_sm));
+  LLMQ_RETURN_IF_ERROR(resident_ctas_per_sm(kernel, threads, device, &per_sm));
   const uint64_t cap = static_cast<uint64_t>(sms > 0 ? sms : 1) * static_cast<uint64_t>(per_sm > 0 ? per_sm : 1);
   *grid = static_cast<unsigned>(wanted < cap ? (wanted > 0 ? wanted : 1) : cap);
   return {};
@@ -345,37 +370,53 @@ Status persistent_grid(const void* kernel, int threads, uint64_t wanted, int sms
 
 }  // namespace
 
-Status resident_ctas_per_sm(const void* kernel, int threads, int* out) {
+// Occupancy per (device, kernel, threads): a thread-local list in front of a shared map, so the
+// usual call is a short scan with no lock and no CUDA call.
+Status resident_ctas_per_sm(const void* kernel, int threads, int device, int* out) {
+  struct Entry {
+    int device;
+    const void* kernel;
+    int threads;
+    int value;
+  };
+  thread_local std::vector<Entry> local;
+  for (const Entry& e : local)
+    if (e.kernel == kernel && e.threads == threads && e.device == device) {
+      *out = e.value;
+      return {};
+    }
   static std::mutex mutex;
   static std::map<std::tuple<int, const void*, int>, int> cache;
-  int device = 0;
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   const auto key = std::make_tuple(device, kernel, threads);
-  std::lock_guard<std::mutex> lock(mutex);
-  if (auto it = cache.find(key); it != cache.end()) {
-    *out = it->second;
-    return {};
-  }
   int n = 0;
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
-  if (n < 1)
-    return {StatusCode::kInternal, "quantize: a kernel cannot be resident with " + std::to_string(threads) + " threads"};
-  cache.emplace(key, n);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = cache.find(key); it != cache.end()) {
+      n = it->second;
+    } else {
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
+      if (n < 1)
+        return {StatusCode::kInternal, "quantize: a kernel cannot be resident with " + std::to_string(threads) + " threads"};
+      cache.emplace(key, n);
+    }
+  }
+  local.push_back(Entry{device, kernel, threads, n});
   *out = n;
   return {};
 }
 
 Status launch_tiles(const TileArgs& args, InType in, Encoder enc, bool cta_team, int threads,
-                    uint64_t wanted_ctas, int sms, cudaStream_t stream) {
+                    uint64_t wanted_ctas, int device, int sms, cudaStream_t stream) {
   return with_in_type(in, [&](auto in_c) {
     return with_encoder(enc, [&](auto enc_c) -> Status {
       constexpr InType T = decltype(in_c)::value;
       constexpr Encoder E = decltype(enc_c)::value;
       void (*kernel)(TileArgs) = !cta_team       ? quantize_tiles_kernel<T, E, false, kThreads>
+                                 : threads <= 256 ? quantize_tiles_kernel<T, E, true, 256>
                                  : threads <= 512 ? quantize_tiles_kernel<T, E, true, 512>
                                                   : quantize_tiles_kernel<T, E, true, 1024>;
       unsigned grid = 0;
-      LLMQ_RETURN_IF_ERROR(persistent_grid(reinterpret_cast<const void*>(kernel), threads, wanted_ctas, sms, &grid));
+      LLMQ_RETURN_IF_ERROR(persistent_grid(reinterpret_cast<const void*>(kernel), threads, wanted_ctas, device, sms, &grid));
       kernel<<<grid, threads, 0, stream>>>(args);
       LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("quantize_tiles_kernel");
       return {};
@@ -383,14 +424,14 @@ Status launch_tiles(const TileArgs& args, InType in, Encoder enc, bool cta_team,
   });
 }
 
-Status launch_generic_tiles(const TileArgs& args, InType in, Encoder enc, int sms, cudaStream_t stream) {
+Status launch_generic_tiles(const TileArgs& args, InType in, Encoder enc, int device, int sms, cudaStream_t stream) {
   return with_in_type(in, [&](auto in_c) {
     return with_encoder(enc, [&](auto enc_c) -> Status {
       constexpr InType T = decltype(in_c)::value;
       constexpr Encoder E = decltype(enc_c)::value;
       void (*kernel)(TileArgs) = quantize_generic_tiles_kernel<T, E>;
       unsigned grid = 0;
-      LLMQ_RETURN_IF_ERROR(persistent_grid(reinterpret_cast<const void*>(kernel), kThreads, args.num_tiles, sms, &grid));
+      LLMQ_RETURN_IF_ERROR(persistent_grid(reinterpret_cast<const void*>(kernel), kThreads, args.num_tiles, device, sms, &grid));
       kernel<<<grid, kThreads, 0, stream>>>(args);
       LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("quantize_generic_tiles_kernel");
       return {};
@@ -398,7 +439,7 @@ Status launch_generic_tiles(const TileArgs& args, InType in, Encoder enc, int sm
   });
 }
 
-Status launch_elementwise(const ElementwiseArgs& args, InType in, Encoder enc, bool packs, int sms,
+Status launch_elementwise(const ElementwiseArgs& args, InType in, Encoder enc, bool packs, int device, int sms,
                           cudaStream_t stream) {
   return with_in_type(in, [&](auto in_c) {
     return with_encoder(enc, [&](auto enc_c) -> Status {
@@ -406,17 +447,17 @@ Status launch_elementwise(const ElementwiseArgs& args, InType in, Encoder enc, b
       constexpr Encoder E = decltype(enc_c)::value;
       if (packs) {
         void (*kernel)(ElementwiseArgs) = quantize_elementwise_packs_kernel<T, E>;
-        const uint64_t per_cta = static_cast<uint64_t>(kThreads) * InTraits<T>::kSlots;
+        const uint64_t per_cta = static_cast<uint64_t>(kThreads) * slots_for(T, E);
         unsigned grid = 0;
         LLMQ_RETURN_IF_ERROR(persistent_grid(reinterpret_cast<const void*>(kernel), kThreads,
-                                             (args.total_packs + per_cta - 1) / per_cta, sms, &grid));
+                                             (args.total_packs + per_cta - 1) / per_cta, device, sms, &grid));
         kernel<<<grid, kThreads, 0, stream>>>(args);
         LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("quantize_elementwise_packs_kernel");
         return {};
       }
       void (*kernel)(ElementwiseArgs) = quantize_elementwise_scalar_kernel<T, E>;
       int per_sm = 0;
-      LLMQ_RETURN_IF_ERROR(resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), kThreads, &per_sm));
+      LLMQ_RETURN_IF_ERROR(resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), kThreads, device, &per_sm));
       const int64_t cap = static_cast<int64_t>(sms) * per_sm;
       const int64_t gx = std::min<int64_t>(std::max<int64_t>((args.c.cols + kThreads - 1) / kThreads, 1), cap);
       const int64_t gy = std::min<int64_t>({std::max<int64_t>(args.c.rows, 1), std::max<int64_t>(cap / gx, 1), 65535});
@@ -427,7 +468,7 @@ Status launch_elementwise(const ElementwiseArgs& args, InType in, Encoder enc, b
   });
 }
 
-Status launch_reduce(const ReduceArgs& args, InType in, bool packs, int sms, int max_partials,
+Status launch_reduce(const ReduceArgs& args, InType in, bool packs, int device, int sms, int max_partials,
                      cudaStream_t stream, int* num_partials) {
   return with_in_type(in, [&](auto in_c) -> Status {
     constexpr InType T = decltype(in_c)::value;
@@ -436,7 +477,7 @@ Status launch_reduce(const ReduceArgs& args, InType in, bool packs, int sms, int
       const uint64_t per_cta = static_cast<uint64_t>(kThreads) * InTraits<T>::kSlots;
       unsigned grid = 0;
       LLMQ_RETURN_IF_ERROR(persistent_grid(reinterpret_cast<const void*>(kernel), kThreads,
-                                           (args.total_packs + per_cta - 1) / per_cta, sms, &grid));
+                                           (args.total_packs + per_cta - 1) / per_cta, device, sms, &grid));
       grid = std::min(grid, static_cast<unsigned>(max_partials));
       kernel<<<grid, kThreads, 0, stream>>>(args);
       LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("absmax_partials_packs_kernel");
@@ -445,7 +486,7 @@ Status launch_reduce(const ReduceArgs& args, InType in, bool packs, int sms, int
     }
     void (*kernel)(ReduceArgs) = absmax_partials_scalar_kernel<T>;
     int per_sm = 0;
-    LLMQ_RETURN_IF_ERROR(resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), kThreads, &per_sm));
+    LLMQ_RETURN_IF_ERROR(resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), kThreads, device, &per_sm));
     const int64_t cap = std::min<int64_t>(static_cast<int64_t>(sms) * per_sm, max_partials);
     const int64_t gx = std::min<int64_t>(std::max<int64_t>((args.c.cols + kThreads - 1) / kThreads, 1), cap);
     const int64_t gy = std::min<int64_t>(std::max<int64_t>(args.c.rows, 1), std::max<int64_t>(cap / gx, 1));

@@ -27,17 +27,18 @@ namespace llmq::quant_kernels {
 EncodeParams encode_params(const QuantSpec& spec);
 ScaleParams scale_params(const QuantSpec& spec);
 
-// Resident CTAs per SM of a kernel at a block size (cached per device, kernel and size).
-Status resident_ctas_per_sm(const void* kernel, int threads, int* out);
+// Resident CTAs per SM of a kernel at a block size on a device (cached per device, kernel and size).
+Status resident_ctas_per_sm(const void* kernel, int threads, int device, int* out);
 
-// `max_ctas` caps the persistent grid (SM count x residency); the launchers pick the grid.
+// `device` and `sms` are the current device and its SM count; the persistent grid is capped at
+// SM count x residency; the launchers pick the grid.
 Status launch_tiles(const TileArgs& args, InType in, Encoder enc, bool cta_team, int threads,
-                    uint64_t wanted_ctas, int sms, cudaStream_t stream);
-Status launch_generic_tiles(const TileArgs& args, InType in, Encoder enc, int sms, cudaStream_t stream);
-Status launch_elementwise(const ElementwiseArgs& args, InType in, Encoder enc, bool packs, int sms,
+                    uint64_t wanted_ctas, int device, int sms, cudaStream_t stream);
+Status launch_generic_tiles(const TileArgs& args, InType in, Encoder enc, int device, int sms, cudaStream_t stream);
+Status launch_elementwise(const ElementwiseArgs& args, InType in, Encoder enc, bool packs, int device, int sms,
                           cudaStream_t stream);
 // Writes one partial absmax per CTA to args.partials (at most max_partials) and returns how many.
-Status launch_reduce(const ReduceArgs& args, InType in, bool packs, int sms, int max_partials,
+Status launch_reduce(const ReduceArgs& args, InType in, bool packs, int device, int sms, int max_partials,
                      cudaStream_t stream, int* num_partials);
 
 }  // namespace llmq::quant_kernels

@@ -102,14 +102,25 @@ LLMQ_HD uint32_t float_to_uint_rz(float v) {
 #endif
 }
 
-// How codes are produced. The hardware cvt is used where it equals the reference (OCP E4M3 and
-// E5M2, round to nearest even, saturating); every other FP8 case runs the integer encoder.
+// How codes are produced; the rounding mode is part of the encoder, so every kernel instance is
+// compiled for one mode (no per-element branch on it). The hardware cvt is used where it equals the
+// reference (OCP E4M3 and E5M2, saturating); every other FP8 case runs the integer encoder.
 enum class Encoder : int {
-  kE4M3Hw,   // cvt.rn.satfinite.e4m3x2.f32
-  kE5M2Hw,   // cvt.rn.satfinite.e5m2x2.f32
-  kSoftFp8,  // any FP8 layout, RNE or stochastic (the integer path of encode_float)
-  kInt8,     // RNE (cvt.rni) or stochastic, then clamp to [-128, 127]
+  kE4M3Hw,     // RNE: cvt.rn.satfinite.e4m3x2.f32
+  kE5M2Hw,     // RNE: cvt.rn.satfinite.e5m2x2.f32
+  kSoftFp8,    // RNE, any FP8 layout (the integer path of encode_float)
+  kInt8,       // RNE: clamp, then round by adding 1.5 * 2^23 (no cvt; NaN -> 0)
+  kE4M3HwSr,   // stochastic OCP E4M3: Philox noise added to the float bits, truncated to the FP8
+               // grid, then the exact hardware cvt (the integer path below the FP8 normal range)
+  kE5M2HwSr,   // stochastic OCP E5M2, the same way
+  kSoftFp8Sr,  // stochastic, any FP8 layout (the integer path)
+  kInt8Sr,     // stochastic INT8
 };
+
+__host__ __device__ constexpr bool is_stochastic(Encoder e) {
+  return e == Encoder::kE4M3HwSr || e == Encoder::kE5M2HwSr || e == Encoder::kSoftFp8Sr || e == Encoder::kInt8Sr;
+}
+__host__ __device__ constexpr bool is_int8(Encoder e) { return e == Encoder::kInt8 || e == Encoder::kInt8Sr; }
 
 // Everything the element encoders read. Filled on the host from llmq::format_info and the
 // reference encoder itself (nan_code, max_code, clip_bits), so the facts have one source.
@@ -168,12 +179,61 @@ LLMQ_HD uint32_t philox_u32(uint64_t seed, uint64_t index) {
   return c0;
 }
 
+// Philox words for the 16 consecutive counters flat0 .. flat0 + 15 of one pack, flat0 % 16 == 0
+// (so the low counter word never carries into the high one): equal to philox_u32(seed, flat0 + j).
+// Rounds 1 and 2 are partly the same for all 16 counters (c2 = c3 = 0 at the start, so round 1's
+// new c0 is c1 ^ k0, whose round-2 product is shared); the last two rounds keep only what word 0
+// needs (the compiler drops the rest).
+struct PhiloxPack {
+  static constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
+  static constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+  uint32_t lo = 0, k0 = 0, k1 = 0;  // counter low word (multiple of 16), key
+  uint32_t shared_hi = 0, shared_lo = 0;  // round 2: kMul0 * (c1 ^ k0)
+  LLMQ_HD PhiloxPack(uint64_t seed, uint64_t flat0) {
+    lo = static_cast<uint32_t>(flat0);
+    k0 = static_cast<uint32_t>(seed);
+    k1 = static_cast<uint32_t>(seed >> 32);
+    const uint32_t c0 = static_cast<uint32_t>(flat0 >> 32) ^ k0;
+    shared_hi = mul_hi(kMul0, c0);
+    shared_lo = kMul0 * c0;
+  }
+  LLMQ_HD uint32_t word(uint32_t j) const {
+    // Round 1 (c2 = c3 = 0): c0' = c1 ^ k0 (shared), c1' = 0, c2' = hi(M0 c0) ^ k1, c3' = lo(M0 c0).
+    const uint32_t c0 = lo + j;
+    const uint32_t r1_c2 = mul_hi(kMul0, c0) ^ k1;
+    const uint32_t r1_c3 = kMul0 * c0;
+    // Round 2 (keys + 1 step): the M0 product is the shared one; c1 = 0.
+    uint32_t a0 = mul_hi(kMul1, r1_c2) ^ (k0 + kWeyl0);
+    uint32_t a1 = kMul1 * r1_c2;
+    uint32_t a2 = shared_hi ^ r1_c3 ^ (k1 + kWeyl1);
+    uint32_t a3 = shared_lo;
+    uint32_t kk0 = k0 + 2u * kWeyl0, kk1 = k1 + 2u * kWeyl1;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int round = 2; round < 10; ++round) {
+      const uint32_t hi0 = mul_hi(kMul0, a0), lo0 = kMul0 * a0;
+      const uint32_t hi1 = mul_hi(kMul1, a2), lo1 = kMul1 * a2;
+      const uint32_t n0 = hi1 ^ a1 ^ kk0;
+      const uint32_t n2 = hi0 ^ a3 ^ kk1;
+      a0 = n0;
+      a1 = lo1;
+      a2 = n2;
+      a3 = lo0;
+      kk0 += kWeyl0;
+      kk1 += kWeyl1;
+    }
+    return a0;
+  }
+};
+
 // ---- FP8, integer path of encode_float with Saturation::kSatFinite, for any 8-bit layout.
 // |x| = significand * 2^(e32 - 23); the target grid at `exponent` has step 2^(exponent - M), so
 // the value on that grid is significand >> shift and the dropped bits decide the rounding. 32-bit
 // arithmetic suffices: the significand has 24 bits, and a shift of 25 or more leaves 0 under
 // RNE (the dropped bits are below half a step) while the stochastic threshold is computed exactly.
-LLMQ_HD uint32_t encode_fp8_soft(float x, const EncodeParams& p, uint32_t random_bits) {
+template <bool kStochastic>
+LLMQ_HD uint32_t encode_fp8_soft_t(float x, const EncodeParams& p, uint32_t random_bits) {
   const uint32_t bits = as_bits(x);
   if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return p.nan_code;  // NaN, either sign
   uint32_t abs_bits = bits & 0x7FFFFFFFu;
@@ -186,7 +246,7 @@ LLMQ_HD uint32_t encode_fp8_soft(float x, const EncodeParams& p, uint32_t random
   const int shift = 23 + exponent - p.mantissa_bits - e32;  // >= 20
   uint32_t rounded = shift < 32 ? significand >> shift : 0u;
   const uint32_t dropped = shift < 32 ? significand & ((1u << shift) - 1u) : significand;
-  if (!p.stochastic) {
+  if constexpr (!kStochastic) {
     if (shift <= 32) {
       const uint32_t half = 1u << (shift - 1);
       if (dropped > half || (dropped == half && (rounded & 1u))) ++rounded;
@@ -203,6 +263,10 @@ LLMQ_HD uint32_t encode_fp8_soft(float x, const EncodeParams& p, uint32_t random
   return magnitude | ((bits >> 24) & 0x80u);
 }
 
+LLMQ_HD uint32_t encode_fp8_soft(float x, const EncodeParams& p, uint32_t random_bits) {
+  return p.stochastic ? encode_fp8_soft_t<true>(x, p, random_bits) : encode_fp8_soft_t<false>(x, p, random_bits);
+}
+
 // Two elements through the hardware cvt: `lo` lands in the low byte (PTX puts operand a in the
 // upper byte). sm_89+ only; the compute_80 PTX build falls back to the integer encoder.
 template <Encoder E>
@@ -215,7 +279,7 @@ __device__ __forceinline__ uint32_t encode_fp8x2_hw(float lo, float hi, const En
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
   return d;
 #else
-  return encode_fp8_soft(lo, p, 0) | (encode_fp8_soft(hi, p, 0) << 8);
+  return encode_fp8_soft_t<false>(lo, p, 0) | (encode_fp8_soft_t<false>(hi, p, 0) << 8);
 #endif
 }
 
@@ -228,9 +292,9 @@ LLMQ_HD uint32_t fp8_clips(float v, const EncodeParams& p) {
 // INT8 (encode_scaled with a zero point of 0): NaN -> 0 (no clip); round to an integer (RNE, or
 // up with probability frac from 32 random bits, on the magnitude); clamp to [-128, 127], and a
 // clamp is a clip. Returns the code byte.
-LLMQ_HD uint32_t encode_int8(float v, const EncodeParams& p, uint32_t random_bits,
-                                                uint32_t& clips) {
-  if (!p.stochastic) {
+template <bool kStochastic>
+LLMQ_HD uint32_t encode_int8_t(float v, uint32_t random_bits, uint32_t& clips) {
+  if constexpr (!kStochastic) {
     const int r = float_to_int_rn(v);  // NaN -> 0; beyond int32 (Inf included) saturates
     clips += (r < -128 || r > 127) ? 1u : 0u;
     return static_cast<uint32_t>(r < -128 ? -128 : (r > 127 ? 127 : r)) & 0xFFu;
@@ -257,38 +321,159 @@ LLMQ_HD uint32_t encode_int8(float v, const EncodeParams& p, uint32_t random_bit
   return static_cast<uint32_t>(static_cast<int>(r)) & 0xFFu;
 }
 
+LLMQ_HD uint32_t encode_int8(float v, const EncodeParams& p, uint32_t random_bits, uint32_t& clips) {
+  return p.stochastic ? encode_int8_t<true>(v, random_bits, clips) : encode_int8_t<false>(v, random_bits, clips);
+}
+
+// INT8 RNE without a conversion instruction: clamping to [-128, 127] first leaves the rounded
+// value the same as rounding then clamping (127.5 and up round to 128 and clamp to 127; -128.5
+// rounds to -128 and below it to -129, clamped to -128), and c + 1.5 * 2^23 (one ulp = 1) holds
+// the rounded integer in its low mantissa bits: the low byte is the code. NaN -> 0.
+LLMQ_HD uint32_t int8_rne_bits(float v) {
+  float c = fminf(fmaxf(v, -128.0f), 127.0f);
+  c = v != v ? 0.0f : c;
+  return as_bits(add_rn(c, 12582912.0f));  // low byte: the code
+}
+// The clip test of the RNE path: the rounded value leaves [-128, 127] (Inf included, NaN not).
+LLMQ_HD uint32_t int8_rne_clips(float v) { return (v >= 127.5f || v < -128.5f) ? 1u : 0u; }
+
+// Stochastic rounding of an OCP FP8 format with M mantissa bits, for |x| = 0 or at least the FP8
+// minimum normal (or NaN / Inf): the float bits of the rounded value, which lies on the FP8 grid
+// (so round-to-nearest conversion of it is exact). At those magnitudes the reference rounds up iff
+// random < dropped << (9 + M), i.e. iff dropped + (~random >> (9 + M)) carries into the kept bits,
+// and the carry into the exponent field is the reference's carry into its code. NaN passes
+// through; Inf and larger magnitudes clamp to max first, as the reference does.
+template <int M>
+LLMQ_HD uint32_t fp8_sr_grid_bits(uint32_t bits, uint32_t max_bits, uint32_t random_bits) {
+  constexpr int kShift = 23 - M;
+  const uint32_t ab = bits & 0x7FFFFFFFu;
+  const uint32_t clamped = ab < max_bits ? ab : max_bits;
+  const uint32_t noise = (~random_bits) >> (32 - kShift);
+  const uint32_t rounded = (clamped + noise) & ~((1u << kShift) - 1u);
+  return ab > 0x7F800000u ? bits : (rounded | (bits & 0x80000000u));
+}
+// Magnitudes the grid-bits path above does not cover: 0 < |x| < 2^emin (FP8 subnormal range).
+LLMQ_HD bool fp8_sr_needs_soft(uint32_t bits, uint32_t min_normal_bits) {
+  return (bits & 0x7FFFFFFFu) - 1u < min_normal_bits - 1u;  // 0 wraps to 2^32 - 1: no
+}
+LLMQ_HD uint32_t fp8_min_normal_bits(const EncodeParams& p) {
+  return static_cast<uint32_t>(127 + 1 - p.exponent_bias) << 23;
+}
+
 // One element, scaled already. `flat` is r * cols + c (the Philox counter).
 template <Encoder E>
 __device__ __forceinline__ uint32_t encode_one(float v, const EncodeParams& p, uint64_t flat, uint32_t& clips) {
   if constexpr (E == Encoder::kInt8) {
-    return encode_int8(v, p, p.stochastic ? philox_u32(p.seed, flat) : 0u, clips);
+    clips += int8_rne_clips(v);
+    return int8_rne_bits(v) & 0xFFu;
+  } else if constexpr (E == Encoder::kInt8Sr) {
+    return encode_int8_t<true>(v, philox_u32(p.seed, flat), clips);
   } else {
     clips += fp8_clips(v, p);
-    if constexpr (E == Encoder::kSoftFp8) return encode_fp8_soft(v, p, p.stochastic ? philox_u32(p.seed, flat) : 0u);
-    else return encode_fp8x2_hw<E>(v, 0.0f, p) & 0xFFu;
+    if constexpr (E == Encoder::kE4M3Hw || E == Encoder::kE5M2Hw)
+      return encode_fp8x2_hw<E>(v, 0.0f, p) & 0xFFu;
+    else if constexpr (E == Encoder::kSoftFp8)
+      return encode_fp8_soft_t<false>(v, p, 0u);
+    else  // every stochastic FP8 encoder: the integer path (the scalar kernels are the fallback)
+      return encode_fp8_soft_t<true>(v, p, philox_u32(p.seed, flat));
   }
 }
 
-// 16 scaled elements -> 16 code bytes (element j in byte j % 4 of word j / 4).
+// Clips among 16 scaled elements, for the encoders whose clip test does not depend on the random
+// bits (FP8: exceeds_range; INT8 RNE). A pack whose largest magnitude is below the threshold has
+// none (NaN is ignored by fmaxf and never clips), so the exact test runs only for the rare packs
+// at the range's edge.
+template <Encoder E>
+__device__ __forceinline__ uint32_t pack_clips(const float (&v)[16], const EncodeParams& p) {
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) m = fmaxf(m, fabsf(v[j]));
+  uint32_t n = 0;
+  if constexpr (E == Encoder::kInt8) {
+    if (m >= 127.5f) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) n += int8_rne_clips(v[j]);
+    }
+  } else {
+    if (as_bits(m) >= p.clip_bits) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) n += fp8_clips(v[j], p);
+    }
+  }
+  return n;
+}
+
+// Low bytes of four words -> one word (byte j from word j).
+__device__ __forceinline__ uint32_t pack_low_bytes(uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
+  return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
+}
+
+// 16 scaled elements -> 16 code bytes (element j in byte j % 4 of word j / 4). `flat0` is the
+// Philox counter of element 0, a multiple of 16. Clips are added to `clips` only when `count`.
 template <Encoder E>
 __device__ __forceinline__ uint4 encode_pack(const float (&v)[16], const EncodeParams& p, uint64_t flat0,
-                                             uint32_t& clips) {
+                                             bool count, uint32_t& clips) {
   uint32_t w[4];
   if constexpr (E == Encoder::kE4M3Hw || E == Encoder::kE5M2Hw) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < 4; ++k)
       w[k] = encode_fp8x2_hw<E>(v[4 * k], v[4 * k + 1], p) | (encode_fp8x2_hw<E>(v[4 * k + 2], v[4 * k + 3], p) << 16);
+  } else if constexpr (E == Encoder::kInt8) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) clips += fp8_clips(v[4 * k + j], p);
+    for (int k = 0; k < 4; ++k)
+      w[k] = pack_low_bytes(int8_rne_bits(v[4 * k]), int8_rne_bits(v[4 * k + 1]), int8_rne_bits(v[4 * k + 2]),
+                            int8_rne_bits(v[4 * k + 3]));
+  } else if constexpr (E == Encoder::kE4M3HwSr || E == Encoder::kE5M2HwSr) {
+    constexpr Encoder kHw = E == Encoder::kE4M3HwSr ? Encoder::kE4M3Hw : Encoder::kE5M2Hw;
+    constexpr int kM = E == Encoder::kE4M3HwSr ? 3 : 2;
+    const PhiloxPack philox(p.seed, flat0);
+    const uint32_t min_normal = fp8_min_normal_bits(p);
+    uint32_t soft = 0;  // elements in the FP8 subnormal range: bit j
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float t[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t bits = as_bits(v[4 * k + j]);
+        t[j] = as_float(fp8_sr_grid_bits<kM>(bits, p.max_bits, philox.word(4 * k + j)));
+        soft |= fp8_sr_needs_soft(bits, min_normal) ? 1u << (4 * k + j) : 0u;
+      }
+      w[k] = encode_fp8x2_hw<kHw>(t[0], t[1], p) | (encode_fp8x2_hw<kHw>(t[2], t[3], p) << 16);
     }
-  } else {
+    if (soft != 0) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        if (soft & (1u << j)) {
+          const uint32_t code = encode_fp8_soft_t<true>(v[j], p, philox.word(j));
+          w[j / 4] = (w[j / 4] & ~(0xFFu << (8 * (j % 4)))) | (code << (8 * (j % 4)));
+        }
+    }
+  } else if constexpr (E == Encoder::kSoftFp8) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      w[k] = encode_fp8_soft_t<false>(v[4 * k], p, 0u) | (encode_fp8_soft_t<false>(v[4 * k + 1], p, 0u) << 8) |
+             (encode_fp8_soft_t<false>(v[4 * k + 2], p, 0u) << 16) | (encode_fp8_soft_t<false>(v[4 * k + 3], p, 0u) << 24);
+  } else if constexpr (E == Encoder::kSoftFp8Sr) {
+    const PhiloxPack philox(p.seed, flat0);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       w[k] = 0;
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        w[k] |= encode_one<E>(v[4 * k + j], p, flat0 + static_cast<uint64_t>(4 * k + j), clips) << (8 * j);
+      for (int j = 0; j < 4; ++j) w[k] |= encode_fp8_soft_t<true>(v[4 * k + j], p, philox.word(4 * k + j)) << (8 * j);
     }
+  } else {  // kInt8Sr: the clip depends on the random bits, so it is counted per element
+    const PhiloxPack philox(p.seed, flat0);
+    uint32_t n = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[k] = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) w[k] |= encode_int8_t<true>(v[4 * k + j], philox.word(4 * k + j), n) << (8 * j);
+    }
+    if (count) clips += n;
+  }
+  if constexpr (E != Encoder::kInt8Sr) {
+    if (count) clips += pack_clips<E>(v, p);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
