@@ -540,7 +540,7 @@ TEST(DefaultModel, ShapedLikeAnLlmAndSeeded) {
       EXPECT_LE(outliers, w.config.dim / 50);
     }
   const ModelWeights again = make_default_model();
-  const ModelWeights other = make_default_model(DefaultModelOptions{256, 688, 4, 8, 4, 512, 1024, 0, 2, 2});
+  const ModelWeights other = make_default_model(DefaultModelOptions{256, 768, 4, 8, 4, 512, 1024, 0, 2, 2});
   EXPECT_TRUE(same_tensor(again.layers[3].mlp.down.weight, w.layers[3].mlp.down.weight));
   EXPECT_FALSE(same_tensor(other.layers[3].mlp.down.weight, w.layers[3].mlp.down.weight));
   for (const Linear* l : w.linears()) EXPECT_FALSE(l->id.hf_name(w.config).empty());

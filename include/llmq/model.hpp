@@ -103,7 +103,7 @@ Status load_llama2c(const std::string& path, ModelWeights* out);
 // (a few RMSNorm gains far above the rest feed outlier input channels to the next linears).
 struct DefaultModelOptions {
   int64_t dim = 256;
-  int64_t hidden_dim = 688;
+  int64_t hidden_dim = 768;  // a multiple of 128, as real models (and FP8 block formats) have
   int64_t n_layers = 4;
   int64_t n_heads = 8;
   int64_t n_kv_heads = 4;
