@@ -41,85 +41,19 @@
 
 #include "llmq/cuda_decode_gemm.hpp"
 #include "llmq/cuda_gemm.hpp"
+#include "cuda_bench_support.cuh"
 
 namespace {
 
 using llmq::DType;
 using llmq::Status;
 
-#define BENCH_CUDA(call)                                                                         \
-  do {                                                                                           \
-    const cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                              \
-    }                                                                                            \
-  } while (0)
-
-// ---- device fills: a counter-based hash, so every set differs and nothing is zero.
-
-__device__ uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-__device__ float uniform(uint64_t seed, int64_t i) {  // [-1, 1)
-  return static_cast<float>(mix(seed * 0x100000001B3ull + static_cast<uint64_t>(i)) >> 40) *
-             (2.0f / 16777216.0f) - 1.0f;
-}
-
-// E4M3 codes of values in [-300, 300], never +-0 or NaN; read as INT8 they are any non-zero byte.
-__global__ void fill_e4m3(uint8_t* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint8_t code = __nv_cvt_float_to_fp8(uniform(seed, i) * 300.0f, __NV_SATFINITE, __NV_E4M3);
-    if ((code & 0x7F) == 0) code = 0x38;  // 1.0 instead of +-0
-    p[i] = code;
-  }
-}
-
-__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float v = uniform(seed, i);
-    if (v == 0.0f) v = 0.5f;
-    p[i] = __float2bfloat16(v);
-  }
-}
-
-__global__ void fill_scales(float* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    p[i] = (1.0f + 0.5f * uniform(seed, i)) * 1e-2f;
-}
-
-// Holds the GPU for `ns` nanoseconds so that the runs queued behind it start back to back.
-__global__ void spin(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
-int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)); }
-
-struct DeviceMem {
-  void* p = nullptr;
-  DeviceMem() = default;
-  explicit DeviceMem(size_t bytes) { BENCH_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 256))); }
-  ~DeviceMem() {
-    if (p != nullptr) (void)cudaFree(p);
-  }
-  DeviceMem(DeviceMem&& o) noexcept : p(o.p) { o.p = nullptr; }
-  DeviceMem& operator=(DeviceMem&& o) noexcept {
-    std::swap(p, o.p);
-    return *this;
-  }
-  DeviceMem(const DeviceMem&) = delete;
-  template <typename T> T* as() const { return static_cast<T*>(p); }
-};
+using llmq::bench::DeviceMem;
+using llmq::bench::fill_bf16;
+using llmq::bench::fill_e4m3;
+using llmq::bench::fill_scales;
+using llmq::bench::grid_for;
+using llmq::bench::spin;
 
 // ---- configuration
 
@@ -310,13 +244,9 @@ Timing time_runs(cudaStream_t stream, int sets, const Options& opt, const std::f
   release();
   if (us.empty()) return t;
   std::sort(us.begin(), us.end());
-  t.us_median = us.size() % 2 == 1 ? us[us.size() / 2] : 0.5 * (us[us.size() / 2 - 1] + us[us.size() / 2]);
+  t.us_median = llmq::bench::median_of_sorted(us);
   t.us_min = us.front();
   return t;
-}
-
-int sets_for(int64_t bytes, int64_t l2_bytes) {
-  return static_cast<int>(std::max<int64_t>(2, (2 * l2_bytes + bytes - 1) / bytes + 1));
 }
 
 // ---- one (K, N): every buffer every kernel needs
@@ -401,8 +331,8 @@ int main(int argc, char** argv) {
       continue;
     }
     Buffers b;
-    b.sets8 = sets_for(w_bytes, l2);
-    b.sets16 = sets_for(2 * w_bytes, l2);
+    b.sets8 = llmq::bench::sets_for(w_bytes, l2, 2);
+    b.sets16 = llmq::bench::sets_for(2 * w_bytes, l2, 2);
     size_t free_bytes = 0, total_bytes = 0;
     BENCH_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
     const double need = 2.0 * b.sets8 * w_bytes + 2.0 * b.sets16 * w_bytes + 64.0e6;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "llmq/cuda_int8_gemm.hpp"
+#include "cuda_bench_support.cuh"
 
 namespace {
 
@@ -255,11 +256,7 @@ struct Result {
   double median_us = 0, min_us = 0, max_us = 0, tops = 0;
 };
 
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using llmq::bench::median;
 
 }  // namespace
 

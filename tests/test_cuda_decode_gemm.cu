@@ -41,39 +41,7 @@ namespace {
 // the error budget is an order above that and far below any indexing or scaling mistake.
 constexpr double kMaxRelativeError = 2e-3;
 
-#define CUDA_ASSERT(call)                                                      \
-  do {                                                                         \
-    const cudaError_t err_ = (call);                                           \
-    ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_); \
-  } while (0)
-
-// An owning device buffer of `count` elements of T.
-template <typename T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t count) : count_(count) {
-    if (count_ > 0 && cudaMalloc(&ptr_, count_ * sizeof(T)) != cudaSuccess) ptr_ = nullptr;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  T* get() const { return static_cast<T*>(ptr_); }
-  bool ok() const { return count_ == 0 || ptr_ != nullptr; }
-  cudaError_t upload(const T* host, size_t count) {
-    return cudaMemcpy(ptr_, host, count * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  cudaError_t download(std::vector<T>* host) const {
-    host->resize(count_);
-    return cudaMemcpy(host->data(), ptr_, count_ * sizeof(T), cudaMemcpyDeviceToHost);
-  }
-  cudaError_t fill_bytes(int byte) { return cudaMemset(ptr_, byte, count_ * sizeof(T)); }
-
- private:
-  void* ptr_ = nullptr;
-  size_t count_ = 0;
-};
+using ::llmq::testing::DeviceBuffer;
 
 // ---------------------------------------------------------------------------------------------
 // Problems

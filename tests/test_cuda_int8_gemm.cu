@@ -34,40 +34,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-#define CUDA_ASSERT(call)                                                          \
-  do {                                                                             \
-    const cudaError_t err_ = (call);                                               \
-    ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_);     \
-  } while (0)
-
-// An owning device buffer of `count` elements of T.
-template <typename T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t count) : count_(count) {
-    if (count_ > 0 && cudaMalloc(&ptr_, count_ * sizeof(T)) != cudaSuccess) ptr_ = nullptr;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  T* get() const { return static_cast<T*>(ptr_); }
-  bool ok() const { return count_ == 0 || ptr_ != nullptr; }
-  cudaError_t upload(const std::vector<T>& host) {
-    return cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  cudaError_t download(std::vector<T>* host) const {
-    host->resize(count_);
-    return cudaMemcpy(host->data(), ptr_, count_ * sizeof(T), cudaMemcpyDeviceToHost);
-  }
-  // Every byte set to `byte`: 0xFF gives BF16 NaN 0xFFFF and INT32 -1; 0x7F gives 0x7F7F.
-  cudaError_t fill_bytes(int byte) { return cudaMemset(ptr_, byte, count_ * sizeof(T)); }
-
- private:
-  void* ptr_ = nullptr;
-  size_t count_ = 0;
-};
+using ::llmq::testing::DeviceBuffer;
 
 struct Shape {
   int64_t m, n, k;
