@@ -1,7 +1,11 @@
 // Shared test helpers (see support.hpp).
 #include "support.hpp"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <stdexcept>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -38,6 +42,20 @@ std::vector<float> normal_vector(int64_t n, uint64_t seed, float sigma) {
     if (v == 0.0f) v = sigma * 1e-3f;
   }
   return x;
+}
+
+TempDir::TempDir(const std::string& prefix) {
+  std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  const char* p = ::mkdtemp(buf.data());
+  if (p == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
+  path_ = p;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (!path_.empty()) std::filesystem::remove_all(path_, ec);
 }
 
 std::string testdata_dir() {

@@ -15,6 +15,22 @@ std::vector<float> outlier_matrix(int64_t rows, int64_t cols, uint64_t seed, flo
 // Plain N(0, sigma) values, no zeros.
 std::vector<float> normal_vector(int64_t n, uint64_t seed, float sigma = 1.0f);
 
+// A temporary directory under the system temp folder, removed with everything in it when the
+// object goes. Throws if it cannot be created: an empty path + "/name" would write at the root.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "llmq");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  bool ok() const { return !path_.empty(); }
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
 // The folder of reference vectors: $LLMQ_TESTDATA, else the build's default (../shared/testdata).
 std::string testdata_dir();
 bool read_file(const std::string& path, std::vector<uint8_t>* out);

@@ -108,29 +108,10 @@ DefaultModelOptions small_options(int64_t n_experts) {
 }
 const char* kind_name(int64_t n_experts) { return n_experts > 0 ? "moe(4 experts, top-2)" : "dense"; }
 
-// A temporary directory, removed with everything in it when the test ends.
-class TempDir {
+// A temporary directory per test (tests/support.hpp), named after this suite.
+class TempDir : public llmq::testing::TempDir {
  public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "llmq_mq_XXXXXX").string();
-    std::vector<char> buf(pattern.begin(), pattern.end());
-    buf.push_back('\0');
-    const char* p = ::mkdtemp(buf.data());
-    // Never hand out an empty path: "" + "/name" would write at the file system root.
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string sub(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  TempDir() : llmq::testing::TempDir("llmq_mq") {}
 };
 
 std::string read_text(const std::string& path) {
@@ -429,7 +410,7 @@ TEST(Calibration, SaveLoadRoundTripIsExact) {
   stats.model = "default small";
   stats.data = "sampled seeds 101..103";
   TempDir dir;
-  const std::string path = dir.sub("stats.json");
+  const std::string path = dir.file("stats.json");
   ASSERT_TRUE(stats.save(path).ok());
   EXPECT_EQ(dir_entries(dir.path()), std::vector<std::string>{"stats.json"}) << "no temp file left behind";
   CalibrationStats back;
@@ -462,16 +443,16 @@ TEST(Calibration, LoadErrorsNameTheFileAndTheFlag) {
     EXPECT_TRUE(contains(st.message(), path)) << st.message();
     EXPECT_TRUE(contains(st.message(), what)) << "want '" << what << "' in: " << st.message();
   };
-  expect_error(dir.sub("missing.json"), "cannot open");
-  write_text(dir.sub("garbage.json"), "{ this is not json");
-  expect_error(dir.sub("garbage.json"), "");
-  write_text(dir.sub("other.json"), R"({"format": "something-else", "linears": {}})");
-  expect_error(dir.sub("other.json"), "llmq-calibration-v1");
-  write_text(dir.sub("short.json"),
+  expect_error(dir.file("missing.json"), "cannot open");
+  write_text(dir.file("garbage.json"), "{ this is not json");
+  expect_error(dir.file("garbage.json"), "");
+  write_text(dir.file("other.json"), R"({"format": "something-else", "linears": {}})");
+  expect_error(dir.file("other.json"), "llmq-calibration-v1");
+  write_text(dir.file("short.json"),
              R"({"format": "llmq-calibration-v1", "linears": {"model.layers.0.self_attn.q_proj": {
                  "in_features": 3, "rows_seen": 1, "input_absmax": 1.0, "input_channel_absmax": [1, 2],
                  "weight_absmax": 1.0, "weight_channel_absmax": [1, 2, 3]}}})");
-  expect_error(dir.sub("short.json"), "model.layers.0.self_attn.q_proj");
+  expect_error(dir.file("short.json"), "model.layers.0.self_attn.q_proj");
 }
 
 TEST(Calibration, BadChunkAndNoTokensAreErrors) {
@@ -836,14 +817,14 @@ TEST(QuantizeModel, SchemesThatNeedStatisticsRefuseToRunWithout) {
     ExportSummary sum;
     ExportOptions options;
     options.dry_run = !run;
-    const Status ex = export_quantized(*src, scheme, nullptr, dir.sub(scheme.name), options, &sum);
+    const Status ex = export_quantized(*src, scheme, nullptr, dir.file(scheme.name), options, &sum);
     if (scheme.needs_statistics()) {
       ASSERT_FALSE(st.ok());
       EXPECT_TRUE(contains(st.message(), "--stats")) << st.message();
       EXPECT_TRUE(contains(st.message(), scheme.name)) << st.message();
       ASSERT_FALSE(ex.ok());
       EXPECT_TRUE(contains(ex.message(), "--stats")) << ex.message();
-      EXPECT_FALSE(fs::exists(dir.sub(scheme.name)));
+      EXPECT_FALSE(fs::exists(dir.file(scheme.name)));
     } else {
       EXPECT_TRUE(st.ok()) << st.to_string();
       EXPECT_TRUE(ex.ok()) << ex.to_string();
@@ -992,7 +973,7 @@ TEST(Export, KeptTensorsAreBf16ByDefault) {
       Scheme scheme;
       ASSERT_TRUE(find_scheme(name, &scheme).ok());
       SCOPED_TRACE(scheme_repro(scheme, experts) + " keep_dtype=bf16 (default)");
-      const std::string out = dir.sub(scheme.name + "-" + std::to_string(experts));
+      const std::string out = dir.file(scheme.name + "-" + std::to_string(experts));
       ExportSummary sum;
       const Status st = export_quantized(*src, scheme, &m.stats, out, {}, &sum);
       ASSERT_TRUE(st.ok()) << st.to_string();
@@ -1014,7 +995,7 @@ TEST(Export, EverySchemeWritesWhatEnginesReadAndLoadsBackExactly) {
       if (scheme.export_format == ExportFormat::kNone) continue;
       if (experts > 0 && slow_weight_search(scheme)) continue;
       SCOPED_TRACE(scheme_repro(scheme, experts) + " keep_dtype=f32");
-      const std::string out = dir.sub(scheme.name + "-" + std::to_string(experts));
+      const std::string out = dir.file(scheme.name + "-" + std::to_string(experts));
       ExportOptions options;
       options.keep_dtype = DType::kF32;
       ExportSummary sum;
@@ -1071,13 +1052,13 @@ TEST(Export, Stories260KRoundTripsThroughEveryScheme) {
   TempDir dir;
   // The same model in Hugging Face layout (q/k rows permuted, rotate-half RoPE), unquantized: the
   // exported checkpoint must equal this model quantized in memory, bit for bit.
-  write_hf_checkpoint(model, dir.sub("hf"));
+  write_hf_checkpoint(model, dir.file("hf"));
   ModelWeights hf_model;
-  ASSERT_TRUE(load_hf_model(dir.sub("hf"), &hf_model).ok());
+  ASSERT_TRUE(load_hf_model(dir.file("hf"), &hf_model).ok());
   for (const Scheme& scheme : all_schemes()) {
     if (scheme.export_format == ExportFormat::kNone || slow_weight_search(scheme)) continue;
     SCOPED_TRACE("REPRO scheme=" + scheme.name + " model=stories260K keep_dtype=f32");
-    const std::string out = dir.sub(scheme.name);
+    const std::string out = dir.file(scheme.name);
     ExportOptions options;
     options.keep_dtype = DType::kF32;
     ExportSummary sum;
@@ -1119,19 +1100,19 @@ TEST(Export, LmHeadIsQuantizedOnlyWhenAsked) {
   options.keep_dtype = DType::kF32;
   options.quantize.quantize_lm_head = true;
   ExportSummary sum;
-  ASSERT_TRUE(export_quantized(*src, scheme, nullptr, dir.sub("q"), options, &sum).ok());
+  ASSERT_TRUE(export_quantized(*src, scheme, nullptr, dir.file("q"), options, &sum).ok());
   std::unique_ptr<SafetensorsFile> file;
-  ASSERT_TRUE(SafetensorsFile::open(dir.sub("q") + "/model.safetensors", &file).ok());
+  ASSERT_TRUE(SafetensorsFile::open(dir.file("q") + "/model.safetensors", &file).ok());
   ASSERT_NE(file->find("lm_head.weight"), nullptr);
   EXPECT_EQ(file->find("lm_head.weight")->dtype, DType::kE4M3);
   ASSERT_NE(file->find("lm_head.weight_scale"), nullptr);
   EXPECT_EQ(file->find("lm_head.weight_scale")->shape, (std::vector<int64_t>{model.config.vocab_size, 1}));
-  const json q = json::parse(read_text(dir.sub("q") + "/config.json"))["quantization_config"];
+  const json q = json::parse(read_text(dir.file("q") + "/config.json"))["quantization_config"];
   const auto ignore = q["ignore"].get<std::vector<std::string>>();
   EXPECT_EQ(std::find(ignore.begin(), ignore.end(), "lm_head"), ignore.end());
 
   QuantizedModel loaded, memory;
-  ASSERT_TRUE(load_quantized_checkpoint(dir.sub("q"), &loaded).ok());
+  ASSERT_TRUE(load_quantized_checkpoint(dir.file("q"), &loaded).ok());
   ASSERT_TRUE(quantize_model(model, scheme, nullptr, options.quantize, &memory).ok());
   ASSERT_NE(loaded.find("lm_head"), nullptr);
   const std::vector<int32_t> tokens = sampled_tokens(model, 16, kEvalSeed);
@@ -1151,7 +1132,7 @@ TEST(Export, StreamingFromACheckpointEqualsExportingFromMemory) {
   for (const auto& [label, which] : models) {
     const ModelWeights& model = small_model(which).model;
     const CalibrationStats& stats = small_model(which).stats;
-    const std::string hf = dir.sub(label + "-hf");
+    const std::string hf = dir.file(label + "-hf");
     write_hf_checkpoint(model, hf);
     std::unique_ptr<WeightSource> ckpt;
     const Status open = checkpoint_weight_source(hf, &ckpt);
@@ -1170,7 +1151,7 @@ TEST(Export, StreamingFromACheckpointEqualsExportingFromMemory) {
       SCOPED_TRACE("REPRO model=" + label + " scheme=" + name);
       Scheme scheme;
       ASSERT_TRUE(find_scheme(name, &scheme).ok());
-      const std::string a = dir.sub(label + "-" + name + "-mem"), b = dir.sub(label + "-" + name + "-ckpt");
+      const std::string a = dir.file(label + "-" + name + "-mem"), b = dir.file(label + "-" + name + "-ckpt");
       ExportSummary sa, sb;
       ASSERT_TRUE(export_quantized(*memory_weight_source(model), scheme, &stats, a, {}, &sa).ok());
       const Status st = export_quantized(*ckpt, scheme, &stats, b, {}, &sb);
@@ -1189,7 +1170,7 @@ TEST(Export, ExistingOutputIsRefusedUnlessOverwrite) {
   Scheme scheme;
   ASSERT_TRUE(find_scheme("fp8-dynamic", &scheme).ok());
   TempDir dir;
-  const std::string out = dir.sub("out");
+  const std::string out = dir.file("out");
   fs::create_directories(out);
   write_text(out + "/keep.txt", "user data");
   ExportSummary sum;
@@ -1212,21 +1193,21 @@ TEST(Export, TrailingSlashInTheOutputPathWorks) {
   ASSERT_TRUE(find_scheme("fp8-dynamic", &scheme).ok());
   TempDir dir;
   ExportSummary sum;
-  const Status st = export_quantized(*src, scheme, nullptr, dir.sub("out/"), {}, &sum);
+  const Status st = export_quantized(*src, scheme, nullptr, dir.file("out/"), {}, &sum);
   ASSERT_TRUE(st.ok()) << st.to_string() << " REPRO out='<tmp>/out/'";
-  EXPECT_EQ(dir_entries(dir.sub("out")), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(dir_entries(dir.file("out")), (std::vector<std::string>{"config.json", "model.safetensors"}));
   EXPECT_EQ(dir_entries(dir.path()), std::vector<std::string>{"out"});
   ExportOptions overwrite;
   overwrite.overwrite = true;
-  const Status again = export_quantized(*src, scheme, nullptr, dir.sub("out/"), overwrite, &sum);
+  const Status again = export_quantized(*src, scheme, nullptr, dir.file("out/"), overwrite, &sum);
   ASSERT_TRUE(again.ok()) << again.to_string();
-  EXPECT_EQ(dir_entries(dir.sub("out")), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(dir_entries(dir.file("out")), (std::vector<std::string>{"config.json", "model.safetensors"}));
 }
 
 TEST(Export, NeverWritesOverItsInput) {
   const ModelWeights model = make_default_model(small_options(0));
   TempDir dir;
-  const std::string hf = dir.sub("parent/hf");
+  const std::string hf = dir.file("parent/hf");
   write_hf_checkpoint(model, hf);
   const std::string before = read_text(hf + "/model.safetensors");
   std::unique_ptr<WeightSource> src;
@@ -1236,7 +1217,7 @@ TEST(Export, NeverWritesOverItsInput) {
   ExportOptions overwrite;
   overwrite.overwrite = true;
   // The input itself, however it is spelled, and a directory that holds the input.
-  for (const std::string& out : {hf, hf + "/", hf + "/.", dir.sub("parent/../parent/hf"), dir.sub("parent")}) {
+  for (const std::string& out : {hf, hf + "/", hf + "/.", dir.file("parent/../parent/hf"), dir.file("parent")}) {
     SCOPED_TRACE("REPRO out=" + out + " overwrite=true");
     ExportSummary sum;
     const Status st = export_quantized(*src, scheme, nullptr, out, overwrite, &sum);
@@ -1245,7 +1226,7 @@ TEST(Export, NeverWritesOverItsInput) {
     EXPECT_EQ(read_text(hf + "/model.safetensors"), before);
     EXPECT_EQ(dir_entries(hf), (std::vector<std::string>{"config.json", "model.safetensors"}));
   }
-  EXPECT_EQ(dir_entries(dir.sub("parent")), std::vector<std::string>{"hf"});
+  EXPECT_EQ(dir_entries(dir.file("parent")), std::vector<std::string>{"hf"});
 }
 
 TEST(Export, DryRunPlansButWritesNothing) {
@@ -1258,18 +1239,18 @@ TEST(Export, DryRunPlansButWritesNothing) {
   ExportOptions dry;
   dry.dry_run = true;
   ExportSummary planned, written;
-  ASSERT_TRUE(export_quantized(*src, scheme, &stats, dir.sub("out"), dry, &planned).ok());
+  ASSERT_TRUE(export_quantized(*src, scheme, &stats, dir.file("out"), dry, &planned).ok());
   EXPECT_TRUE(dir_entries(dir.path()).empty()) << "dry run created something";
-  ASSERT_TRUE(export_quantized(*src, scheme, &stats, dir.sub("out"), {}, &written).ok());
+  ASSERT_TRUE(export_quantized(*src, scheme, &stats, dir.file("out"), {}, &written).ok());
   EXPECT_EQ(planned.tensors, written.tensors);
   EXPECT_EQ(planned.bytes, written.bytes);
   EXPECT_EQ(planned.shards, written.shards);
   EXPECT_EQ(planned.quantized_linears, written.quantized_linears);
   EXPECT_EQ(planned.quantization_config, written.quantization_config);
   // A dry run onto an existing directory is fine and leaves it alone.
-  const std::string before = read_text(dir.sub("out") + "/model.safetensors");
-  ASSERT_TRUE(export_quantized(*src, scheme, &stats, dir.sub("out"), dry, &planned).ok());
-  EXPECT_EQ(read_text(dir.sub("out") + "/model.safetensors"), before);
+  const std::string before = read_text(dir.file("out") + "/model.safetensors");
+  ASSERT_TRUE(export_quantized(*src, scheme, &stats, dir.file("out"), dry, &planned).ok());
+  EXPECT_EQ(read_text(dir.file("out") + "/model.safetensors"), before);
 }
 
 // A WeightSource that fails to read one tensor: the failure happens while the shard is written.
@@ -1298,18 +1279,18 @@ TEST(Export, AFailedExportLeavesNoTempDirectoryAndKeepsTheOldOutput) {
   ASSERT_TRUE(find_scheme("fp8-dynamic", &scheme).ok());
   TempDir dir;
   ExportSummary sum;
-  const Status st = export_quantized(src, scheme, nullptr, dir.sub("out"), {}, &sum);
+  const Status st = export_quantized(src, scheme, nullptr, dir.file("out"), {}, &sum);
   ASSERT_FALSE(st.ok());
   EXPECT_TRUE(contains(st.message(), "injected read failure")) << st.message();
   EXPECT_TRUE(dir_entries(dir.path()).empty()) << "left behind: " << (dir_entries(dir.path()).empty() ? "" : dir_entries(dir.path())[0]);
 
   // With overwrite, the previous output survives a failed export.
-  ASSERT_TRUE(export_quantized(*mem, scheme, nullptr, dir.sub("out"), {}, &sum).ok());
-  const std::string before = read_text(dir.sub("out") + "/model.safetensors");
+  ASSERT_TRUE(export_quantized(*mem, scheme, nullptr, dir.file("out"), {}, &sum).ok());
+  const std::string before = read_text(dir.file("out") + "/model.safetensors");
   ExportOptions overwrite;
   overwrite.overwrite = true;
-  ASSERT_FALSE(export_quantized(src, scheme, nullptr, dir.sub("out"), overwrite, &sum).ok());
-  EXPECT_EQ(read_text(dir.sub("out") + "/model.safetensors"), before);
+  ASSERT_FALSE(export_quantized(src, scheme, nullptr, dir.file("out"), overwrite, &sum).ok());
+  EXPECT_EQ(read_text(dir.file("out") + "/model.safetensors"), before);
   EXPECT_EQ(dir_entries(dir.path()), std::vector<std::string>{"out"});
 }
 
@@ -1319,17 +1300,17 @@ TEST(Export, AQuantizedCheckpointIsRefusedAsInput) {
   ASSERT_TRUE(find_scheme("fp8-dynamic", &scheme).ok());
   TempDir dir;
   ExportSummary sum;
-  ASSERT_TRUE(export_quantized(*memory_weight_source(model), scheme, nullptr, dir.sub("q"), {}, &sum).ok());
+  ASSERT_TRUE(export_quantized(*memory_weight_source(model), scheme, nullptr, dir.file("q"), {}, &sum).ok());
   std::unique_ptr<WeightSource> src;
-  const Status st = checkpoint_weight_source(dir.sub("q"), &src);
+  const Status st = checkpoint_weight_source(dir.file("q"), &src);
   ASSERT_FALSE(st.ok());
   EXPECT_TRUE(contains(st.message(), "already quantized")) << st.message();
-  EXPECT_TRUE(contains(st.message(), dir.sub("q"))) << st.message();
+  EXPECT_TRUE(contains(st.message(), dir.file("q"))) << st.message();
 
   // 8-bit tensors without a quantization_config are refused too.
-  const std::string bare = dir.sub("bare");
+  const std::string bare = dir.file("bare");
   fs::create_directories(bare);
-  fs::copy_file(dir.sub("q") + "/model.safetensors", bare + "/model.safetensors");
+  fs::copy_file(dir.file("q") + "/model.safetensors", bare + "/model.safetensors");
   write_text(bare + "/config.json", hf_config_json(model.config));
   const Status st2 = checkpoint_weight_source(bare, &src);
   ASSERT_FALSE(st2.ok());
@@ -1346,9 +1327,9 @@ TEST(Export, ShardsWriteAnIndexAndLoadBack) {
   ExportOptions one, many;
   one.keep_dtype = many.keep_dtype = DType::kF32;
   ExportSummary s1, sn;
-  ASSERT_TRUE(export_quantized(*src, scheme, &stats, dir.sub("one"), one, &s1).ok());
+  ASSERT_TRUE(export_quantized(*src, scheme, &stats, dir.file("one"), one, &s1).ok());
   many.max_shard_bytes = s1.bytes / 5;  // about six shards; the largest tensors get one each
-  ASSERT_TRUE(export_quantized(*src, scheme, &stats, dir.sub("many"), many, &sn).ok());
+  ASSERT_TRUE(export_quantized(*src, scheme, &stats, dir.file("many"), many, &sn).ok());
   ASSERT_GT(sn.shards, 2);
   EXPECT_EQ(sn.bytes, s1.bytes);
   EXPECT_EQ(sn.tensors, s1.tensors);
@@ -1361,15 +1342,15 @@ TEST(Export, ShardsWriteAnIndexAndLoadBack) {
     want_files.push_back(file);
   }
   std::sort(want_files.begin(), want_files.end());
-  EXPECT_EQ(dir_entries(dir.sub("many")), want_files);
+  EXPECT_EQ(dir_entries(dir.file("many")), want_files);
 
-  const json index = json::parse(read_text(dir.sub("many") + "/model.safetensors.index.json"));
+  const json index = json::parse(read_text(dir.file("many") + "/model.safetensors.index.json"));
   EXPECT_EQ(index["metadata"]["total_size"], sn.bytes);
   EXPECT_EQ(static_cast<int64_t>(index["weight_map"].size()), sn.tensors);
   int64_t data_bytes = 0;
   for (const auto& [name, shard] : index["weight_map"].items()) {
     std::unique_ptr<SafetensorsFile> f;
-    ASSERT_TRUE(SafetensorsFile::open(dir.sub("many") + "/" + shard.get<std::string>(), &f).ok());
+    ASSERT_TRUE(SafetensorsFile::open(dir.file("many") + "/" + shard.get<std::string>(), &f).ok());
     ASSERT_NE(f->find(name), nullptr) << name << " not in " << shard;
     data_bytes += f->find(name)->nbytes;
     EXPECT_LE(f->find(name)->nbytes, std::max<int64_t>(many.max_shard_bytes, f->find(name)->nbytes));
@@ -1377,8 +1358,8 @@ TEST(Export, ShardsWriteAnIndexAndLoadBack) {
   EXPECT_EQ(data_bytes, sn.bytes);
 
   QuantizedModel a, b;
-  ASSERT_TRUE(load_quantized_checkpoint(dir.sub("one"), &a).ok());
-  const Status st = load_quantized_checkpoint(dir.sub("many"), &b);
+  ASSERT_TRUE(load_quantized_checkpoint(dir.file("one"), &a).ok());
+  const Status st = load_quantized_checkpoint(dir.file("many"), &b);
   ASSERT_TRUE(st.ok()) << st.to_string();
   const std::vector<int32_t> tokens = sampled_tokens(model, 24, kEvalSeed);
   QuantizedLinearBackend ba(a), bb(b);
@@ -1394,7 +1375,7 @@ TEST(Export, KeepDtypeMustBeAFloatType) {
   ExportOptions options;
   options.keep_dtype = DType::kI8;
   ExportSummary sum;
-  const Status st = export_quantized(*memory_weight_source(model), scheme, nullptr, dir.sub("o"), options, &sum);
+  const Status st = export_quantized(*memory_weight_source(model), scheme, nullptr, dir.file("o"), options, &sum);
   ASSERT_FALSE(st.ok());
   EXPECT_TRUE(contains(st.message(), "--keep-dtype")) << st.message();
   EXPECT_TRUE(dir_entries(dir.path()).empty());
@@ -1493,16 +1474,16 @@ TEST(Evaluate, BadContextAndVocabularyMismatchAreErrors) {
 TEST(TokenData, ReadsIdsPerLineAndRejectsTextAndOutOfVocabularyIds) {
   TempDir dir;
   std::vector<std::vector<int32_t>> seqs;
-  write_text(dir.sub("ok.txt"), "1 5 7\n\n  3\t4  \n");
-  ASSERT_TRUE(read_token_sequences(dir.sub("ok.txt"), 160, &seqs).ok());
+  write_text(dir.file("ok.txt"), "1 5 7\n\n  3\t4  \n");
+  ASSERT_TRUE(read_token_sequences(dir.file("ok.txt"), 160, &seqs).ok());
   EXPECT_EQ(seqs, (std::vector<std::vector<int32_t>>{{1, 5, 7}, {3, 4}}));
 
   auto expect_error = [&](const std::string& file, const std::string& text, const std::vector<std::string>& words) {
-    write_text(dir.sub(file), text);
-    const Status st = read_token_sequences(dir.sub(file), 160, &seqs);
+    write_text(dir.file(file), text);
+    const Status st = read_token_sequences(dir.file(file), 160, &seqs);
     ASSERT_FALSE(st.ok()) << file;
     EXPECT_TRUE(contains(st.message(), "--data")) << st.message();
-    EXPECT_TRUE(contains(st.message(), dir.sub(file))) << st.message();
+    EXPECT_TRUE(contains(st.message(), dir.file(file))) << st.message();
     for (const std::string& w : words) EXPECT_TRUE(contains(st.message(), w)) << "want '" << w << "' in " << st.message();
   };
   expect_error("text.txt", "1 2 3\nOnce upon a time\n", {":2:", "'Once'", "tokenizer"});
@@ -1510,8 +1491,8 @@ TEST(TokenData, ReadsIdsPerLineAndRejectsTextAndOutOfVocabularyIds) {
   expect_error("big.txt", "1 160\n", {"160", "outside the vocabulary"});
   expect_error("negative.txt", "-1\n", {"-1", "outside the vocabulary"});
   expect_error("empty.txt", "\n\n", {"no token ids"});
-  const Status missing = read_token_sequences(dir.sub("missing.txt"), 160, &seqs);
-  EXPECT_TRUE(contains(missing.message(), dir.sub("missing.txt"))) << missing.message();
+  const Status missing = read_token_sequences(dir.file("missing.txt"), 160, &seqs);
+  EXPECT_TRUE(contains(missing.message(), dir.file("missing.txt"))) << missing.message();
 }
 
 TEST(TokenData, SampledSequencesAreDeterministicPerSeed) {

@@ -36,24 +36,10 @@ constexpr uint64_t kSeed = 20240612;
 
 // ---- files
 
-class TempDir {
+// A temporary directory per test (tests/support.hpp), named after this suite.
+class TempDir : public llmq::testing::TempDir {
  public:
-  TempDir() {
-    char pattern[] = "/tmp/llmq_safetensors_XXXXXX";
-    if (const char* p = ::mkdtemp(pattern)) path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  bool ok() const { return !path_.empty(); }
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  TempDir() : llmq::testing::TempDir("llmq_safetensors") {}
 };
 
 std::vector<std::string> list_dir(const std::string& dir) {

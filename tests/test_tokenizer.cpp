@@ -20,6 +20,7 @@
 
 #include "llmq/model_io.hpp"
 #include "llmq/tokenizer.hpp"
+#include "support.hpp"
 #include "model/tokenizer_bpe.hpp"
 
 namespace llmq {
@@ -36,23 +37,10 @@ const char* const kSpace = "\xE2\x96\x81";  // "▁"
 
 // ---- files
 
-class TempDir {
+// A temporary directory per test (tests/support.hpp), named after this suite.
+class TempDir : public llmq::testing::TempDir {
  public:
-  TempDir() {
-    char pattern[] = "/tmp/llmq_tokenizer_XXXXXX";
-    if (const char* p = ::mkdtemp(pattern)) path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  TempDir() : llmq::testing::TempDir("llmq_tokenizer") {}
 };
 
 void write_file(const std::string& path, const std::string& bytes) {
