@@ -18,7 +18,7 @@
 // Usage: bench_cuda_decode_gemm [--json PATH] [--iters N] [--warmup N] [--ms 1,2,4,8,16]
 //                               [--shapes KxN,...] [--kernels LIST] [--sweep]
 //   kernels: copy, bf16, fp8, w8a16_e4m3, w8a8_e4m3, w8a16_int8, w8a8_int8 (default: all)
-//   --sweep: also time our kernels under each DecodeGemmConfig variant (split_k, stages, chunks,
+//   --sweep: also time our kernels under each DecodeGemmConfig variant (split_k, tiles_per_cta,
 //            no L2 prefetch), named like "w8a16_e4m3[split_k=2]".
 // Prints a table and, with --json, one JSON object per line per (shape, M, kernel).
 #include <cuda_bf16.h>
@@ -37,6 +37,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "llmq/cuda_decode_gemm.hpp"
@@ -47,6 +48,26 @@ namespace {
 
 using llmq::DType;
 using llmq::Status;
+
+// The read-only ceiling: every byte of w read once with 16-byte loads, kLoads in flight per
+// thread, folded into a value that is stored only if it matches an impossible pattern (so the
+// loads cannot be removed).
+constexpr int kReadLoads = 8;
+__global__ void read_stream(const uint4* w, int64_t n16, uint32_t* sink) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  uint32_t x = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n16; i += stride * kReadLoads) {
+    uint4 v[kReadLoads];
+#pragma unroll
+    for (int j = 0; j < kReadLoads; ++j) {
+      const int64_t idx = i + j * stride;
+      v[j] = idx < n16 ? __ldcs(w + idx) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kReadLoads; ++j) x ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  if (x == 0x9E3779B9u && threadIdx.x == 1023) *sink = x;
+}
 
 using llmq::bench::DeviceMem;
 using llmq::bench::fill_bf16;
@@ -302,15 +323,10 @@ int main(int argc, char** argv) {
       c.split_k = s;
       variants.push_back({"[split_k=" + std::to_string(s) + "]", c});
     }
-    for (int s : {2, 3, 4}) {
+    for (int t : {1, 2, 4}) {
       llmq::DecodeGemmConfig c;
-      c.stages = s;
-      variants.push_back({"[stages=" + std::to_string(s) + "]", c});
-    }
-    for (int ch : {2, 4, 8, 16}) {
-      llmq::DecodeGemmConfig c;
-      c.chunks_per_stage = ch;
-      variants.push_back({"[chunks=" + std::to_string(ch) + "]", c});
+      c.tiles_per_cta = t;
+      variants.push_back({"[tiles=" + std::to_string(t) + "]", c});
     }
     llmq::DecodeGemmConfig c;
     c.l2_prefetch = false;
@@ -402,13 +418,32 @@ int main(int argc, char** argv) {
       copy_gbps = t.us_median > 0 ? 2.0 * static_cast<double>(w_bytes) / (t.us_median * 1e3) : 0;
     }
 
+    // The read-only ceiling: streaming the weight bytes once (best of a few grid sizes).
+    double read_gbps = 0, read_us = 0;
+    if (wants(opt, "copy")) {
+      DeviceMem sink(4);
+      for (int blocks_per_sm : {2, 4, 8}) {
+        const Timing t = time_runs(stream, b.sets8, opt, [&](int set) -> Status {
+          read_stream<<<prop.multiProcessorCount * blocks_per_sm, 256, 0, stream>>>(
+              b.w8[static_cast<size_t>(set)].as<uint4>(), w_bytes / 16, sink.as<uint32_t>());
+          const cudaError_t e = cudaGetLastError();
+          if (e != cudaSuccess) return {llmq::StatusCode::kCudaError, cudaGetErrorString(e)};
+          return {};
+        });
+        if (t.status == "ok" && (read_us == 0 || t.us_median < read_us)) read_us = t.us_median;
+      }
+      read_gbps = read_us > 0 ? static_cast<double>(w_bytes) / (read_us * 1e3) : 0;
+    }
+
     for (int64_t m : opt.ms) {
       std::vector<Row> rows;
-      if (copy_us > 0) {
+      for (const auto& [name, us, gbps] : {std::tuple<const char*, double, double>{"read", read_us, read_gbps},
+                                           {"copy", copy_us, copy_gbps}}) {
+        if (us <= 0) continue;
         Row r;
-        r.kernel = "copy";
-        r.t.us_median = copy_us;
-        r.gbps = copy_gbps;
+        r.kernel = name;
+        r.t.us_median = us;
+        r.gbps = gbps;
         rows.push_back(r);
       }
       for (int fp8 = 0; fp8 < 2; ++fp8) {
@@ -466,13 +501,17 @@ int main(int argc, char** argv) {
         if (r.kernel == "cublaslt_bf16" && r.t.status == "ok") bf16_us = r.t.us_median;
       std::printf("\nK=%ld N=%ld M=%ld  (8-bit weights %.1f MB; sets: 8-bit %d, bf16 %d)\n", k, n, m, w_bytes / 1e6,
                   b.sets8, b.sets16);
-      std::printf("  %-28s %9s %9s %8s %8s  %s\n", "kernel", "us", "GB/s", "% copy", "vs bf16", "plan / note");
+      std::printf("  %-28s %9s %9s %8s %8s %8s  %s\n", "kernel", "us", "GB/s", "% copy", "% read", "vs bf16",
+                  "plan / note");
       for (const Row& r : rows) {
-        const double pct = copy_gbps > 0 && r.kernel != "copy" ? 100.0 * r.gbps / copy_gbps : 0;
-        const double speedup = bf16_us > 0 && r.t.us_median > 0 && r.kernel != "copy" ? bf16_us / r.t.us_median : 0;
+        const double pct = copy_gbps > 0 && r.kernel != "copy" && r.kernel != "read" ? 100.0 * r.gbps / copy_gbps : 0;
+        const double pct_read =
+            read_gbps > 0 && r.kernel != "copy" && r.kernel != "read" ? 100.0 * r.gbps / read_gbps : 0;
+        const double speedup = bf16_us > 0 && r.t.us_median > 0 && r.kernel != "copy" && r.kernel != "read" ? bf16_us / r.t.us_median : 0;
         if (speedup > 0 && r.kernel != "cublaslt_bf16") speedups[r.kernel].push_back(speedup);
         if (r.t.status == "ok")
-          std::printf("  %-28s %9.2f %9.0f %7.1f%% %7.2fx  %s\n", r.kernel.c_str(), r.t.us_median, r.gbps, pct, speedup,
+          std::printf("  %-28s %9.2f %9.0f %7.1f%% %7.1f%% %7.2fx  %s\n", r.kernel.c_str(), r.t.us_median, r.gbps, pct,
+                      pct_read, speedup,
                       r.plan.c_str());
         else
           std::printf("  %-28s %9s %9s %8s %8s  %s: %s\n", r.kernel.c_str(), "-", "-", "", "", r.t.status.c_str(),
@@ -489,6 +528,7 @@ int main(int argc, char** argv) {
                               {"us_min", r.t.us_min},
                               {"gbps", r.gbps},
                               {"pct_of_copy", pct},
+                              {"pct_of_read", pct_read},
                               {"speedup_vs_bf16", speedup},
                               {"iters", opt.iters},
                               {"warmup", opt.warmup},

@@ -374,10 +374,10 @@ TEST(CudaDecodeGemm, PlanRejectsBadConfigs) {
   cfg.split_k = 3;
   EXPECT_EQ(cuda_decode_gemm_plan(p, cfg, &plan).code(), StatusCode::kInvalidArgument);
   cfg = {};
-  cfg.stages = 5;
+  cfg.tiles_per_cta = 3;
   EXPECT_EQ(cuda_decode_gemm_plan(p, cfg, &plan).code(), StatusCode::kInvalidArgument);
   cfg = {};
-  cfg.chunks_per_stage = 3;
+  cfg.tiles_per_cta = 8;
   EXPECT_EQ(cuda_decode_gemm_plan(p, cfg, &plan).code(), StatusCode::kInvalidArgument);
   cfg = {};
   cfg.split_k = 2;
@@ -452,24 +452,21 @@ TEST(CudaDecodeGemm, EveryConfigMatchesTheReference) {
     cfg.split_k = split;
     configs.push_back(cfg);
   }
-  for (int stages : {2, 3, 4}) {
+  for (int tiles : {1, 2, 4}) {
     DecodeGemmConfig cfg;
-    cfg.stages = stages;
-    configs.push_back(cfg);
-  }
-  for (int chunks : {1, 2, 16}) {
-    DecodeGemmConfig cfg;
-    cfg.chunks_per_stage = chunks;
+    cfg.tiles_per_cta = tiles;
     configs.push_back(cfg);
   }
   DecodeGemmConfig no_prefetch;
   no_prefetch.l2_prefetch = false;
   configs.push_back(no_prefetch);
-  if (is_sm90()) {  // a cluster split with K tails inside every rank
+  if (is_sm90()) {  // a cluster split with K tails inside every rank, several tiles per CTA
     DecodeGemmConfig cfg;
     cfg.split_k = 4;
-    cfg.chunks_per_stage = 2;
-    cfg.stages = 3;
+    cfg.tiles_per_cta = 4;
+    configs.push_back(cfg);
+    cfg.split_k = 8;
+    cfg.tiles_per_cta = 2;
     configs.push_back(cfg);
   }
   // K = 1040 (not a multiple of 64: the last chunk is a 16-wide tail), N = 200 (25 tiles), and a
@@ -482,8 +479,7 @@ TEST(CudaDecodeGemm, EveryConfigMatchesTheReference) {
         for (int64_t m : {3, 16}) {
           const DecodeGemmConfig& cfg = configs[i];
           const std::string what = c.text() + " M=" + std::to_string(m) + " config{split_k=" +
-                                   std::to_string(cfg.split_k) + " stages=" + std::to_string(cfg.stages) +
-                                   " chunks=" + std::to_string(cfg.chunks_per_stage) +
+                                   std::to_string(cfg.split_k) + " tiles=" + std::to_string(cfg.tiles_per_cta) +
                                    " prefetch=" + std::to_string(cfg.l2_prefetch) + "}";
           Outcome o;
           ASSERT_NO_FATAL_FAILURE(run_and_compare(c, m, m == 3, cfg, 0, what, &o));

@@ -12,13 +12,14 @@
 //     INT32, then acc * (a_scale[m] * w_scale[n]) (+ bias) as in the CPU reference
 //     llmq::quantized_gemm. The INT8 W8A8 output equals the reference bit for bit.
 // At M <= 16 the time is the weight bytes over the memory bandwidth, so the kernel is built to
-// keep device memory busy: weights travel global -> shared memory by cp.async in a ring several
-// stages deep (no registers held while loads are in flight; no L2 cache-policy hint, which
-// CUDA 13.0/13.1 ptxas miscompiles for sm_90 into an illegal instruction), the tensor cores
-// (mma.sync m16n8k16 / m16n8k32) do the products with the tokens as the 16-row side, and when N is too small to give every SM its share a thread-block
-// cluster splits K and reduces its partial sums through distributed shared memory (sm_90; no
-// workspace, no atomics, one launch). The E4M3 NaN codes 0x7F / 0xFF in W are read as +-480
-// (weights hold no NaN); NaN and Inf in A propagate.
+// keep device memory busy: every lane streams its weights with 16-byte loads straight into
+// registers, eight of them in flight before the first product (no shared-memory staging, no
+// barrier in the loop), a CTA's eight warps split K, and the tensor cores (mma.sync m16n8k16 /
+// m16n8k32) do the products with the tokens as the 16-row side, so M = 1 costs what M = 16 costs.
+// When N is too small to give every SM several CTAs, a thread-block cluster splits K further and
+// reduces its partial sums through distributed shared memory (sm_90; no workspace, no atomics, one
+// launch). The E4M3 NaN codes 0x7F / 0xFF in W are read as +-480 (weights hold no NaN); NaN and
+// Inf in A propagate.
 //
 // All pointers are device pointers; every call is asynchronous on `stream`. No CUDA headers here.
 #pragma once
@@ -60,28 +61,23 @@ struct DecodeGemmProblem {
 // Tuning knobs; 0 / defaults let the planner choose. Results do not depend on them except through
 // the FP32 summation order (INT8 W8A8 is exact whatever they are).
 struct DecodeGemmConfig {
-  int split_k = 0;           // CTAs of one cluster that share a row range, each on 1/split_k of K:
-                             // 1, 2, 4 or 8 (> 1 needs sm_90)
-  int stages = 0;            // depth of the shared-memory ring: 2, 3 or 4
-  int chunks_per_stage = 0;  // 64-wide K chunks per ring stage: 1, 2, 4, 8 or 16 (raised to the
-                             // plan's warps_k when smaller: each K-splitting warp needs one)
-  bool l2_prefetch = true;   // weight copies ask L2 for the whole 256-byte block (.L2::256B)
+  int split_k = 0;        // CTAs of one cluster that share a row range, each on 1/split_k of K:
+                          // 1, 2, 4 or 8 (> 1 needs sm_90)
+  int tiles_per_cta = 0;  // 8-row tiles one CTA streams together: 1, 2 or 4 (more tiles share each
+                          // activation load; fewer give more CTAs)
+  bool l2_prefetch = true;  // weight loads ask L2 for the whole 256-byte block (.L2::256B)
 };
 
 // What a call would launch on the current device (see cuda_decode_gemm_plan).
 struct DecodeGemmPlan {
-  int split_k = 1;           // cluster size; the grid is split_k x row_groups CTAs
-  int row_groups = 0;        // clusters, each owning a contiguous range of 8-row tiles
-  int tiles_per_group = 0;   // 8-row tiles of the largest range
-  int warps_k = 1;           // warps of one CTA that split the CTA's K range (x warps_n = 8)
-  int warps_n = 8;           // warps that split the CTA's tiles
-  int tiles_per_warp = 1;    // tiles a warp holds accumulators for in one sweep over K
-  int sweeps = 1;            // passes over K of the largest range
-  int chunks_per_stage = 1;
-  int stages = 2;
-  int64_t k_per_split = 0;   // K elements each CTA of a cluster covers
-  int64_t smem_bytes = 0;    // dynamic shared memory per CTA
-  int threads = 0;           // per CTA
+  int split_k = 1;          // cluster size; the grid is split_k x row_ctas CTAs
+  int row_ctas = 0;         // CTAs along N, each owning tiles_per_cta 8-row tiles
+  int tiles_per_cta = 1;
+  int warps = 8;            // warps of one CTA; they split the CTA's K range
+  int k_unroll = 1;         // 64-wide K steps whose loads a warp issues before its first product
+  int64_t k_per_split = 0;  // K elements each CTA of a cluster covers
+  int threads = 0;          // per CTA
+  int64_t smem_bytes = 0;   // static shared memory per CTA (cross-warp and cluster reduction)
 };
 
 // Why the problem cannot run (ok when it can), without touching the device: shapes, dtypes,
@@ -100,7 +96,7 @@ Status cuda_decode_gemm(const DecodeGemmProblem& p, CudaStream stream,
 
 // "decode gemm w8a16 M=1 N=14336 K=4096 w=e4m3/channel a=bf16 bias"
 std::string describe(const DecodeGemmProblem& p);
-// "split_k=1 groups=132 tiles/group=14 warps=1x8 tiles/warp=2 sweeps=1 chunks=4 stages=4 smem=..."
+// "split_k=1 ctas=896 tiles/cta=2 warps=8 unroll=4 k/split=4096 smem=..."
 std::string describe(const DecodeGemmPlan& plan);
 
 }  // namespace llmq
