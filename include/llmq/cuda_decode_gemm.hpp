@@ -15,8 +15,9 @@
 // keep device memory busy: every lane streams its weights with 16-byte loads straight into
 // registers, eight of them in flight before the first product (no shared-memory staging, no
 // barrier in the loop), a CTA's eight warps split K, and the tensor cores (mma.sync m16n8k16 /
-// m16n8k32) do the products with the tokens as the 16-row side, so M = 1 costs what M = 16 costs.
-// When N is too small to give every SM several CTAs, a thread-block cluster splits K further and
+// m16n8k32) do the products with 16 weight rows as the mma's A side and the tokens as its 8
+// columns (two mma for M > 8).
+// When N is too small to give every SM a CTA, a thread-block cluster splits K further and
 // reduces its partial sums through distributed shared memory (sm_90; no workspace, no atomics, one
 // launch). The E4M3 NaN codes 0x7F / 0xFF in W are read as +-480 (weights hold no NaN); NaN and
 // Inf in A propagate.
@@ -63,8 +64,8 @@ struct DecodeGemmProblem {
 struct DecodeGemmConfig {
   int split_k = 0;        // CTAs of one cluster that share a row range, each on 1/split_k of K:
                           // 1, 2, 4 or 8 (> 1 needs sm_90)
-  int tiles_per_cta = 0;  // 8-row tiles one CTA streams together: 1, 2 or 4 (more tiles share each
-                          // activation load; fewer give more CTAs)
+  int tiles_per_cta = 0;  // 16-row tiles one CTA streams together: 1, 2 or 4 (more tiles share
+                          // each activation load; fewer give more CTAs)
   bool l2_prefetch = true;  // weight loads ask L2 for the whole 256-byte block (.L2::256B)
 };
 

@@ -1,31 +1,33 @@
 // Decode GEMM (include/llmq/cuda_decode_gemm.hpp): D[M, N] = A[M, K] * W[N, K]^T * scales for
 // M <= 16 tokens and 8-bit weights, written to run at the speed of streaming W once.
 //
-// Work split. N is cut into tiles of 8 weight rows (the n8 of an mma tile). A CTA of 8 warps owns
-// tiles_per_cta consecutive tiles; K is cut into batches of kUnroll 64-wide steps and warp w takes
-// batches w, w + 8, ..., so at any time the CTA's warps read neighbouring pieces of the same rows,
-// and the activations a warp loads serve all of the CTA's tiles. With split_k > 1 the split_k CTAs
-// of a thread-block cluster share the tiles and each covers 1/split_k of K (for N too small to
-// give every SM a CTA).
+// Work split. N is cut into tiles of 16 weight rows (the 16 A rows of an mma tile). A CTA of 8
+// warps owns tiles_per_cta consecutive tiles; K is cut into batches of kUnroll 64-wide steps and
+// warp w takes batches w, w + 8, ..., so at any time the CTA's warps read neighbouring pieces of
+// the same rows, and the activations a warp loads serve all of the CTA's tiles. With split_k > 1
+// the split_k CTAs of a thread-block cluster share the tiles and each covers 1/split_k of K (for N
+// too small to give every SM a CTA).
 //
 // Data path. Every lane loads its weights with 16-byte ld.global.nc straight into registers: lane
-// (g = lane / 4, q = lane % 4) of a warp reads row g of a tile at K offset 16 q of a step, so one
-// warp load covers 64 contiguous bytes of 8 rows (whole 32-byte sectors). A warp issues the loads
-// of a batch (8 x 16 weight bytes per lane) and the activation pieces the batch needs together,
-// then multiplies; two CTAs per SM (registers) keep ~64 KB per SM requested. Measured on an H100
-// (bench_cuda_decode_gemm): with the activations loaded only after the weights had arrived, the
-// kernel ran ~35% slower than the same loads without products (their L2 hits wait behind the
-// weight stream: a second round trip per batch); requested together the gap nearly closes. A
-// shared-memory cp.async ring with a __syncthreads per stage (the first design) reached ~45% of the
-// copy bandwidth; a second register buffer (loads of batch j + 1 in flight during batch j's
-// products) cost the occupancy it needed and was no faster.
+// (g = lane / 4, q = lane % 4) of a warp reads rows g and g + 8 of a tile at K offset 16 q of a
+// step, so one warp load covers 64 contiguous bytes of 8 rows (whole 32-byte sectors). A warp
+// issues the loads of a batch (8 x 16 weight bytes per lane) and the activation pieces the batch
+// needs together, then multiplies; two CTAs per SM (registers) keep ~64 KB per SM requested.
+// Measured on an H100 (bench_cuda_decode_gemm, with a plain read of the same bytes as the
+// ceiling): with the activations loaded only after the weights had arrived, the kernel ran ~35%
+// slower than the same loads without products (their L2 hits wait behind the weight stream: a
+// second round trip per batch); requested together, the FP8 kernel reaches ~90% of the read and
+// the INT8 one ~95%. A shared-memory cp.async ring with a __syncthreads per stage (the first
+// design) reached ~45% of the copy bandwidth; a second register buffer (loads of batch j + 1 in
+// flight during batch j's products) cost the occupancy it needed and was no faster.
 //
-// Products (tensor cores, tokens as the 16-row A side, weight rows as the 8 columns):
-//   W8A16: mma.m16n8k16 bf16 -> fp32. A lane's 16 weight bytes become 8 bf16x2 registers: E4M3 by
-//          moving sign, exponent and mantissa into BF16 position (the value times 2^-120, exact)
-//          and one bf16x2 multiply by 2^120 (exact); INT8 as (128 + (b & 127)) - (128 or 256), two
-//          exact BF16 values. Both are exact, so each product is the exact product of the BF16
-//          activation and the weight code.
+// Products (tensor cores, weight rows as the mma's 16 A rows, tokens as its n8 columns: one mma
+// per 16 rows x 32 K for M <= 8, two for M <= 16):
+//   W8A16: mma.m16n8k16 bf16 -> fp32. A lane's 16 weight bytes of a row become 8 bf16x2
+//          registers: E4M3 by moving sign, exponent and mantissa into BF16 position (the value
+//          times 2^-120, exact) and one bf16x2 multiply by 2^120 (exact); INT8 as
+//          (128 + (b & 127)) - (128 or 256), two exact BF16 values. Both are exact, so each
+//          product is the exact product of the BF16 activation and the weight code.
 //   W8A8:  mma.m16n8k32 e4m3 -> fp32 or s8 -> s32, the 16 bytes used as they are.
 // The reduction over K is a sum, so the order of K inside an mma is free: lane (g, q) supplies
 // physical K [16q, 16q + 16) of its 64-wide step as mma K positions {2q, 2q+1, 2q+8, 2q+9} (k16)
@@ -59,7 +61,7 @@ namespace decode_gemm {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kTileN = 8;          // weight rows per mma tile
+constexpr int kTileN = 16;         // weight rows per mma tile (the mma's 16 A rows)
 constexpr int kStepK = 64;         // K elements one warp load covers: 4 lanes x 16 bytes
 constexpr int kLoadsPerBatch = 8;  // 16-byte weight loads per lane in one batch
 // Above this many one-tile CTAs per SM the planner gives each CTA two tiles.
@@ -86,7 +88,6 @@ struct Params {
   int a_scale_step;  // 0: one scale for the tensor, 1: one per row
   int w_scale_step;
   int split_k;
-  int pair_store;    // d 4-byte aligned and d_stride even: two outputs per 32-bit store
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -186,105 +187,118 @@ __device__ __forceinline__ void mma_8bit(float (&c)[4], uint32_t a0, uint32_t a1
 
 // ---------------------------------------------------------------------------------------------
 // The kernel. kInt8: weights INT8 (else E4M3); kABf16: W8A16 (else A has the weight's format);
-// kTiles: 8-row tiles per CTA; kPrefetch: .L2::256B on the weight loads.
+// kM16: M > 8 (a second n8 tile of tokens 8..15); kTiles: 16-row tiles per CTA; kPrefetch:
+// .L2::256B on the weight loads.
 
 template <bool kInt8, bool kABf16, bool kM16, int kTiles, bool kPrefetch>
 __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p) {
   using Acc = std::conditional_t<kInt8 && !kABf16, int32_t, float>;
   constexpr int kAElt = kABf16 ? 2 : 1;
-  constexpr int kUnroll = kLoadsPerBatch / kTiles;  // steps per batch of loads
-  // Partial tiles of the warps, then the CTA's sums that the cluster reads.
-  __shared__ Acc red[kWarps][kTiles][32][4];
-  __shared__ Acc exch[kTiles][32][4];
+  constexpr int kTokenTiles = kM16 ? 2 : 1;           // n8 tiles of tokens
+  constexpr int kUnroll = kLoadsPerBatch / (2 * kTiles);  // steps per batch: 2 rows per tile per lane
+  constexpr int kValues = kTiles * kTokenTiles * 32 * 4;  // accumulators of one warp
+  // Partial sums of the warps, then the CTA's sums that the cluster reads.
+  __shared__ Acc red[kWarps][kValues];
+  __shared__ Acc exch[kValues];
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
   const int rank = static_cast<int>(blockIdx.y);  // K range within the cluster
-  const int tile0 = static_cast<int>(blockIdx.x) * kTiles;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTiles * kTileN;
   const int64_t k_begin = min(p.k, static_cast<int64_t>(rank) * p.k_per_split);
   const int64_t k_end = min(p.k, k_begin + p.k_per_split);
   const int steps = static_cast<int>((k_end - k_begin + kStepK - 1) / kStepK);
   // Batches of kUnroll steps; warp w takes batches w, w + 8, ...: at any time the CTA's warps read
   // neighbouring pieces of the same rows.
-  const int s_end = steps;
   auto batch_start = [&](int j) { return (warp + j * kWarps) * kUnroll; };
 
-  const uint8_t* wrow[kTiles];
-  bool row_ok[kTiles];
+  // Lane (g, q) reads rows g and g + 8 of each tile (mma rows), at K offset 16 q of a step.
+  const uint8_t* wrow[kTiles][2];
+  bool row_ok[kTiles][2];
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-    const int row = (tile0 + t) * kTileN + g;
-    row_ok[t] = row < p.n;
-    wrow[t] = p.w + (row_ok[t] ? static_cast<int64_t>(row) * p.w_stride : 0) + q * 16;
-  }
+  for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + t * kTileN + g + 8 * h;
+      row_ok[t][h] = row < p.n;
+      wrow[t][h] = p.w + (row_ok[t][h] ? row * p.w_stride : 0) + q * 16;
+    }
+  // ... and the activations of tokens g (and g + 8), the mma's n8 columns.
   const bool has0 = g < p.m, has1 = kM16 && g + 8 < p.m;
   const uint8_t* arow0 = p.a + (has0 ? g : 0) * p.a_stride + q * 16 * kAElt;
   const uint8_t* arow1 = p.a + (has1 ? g + 8 : 0) * p.a_stride + q * 16 * kAElt;
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
-  // kChains independent accumulators per tile, used in turn by consecutive mma, so that a warp
-  // with one tile does not wait for each mma before the next.
+  // kChains independent accumulators per (tile, token tile), used in turn by consecutive mma, so
+  // that a warp with one tile does not wait for each mma before the next.
   constexpr int kChains = kTiles == 1 ? 2 : 1;
-  Acc acc[kTiles][kChains][4];
+  Acc acc[kTiles][kTokenTiles][kChains][4];
 #pragma unroll
   for (int t = 0; t < kTiles; ++t)
 #pragma unroll
-    for (int h = 0; h < kChains; ++h)
+    for (int j = 0; j < kTokenTiles; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[t][h][c] = Acc(0);
+      for (int h = 0; h < kChains; ++h)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[t][j][h][c] = Acc(0);
 
   // One batch: the loads of kUnroll steps, weights of kTiles tiles and the activations they meet
-  // (zeros past the warp's steps, K, N and M). The activations are requested together with the
-  // weights: loaded only once the weights have arrived they would cost a second memory round trip
-  // per batch (their L2 hits queue behind the weight stream), which measured ~35% slower at M = 1.
-  constexpr int kAVecs = kAElt * (kM16 ? 2 : 1);  // 16-byte activation pieces per step
+  // (zeros past K, N and M). The activations are requested together with the weights: loaded
+  // only once the weights have arrived they cost a second memory round trip per batch.
+  constexpr int kAVecs = kAElt * kTokenTiles;  // 16-byte activation pieces per step
   struct Batch {
-    uint4 w[kUnroll][kTiles];
+    uint4 w[kUnroll][kTiles][2];
     uint4 a[kUnroll][kAVecs];
   };
   auto load_batch = [&](int s0, Batch& b) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t kk = k_begin + static_cast<int64_t>(s0 + u) * kStepK;
-      const bool ok = s0 + u < s_end && kk + q * 16 < k_end;
+      const bool ok = s0 + u < steps && kk + q * 16 < k_end;
 #pragma unroll
       for (int i = 0; i < kAElt; ++i) {
         b.a[u][i] = ok && has0 ? load_activations(arow0 + kk * kAElt + 16 * i) : zero;
         if constexpr (kM16) b.a[u][kAElt + i] = ok && has1 ? load_activations(arow1 + kk * kAElt + 16 * i) : zero;
       }
 #pragma unroll
-      for (int t = 0; t < kTiles; ++t) b.w[u][t] = ok && row_ok[t] ? load_weights<kPrefetch>(wrow[t] + kk) : zero;
+      for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          b.w[u][t][h] = ok && row_ok[t][h] ? load_weights<kPrefetch>(wrow[t][h] + kk) : zero;
     }
   };
-  // The products of one batch, step by step.
+  // The products of one batch, step by step. Weight rows g, g + 8 are the mma's A rows; the
+  // tokens are its n8 columns.
   auto compute_batch = [&](int s0, const Batch& b) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (s0 + u < s_end) {  // warp-uniform
-        const uint4 x0 = b.a[u][0];
-        const uint4 y0 = kM16 ? b.a[u][kAElt] : zero;
-        if constexpr (kABf16) {
-          // Row segments of 16 bf16: register r holds K 2r, 2r + 1 of the lane's 16.
-          const uint4 x1 = b.a[u][1];
-          const uint4 y1 = kM16 ? b.a[u][kAVecs - 1] : zero;
-          const uint32_t lo[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-          const uint32_t hi[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
+      if (s0 + u < steps) {  // warp-uniform
 #pragma unroll
-          for (int t = 0; t < kTiles; ++t) {
-            const uint32_t words[4] = {b.w[u][t].x, b.w[u][t].y, b.w[u][t].z, b.w[u][t].w};
+        for (int j = 0; j < kTokenTiles; ++j) {
+          if constexpr (kABf16) {
+            // 16 bf16 of token g (+ 8 j): register r holds K 2r, 2r + 1 of the lane's 16.
+            const uint4 a0 = b.a[u][2 * j], a1 = b.a[u][2 * j + 1];
+            const uint32_t x[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              // Word i holds K 4i..4i+3: mma K {2q, 2q+1} <- bytes 0, 1; {2q+8, 2q+9} <- bytes 2, 3.
-              mma_bf16(acc[t][(u * 4 + i) % kChains], lo[2 * i], hi[2 * i], lo[2 * i + 1], hi[2 * i + 1],
-                       widen<kInt8, 0>(words[i]), widen<kInt8, 1>(words[i]));
+            for (int t = 0; t < kTiles; ++t) {
+              const uint4 lo = b.w[u][t][0], hi = b.w[u][t][1];
+              const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w}, wh[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                // Word i holds K 4i..4i+3: mma K {2q, 2q+1} <- bytes 0, 1; {2q+8, 2q+9} <- bytes 2, 3.
+                mma_bf16(acc[t][j][i % kChains], widen<kInt8, 0>(wl[i]), widen<kInt8, 0>(wh[i]),
+                         widen<kInt8, 1>(wl[i]), widen<kInt8, 1>(wh[i]), x[2 * i], x[2 * i + 1]);
+              }
             }
-          }
-        } else {
+          } else {
+            const uint4 x = b.a[u][j];
 #pragma unroll
-          for (int t = 0; t < kTiles; ++t) {
-            // Bytes 0-7: mma K {4q..4q+3, 16+4q..16+4q+3} of the first k32; bytes 8-15 of the second.
-            mma_8bit(acc[t][(u * 2) % kChains], x0.x, y0.x, x0.y, y0.y, b.w[u][t].x, b.w[u][t].y);
-            mma_8bit(acc[t][(u * 2 + 1) % kChains], x0.z, y0.z, x0.w, y0.w, b.w[u][t].z, b.w[u][t].w);
+            for (int t = 0; t < kTiles; ++t) {
+              const uint4 lo = b.w[u][t][0], hi = b.w[u][t][1];
+              // Bytes 0-7: mma K {4q..4q+3, 16+4q..16+4q+3} of the first k32; bytes 8-15 of the second.
+              mma_8bit(acc[t][j][0], lo.x, hi.x, lo.y, hi.y, x.x, x.y);
+              mma_8bit(acc[t][j][kChains - 1], lo.z, hi.z, lo.w, hi.w, x.z, x.w);
+            }
           }
         }
       }
@@ -292,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
   };
   // No second register buffer for the next batch: it would double the weight registers and halve
   // the CTAs per SM, which measured no faster; the other warps of the SM keep memory busy.
-  for (int j = 0; batch_start(j) < s_end; ++j) {
+  for (int j = 0; batch_start(j) < steps; ++j) {
     Batch b;
     load_batch(batch_start(j), b);
     compute_batch(batch_start(j), b);
@@ -300,72 +314,62 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
 
   // acc * (a_scale * w_scale) (+ bias), the CPU reference's float operations in its order; the
   // 0 + x turns a -0 product into the +0 the reference's zero-initialised accumulator gives.
-  auto output = [&](int m, int n, Acc v) -> uint16_t {
+  auto store = [&](int m, int64_t n, Acc v) {
     const float x = std::is_same_v<Acc, int32_t> ? __int2float_rn(static_cast<int>(v)) : static_cast<float>(v);
-    float scale = p.w_scale[static_cast<int64_t>(n) * p.w_scale_step];
+    float scale = p.w_scale[n * p.w_scale_step];
     if constexpr (!kABf16) scale = __fmul_rn(p.a_scale[m * p.a_scale_step], scale);
     float y = __fadd_rn(0.0f, __fmul_rn(x, scale));
     if (p.bias != nullptr) y = __fadd_rn(y, p.bias[n]);
-    return __bfloat16_as_ushort(__float2bfloat16_rn(y));
+    p.d[m * p.d_stride + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
   };
-  // Outputs (m, n0) and (m, n0 + 1): accumulators c0, c1 (row g, columns 2q, 2q + 1) or c2, c3
-  // (row g + 8) of a lane.
-  auto store_pair = [&](int m, int n0, Acc v0, Acc v1) {
-    if (n0 >= p.n) return;
-    uint16_t* dst = p.d + static_cast<int64_t>(m) * p.d_stride + n0;
-    if (p.pair_store && n0 + 1 < p.n) {
-      *reinterpret_cast<uint32_t*>(dst) =
-          static_cast<uint32_t>(output(m, n0, v0)) | (static_cast<uint32_t>(output(m, n0 + 1, v1)) << 16);
-    } else {
-      dst[0] = output(m, n0, v0);
-      if (n0 + 1 < p.n) dst[1] = output(m, n0 + 1, v1);
-    }
+  // Accumulator e of the warp's fragments: (tile t, token tile j, lane ln, register c), with
+  // c0, c1 = weight row g, tokens 2q, 2q + 1 and c2, c3 = row g + 8.
+  auto coordinates = [&](int e, int* m, int64_t* n) {
+    const int c = e & 3, ln = (e >> 2) & 31, j = (e >> 7) % kTokenTiles, t = (e >> 7) / kTokenTiles;
+    *m = 8 * j + 2 * (ln & 3) + (c & 1);
+    *n = row0 + t * kTileN + (ln >> 2) + 8 * (c >> 1);
   };
 
 #pragma unroll
   for (int t = 0; t < kTiles; ++t)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      Acc v = acc[t][0][c];
+    for (int j = 0; j < kTokenTiles; ++j)
 #pragma unroll
-      for (int h = 1; h < kChains; ++h) v += acc[t][h][c];
-      red[warp][t][lane][c] = v;
-    }
+      for (int c = 0; c < 4; ++c) {
+        Acc v = acc[t][j][0][c];
+#pragma unroll
+        for (int h = 1; h < kChains; ++h) v += acc[t][j][h][c];
+        red[warp][((t * kTokenTiles + j) * 32 + lane) * 4 + c] = v;
+      }
   __syncthreads();
-  // One thread per output pair: (tile, lane, half) with half 0 = token g, 1 = token g + 8.
-  constexpr int kPairs = kTiles * 64;
-  static_assert(kPairs <= kThreads, "one output pair per thread");
-  const int t = tid >> 6, ln = (tid >> 1) & 31, half = tid & 1;
-  const int m = (ln >> 2) + 8 * half;
-  const int n0 = (tile0 + t) * kTileN + 2 * (ln & 3);
-  if (tid < kPairs && m < p.m) {
-    Acc v0 = Acc(0), v1 = Acc(0);
+  for (int e = tid; e < kValues; e += kThreads) {
+    int m;
+    int64_t n;
+    coordinates(e, &m, &n);
+    if (m >= p.m || n >= p.n) continue;
+    Acc v = Acc(0);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      v0 += red[w][t][ln][2 * half];
-      v1 += red[w][t][ln][2 * half + 1];
-    }
-    if (p.split_k == 1) {
-      store_pair(m, n0, v0, v1);
-    } else {
-      exch[t][ln][2 * half] = v0;
-      exch[t][ln][2 * half + 1] = v1;
-    }
+    for (int w = 0; w < kWarps; ++w) v += red[w][e];
+    if (p.split_k == 1)
+      store(m, n, v);
+    else
+      exch[e] = v;
   }
   if (p.split_k == 1) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // After this barrier every rank's exch is complete and visible; each rank finishes the pairs
+  // After this barrier every rank's exch is complete and visible; each rank finishes the values
   // whose index is its rank modulo split_k, and the second barrier keeps every CTA's shared memory
   // alive until all ranks have read it.
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   cluster.sync();
-  if (tid < kPairs && m < p.m && tid % p.split_k == rank) {
-    Acc v0 = Acc(0), v1 = Acc(0);
-    for (int r = 0; r < p.split_k; ++r) {
-      v0 += *cluster.map_shared_rank(&exch[t][ln][2 * half], r);
-      v1 += *cluster.map_shared_rank(&exch[t][ln][2 * half + 1], r);
-    }
-    store_pair(m, n0, v0, v1);
+  for (int e = tid; e < kValues; e += kThreads) {
+    int m;
+    int64_t n;
+    coordinates(e, &m, &n);
+    if (m >= p.m || n >= p.n || e % p.split_k != rank) continue;
+    Acc v = Acc(0);
+    for (int r = 0; r < p.split_k; ++r) v += *cluster.map_shared_rank(&exch[e], r);
+    store(m, n, v);
   }
   cluster.sync();
 #endif
@@ -450,11 +454,10 @@ Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPl
   const bool a_bf16 = is_w8a16(p);
   const int64_t tiles = ceil_div(p.n, kTileN);
 
-  // Tiles per CTA: one, the most CTAs (measured fastest at M = 1 on H100 for N = 4096), unless N
-  // gives more than 8 CTAs per SM (then two: fewer, longer CTAs); W8A16 with M > 8 takes two
-  // (one tile's batch of 8 steps with 16 token rows of BF16 activations spills registers).
+  // Tiles per CTA: one (the most CTAs; measured fastest or within 2% of the best on an H100 for
+  // N = 4096 and 14336 at M = 1, 8, 16), two when N gives more than 8 CTAs per SM.
   int tiles_per_cta = cfg.tiles_per_cta;
-  if (tiles_per_cta == 0) tiles_per_cta = tiles > int64_t{kManyCtasPerSm} * dev.sms || (a_bf16 && p.m > 8) ? 2 : 1;
+  if (tiles_per_cta == 0) tiles_per_cta = tiles > int64_t{kManyCtasPerSm} * dev.sms ? 2 : 1;
   const KernelFn fn = select_kernel(int8, a_bf16, p.m > 8, tiles_per_cta, cfg.l2_prefetch);
   int ptx_version = 0;
   int64_t smem = 0;
@@ -485,7 +488,7 @@ Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPl
   plan.row_ctas = static_cast<int>(row_ctas);
   plan.tiles_per_cta = tiles_per_cta;
   plan.warps = kWarps;
-  plan.k_unroll = kLoadsPerBatch / tiles_per_cta;
+  plan.k_unroll = kLoadsPerBatch / (2 * tiles_per_cta);
   plan.k_per_split = round_up(ceil_div(p.k, split_k), kStepK);
   plan.threads = kThreads;
   plan.smem_bytes = smem;
@@ -590,7 +593,6 @@ Status cuda_decode_gemm(const DecodeGemmProblem& p, CudaStream stream, const Dec
   k.a_scale_step = p.a_scale_per_tensor ? 0 : 1;
   k.w_scale_step = p.w_scale_per_tensor ? 0 : 1;
   k.split_k = plan.split_k;
-  k.pair_store = aligned(p.d, 4) && k.d_stride % 2 == 0;
 
   // Row CTAs along x (up to 2^31 - 1), the cluster's K ranks along y.
   cudaLaunchConfig_t cfg{};
