@@ -231,6 +231,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
 
   // kChains independent accumulators per (tile, token tile), used in turn by consecutive mma, so
   // that a warp with one tile does not wait for each mma before the next.
+  // (Two measured as fast as four or eight: the mma latency is not what limits the kernel.)
   constexpr int kChains = kTiles == 1 ? 2 : 1;
   Acc acc[kTiles][kTokenTiles][kChains][4];
 #pragma unroll
@@ -286,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
 #pragma unroll
               for (int i = 0; i < 4; ++i) {
                 // Word i holds K 4i..4i+3: mma K {2q, 2q+1} <- bytes 0, 1; {2q+8, 2q+9} <- bytes 2, 3.
-                mma_bf16(acc[t][j][i % kChains], widen<kInt8, 0>(wl[i]), widen<kInt8, 0>(wh[i]),
+                mma_bf16(acc[t][j][(u * 4 + i) % kChains], widen<kInt8, 0>(wl[i]), widen<kInt8, 0>(wh[i]),
                          widen<kInt8, 1>(wl[i]), widen<kInt8, 1>(wh[i]), x[2 * i], x[2 * i + 1]);
               }
             }
@@ -296,8 +297,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
             for (int t = 0; t < kTiles; ++t) {
               const uint4 lo = b.w[u][t][0], hi = b.w[u][t][1];
               // Bytes 0-7: mma K {4q..4q+3, 16+4q..16+4q+3} of the first k32; bytes 8-15 of the second.
-              mma_8bit(acc[t][j][0], lo.x, hi.x, lo.y, hi.y, x.x, x.y);
-              mma_8bit(acc[t][j][kChains - 1], lo.z, hi.z, lo.w, hi.w, x.z, x.w);
+              mma_8bit(acc[t][j][(u * 2) % kChains], lo.x, hi.x, lo.y, hi.y, x.x, x.y);
+              mma_8bit(acc[t][j][(u * 2 + 1) % kChains], lo.z, hi.z, lo.w, hi.w, x.z, x.w);
             }
           }
         }
