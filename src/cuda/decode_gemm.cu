@@ -48,7 +48,6 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -409,11 +408,23 @@ struct DeviceFacts {
   int minor = 0;
 };
 
+// The current device's facts, queried once per device (every decode call plans, once per token).
 Status query_device(DeviceFacts* f) {
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&f->device));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&f->sms, cudaDevAttrMultiProcessorCount, f->device));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&f->major, cudaDevAttrComputeCapabilityMajor, f->device));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&f->minor, cudaDevAttrComputeCapabilityMinor, f->device));
+  static std::mutex mu;
+  static std::map<int, DeviceFacts> cache;
+  int device = 0;
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(device);
+  if (it == cache.end()) {
+    DeviceFacts d;
+    d.device = device;
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, device));
+    it = cache.emplace(device, d).first;
+  }
+  *f = it->second;
   return {};
 }
 
