@@ -13,6 +13,12 @@
 
 namespace llmq {
 
+// RoPE inverse frequencies for pair j of a head: 1 / theta^(2j / head_dim), in float as both
+// run.c (powf) and Hugging Face (a float32 tensor) compute it, then Llama 3 scaling if enabled
+// (transformers' _compute_llama3_parameters, also in float32). The angle of position p is
+// float(p) * inv_freq[j], in float; the GPU runtime's cos/sin table is built from the same values.
+std::vector<float> rope_inv_freq(const ModelConfig& config);
+
 class LinearBackend {
  public:
   virtual ~LinearBackend() = default;

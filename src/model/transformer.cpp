@@ -81,9 +81,8 @@ void swiglu(float* gate, const float* up, int64_t size) {
   }
 }
 
-// RoPE inverse frequencies for pair j of a head: 1 / theta^(2j / head_dim), in float as both
-// run.c (powf) and Hugging Face (a float32 tensor) compute it, then Llama 3 scaling if enabled
-// (transformers' _compute_llama3_parameters, also in float32).
+}  // namespace
+
 std::vector<float> rope_inv_freq(const ModelConfig& c) {
   const int64_t half = c.head_dim / 2;
   std::vector<float> inv(static_cast<size_t>(half));
@@ -111,6 +110,8 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
   }
   return inv;
 }
+
+namespace {
 
 // Rotate one head vector in place. cos_sin holds (cos, sin) of pos * inv_freq[j] for each pair j.
 void rope_head(float* v, const float* cos_sin, int64_t head_dim, RopeStyle style) {

@@ -1,0 +1,133 @@
+// Benchmark of the runtime's attention kernels (src/runtime/attention.hpp): prefill TFLOP/s of one
+// long prompt (Llama-3-8B heads: 32 q / 8 kv, head_dim 128; causal and not) and decode GB/s of the
+// KV cache streamed (batch 1 and 8 at 8k context). CUDA events around each run, warm-up first,
+// median of the runs. FLOPs counted as 4 * q * k * d per head over the (q, k) pairs computed:
+// nq * nk for full attention, nq * (nk + 1) / 2 for causal (FlashAttention's convention for the
+// square causal case). Usage: bench_cuda_attention [iterations]
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "cuda_bench_support.cuh"
+#include "runtime/attention.hpp"
+
+namespace {
+
+using llmq::bench::DeviceMem;
+
+void check(const llmq::Status& st) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s\n", st.to_string().c_str());
+    std::exit(2);
+  }
+}
+
+// Median milliseconds of `iters` runs of fn (after 3 warm-up runs).
+template <typename Fn> double time_ms(int iters, Fn fn) {
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(start));
+    fn();
+    BENCH_CUDA(cudaEventRecord(stop));
+    BENCH_CUDA(cudaEventSynchronize(stop));
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  BENCH_CUDA(cudaEventDestroy(start));
+  BENCH_CUDA(cudaEventDestroy(stop));
+  return llmq::bench::median(ms);
+}
+
+constexpr int64_t kHeads = 32, kKvHeads = 8, kHeadDim = 128;
+
+void bench_prefill(int64_t n, bool causal, llmq::runtime::PrefillKernel kernel, int iters) {
+  const int64_t q_elems = n * kHeads * kHeadDim, kv_elems = n * kKvHeads * kHeadDim;
+  DeviceMem q(q_elems * 2), k(kv_elems * 2), v(kv_elems * 2), out(q_elems * 2), meta(64);
+  llmq::bench::fill_bf16<<<llmq::bench::grid_for(q_elems), 256>>>(q.as<__nv_bfloat16>(), q_elems, 1);
+  llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(k.as<__nv_bfloat16>(), kv_elems, 2);
+  llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(v.as<__nv_bfloat16>(), kv_elems, 3);
+  const int32_t host_meta[4] = {0, static_cast<int32_t>(n), static_cast<int32_t>(n), 0};  // q_start[2], kv_len, slot
+  BENCH_CUDA(cudaMemcpy(meta.p, host_meta, sizeof(host_meta), cudaMemcpyHostToDevice));
+  llmq::runtime::PrefillAttentionArgs a;
+  a.q = q.as<uint16_t>();
+  a.k_cache = k.as<uint16_t>();
+  a.v_cache = v.as<uint16_t>();
+  a.out = out.as<uint16_t>();
+  a.q_start = meta.as<int32_t>();
+  a.kv_len = meta.as<int32_t>() + 2;
+  a.slot = meta.as<int32_t>() + 3;
+  a.batch = 1;
+  a.max_q_len = n;
+  a.n_heads = kHeads;
+  a.n_kv_heads = kKvHeads;
+  a.head_dim = kHeadDim;
+  a.capacity = n;
+  a.softmax_scale = 0.08838834764831845f;
+  a.causal = causal;
+  a.kernel = kernel;
+  const double ms = time_ms(iters, [&] { check(llmq::runtime::prefill_attention(a, nullptr)); });
+  const double pairs = causal ? 0.5 * static_cast<double>(n) * static_cast<double>(n + 1) : static_cast<double>(n) * n;
+  const double tflops = 4.0 * pairs * kHeadDim * kHeads / (ms * 1e-3) / 1e12;
+  std::printf("prefill  n=%-5lld %-6s %-4s  %8.3f ms  %7.1f TFLOP/s\n", static_cast<long long>(n),
+              causal ? "causal" : "full", kernel == llmq::runtime::PrefillKernel::kCudaCore ? "simt" : "mma", ms, tflops);
+}
+
+void bench_decode(int64_t batch, int64_t kv_len, int iters) {
+  const int64_t q_elems = batch * kHeads * kHeadDim, kv_elems = batch * kv_len * kKvHeads * kHeadDim;
+  DeviceMem q(q_elems * 2), k(kv_elems * 2), v(kv_elems * 2), out(q_elems * 2), meta(2 * batch * 4);
+  llmq::bench::fill_bf16<<<llmq::bench::grid_for(q_elems), 256>>>(q.as<__nv_bfloat16>(), q_elems, 4);
+  llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(k.as<__nv_bfloat16>(), kv_elems, 5);
+  llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(v.as<__nv_bfloat16>(), kv_elems, 6);
+  std::vector<int32_t> host_meta(2 * batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    host_meta[b] = static_cast<int32_t>(kv_len);
+    host_meta[batch + b] = static_cast<int32_t>(b);
+  }
+  BENCH_CUDA(cudaMemcpy(meta.p, host_meta.data(), host_meta.size() * 4, cudaMemcpyHostToDevice));
+  const int64_t ws_bytes = llmq::runtime::decode_attention_workspace_bytes(batch, kHeads, kHeadDim, kv_len);
+  DeviceMem ws(ws_bytes);
+  llmq::runtime::DecodeAttentionArgs a;
+  a.q = q.as<uint16_t>();
+  a.k_cache = k.as<uint16_t>();
+  a.v_cache = v.as<uint16_t>();
+  a.out = out.as<uint16_t>();
+  a.kv_len = meta.as<int32_t>();
+  a.slot = meta.as<int32_t>() + batch;
+  a.batch = batch;
+  a.n_heads = kHeads;
+  a.n_kv_heads = kKvHeads;
+  a.head_dim = kHeadDim;
+  a.capacity = kv_len;
+  a.max_kv_len = kv_len;
+  a.softmax_scale = 0.08838834764831845f;
+  a.workspace = ws.p;
+  a.workspace_bytes = ws_bytes;
+  const double ms = time_ms(iters, [&] { check(llmq::runtime::decode_attention(a, nullptr)); });
+  const double gbs = 2.0 * kv_elems * 2 / (ms * 1e-3) / 1e9;  // K and V, BF16
+  std::printf("decode   batch=%-3lld kv=%-6lld  %8.1f us  %7.0f GB/s (KV cache read)\n", static_cast<long long>(batch),
+              static_cast<long long>(kv_len), ms * 1e3, gbs);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs; heads %lld/%lld, head_dim %lld\n", prop.name, prop.multiProcessorCount,
+              static_cast<long long>(kHeads), static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim));
+  for (int64_t n : {2048, 4096, 8192})
+    for (bool causal : {false, true}) bench_prefill(n, causal, llmq::runtime::PrefillKernel::kAuto, iters);
+  bench_prefill(2048, true, llmq::runtime::PrefillKernel::kCudaCore, 3);
+  for (int64_t batch : {1, 8})
+    for (int64_t kv : {1024, 8192, 32768}) bench_decode(batch, kv, iters);
+  return 0;
+}

@@ -1,0 +1,138 @@
+// The GPU runtime: a Llama-family model (Llama 2/3, Mistral, Qwen2) on one CUDA device, its linear
+// layers in BF16/F32 or in any 8-bit scheme llmq exports, a KV cache per sequence in device memory,
+// batched prefill and decode, greedy sampling on the device and CUDA graphs for decode.
+//
+// Two objects: GpuModel holds the weights on the device (immutable once loaded; from a float model,
+// from a QuantizedModel, or synthetic weights with the shapes of a real model generated on the
+// device), GpuRuntime holds what one stream of work needs (KV cache, activations, graphs).
+//
+// What runs where (src/runtime/): the linears of decode steps (<= 16 tokens) go through llmq's
+// decode GEMM (8-bit weights streamed at memory speed) or cuBLASLt BF16; prefill through cuBLASLt
+// FP8 (outer-vector or block scales), llmq's INT8 GEMM or cuBLASLt BF16; shapes none of them take
+// (a tiny model's K = 172, say) through a plain CUDA-core kernel with the same arithmetic. RMSNorm,
+// the residual add and the per-token activation quantize are one kernel; so are SiLU * up and its
+// quantize; QKV and gate/up are one GEMM each. Activations between kernels are BF16 (the CPU
+// reference keeps float32), the residual stream float32.
+//
+// No CUDA headers here. Library code: errors come back as Status, nothing prints.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llmq/model.hpp"
+#include "llmq/status.hpp"
+
+namespace llmq {
+
+struct QuantizedModel;
+
+// Called with (done, total, what) while weights load or generate.
+using GpuProgressFn = std::function<void(int64_t done, int64_t total, const std::string& what)>;
+
+// Shapes of real models for synthetic weights: "llama3-8b", "llama3-70b", "llama2-7b",
+// "mistral-7b", "qwen2-7b", "tiny" (a small Llama for smoke tests). Errors list the known names.
+Status synthetic_model_config(const std::string& name, ModelConfig* out);
+std::vector<std::string> synthetic_model_names();
+
+class GpuModel {
+ public:
+  // Linear layers in `linear_dtype` (kBF16 or kF32), everything else as the CPU model has it
+  // (norm gains float32; embeddings and lm_head BF16, or F32 when linear_dtype is kF32).
+  static Status from_float(const ModelWeights& weights, DType linear_dtype, int device,
+                           std::unique_ptr<GpuModel>* out);
+  // The codes and scales of a QuantizedModel as they are (so the GPU computes the same quantized
+  // model as the CPU reference), its smoothed norm gains, lm_head BF16 unless quantized.
+  // Weight scales: per-tensor, per-channel or 128x128 blocks; activations: none (W8A16), dynamic
+  // per-token / per-tensor / 1x128, or static per-tensor. Other schemes give kUnsupported.
+  static Status from_quantized(const QuantizedModel& model, int device, std::unique_ptr<GpuModel>* out);
+  // Seeded synthetic weights generated on the device (never zeros: normal-like values with a few
+  // outlier input channels), quantized on the device under `precision`: "bf16" or a dynamic
+  // scheme name ("fp8-dynamic", "fp8-block", "int8-w8a8", "fp8-tensor-dynamic", "fp8-weight-only"),
+  // or "fp8-tensor-static" with a static activation scale of 1/448 x 8 (synthetic inputs are
+  // bounded). Fails with the bytes needed and free when the model does not fit.
+  static Status synthetic(const ModelConfig& config, const std::string& precision, uint64_t seed, int device,
+                          std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {});
+
+  ~GpuModel();
+  GpuModel(const GpuModel&) = delete;
+  GpuModel& operator=(const GpuModel&) = delete;
+
+  const ModelConfig& config() const;
+  const std::string& precision() const;  // "bf16", "f32" or the scheme name
+  int device() const;
+  int64_t weight_bytes() const;          // device bytes of every weight and scale
+
+  struct Impl;
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  GpuModel();
+  std::unique_ptr<Impl> impl_;
+};
+
+struct GpuRuntimeOptions {
+  int64_t max_batch = 1;           // sequences held at once (KV-cache slots)
+  int64_t max_context = 2048;      // positions per sequence (KV-cache capacity)
+  int64_t max_step_tokens = 2048;  // tokens one forward call takes (longer prefills are chunked)
+  bool cuda_graphs = true;         // capture decode steps (one graph per batch size)
+};
+
+struct SamplingOptions {
+  float temperature = 0.0f;  // 0: greedy (argmax, ties to the lowest id)
+  float top_p = 1.0f;        // nucleus sampling when temperature > 0
+  uint64_t seed = 1;
+};
+
+class GpuRuntime {
+ public:
+  // Allocates the KV cache and activation buffers on the model's device; errors say how many bytes
+  // were needed and how many are free.
+  static Status create(const GpuModel& model, const GpuRuntimeOptions& options, std::unique_ptr<GpuRuntime>* out);
+  ~GpuRuntime();
+  GpuRuntime(const GpuRuntime&) = delete;
+  GpuRuntime& operator=(const GpuRuntime&) = delete;
+
+  // Appends tokens[b] to sequence b (tokens.size() <= max_batch; empty rows add nothing). Logits
+  // (float32, row-major, vocab wide) of the last new token of every sequence that got tokens, in
+  // order of b, or of every new token when all_positions.
+  Status prefill(const std::vector<std::vector<int32_t>>& tokens, bool all_positions, std::vector<float>* logits);
+  // One new token for each of sequences 0 .. tokens.size() - 1: logits [tokens.size(), vocab].
+  Status decode(const std::vector<int32_t>& tokens, std::vector<float>* logits);
+  // `steps` tokens for each of sequences 0 .. first.size() - 1: step 0 feeds first[b], every later
+  // step the token sampled before it, all on the device (a CUDA graph per step when enabled).
+  // out[b] holds the `steps` sampled tokens.
+  Status generate(const std::vector<int32_t>& first, int64_t steps, const SamplingOptions& sampling,
+                  std::vector<std::vector<int32_t>>* out);
+
+  // Benchmark helpers. Sets sequences 0 .. batch - 1 to `length` positions whose K/V are seeded
+  // random values (no prefill run: decode time depends on the length, not on the values).
+  Status fill_context_for_benchmark(int64_t batch, int64_t length, uint64_t seed);
+  // Times `steps` greedy decode steps of sequences 0 .. batch - 1 (each step one graph replay
+  // when graphs are on), milliseconds per step from CUDA events; `warmup` untimed steps first.
+  Status time_decode(int64_t batch, int64_t warmup, int64_t steps, std::vector<double>* step_ms);
+  // Times a prefill of `tokens` random ids into sequence 0 (emptied first), in milliseconds.
+  Status time_prefill(int64_t tokens, uint64_t seed, double* ms);
+
+  void reset();                                 // every sequence back to length 0
+  int64_t length(int64_t sequence) const;       // positions held
+  int64_t device_bytes() const;                 // KV cache + activations + workspaces
+  int64_t kv_cache_bytes() const;
+  const GpuRuntimeOptions& options() const;
+  // The path each linear of a step with `tokens` rows takes, e.g. "qkv: decode-gemm w8a8 e4m3".
+  std::vector<std::string> describe_linears(int64_t tokens) const;
+
+  struct Impl;
+
+ private:
+  GpuRuntime();
+  std::unique_ptr<Impl> impl_;
+};
+
+// Peak device memory in use (cudaMemGetInfo: total - free) as seen now, for reports.
+Status gpu_memory_in_use(int device, int64_t* used_bytes, int64_t* total_bytes);
+
+}  // namespace llmq

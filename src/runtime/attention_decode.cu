@@ -1,0 +1,411 @@
+// Decode attention (see attention.hpp): flash-decoding over the slot KV cache, one query token per
+// sequence.
+//  * Split: the keys 0..max_kv_len-1 are cut into n_chunks chunks of chunk_keys keys (both fixed on
+//    the host from max_kv_len, the batch, the heads and the SM count, so a captured graph stays
+//    valid while kv_len grows on the device). Grid (chunk, head group, sequence); a chunk at or
+//    past kv_len[b] exits at once.
+//  * CTA (128 threads): the q heads of one GQA group (up to 8; a larger group is split over CTAs),
+//    so each K/V byte of the chunk is read once for all of them. Tiles of 4096 / head_dim keys
+//    (8 KiB of K + 8 KiB of V) stream through a 3-stage cp.async ring (48 KiB). head_dim / 8
+//    threads share a key, each holding 8 dims as one 16-byte read; the 128 / (head_dim / 8) key
+//    lanes each run their own online softmax (max, sum, 8-dim accumulators per head) over every
+//    key-lane-th key of the tile, so a tile needs no barrier beyond the ring's. At the end the key
+//    lanes are merged through shared memory.
+//  * Output: a single chunk writes BF16 directly; otherwise each CTA writes its normalised partial
+//    output (FP32) and log2-sum-exp to the workspace and decode_attention_combine_kernel merges the
+//    live chunks of each (sequence, head) in chunk order (deterministic).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "cuda/cuda_check.cuh"
+#include "runtime/attention.hpp"
+
+namespace llmq::runtime {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kStages = 3;
+constexpr int kTileBytes = 8192;                      // K (or V) bytes of one tile
+constexpr int kSmemBytes = kStages * 2 * kTileBytes;  // 48 KiB: no opt-in needed
+constexpr int kMaxHeadsPerCta = 8;
+constexpr int kMinChunkKeys = 256;   // shorter chunks cost more in combine than they win in parallelism
+constexpr int64_t kMaxPlanSms = 256; // the plan assumes at most this many SMs (workspace bound)
+constexpr int kCtasPerSmTarget = 2;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// 8 BF16 (one 16-byte word) to FP32: the low half of each 32-bit word is the lower dim.
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&x)[8]) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = __uint_as_float(w[i] << 16);
+    x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ uint16_t to_bf16_bits(float x) {
+  const __nv_bfloat16 v = __float2bfloat16_rn(x);
+  return *reinterpret_cast<const uint16_t*>(&v);
+}
+
+// The split, identical on the host (grid, workspace offsets) and the device.
+struct DecodePlan {
+  int n_chunks = 1;
+  int chunk_keys = 0;      // multiple of the tile's key count
+  int heads_per_cta = 1;   // divides the GQA group, <= kMaxHeadsPerCta
+};
+
+// Workspace: partial outputs [batch, n_heads, n_chunks, head_dim] FP32, then log2-sum-exp
+// [batch, n_heads, n_chunks] FP32.
+struct Workspace {
+  float* partial_out;
+  float* partial_lse;
+};
+
+template <int kHeadDim, int kHeads>
+__global__ void __launch_bounds__(kThreads)
+    decode_attention_chunk_kernel(DecodeAttentionArgs a, DecodePlan plan, Workspace ws, float scale_log2) {
+  constexpr int kLanesPerKey = kHeadDim / 8;              // threads sharing one key, 8 dims each
+  constexpr int kKeyLanes = kThreads / kLanesPerKey;      // keys in flight across the CTA
+  constexpr int kTileKeys = kTileBytes / (2 * kHeadDim);  // keys per tile
+  constexpr int kKeysPerLane = kTileKeys / kKeyLanes;     // = 4 for every head_dim
+  constexpr int kChunksPerTile = kTileBytes / 16;
+  static_assert(kKeysPerLane * kKeyLanes == kTileKeys, "tile shape");
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int chunk = blockIdx.x, b = blockIdx.z;
+  const int head0 = blockIdx.y * plan.heads_per_cta;
+  const int group = static_cast<int>(a.n_heads / a.n_kv_heads);
+  const int kv_head = head0 / group;
+  const int kv_len = min(max(a.kv_len[b], 0), static_cast<int>(min(a.capacity, a.max_kv_len)));
+  const int key_begin = chunk * plan.chunk_keys;
+  const int key_end = min(kv_len, key_begin + plan.chunk_keys);
+  if (key_begin >= key_end) {
+    // Chunk 0 of an empty sequence still owes the output: zeros, never NaN.
+    if (chunk == 0 && plan.n_chunks == 1)
+      for (int i = threadIdx.x; i < plan.heads_per_cta * kHeadDim; i += kThreads)
+        a.out[(static_cast<int64_t>(b) * a.n_heads + head0) * kHeadDim + i] = 0;
+    return;
+  }
+  const int n_heads_here = plan.heads_per_cta;  // <= kHeads
+
+  const int64_t kv_stride = a.n_kv_heads * kHeadDim;
+  const int64_t kv_base = (static_cast<int64_t>(a.slot[b]) * a.capacity * a.n_kv_heads + kv_head) * kHeadDim;
+  const uint16_t* k_base = a.k_cache + kv_base;
+  const uint16_t* v_base = a.v_cache + kv_base;
+  const int n_tiles = (key_end - key_begin + kTileKeys - 1) / kTileKeys;
+  const uint32_t ring = smem_addr(smem);
+
+  // Stage s: K tile at ring + 2s * kTileBytes, V tile right after it. Keys past key_end are
+  // zero-filled so that whatever the cache holds there never meets the arithmetic.
+  const auto load_tile = [&](int tile, int stage) {
+    const int key0 = key_begin + tile * kTileKeys;
+    const uint32_t k_dst = ring + 2 * stage * kTileBytes, v_dst = k_dst + kTileBytes;
+#pragma unroll
+    for (int i = 0; i < kChunksPerTile / kThreads; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      const int key = idx / kLanesPerKey, chunk16 = idx % kLanesPerKey;
+      const bool valid = key0 + key < key_end;
+      const int64_t off = (valid ? key0 + key : key_begin) * kv_stride + chunk16 * 8;
+      cp_async_16(k_dst + idx * 16, k_base + off, valid ? 16 : 0);
+      cp_async_16(v_dst + idx * 16, v_base + off, valid ? 16 : 0);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) load_tile(s, s);
+    cp_async_commit();  // empty groups keep the wait counts uniform
+  }
+
+  const int key_lane = threadIdx.x / kLanesPerKey, dim_lane = threadIdx.x % kLanesPerKey;
+  // This thread's 8 dims of each head's query, scaled so that scores come out in log2 units.
+  float q[kHeads][8];
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    if (h < n_heads_here) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(a.q + (static_cast<int64_t>(b) * a.n_heads + head0 + h) * kHeadDim + dim_lane * 8);
+      unpack8(raw, q[h]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q[h][i] *= scale_log2;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q[h][i] = 0.f;
+    }
+  }
+  float acc[kHeads][8], m[kHeads], l[kHeads];
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[h][i] = 0.f;
+  }
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int stage = tile % kStages;
+    if (tile + kStages - 1 < n_tiles) load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    const uint4* k_tile = reinterpret_cast<const uint4*>(smem + 2 * stage * kTileBytes);
+    const uint4* v_tile = k_tile + kTileBytes / 16;
+    const int key0 = key_begin + tile * kTileKeys;
+
+    float s[kKeysPerLane][kHeads];
+#pragma unroll
+    for (int j = 0; j < kKeysPerLane; ++j) {
+      const int key = key_lane + j * kKeyLanes;
+      float k[8];
+      unpack8(k_tile[key * kLanesPerKey + dim_lane], k);
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) {
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = __fmaf_rn(q[h][i], k[i], dot);
+#pragma unroll
+        for (int o = kLanesPerKey / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        s[j][h] = key0 + key < key_end ? dot : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) {
+      float m_new = m[h];
+#pragma unroll
+      for (int j = 0; j < kKeysPerLane; ++j) m_new = fmaxf(m_new, s[j][h]);
+      // A key lane whose keys are all past key_end keeps max -inf: subtract 0, exp2 gives 0.
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float corr = fast_exp2(m[h] - m_use);
+      m[h] = m_new;
+      l[h] *= corr;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[h][i] *= corr;
+#pragma unroll
+      for (int j = 0; j < kKeysPerLane; ++j) s[j][h] = fast_exp2(s[j][h] - m_use);
+    }
+#pragma unroll
+    for (int j = 0; j < kKeysPerLane; ++j) {
+      float v[8];
+      unpack8(v_tile[(key_lane + j * kKeyLanes) * kLanesPerKey + dim_lane], v);
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) {
+        l[h] += s[j][h];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[h][i] = __fmaf_rn(s[j][h], v[i], acc[h][i]);
+      }
+    }
+    __syncthreads();  // the next iteration's load overwrites the stage read here
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Merge the key lanes: shared [kKeyLanes][kHeads][kHeadDim] accumulators (32 KiB), then
+  // [kKeyLanes][kHeads] maxima and sums (8 KiB at most), reusing the ring.
+  float* red_acc = reinterpret_cast<float*>(smem);
+  float* red_m = red_acc + kKeyLanes * kHeads * kHeadDim;
+  float* red_l = red_m + kKeyLanes * kHeads;
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) red_acc[(key_lane * kHeads + h) * kHeadDim + dim_lane * 8 + i] = acc[h][i];
+    if (dim_lane == 0) {
+      red_m[key_lane * kHeads + h] = m[h];
+      red_l[key_lane * kHeads + h] = l[h];
+    }
+  }
+  __syncthreads();
+  const bool single_chunk = plan.n_chunks == 1;
+  for (int idx = threadIdx.x; idx < n_heads_here * kHeadDim; idx += kThreads) {
+    const int h = idx / kHeadDim, d = idx % kHeadDim;
+    float m_max = -INFINITY;
+    for (int kl = 0; kl < kKeyLanes; ++kl) m_max = fmaxf(m_max, red_m[kl * kHeads + h]);
+    float sum = 0.f, o = 0.f;  // m_max is finite: the chunk has at least one key
+    for (int kl = 0; kl < kKeyLanes; ++kl) {
+      const float w = fast_exp2(red_m[kl * kHeads + h] - m_max);
+      sum = __fmaf_rn(red_l[kl * kHeads + h], w, sum);
+      o = __fmaf_rn(red_acc[(kl * kHeads + h) * kHeadDim + d], w, o);
+    }
+    const int64_t bh = static_cast<int64_t>(b) * a.n_heads + head0 + h;
+    if (single_chunk) {
+      a.out[bh * kHeadDim + d] = to_bf16_bits(o / sum);
+    } else {
+      ws.partial_out[(bh * plan.n_chunks + chunk) * kHeadDim + d] = o / sum;
+      if (d == 0) ws.partial_lse[bh * plan.n_chunks + chunk] = m_max + __log2f(sum);
+    }
+  }
+}
+
+// One CTA per (head, sequence), head_dim threads: merges the live chunks in chunk order.
+__global__ void decode_attention_combine_kernel(DecodeAttentionArgs a, DecodePlan plan, Workspace ws) {
+  const int head = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+  const int64_t bh = static_cast<int64_t>(b) * a.n_heads + head;
+  const int kv_len = min(max(a.kv_len[b], 0), static_cast<int>(min(a.capacity, a.max_kv_len)));
+  const int live = min(plan.n_chunks, (kv_len + plan.chunk_keys - 1) / plan.chunk_keys);
+  if (live == 0) {
+    a.out[bh * a.head_dim + d] = 0;
+    return;
+  }
+  const float* lse = ws.partial_lse + bh * plan.n_chunks;
+  float lse_max = -INFINITY;
+  for (int c = 0; c < live; ++c) lse_max = fmaxf(lse_max, lse[c]);
+  float sum = 0.f, o = 0.f;
+  for (int c = 0; c < live; ++c) {
+    const float w = fast_exp2(lse[c] - lse_max);
+    sum += w;
+    o = __fmaf_rn(w, ws.partial_out[(bh * plan.n_chunks + c) * a.head_dim + d], o);
+  }
+  a.out[bh * a.head_dim + d] = to_bf16_bits(o / sum);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+
+int64_t tile_keys(int64_t head_dim) { return kTileBytes / (2 * head_dim); }
+int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+// Chunks: enough CTAs for kCtasPerSmTarget per SM, none shorter than kMinChunkKeys (nor than a
+// tile). The count never exceeds max_chunks_bound (what the workspace was sized for).
+int64_t max_chunks_bound(int64_t batch, int64_t max_kv_len) {
+  return std::max<int64_t>(1, std::min(ceil_div(max_kv_len, kMinChunkKeys), ceil_div(kCtasPerSmTarget * kMaxPlanSms, batch)));
+}
+
+DecodePlan make_plan(const DecodeAttentionArgs& a, int64_t sms) {
+  DecodePlan p;
+  const int64_t group = a.n_heads / a.n_kv_heads;
+  int64_t hpc = std::min<int64_t>(group, kMaxHeadsPerCta);
+  while (group % hpc != 0) --hpc;
+  p.heads_per_cta = static_cast<int>(hpc);
+  const int64_t ctas_per_chunk = a.batch * (a.n_heads / hpc);
+  const int64_t want = ceil_div(kCtasPerSmTarget * std::min(sms, kMaxPlanSms), ctas_per_chunk);
+  const int64_t chunks = std::min(want, max_chunks_bound(a.batch, a.max_kv_len));
+  const int64_t tile = tile_keys(a.head_dim);
+  const int64_t keys = ceil_div(ceil_div(a.max_kv_len, chunks), tile) * tile;
+  p.chunk_keys = static_cast<int>(keys);
+  p.n_chunks = static_cast<int>(ceil_div(a.max_kv_len, keys));
+  return p;
+}
+
+Status query_sm_count(int64_t* sms) {
+  static std::mutex mu;
+  static std::map<int, int> cache;
+  int device = 0;
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(device);
+  if (it == cache.end()) {
+    int count = 0;
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    it = cache.emplace(device, count).first;
+  }
+  *sms = it->second;
+  return {};
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+Status validate(const DecodeAttentionArgs& a) {
+  const std::string f = "decode_attention: ";
+  if (a.q == nullptr) return invalid_argument(f + "q is null");
+  if (a.k_cache == nullptr) return invalid_argument(f + "k_cache is null");
+  if (a.v_cache == nullptr) return invalid_argument(f + "v_cache is null");
+  if (a.out == nullptr) return invalid_argument(f + "out is null");
+  if (a.kv_len == nullptr) return invalid_argument(f + "kv_len is null");
+  if (a.slot == nullptr) return invalid_argument(f + "slot is null");
+  if (!aligned16(a.q) || !aligned16(a.k_cache) || !aligned16(a.v_cache) || !aligned16(a.out))
+    return invalid_argument(f + "q, k_cache, v_cache and out must be 16-byte aligned");
+  if (a.batch < 0 || a.batch > 65535) return invalid_argument(f + "batch " + std::to_string(a.batch) + " not in [0, 65535]");
+  if (a.n_heads <= 0 || a.n_heads > 65535) return invalid_argument(f + "n_heads " + std::to_string(a.n_heads) + " not in [1, 65535]");
+  if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
+    return invalid_argument(f + "n_heads " + std::to_string(a.n_heads) + " is not a multiple of n_kv_heads " +
+                            std::to_string(a.n_kv_heads));
+  const int64_t d = a.head_dim;
+  if (d != 8 && d != 16 && d != 32 && d != 64 && d != 128 && d != 256)
+    return invalid_argument(f + "head_dim " + std::to_string(d) + " not one of 8, 16, 32, 64, 128, 256");
+  if (a.capacity <= 0 || a.capacity > (int64_t{1} << 30))
+    return invalid_argument(f + "capacity " + std::to_string(a.capacity) + " not in [1, 2^30]");
+  if (a.max_kv_len <= 0 || a.max_kv_len > (int64_t{1} << 30))
+    return invalid_argument(f + "max_kv_len " + std::to_string(a.max_kv_len) + " not in [1, 2^30]");
+  if (!(a.softmax_scale > 0.f) || !(a.softmax_scale < INFINITY))
+    return invalid_argument(f + "softmax_scale " + std::to_string(a.softmax_scale) + " is not a positive finite number");
+  const int64_t need = decode_attention_workspace_bytes(a.batch, a.n_heads, a.head_dim, a.max_kv_len);
+  if (need > 0 && a.workspace == nullptr) return invalid_argument(f + "workspace is null (" + std::to_string(need) + " bytes needed)");
+  if (a.workspace_bytes < need)
+    return invalid_argument(f + "workspace_bytes " + std::to_string(a.workspace_bytes) + " < " + std::to_string(need) +
+                            " (decode_attention_workspace_bytes)");
+  if (need > 0 && !aligned16(a.workspace)) return invalid_argument(f + "workspace must be 16-byte aligned");
+  return {};
+}
+
+template <int kHeadDim, int kHeads>
+Status launch_chunks(const DecodeAttentionArgs& a, const DecodePlan& plan, Workspace ws, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(plan.n_chunks), static_cast<unsigned>(a.n_heads / plan.heads_per_cta),
+                  static_cast<unsigned>(a.batch));
+  decode_attention_chunk_kernel<kHeadDim, kHeads><<<grid, kThreads, kSmemBytes, stream>>>(
+      a, plan, ws, a.softmax_scale * kLog2e);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("decode_attention_chunk_kernel");
+  return {};
+}
+
+template <int kHeadDim>
+Status launch_for_dim(const DecodeAttentionArgs& a, const DecodePlan& plan, Workspace ws, cudaStream_t stream) {
+  // Register arrays are sized by kHeads: the smallest power of two that holds the CTA's heads.
+  if (plan.heads_per_cta == 1) return launch_chunks<kHeadDim, 1>(a, plan, ws, stream);
+  if (plan.heads_per_cta == 2) return launch_chunks<kHeadDim, 2>(a, plan, ws, stream);
+  if (plan.heads_per_cta <= 4) return launch_chunks<kHeadDim, 4>(a, plan, ws, stream);
+  return launch_chunks<kHeadDim, 8>(a, plan, ws, stream);
+}
+
+}  // namespace
+
+int64_t decode_attention_workspace_bytes(int64_t batch, int64_t n_heads, int64_t head_dim, int64_t max_kv_len) {
+  if (batch <= 0 || n_heads <= 0 || head_dim <= 0 || max_kv_len <= 0) return 0;
+  const int64_t chunks = max_chunks_bound(batch, max_kv_len);
+  if (chunks <= 1) return 0;  // one chunk writes the output directly
+  return batch * n_heads * chunks * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
+}
+
+Status decode_attention(const DecodeAttentionArgs& a, CudaStream stream) {
+  LLMQ_RETURN_IF_ERROR(validate(a));
+  if (a.batch == 0) return {};
+  int64_t sms = 0;
+  LLMQ_RETURN_IF_ERROR(query_sm_count(&sms));
+  const DecodePlan plan = make_plan(a, sms);
+  Workspace ws{static_cast<float*>(a.workspace), nullptr};
+  if (plan.n_chunks > 1)
+    ws.partial_lse = ws.partial_out + a.batch * a.n_heads * static_cast<int64_t>(plan.n_chunks) * a.head_dim;
+  switch (a.head_dim) {
+    case 8: LLMQ_RETURN_IF_ERROR(launch_for_dim<8>(a, plan, ws, stream)); break;
+    case 16: LLMQ_RETURN_IF_ERROR(launch_for_dim<16>(a, plan, ws, stream)); break;
+    case 32: LLMQ_RETURN_IF_ERROR(launch_for_dim<32>(a, plan, ws, stream)); break;
+    case 64: LLMQ_RETURN_IF_ERROR(launch_for_dim<64>(a, plan, ws, stream)); break;
+    case 128: LLMQ_RETURN_IF_ERROR(launch_for_dim<128>(a, plan, ws, stream)); break;
+    default: LLMQ_RETURN_IF_ERROR(launch_for_dim<256>(a, plan, ws, stream)); break;
+  }
+  if (plan.n_chunks > 1) {
+    decode_attention_combine_kernel<<<dim3(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.batch)),
+                                      static_cast<unsigned>(a.head_dim), 0, stream>>>(a, plan, ws);
+    LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("decode_attention_combine_kernel");
+  }
+  return {};
+}
+
+}  // namespace llmq::runtime

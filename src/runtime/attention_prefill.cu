@@ -1,0 +1,474 @@
+// Prefill attention (see attention.hpp): flash-attention-2 style forward over the slot KV cache.
+//  * Tensor-core kernel (head_dim 32, 64, 128): a CTA of 4 warps takes 64 queries of one q head;
+//    each warp owns 16 query rows whose Q fragments stay in registers for the whole loop. Key/value
+//    tiles of 64 rows stream through shared memory with cp.async, double buffered (tile j+1 loads
+//    while tile j is computed). S = Q K^T and O += P V are mma.sync m16n8k16 BF16 with FP32
+//    accumulators; the softmax is online in FP32 (exp2 with the scale folded in), so S never
+//    leaves registers. Shared rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads are
+//    free of bank conflicts. Causal CTAs walk their key tiles from the last one down: only the
+//    first tiles met need the mask, and tiles entirely above the diagonal are never loaded.
+//  * CUDA-core kernel (head_dim 8..256): one warp per query row; lanes take 32 keys at a time for
+//    the scores, then own head_dim / 32 output dims for P V. The reference path and the fallback.
+// Shared memory of the tensor-core kernel: Q 64 x d + 2 stages x (K + V) 64 x d, BF16
+// (d = 128: 80 KiB, two CTAs per SM).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "cuda/cuda_check.cuh"
+#include "runtime/attention.hpp"
+
+namespace llmq::runtime {
+namespace {
+
+constexpr int kBlockQ = 64;     // queries per CTA (16 per warp)
+constexpr int kBlockKv = 64;    // keys per shared-memory tile
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, bypassing L1; src_bytes = 0 writes zeros (rows past the sequence).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// c (16x8, FP32) += a (16x16 BF16, row) * b (16x8 BF16, col)
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 2^x by the SFU (2 ulp; -inf -> +0), the same instruction exp2f lowers to under fast math.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float bf16_to_float(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+
+// Where query rows and key rows of one (sequence, head) are, and what the sequence sees.
+struct SequenceView {
+  int64_t q_row0 = 0;  // first packed query row of the sequence
+  int nq = 0;          // its query count
+  int kv_len = 0;      // keys valid in the cache (clamped to the capacity)
+  int64_t kv_base = 0; // element offset of (slot, position 0, kv head, 0) in the cache
+};
+
+__device__ __forceinline__ SequenceView sequence_view(const int32_t* q_start, const int32_t* kv_len,
+                                                      const int32_t* slot, int b, int kv_head,
+                                                      int n_kv_heads, int head_dim, int capacity) {
+  SequenceView s;
+  s.q_row0 = q_start[b];
+  s.nq = q_start[b + 1] - q_start[b];
+  s.kv_len = min(max(kv_len[b], 0), capacity);
+  s.kv_base = (static_cast<int64_t>(slot[b]) * capacity * n_kv_heads + kv_head) * head_dim;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core kernel
+
+// Shared-memory tile of `rows` x kHeadDim BF16: row r, 16-byte chunk c lives at chunk
+// r * kChunks + (c ^ (r & kSwizzle)): the 8 rows one ldmatrix phase reads fall in 8 different
+// bank groups (4 for head_dim 32, a 2-way conflict there).
+template <int kHeadDim> struct TileLayout {
+  static constexpr int kChunks = kHeadDim / 8;
+  static constexpr int kSwizzle = (kChunks < 8 ? kChunks : 8) - 1;
+  static __device__ __forceinline__ int offset_bytes(int row, int chunk) {
+    return (row * kChunks + (chunk ^ (row & kSwizzle))) * 16;
+  }
+};
+
+// Copies rows [row0, row0 + 64) of a row-major [*, row_stride] BF16 matrix into a swizzled tile;
+// rows at or beyond row_end are zero-filled (and their address clamped to a valid row).
+template <int kHeadDim>
+__device__ __forceinline__ void load_tile_async(uint32_t tile, const uint16_t* base, int64_t row_stride,
+                                                int row0, int row_end) {
+  using L = TileLayout<kHeadDim>;
+  constexpr int kPerThread = kBlockKv * L::kChunks / kThreads;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int row = idx / L::kChunks, chunk = idx % L::kChunks;
+    const bool valid = row0 + row < row_end;
+    const int src_row = valid ? row0 + row : 0;
+    cp_async_16(tile + L::offset_bytes(row, chunk), base + src_row * row_stride + chunk * 8, valid ? 16 : 0);
+  }
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kThreads, 2)
+    prefill_attention_mma_kernel(PrefillAttentionArgs a, float scale_log2) {
+  using L = TileLayout<kHeadDim>;
+  constexpr int kKSteps = kHeadDim / 16;    // k-steps of S = Q K^T
+  constexpr int kDimTiles = kHeadDim / 8;   // n-tiles of O
+  constexpr int kKeyTiles = kBlockKv / 8;   // n-tiles of S
+  constexpr int kTileBytes = kBlockKv * kHeadDim * 2;
+  extern __shared__ __align__(128) unsigned char smem[];
+  // Tiles: Q, then K of stage 0 and 1, then V of stage 0 and 1.
+  const uint32_t q_tile = smem_addr(smem);
+  const auto k_tile = [&](int stage) { return q_tile + (1 + stage) * kTileBytes; };
+  const auto v_tile = [&](int stage) { return q_tile + (3 + stage) * kTileBytes; };
+
+  // Heavy (late, causal) query blocks first: they take the most key tiles.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y, b = blockIdx.z;
+  const int group = static_cast<int>(a.n_heads / a.n_kv_heads);
+  const SequenceView seq = sequence_view(a.q_start, a.kv_len, a.slot, b, head / group, static_cast<int>(a.n_kv_heads),
+                                         kHeadDim, static_cast<int>(a.capacity));
+  const int q0 = m_block * kBlockQ;
+  if (q0 >= seq.nq) return;
+  const int q_rows = min(kBlockQ, seq.nq - q0);
+  const int pos0 = seq.kv_len - seq.nq + q0;  // position of the CTA's first query
+  // Keys any row of this CTA sees: [0, key_end).
+  const int key_end = a.causal ? min(seq.kv_len, pos0 + q_rows) : seq.kv_len;
+  const int n_tiles = key_end > 0 ? (key_end + kBlockKv - 1) / kBlockKv : 0;
+
+  const int64_t q_stride = a.n_heads * kHeadDim, kv_stride = a.n_kv_heads * kHeadDim;
+  const uint16_t* q_base = a.q + (seq.q_row0 + q0) * q_stride + static_cast<int64_t>(head) * kHeadDim;
+  const uint16_t* k_base = a.k_cache + seq.kv_base;
+  const uint16_t* v_base = a.v_cache + seq.kv_base;
+
+  load_tile_async<kHeadDim>(q_tile, q_base, q_stride, 0, q_rows);
+  if (n_tiles > 0) {
+    const int j = n_tiles - 1;
+    load_tile_async<kHeadDim>(k_tile(0), k_base, kv_stride, j * kBlockKv, key_end);
+    load_tile_async<kHeadDim>(v_tile(0), v_base, kv_stride, j * kBlockKv, key_end);
+  }
+  cp_async_commit();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates: row group, thread in group
+  const int row_lo = warp * 16 + g;      // this thread's two rows within the CTA: row_lo, row_lo + 8
+  const int pos_row[2] = {pos0 + row_lo, pos0 + row_lo + 8};
+
+  float o_acc[kDimTiles][4];
+#pragma unroll
+  for (int i = 0; i < kDimTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) scores
+  float row_sum[2] = {0.f, 0.f};              // this thread's share of the row sum
+  uint32_t q_frag[kKSteps][4];
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int j = n_tiles - 1 - it;  // key tile, last first
+    const int stage = it & 1;
+    if (it + 1 < n_tiles) {
+      load_tile_async<kHeadDim>(k_tile(stage ^ 1), k_base, kv_stride, (j - 1) * kBlockKv, key_end);
+      load_tile_async<kHeadDim>(v_tile(stage ^ 1), v_base, kv_stride, (j - 1) * kBlockKv, key_end);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (it == 0) {
+      // ldmatrix.x4 quads: rows 0-7 / 8-15 of the warp's 16, chunk 2ks / 2ks+1 -> a0..a3.
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)
+        ldmatrix_x4(q_frag[ks], q_tile + L::offset_bytes(warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2), 2 * ks + lane / 16));
+    }
+
+    // S = Q K^T (16 x 64 per warp).
+    float s[kKeyTiles][4];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int np = 0; np < kKeyTiles / 2; ++np) {
+        // Matrices: keys np*16 + 0-7 / 8-15 (lane / 16) x dims chunk 2ks / 2ks+1 ((lane / 8) % 2):
+        // b0, b1 of key tile 2np, then b0, b1 of key tile 2np + 1.
+        uint32_t kb[4];
+        ldmatrix_x4(kb, k_tile(stage) + L::offset_bytes(np * 16 + (lane % 8) + 8 * (lane / 16), 2 * ks + (lane / 8) % 2));
+        mma_bf16_16816(s[2 * np], q_frag[ks], kb[0], kb[1]);
+        mma_bf16_16816(s[2 * np + 1], q_frag[ks], kb[2], kb[3]);
+      }
+    }
+
+    // Mask keys past the sequence and (causal) above the diagonal; only edge tiles need it.
+    const int key0 = j * kBlockKv;
+    const bool needs_mask = key0 + kBlockKv > seq.kv_len || (a.causal && key0 + kBlockKv - 1 > pos0);
+    if (needs_mask) {
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + n * 8 + 2 * t + (e & 1);
+          const int limit = a.causal ? min(seq.kv_len, pos_row[e / 2] + 1) : seq.kv_len;
+          if (key >= limit) s[n][e] = -INFINITY;
+        }
+    }
+
+    // Online softmax, rows row_lo (e = 0, 1) and row_lo + 8 (e = 2, 3); a row's 64 scores are
+    // spread over the 4 threads of a quad.
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = row_max[r];
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) m = fmaxf(m, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      // A row with no key yet keeps max -inf: subtract 0 instead so that exp2 gives 0, not NaN.
+      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      corr[r] = fast_exp2(__fmaf_rn(row_max[r], scale_log2, -m_scaled));
+      row_max[r] = m;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) {
+        s[n][2 * r] = fast_exp2(__fmaf_rn(s[n][2 * r], scale_log2, -m_scaled));
+        s[n][2 * r + 1] = fast_exp2(__fmaf_rn(s[n][2 * r + 1], scale_log2, -m_scaled));
+        sum += s[n][2 * r] + s[n][2 * r + 1];
+      }
+      row_sum[r] = __fmaf_rn(row_sum[r], corr[r], sum);
+    }
+#pragma unroll
+    for (int d = 0; d < kDimTiles; ++d) {
+      o_acc[d][0] *= corr[0]; o_acc[d][1] *= corr[0];
+      o_acc[d][2] *= corr[1]; o_acc[d][3] *= corr[1];
+    }
+
+    // O += P V: the S accumulators of key tiles 2kk, 2kk+1 are the A fragment of k-step kk.
+#pragma unroll
+    for (int kk = 0; kk < kBlockKv / 16; ++kk) {
+      const uint32_t p_frag[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                                  pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < kDimTiles / 2; ++dp) {
+        // Transposed matrices: keys kk*16 + 0-7 / 8-15 ((lane / 8) % 2) x dims chunk 2dp / 2dp+1
+        // (lane / 16): b0, b1 of dim tile 2dp, then of dim tile 2dp + 1.
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, v_tile(stage) + L::offset_bytes(kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2), 2 * dp + lane / 16));
+        mma_bf16_16816(o_acc[2 * dp], p_frag, vb[0], vb[1]);
+        mma_bf16_16816(o_acc[2 * dp + 1], p_frag, vb[2], vb[3]);
+      }
+    }
+    __syncthreads();  // the next iteration's loads overwrite this stage
+  }
+  if (n_tiles == 0) cp_async_wait<0>();
+
+  // Normalise and store: each quad writes 16 contiguous bytes of a row per dim tile.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a row that saw no key writes zeros
+    const int row = row_lo + 8 * r;
+    if (row < q_rows) {
+      uint16_t* out_row = a.out + (seq.q_row0 + q0 + row) * q_stride + static_cast<int64_t>(head) * kHeadDim;
+#pragma unroll
+      for (int d = 0; d < kDimTiles; ++d)
+        *reinterpret_cast<uint32_t*>(out_row + d * 8 + 2 * t) = pack_bf16x2(o_acc[d][2 * r] * inv, o_acc[d][2 * r + 1] * inv);
+    }
+  }
+}
+
+template <int kHeadDim> constexpr int mma_smem_bytes() { return 5 * kBlockKv * kHeadDim * 2; }
+
+// ---------------------------------------------------------------------------------------------
+// CUDA-core kernel: one warp per (query row, q head), 4 rows of one head per CTA.
+
+constexpr int kRowsPerCta = 4;
+constexpr int kMaxHeadDim = 256;
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kRowsPerCta * 32)
+    prefill_attention_simt_kernel(PrefillAttentionArgs a, float scale_log2) {
+  constexpr int kDimsPerLane = (kHeadDim + 31) / 32;
+  __shared__ float q_row[kRowsPerCta][kHeadDim];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int head = blockIdx.y, b = blockIdx.z;
+  const int group = static_cast<int>(a.n_heads / a.n_kv_heads);
+  const SequenceView seq = sequence_view(a.q_start, a.kv_len, a.slot, b, head / group, static_cast<int>(a.n_kv_heads),
+                                         kHeadDim, static_cast<int>(a.capacity));
+  const int qi = blockIdx.x * kRowsPerCta + warp;
+  if (qi >= seq.nq) return;  // whole warps leave; no CTA-wide barrier follows
+  const int pos = seq.kv_len - seq.nq + qi;
+  const int key_end = a.causal ? min(seq.kv_len, pos + 1) : seq.kv_len;
+
+  const int64_t q_stride = a.n_heads * kHeadDim, kv_stride = a.n_kv_heads * kHeadDim;
+  const uint16_t* q_ptr = a.q + (seq.q_row0 + qi) * q_stride + static_cast<int64_t>(head) * kHeadDim;
+  for (int d = lane; d < kHeadDim; d += 32) q_row[warp][d] = bf16_to_float(q_ptr[d]) * scale_log2;
+  __syncwarp();
+
+  float acc[kDimsPerLane];
+#pragma unroll
+  for (int i = 0; i < kDimsPerLane; ++i) acc[i] = 0.f;
+  float m = -INFINITY, lane_sum = 0.f;  // scores in log2 units (scale folded into q)
+  for (int key0 = 0; key0 < key_end; key0 += 32) {
+    const int key = key0 + lane;
+    float s = -INFINITY;
+    if (key < key_end) {
+      const uint16_t* k_row = a.k_cache + seq.kv_base + key * kv_stride;
+      float dot = 0.f;
+#pragma unroll
+      for (int d = 0; d < kHeadDim; d += 8) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(k_row + d);
+        const auto add_pair = [&](uint32_t w, int i) {  // w: dims d + i, d + i + 1 (low half first)
+          dot = __fmaf_rn(q_row[warp][d + i], __uint_as_float(w << 16), dot);
+          dot = __fmaf_rn(q_row[warp][d + i + 1], __uint_as_float(w & 0xffff0000u), dot);
+        };
+        add_pair(raw.x, 0);
+        add_pair(raw.y, 2);
+        add_pair(raw.z, 4);
+        add_pair(raw.w, 6);
+      }
+      s = dot;
+    }
+    float m_new = s;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, o));
+    m_new = fmaxf(m_new, m);  // finite: key0 < key_end, so some lane has a key
+    const float corr = fast_exp2(m - m_new);
+    const float p = fast_exp2(s - m_new);
+    m = m_new;
+    lane_sum = __fmaf_rn(lane_sum, corr, p);
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) acc[i] *= corr;
+    const int n_keys = min(32, key_end - key0);
+    for (int j = 0; j < n_keys; ++j) {
+      const float pj = __shfl_sync(0xffffffffu, p, j);
+      const uint16_t* v_row = a.v_cache + seq.kv_base + (key0 + j) * kv_stride;
+#pragma unroll
+      for (int i = 0; i < kDimsPerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < kHeadDim) acc[i] = __fmaf_rn(pj, bf16_to_float(v_row[d]), acc[i]);
+      }
+    }
+  }
+  float sum = lane_sum;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  uint16_t* out_row = a.out + (seq.q_row0 + qi) * q_stride + static_cast<int64_t>(head) * kHeadDim;
+#pragma unroll
+  for (int i = 0; i < kDimsPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < kHeadDim) {
+      const __nv_bfloat16 v = __float2bfloat16_rn(acc[i] * inv);
+      out_row[d] = *reinterpret_cast<const uint16_t*>(&v);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+Status validate(const PrefillAttentionArgs& a) {
+  const std::string f = "prefill_attention: ";
+  if (a.q == nullptr) return invalid_argument(f + "q is null");
+  if (a.k_cache == nullptr) return invalid_argument(f + "k_cache is null");
+  if (a.v_cache == nullptr) return invalid_argument(f + "v_cache is null");
+  if (a.out == nullptr) return invalid_argument(f + "out is null");
+  if (a.q_start == nullptr) return invalid_argument(f + "q_start is null");
+  if (a.kv_len == nullptr) return invalid_argument(f + "kv_len is null");
+  if (a.slot == nullptr) return invalid_argument(f + "slot is null");
+  if (!aligned16(a.q) || !aligned16(a.k_cache) || !aligned16(a.v_cache) || !aligned16(a.out))
+    return invalid_argument(f + "q, k_cache, v_cache and out must be 16-byte aligned");
+  if (a.batch < 0 || a.batch > 65535) return invalid_argument(f + "batch " + std::to_string(a.batch) + " not in [0, 65535]");
+  if (a.max_q_len < 0 || a.max_q_len > (int64_t{1} << 30))
+    return invalid_argument(f + "max_q_len " + std::to_string(a.max_q_len) + " not in [0, 2^30]");
+  if (a.n_heads <= 0 || a.n_heads > 65535) return invalid_argument(f + "n_heads " + std::to_string(a.n_heads) + " not in [1, 65535]");
+  if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
+    return invalid_argument(f + "n_heads " + std::to_string(a.n_heads) + " is not a multiple of n_kv_heads " +
+                            std::to_string(a.n_kv_heads));
+  const int64_t d = a.head_dim;
+  if (d != 8 && d != 16 && d != 32 && d != 64 && d != 128 && d != 256)
+    return invalid_argument(f + "head_dim " + std::to_string(d) + " not one of 8, 16, 32, 64, 128, 256");
+  if (a.kernel == PrefillKernel::kTensorCore && d != 32 && d != 64 && d != 128)
+    return invalid_argument(f + "head_dim " + std::to_string(d) + ": the tensor-core kernel takes 32, 64 or 128");
+  if (a.capacity <= 0 || a.capacity > (int64_t{1} << 30))
+    return invalid_argument(f + "capacity " + std::to_string(a.capacity) + " not in [1, 2^30]");
+  if (!(a.softmax_scale > 0.f) || !(a.softmax_scale < INFINITY))
+    return invalid_argument(f + "softmax_scale " + std::to_string(a.softmax_scale) + " is not a positive finite number");
+  return {};
+}
+
+// Opts a kernel into more than 48 KiB of dynamic shared memory, once per (device, kernel).
+Status allow_dynamic_smem(const void* kernel, int bytes) {
+  static std::mutex mu;
+  static std::set<std::pair<int, const void*>> done;
+  int device = 0;
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count({device, kernel}) != 0) return {};
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.insert({device, kernel});
+  return {};
+}
+
+template <int kHeadDim> Status launch_mma(const PrefillAttentionArgs& a, float scale_log2, cudaStream_t stream) {
+  constexpr int kSmem = mma_smem_bytes<kHeadDim>();
+  const auto kernel = prefill_attention_mma_kernel<kHeadDim>;
+  LLMQ_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem));
+  const dim3 grid(static_cast<unsigned>((a.max_q_len + kBlockQ - 1) / kBlockQ), static_cast<unsigned>(a.n_heads),
+                  static_cast<unsigned>(a.batch));
+  kernel<<<grid, kThreads, kSmem, stream>>>(a, scale_log2);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("prefill_attention_mma_kernel");
+  return {};
+}
+
+template <int kHeadDim> Status launch_simt(const PrefillAttentionArgs& a, float scale_log2, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((a.max_q_len + kRowsPerCta - 1) / kRowsPerCta),
+                  static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.batch));
+  prefill_attention_simt_kernel<kHeadDim><<<grid, kRowsPerCta * 32, 0, stream>>>(a, scale_log2);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("prefill_attention_simt_kernel");
+  return {};
+}
+
+}  // namespace
+
+Status prefill_attention(const PrefillAttentionArgs& a, CudaStream stream) {
+  LLMQ_RETURN_IF_ERROR(validate(a));
+  if (a.batch == 0 || a.max_q_len == 0) return {};
+  const float scale_log2 = a.softmax_scale * kLog2e;
+  const bool tensor_core = a.kernel != PrefillKernel::kCudaCore && (a.head_dim == 32 || a.head_dim == 64 || a.head_dim == 128);
+  if (tensor_core) {
+    switch (a.head_dim) {
+      case 32: return launch_mma<32>(a, scale_log2, stream);
+      case 64: return launch_mma<64>(a, scale_log2, stream);
+      default: return launch_mma<128>(a, scale_log2, stream);
+    }
+  }
+  switch (a.head_dim) {
+    case 8: return launch_simt<8>(a, scale_log2, stream);
+    case 16: return launch_simt<16>(a, scale_log2, stream);
+    case 32: return launch_simt<32>(a, scale_log2, stream);
+    case 64: return launch_simt<64>(a, scale_log2, stream);
+    case 128: return launch_simt<128>(a, scale_log2, stream);
+    default: return launch_simt<kMaxHeadDim>(a, scale_log2, stream);
+  }
+}
+
+}  // namespace llmq::runtime

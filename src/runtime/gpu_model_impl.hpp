@@ -1,0 +1,40 @@
+// What GpuModel holds on the device (gpu_runtime.hpp): per layer the norm gains, the merged QKV and
+// gate/up linears, o_proj and down_proj; the embedding table, the final norm and lm_head.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "llmq/gpu_runtime.hpp"
+#include "runtime/device_memory.hpp"
+#include "runtime/linear.hpp"
+
+namespace llmq::runtime {
+
+struct GpuLayer {
+  DeviceAllocation attn_norm;  // f32 [dim]
+  DeviceAllocation ffn_norm;   // f32 [dim]
+  DeviceAllocation qkv_bias;   // f32 [q_dim + 2 kv_dim] (Qwen2) or empty
+  GpuLinear qkv;               // [q_dim + 2 kv_dim, dim]
+  GpuLinear o;                 // [dim, q_dim]
+  GpuLinear gate_up;           // [2 hidden, dim]: gate rows, then up rows
+  GpuLinear down;              // [dim, hidden]
+};
+
+}  // namespace llmq::runtime
+
+namespace llmq {
+
+struct GpuModel::Impl {
+  ModelConfig config;
+  std::string precision;
+  int device = 0;
+  runtime::DeviceAllocation embedding;  // [vocab, dim], bf16 or f32
+  bool embedding_f32 = false;
+  runtime::DeviceAllocation final_norm;  // f32 [dim]
+  runtime::GpuLinear lm_head;            // [vocab, dim]
+  std::vector<runtime::GpuLayer> layers;
+  int64_t bytes() const;
+};
+
+}  // namespace llmq

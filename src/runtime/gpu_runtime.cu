@@ -1,0 +1,763 @@
+// GpuRuntime (gpu_runtime.hpp): the buffers of one stream of work and the forward pass.
+//
+// One forward step takes T tokens of up to max_batch sequences, packed one sequence after another:
+//   embedding -> per layer: [add + RMSNorm + quantize] -> QKV GEMM -> RoPE + KV-cache write ->
+//   attention -> [quantize] -> O GEMM -> [add + RMSNorm + quantize] -> gate/up GEMM ->
+//   [SiLU * up + quantize] -> down GEMM -> ... -> [add + final RMSNorm, gathered rows] -> lm_head.
+// Everything is enqueued on the runtime's stream with no host synchronisation inside the step.
+// Per-step metadata (tokens, positions, slots, prefix sums) goes up in one copy from pinned memory.
+// Decode steps read their metadata from device arrays that the step itself advances (sampled token
+// fed back, positions + 1), so `steps` decode steps are `steps` replays of one CUDA graph.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <tuple>
+
+#include "cuda/cuda_check.cuh"
+#include "llmq/cuda_quantize.hpp"
+#include "llmq/device.hpp"
+#include "llmq/transformer.hpp"
+#include "runtime/attention.hpp"
+#include "runtime/gpu_model_impl.hpp"
+#include "runtime/row_kernels.hpp"
+
+namespace llmq {
+
+using runtime::ActQuant;
+using runtime::DeviceAllocation;
+using runtime::GpuLayer;
+using runtime::GpuLinear;
+using runtime::LinearInput;
+using runtime::LinearOut;
+using runtime::RowFn;
+using runtime::RowOpArgs;
+using runtime::RowOut;
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t align_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// Where one step's metadata lives on the device.
+struct StepMeta {
+  const int32_t* tokens = nullptr;    // [T]
+  const int32_t* position = nullptr;  // [T]
+  const int32_t* tok_slot = nullptr;  // [T]
+  const int32_t* q_start = nullptr;   // [B + 1] (prefill)
+  const int32_t* kv_len = nullptr;    // [B]
+  const int32_t* seq_slot = nullptr;  // [B]
+  const int32_t* lm_rows = nullptr;   // [lm_count] or null (every row)
+  int64_t tokens_count = 0;
+  int64_t batch = 0;
+  int64_t max_q_len = 0;
+  int64_t max_kv_len = 0;
+  int64_t lm_count = 0;
+  bool decode = false;  // one token per sequence, in slot order
+};
+
+// The activation buffers one linear's input can be produced into.
+struct ActBuffers {
+  DeviceAllocation bf16;    // [rows, k]
+  DeviceAllocation codes;   // [rows, k]
+  DeviceAllocation scales;  // [rows * ceil(k / 128)]
+  Status allocate(int64_t rows, int64_t k, const std::string& what) {
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * k * 2, what + " (bf16)", &bf16));
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * k, what + " (codes)", &codes));
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * ceil_div(k, 128) * 4, what + " (scales)", &scales));
+    // Rows past M (padding for cuBLASLt block scales) are read: keep them finite from the start.
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(bf16.get(), 0, static_cast<size_t>(bf16.bytes())));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(codes.get(), 0, static_cast<size_t>(codes.bytes())));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(scales.get(), 0, static_cast<size_t>(scales.bytes())));
+    return {};
+  }
+  int64_t bytes() const { return bf16.bytes() + codes.bytes() + scales.bytes(); }
+};
+
+struct PinnedBuffer {
+  void* ptr = nullptr;
+  ~PinnedBuffer() {
+    if (ptr != nullptr) (void)cudaFreeHost(ptr);
+  }
+};
+
+}  // namespace
+
+struct GpuRuntime::Impl {
+  const GpuModel::Impl* model = nullptr;
+  GpuRuntimeOptions options;
+  ModelConfig c;
+  int64_t q_dim = 0, kv_dim = 0, qkv_n = 0;
+  int64_t rows = 0;      // activation rows: max(max_step_tokens, max_batch), padded to 4
+  int64_t lm_rows = 0;   // logits rows per lm_head call
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<CudaGemmRunner> gemm;
+  runtime::LinearContext lin;
+  DeviceAllocation gemm_workspace, quant_workspace, attn_workspace;
+
+  DeviceAllocation x;  // f32 [rows, dim]
+  ActBuffers in_attn, in_o, in_mlp, in_down, in_lm;
+  DeviceAllocation qkv_out, q_rot, attn_out, o_out, gu_out, down_out;  // bf16
+  DeviceAllocation logits;  // f32 [lm_rows, vocab]
+  DeviceAllocation kv_cache;  // bf16 [2, layers, slots, capacity, kv_dim]
+  DeviceAllocation cos_sin;   // f32 [capacity, head_dim / 2, 2]
+
+  // Step metadata (prefill and explicit decode): one device block, filled from pinned memory.
+  DeviceAllocation meta;
+  PinnedBuffer meta_host;
+  int64_t meta_ints = 0;
+  // Decode state read and advanced by graph replays.
+  DeviceAllocation dec;  // int32: tokens, position, kv_len, slot, next [max_batch each], step [1]
+  DeviceAllocation history;  // int32 [history_rows, max_batch]
+  int64_t history_rows = 0;
+  std::map<std::tuple<int64_t, float, float, uint64_t>, cudaGraphExec_t> graphs;
+
+  std::vector<int64_t> lengths;
+
+  ~Impl() {
+    for (auto& [key, exec] : graphs) (void)cudaGraphExecDestroy(exec);
+    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  }
+
+  uint16_t* k_cache(int64_t layer) const {
+    return kv_cache.as<uint16_t>() + layer * options.max_batch * options.max_context * kv_dim;
+  }
+  uint16_t* v_cache(int64_t layer) const {
+    return kv_cache.as<uint16_t>() + (c.n_layers + layer) * options.max_batch * options.max_context * kv_dim;
+  }
+  int32_t* dec_ptr(int i) const { return dec.as<int32_t>() + i * options.max_batch; }
+  int32_t* dec_step() const { return dec.as<int32_t>() + 5 * options.max_batch; }
+
+  Status init(const GpuModel& gm, const GpuRuntimeOptions& o);
+  Status produce(const GpuLinear& consumer, RowOpArgs op, ActBuffers& bufs, LinearInput* in);
+  Status forward(const StepMeta& m);
+  Status lm_head(const StepMeta& m, int64_t first, int64_t count);
+  Status upload_meta(const std::vector<int32_t>& ints);
+  Status prefill_step(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& segs,
+                      const std::vector<std::vector<int32_t>>& tokens, bool all_positions,
+                      std::vector<std::pair<int64_t, std::vector<float>>>* out);
+  Status decode_graph(int64_t batch, const SamplingOptions& s, cudaGraphExec_t* exec);
+  Status decode_body(int64_t batch, const SamplingOptions& s);
+  Status start_decode_state(const std::vector<int32_t>& first);
+};
+
+GpuRuntime::GpuRuntime() : impl_(std::make_unique<Impl>()) {}
+GpuRuntime::~GpuRuntime() = default;
+
+Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
+  model = &gm.impl();
+  options = o;
+  c = model->config;
+  if (o.max_batch < 1 || o.max_batch > 1024) return invalid_argument("--batch: " + std::to_string(o.max_batch) + " outside [1, 1024]");
+  if (o.max_context < 1) return invalid_argument("--context: must be positive");
+  if (o.max_step_tokens < 1) return invalid_argument("max_step_tokens: must be positive");
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(model->device));
+  CudaDeviceInfo info;
+  LLMQ_RETURN_IF_ERROR(query_cuda_device(model->device, &info));
+  q_dim = c.n_heads * c.head_dim;
+  kv_dim = c.n_kv_heads * c.head_dim;
+  qkv_n = q_dim + 2 * kv_dim;
+  rows = align_up(std::max(o.max_step_tokens, o.max_batch), 4);
+  lm_rows = align_up(std::max<int64_t>(o.max_batch, std::min<int64_t>(rows, 256)), 4);
+  lengths.assign(static_cast<size_t>(o.max_batch), 0);
+
+  // Refuse early, with the numbers, when the cache and activations cannot fit.
+  const int64_t kv_bytes = 2 * c.n_layers * o.max_batch * o.max_context * kv_dim * 2;
+  const int64_t act_bytes = rows * (c.dim * 4 + 4 * c.dim * 3 + qkv_n * 2 + 2 * q_dim * 2 + q_dim * 3 + c.dim * 4 +
+                                    2 * c.hidden_dim * 2 + c.hidden_dim * 3) +
+                            lm_rows * c.vocab_size * 4;
+  int64_t free_b = 0, total_b = 0;
+  LLMQ_RETURN_IF_ERROR(runtime::device_memory_info(&free_b, &total_b));
+  if (kv_bytes + act_bytes > free_b)
+    return {StatusCode::kInvalidArgument,
+            "does not fit: KV cache for " + std::to_string(o.max_batch) + " x " + std::to_string(o.max_context) +
+                " positions needs " + runtime::format_bytes(kv_bytes) + " and activations " + runtime::format_bytes(act_bytes) +
+                "; the GPU has " + runtime::format_bytes(free_b) + " free of " + runtime::format_bytes(total_b) +
+                " after the weights (" + runtime::format_bytes(model->bytes()) + ")"};
+
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LLMQ_RETURN_IF_ERROR(CudaGemmRunner::create(model->device, &gemm));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kCublasLtWorkspaceBytes * 2, "cuBLASLt workspace", &gemm_workspace));
+  lin.gemm = gemm.get();
+  lin.workspace = gemm_workspace.get();
+  lin.workspace_bytes = gemm_workspace.bytes();
+  lin.stream = stream;
+  lin.sm_major = info.major;
+  lin.sm_minor = info.minor;
+
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 4, "residual stream", &x));
+  LLMQ_RETURN_IF_ERROR(in_attn.allocate(rows, c.dim, "qkv input"));
+  LLMQ_RETURN_IF_ERROR(in_o.allocate(rows, q_dim, "o_proj input"));
+  LLMQ_RETURN_IF_ERROR(in_mlp.allocate(rows, c.dim, "gate_up input"));
+  LLMQ_RETURN_IF_ERROR(in_down.allocate(rows, c.hidden_dim, "down_proj input"));
+  LLMQ_RETURN_IF_ERROR(in_lm.allocate(rows, c.dim, "lm_head input"));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * qkv_n * 2, "qkv output", &qkv_out));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * q_dim * 2, "rotated q", &q_rot));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * q_dim * 2, "attention output", &attn_out));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 2, "o_proj output", &o_out));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * 2 * c.hidden_dim * 2, "gate_up output", &gu_out));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 2, "down_proj output", &down_out));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(lm_rows * c.vocab_size * 4, "logits", &logits));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kv_bytes, "KV cache", &kv_cache));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(kv_cache.get(), 0, static_cast<size_t>(kv_bytes)));
+
+  size_t qws = 0;
+  for (const GpuLayer& L : model->layers)
+    for (const GpuLinear* l : {&L.qkv, &L.o, &L.gate_up, &L.down})
+      if (l->act == ActQuant::kDynamicTensor || l->act == ActQuant::kBlock1x128)
+        qws = std::max(qws, cuda_quantize_workspace_bytes(rows, l->k, l->act_spec));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(static_cast<int64_t>(qws), "quantize workspace", &quant_workspace));
+  const int64_t aws = runtime::decode_attention_workspace_bytes(o.max_batch, c.n_heads, c.head_dim, o.max_context);
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(aws, "attention workspace", &attn_workspace));
+
+  // RoPE (cos, sin) per position and pair, computed exactly as the CPU reference computes them.
+  const std::vector<float> inv = rope_inv_freq(c);
+  const int64_t half = c.head_dim / 2;
+  std::vector<float> cs(static_cast<size_t>(o.max_context * half * 2));
+  for (int64_t p = 0; p < o.max_context; ++p)
+    for (int64_t j = 0; j < half; ++j) {
+      const float val = static_cast<float>(p) * inv[static_cast<size_t>(j)];
+      cs[(p * half + j) * 2] = std::cos(val);
+      cs[(p * half + j) * 2 + 1] = std::sin(val);
+    }
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(cs.data(), static_cast<int64_t>(cs.size() * 4), "rope table", &cos_sin));
+
+  meta_ints = 3 * rows + 3 * o.max_batch + 1 + rows;
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(meta_ints * 4, "step metadata", &meta));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMallocHost(&meta_host.ptr, static_cast<size_t>(meta_ints * 4)));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate((5 * o.max_batch + 1) * 4, "decode state", &dec));
+  history_rows = o.max_context;
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(history_rows * o.max_batch * 4, "decode history", &history));
+  return {};
+}
+
+Status GpuRuntime::create(const GpuModel& model, const GpuRuntimeOptions& options, std::unique_ptr<GpuRuntime>* out) {
+  std::unique_ptr<GpuRuntime> r(new GpuRuntime());
+  LLMQ_RETURN_IF_ERROR(r->impl_->init(model, options));
+  *out = std::move(r);
+  return {};
+}
+
+// Runs `op` (its function and input already set) so that its output is what `consumer` reads.
+Status GpuRuntime::Impl::produce(const GpuLinear& consumer, RowOpArgs op, ActBuffers& bufs, LinearInput* in) {
+  *in = {};
+  const int64_t m = op.rows;
+  switch (consumer.act) {
+    case ActQuant::kNone:
+    case ActQuant::kDynamicTensor:
+    case ActQuant::kBlock1x128:
+      op.out = RowOut::kBF16;
+      op.out_bf16 = bufs.bf16.as<uint16_t>();
+      break;
+    case ActQuant::kPerToken:
+      op.out = RowOut::kCodesPerToken;
+      op.spec = consumer.act_spec;
+      break;
+    case ActQuant::kStaticTensor:
+      op.out = RowOut::kCodesStatic;
+      op.spec = consumer.act_spec;
+      op.static_scale = consumer.static_scale;
+      break;
+  }
+  op.codes = bufs.codes.get();
+  op.scales = bufs.scales.as<float>();
+  // A plain copy into BF16 is the identity: hand the source over instead.
+  if (op.fn == RowFn::kCopy && op.out == RowOut::kBF16 && consumer.act == ActQuant::kNone) {
+    in->bf16 = op.src;
+    return {};
+  }
+  LLMQ_RETURN_IF_ERROR(runtime::row_op(op, stream));
+  in->bf16 = op.out == RowOut::kBF16 ? op.out_bf16 : nullptr;
+  in->codes = bufs.codes.get();
+  in->scales = bufs.scales.as<float>();
+  if (consumer.act == ActQuant::kDynamicTensor || consumer.act == ActQuant::kBlock1x128) {
+    const int64_t mp = runtime::padded_rows(consumer, m);
+    const QuantSpec& s = consumer.act_spec;
+    const int64_t scols = consumer.act == ActQuant::kBlock1x128 ? ceil_div(consumer.k, 128) : 1;
+    const int64_t srows = consumer.act == ActQuant::kBlock1x128 ? mp : 1;
+    TensorView xv{bufs.bf16.get(), DType::kBF16, {mp, consumer.k}, {}, Device::kCuda};
+    TensorView qv{bufs.codes.get(), s.format, {mp, consumer.k}, {}, Device::kCuda};
+    TensorView sv{bufs.scales.get(), DType::kF32, {srows, scols}, {}, Device::kCuda};
+    CudaQuantizeOptions qo;
+    qo.stream = stream;
+    qo.workspace = quant_workspace.get();
+    qo.workspace_bytes = static_cast<size_t>(quant_workspace.bytes());
+    LLMQ_RETURN_IF_ERROR(cuda_quantize(xv, s, qv, sv, qo));
+    if (consumer.act == ActQuant::kDynamicTensor) LLMQ_RETURN_IF_ERROR(runtime::broadcast_scale(bufs.scales.as<float>(), mp, stream));
+  }
+  return {};
+}
+
+Status GpuRuntime::Impl::forward(const StepMeta& m) {
+  const int64_t T = m.tokens_count;
+  const float eps = static_cast<float>(c.norm_eps);
+  float* xr = x.as<float>();
+  LLMQ_RETURN_IF_ERROR(runtime::embedding(m.tokens, T, model->embedding.get(), model->embedding_f32, c.dim, xr, stream));
+  LinearInput in;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const GpuLayer& L = model->layers[static_cast<size_t>(l)];
+    RowOpArgs norm;
+    norm.fn = RowFn::kAddRmsNorm;
+    norm.rows = T;
+    norm.n = c.dim;
+    norm.x = xr;
+    norm.delta = l == 0 ? nullptr : down_out.as<uint16_t>();
+    norm.gain = L.attn_norm.as<float>();
+    norm.eps = eps;
+    LLMQ_RETURN_IF_ERROR(produce(L.qkv, norm, in_attn, &in));
+    LLMQ_RETURN_IF_ERROR(run_linear(L.qkv, in, T, qkv_out.get(), LinearOut::kBF16, qkv_n, lin));
+
+    runtime::RopeKvArgs rope;
+    rope.qkv = qkv_out.as<uint16_t>();
+    rope.bias = L.qkv_bias.as<float>();
+    rope.q_out = q_rot.as<uint16_t>();
+    rope.k_cache = k_cache(l);
+    rope.v_cache = v_cache(l);
+    rope.position = m.position;
+    rope.slot = m.tok_slot;
+    rope.cos_sin = cos_sin.as<float>();
+    rope.rows = T;
+    rope.n_heads = c.n_heads;
+    rope.n_kv_heads = c.n_kv_heads;
+    rope.head_dim = c.head_dim;
+    rope.capacity = options.max_context;
+    rope.interleaved = c.rope_style == RopeStyle::kInterleaved;
+    LLMQ_RETURN_IF_ERROR(runtime::rope_kv(rope, stream));
+
+    const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    if (m.decode) {
+      runtime::DecodeAttentionArgs a;
+      a.q = q_rot.as<uint16_t>();
+      a.k_cache = k_cache(l);
+      a.v_cache = v_cache(l);
+      a.out = attn_out.as<uint16_t>();
+      a.kv_len = m.kv_len;
+      a.slot = m.seq_slot;
+      a.batch = m.batch;
+      a.n_heads = c.n_heads;
+      a.n_kv_heads = c.n_kv_heads;
+      a.head_dim = c.head_dim;
+      a.capacity = options.max_context;
+      a.max_kv_len = m.max_kv_len;
+      a.softmax_scale = softmax_scale;
+      a.workspace = attn_workspace.get();
+      a.workspace_bytes = attn_workspace.bytes();
+      LLMQ_RETURN_IF_ERROR(runtime::decode_attention(a, stream));
+    } else {
+      runtime::PrefillAttentionArgs a;
+      a.q = q_rot.as<uint16_t>();
+      a.k_cache = k_cache(l);
+      a.v_cache = v_cache(l);
+      a.out = attn_out.as<uint16_t>();
+      a.q_start = m.q_start;
+      a.kv_len = m.kv_len;
+      a.slot = m.seq_slot;
+      a.batch = m.batch;
+      a.max_q_len = m.max_q_len;
+      a.n_heads = c.n_heads;
+      a.n_kv_heads = c.n_kv_heads;
+      a.head_dim = c.head_dim;
+      a.capacity = options.max_context;
+      a.softmax_scale = softmax_scale;
+      a.causal = true;
+      LLMQ_RETURN_IF_ERROR(runtime::prefill_attention(a, stream));
+    }
+
+    RowOpArgs copy;
+    copy.fn = RowFn::kCopy;
+    copy.rows = T;
+    copy.n = q_dim;
+    copy.src = attn_out.as<uint16_t>();
+    LLMQ_RETURN_IF_ERROR(produce(L.o, copy, in_o, &in));
+    LLMQ_RETURN_IF_ERROR(run_linear(L.o, in, T, o_out.get(), LinearOut::kBF16, c.dim, lin));
+
+    RowOpArgs norm2 = norm;
+    norm2.delta = o_out.as<uint16_t>();
+    norm2.gain = L.ffn_norm.as<float>();
+    LLMQ_RETURN_IF_ERROR(produce(L.gate_up, norm2, in_mlp, &in));
+    LLMQ_RETURN_IF_ERROR(run_linear(L.gate_up, in, T, gu_out.get(), LinearOut::kBF16, 2 * c.hidden_dim, lin));
+
+    RowOpArgs silu;
+    silu.fn = RowFn::kSiluMul;
+    silu.rows = T;
+    silu.n = c.hidden_dim;
+    silu.src = gu_out.as<uint16_t>();
+    LLMQ_RETURN_IF_ERROR(produce(L.down, silu, in_down, &in));
+    LLMQ_RETURN_IF_ERROR(run_linear(L.down, in, T, down_out.get(), LinearOut::kBF16, c.dim, lin));
+  }
+  return {};
+}
+
+// The final norm of rows first .. first + count - 1 of the step's lm rows, then lm_head into
+// `logits` rows 0 .. count - 1.
+Status GpuRuntime::Impl::lm_head(const StepMeta& m, int64_t first, int64_t count) {
+  RowOpArgs norm;
+  norm.fn = RowFn::kAddRmsNorm;
+  norm.rows = count;
+  norm.n = c.dim;
+  norm.x = x.as<float>();
+  norm.delta = down_out.as<uint16_t>();
+  norm.gain = model->final_norm.as<float>();
+  norm.eps = static_cast<float>(c.norm_eps);
+  norm.row_index = m.lm_rows != nullptr ? m.lm_rows + first : nullptr;
+  LinearInput in;
+  LLMQ_RETURN_IF_ERROR(produce(model->lm_head, norm, in_lm, &in));
+  return run_linear(model->lm_head, in, count, logits.get(), LinearOut::kF32, c.vocab_size, lin);
+}
+
+Status GpuRuntime::Impl::upload_meta(const std::vector<int32_t>& ints) {
+  if (static_cast<int64_t>(ints.size()) > meta_ints) return Status(StatusCode::kInternal, "step metadata overflow");
+  // The previous step's copy must be done reading the pinned buffer before it is refilled.
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  std::copy(ints.begin(), ints.end(), static_cast<int32_t*>(meta_host.ptr));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta.get(), meta_host.ptr, ints.size() * 4, cudaMemcpyHostToDevice, stream));
+  return {};
+}
+
+// One prefill step over segments (sequence, begin, end) of `tokens`: packs the metadata, runs the
+// forward pass and returns the logits of the rows asked for, tagged with their sequence.
+Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& segs,
+                                      const std::vector<std::vector<int32_t>>& tokens, bool all_positions,
+                                      std::vector<std::pair<int64_t, std::vector<float>>>* out) {
+  std::vector<int32_t> tok, pos, tslot, qstart{0}, kvlen, sslot, lmrows, lmseq;
+  int64_t max_q = 0;
+  for (const auto& [b, begin, end] : segs) {
+    const int64_t start = lengths[static_cast<size_t>(b)];
+    for (int64_t i = begin; i < end; ++i) {
+      if (all_positions || i == static_cast<int64_t>(tokens[static_cast<size_t>(b)].size()) - 1) {
+        lmrows.push_back(static_cast<int32_t>(tok.size()));
+        lmseq.push_back(static_cast<int32_t>(b));
+      }
+      tok.push_back(tokens[static_cast<size_t>(b)][static_cast<size_t>(i)]);
+      pos.push_back(static_cast<int32_t>(start + i - begin));
+      tslot.push_back(static_cast<int32_t>(b));
+    }
+    qstart.push_back(static_cast<int32_t>(tok.size()));
+    kvlen.push_back(static_cast<int32_t>(start + end - begin));
+    sslot.push_back(static_cast<int32_t>(b));
+    max_q = std::max(max_q, end - begin);
+  }
+  const int64_t T = static_cast<int64_t>(tok.size()), B = static_cast<int64_t>(segs.size());
+  std::vector<int32_t> ints;
+  ints.reserve(static_cast<size_t>(meta_ints));
+  for (auto* v : {&tok, &pos, &tslot, &qstart, &kvlen, &sslot, &lmrows}) ints.insert(ints.end(), v->begin(), v->end());
+  LLMQ_RETURN_IF_ERROR(upload_meta(ints));
+  const int32_t* d = meta.as<int32_t>();
+  StepMeta m;
+  m.tokens = d;
+  m.position = d + T;
+  m.tok_slot = d + 2 * T;
+  m.q_start = d + 3 * T;
+  m.kv_len = m.q_start + B + 1;
+  m.seq_slot = m.kv_len + B;
+  m.lm_rows = m.seq_slot + B;
+  m.tokens_count = T;
+  m.batch = B;
+  m.max_q_len = max_q;
+  m.lm_count = static_cast<int64_t>(lmrows.size());
+  LLMQ_RETURN_IF_ERROR(forward(m));
+  for (int64_t first = 0; first < m.lm_count; first += lm_rows) {
+    const int64_t count = std::min(lm_rows, m.lm_count - first);
+    LLMQ_RETURN_IF_ERROR(lm_head(m, first, count));
+    std::vector<float> host(static_cast<size_t>(count * c.vocab_size));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), logits.get(), host.size() * 4, cudaMemcpyDeviceToHost, stream));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    for (int64_t r = 0; r < count; ++r)
+      out->emplace_back(lmseq[static_cast<size_t>(first + r)],
+                        std::vector<float>(host.begin() + r * c.vocab_size, host.begin() + (r + 1) * c.vocab_size));
+  }
+  for (const auto& [b, begin, end] : segs) lengths[static_cast<size_t>(b)] += end - begin;
+  return {};
+}
+
+Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool all_positions, std::vector<float>* logits) {
+  Impl& g = *impl_;
+  if (static_cast<int64_t>(tokens.size()) > g.options.max_batch)
+    return invalid_argument("prefill: " + std::to_string(tokens.size()) + " sequences, the runtime holds " +
+                            std::to_string(g.options.max_batch));
+  for (size_t b = 0; b < tokens.size(); ++b) {
+    if (g.lengths[b] + static_cast<int64_t>(tokens[b].size()) > g.options.max_context)
+      return invalid_argument("prefill: sequence " + std::to_string(b) + " would hold " +
+                              std::to_string(g.lengths[b] + static_cast<int64_t>(tokens[b].size())) +
+                              " positions, the KV cache has " + std::to_string(g.options.max_context));
+    for (size_t i = 0; i < tokens[b].size(); ++i)
+      if (tokens[b][i] < 0 || tokens[b][i] >= g.c.vocab_size)
+        return invalid_argument("prefill: token " + std::to_string(tokens[b][i]) + " (sequence " + std::to_string(b) +
+                                ", position " + std::to_string(i) + ") is outside the vocabulary [0, " +
+                                std::to_string(g.c.vocab_size) + ")");
+  }
+  // Pack segments of at most max_step_tokens tokens per step, splitting long sequences.
+  std::vector<std::pair<int64_t, std::vector<float>>> rows;
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> segs;
+  int64_t used = 0;
+  for (size_t b = 0; b < tokens.size(); ++b) {
+    const int64_t n = static_cast<int64_t>(tokens[b].size());
+    for (int64_t begin = 0; begin < n;) {
+      const int64_t take = std::min(n - begin, g.options.max_step_tokens - used);
+      segs.emplace_back(static_cast<int64_t>(b), begin, begin + take);
+      begin += take;
+      used += take;
+      if (used == g.options.max_step_tokens) {
+        LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, &rows));
+        segs.clear();
+        used = 0;
+      }
+    }
+  }
+  if (!segs.empty()) LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, &rows));
+  logits->clear();
+  // Rows come out in step order, which is sequence order, then position order.
+  for (auto& [b, row] : rows) logits->insert(logits->end(), row.begin(), row.end());
+  return {};
+}
+
+Status GpuRuntime::decode(const std::vector<int32_t>& tokens, std::vector<float>* logits) {
+  Impl& g = *impl_;
+  const int64_t B = static_cast<int64_t>(tokens.size());
+  if (B == 0 || B > g.options.max_batch)
+    return invalid_argument("decode: " + std::to_string(B) + " sequences, the runtime holds 1 .. " +
+                            std::to_string(g.options.max_batch));
+  std::vector<int32_t> tok, pos, slot, qstart{0}, kvlen;
+  int64_t max_kv = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t t = tokens[static_cast<size_t>(b)];
+    if (t < 0 || t >= g.c.vocab_size)
+      return invalid_argument("decode: token " + std::to_string(t) + " is outside the vocabulary");
+    if (g.lengths[static_cast<size_t>(b)] + 1 > g.options.max_context)
+      return invalid_argument("decode: sequence " + std::to_string(b) + " is full (" + std::to_string(g.options.max_context) +
+                              " positions)");
+    tok.push_back(t);
+    pos.push_back(static_cast<int32_t>(g.lengths[static_cast<size_t>(b)]));
+    slot.push_back(static_cast<int32_t>(b));
+    qstart.push_back(static_cast<int32_t>(b + 1));
+    kvlen.push_back(static_cast<int32_t>(g.lengths[static_cast<size_t>(b)] + 1));
+    max_kv = std::max<int64_t>(max_kv, kvlen.back());
+  }
+  std::vector<int32_t> ints;
+  for (auto* v : {&tok, &pos, &slot, &qstart, &kvlen, &slot}) ints.insert(ints.end(), v->begin(), v->end());
+  LLMQ_RETURN_IF_ERROR(g.upload_meta(ints));
+  const int32_t* d = g.meta.as<int32_t>();
+  StepMeta m;
+  m.tokens = d;
+  m.position = d + B;
+  m.tok_slot = d + 2 * B;
+  m.q_start = d + 3 * B;
+  m.kv_len = m.q_start + B + 1;
+  m.seq_slot = m.kv_len + B;
+  m.tokens_count = B;
+  m.batch = B;
+  m.max_q_len = 1;
+  m.max_kv_len = max_kv;
+  m.lm_count = B;
+  m.decode = true;
+  LLMQ_RETURN_IF_ERROR(g.forward(m));
+  LLMQ_RETURN_IF_ERROR(g.lm_head(m, 0, B));
+  logits->resize(static_cast<size_t>(B * g.c.vocab_size));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), g.logits.get(), logits->size() * 4, cudaMemcpyDeviceToHost, g.stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
+  for (int64_t b = 0; b < B; ++b) ++g.lengths[static_cast<size_t>(b)];
+  return {};
+}
+
+// One decode step of sequences 0 .. batch - 1 from the device state, then sample and advance.
+Status GpuRuntime::Impl::decode_body(int64_t batch, const SamplingOptions& s) {
+  StepMeta m;
+  m.tokens = dec_ptr(0);
+  m.position = dec_ptr(1);
+  m.kv_len = dec_ptr(2);
+  m.tok_slot = m.seq_slot = dec_ptr(3);
+  m.tokens_count = batch;
+  m.batch = batch;
+  m.max_q_len = 1;
+  m.max_kv_len = options.max_context;  // the graph serves every length up to the capacity
+  m.lm_count = batch;
+  m.decode = true;
+  LLMQ_RETURN_IF_ERROR(forward(m));
+  LLMQ_RETURN_IF_ERROR(lm_head(m, 0, batch));
+  LLMQ_RETURN_IF_ERROR(runtime::sample_rows(logits.as<float>(), batch, c.vocab_size, s.temperature, s.top_p, s.seed,
+                                            dec_step(), dec_ptr(4), stream));
+  return runtime::advance_decode(dec_ptr(4), batch, dec_ptr(0), dec_ptr(1), dec_ptr(2), dec_step(), history.as<int32_t>(),
+                                 history_rows, stream);
+}
+
+Status GpuRuntime::Impl::decode_graph(int64_t batch, const SamplingOptions& s, cudaGraphExec_t* exec) {
+  const auto key = std::make_tuple(batch, s.temperature, s.top_p, s.seed);
+  auto it = graphs.find(key);
+  if (it != graphs.end()) {
+    *exec = it->second;
+    return {};
+  }
+  cudaGraph_t graph = nullptr;
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Status body = decode_body(batch, s);
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  LLMQ_RETURN_IF_ERROR(body);
+  LLMQ_CUDA_RETURN_IF_ERROR(end);
+  const cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  LLMQ_CUDA_RETURN_IF_ERROR(inst);
+  graphs.emplace(key, *exec);
+  return {};
+}
+
+Status GpuRuntime::Impl::start_decode_state(const std::vector<int32_t>& first) {
+  const int64_t B = static_cast<int64_t>(first.size());
+  std::vector<int32_t> state(static_cast<size_t>(5 * options.max_batch + 1), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    state[static_cast<size_t>(b)] = first[static_cast<size_t>(b)];
+    state[static_cast<size_t>(options.max_batch + b)] = static_cast<int32_t>(lengths[static_cast<size_t>(b)]);
+    state[static_cast<size_t>(2 * options.max_batch + b)] = static_cast<int32_t>(lengths[static_cast<size_t>(b)] + 1);
+    state[static_cast<size_t>(3 * options.max_batch + b)] = static_cast<int32_t>(b);
+  }
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dec.get(), state.data(), state.size() * 4, cudaMemcpyHostToDevice, stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return {};
+}
+
+Status GpuRuntime::generate(const std::vector<int32_t>& first, int64_t steps, const SamplingOptions& sampling,
+                            std::vector<std::vector<int32_t>>* out) {
+  Impl& g = *impl_;
+  const int64_t B = static_cast<int64_t>(first.size());
+  if (B == 0 || B > g.options.max_batch)
+    return invalid_argument("generate: " + std::to_string(B) + " sequences, the runtime holds 1 .. " +
+                            std::to_string(g.options.max_batch));
+  if (steps < 0) return invalid_argument("generate: steps = " + std::to_string(steps));
+  for (int64_t b = 0; b < B; ++b) {
+    if (first[static_cast<size_t>(b)] < 0 || first[static_cast<size_t>(b)] >= g.c.vocab_size)
+      return invalid_argument("generate: first token " + std::to_string(first[static_cast<size_t>(b)]) + " is outside the vocabulary");
+    if (g.lengths[static_cast<size_t>(b)] + steps > g.options.max_context)
+      return invalid_argument("generate: sequence " + std::to_string(b) + " would hold " +
+                              std::to_string(g.lengths[static_cast<size_t>(b)] + steps) + " positions, the KV cache has " +
+                              std::to_string(g.options.max_context));
+  }
+  if (sampling.temperature > 0.0f && !(sampling.top_p > 0.0f && sampling.top_p <= 1.0f))
+    return invalid_argument("--top-p: " + std::to_string(sampling.top_p) + " outside (0, 1]");
+  LLMQ_RETURN_IF_ERROR(g.start_decode_state(first));
+  cudaGraphExec_t exec = nullptr;
+  for (int64_t s = 0; s < steps; ++s) {
+    // The first step of a new graph key runs eagerly: it makes cuBLASLt's plans and the kernels'
+    // attributes before capture, so that the captured step only enqueues work.
+    if (s > 0 && exec == nullptr && g.options.cuda_graphs) LLMQ_RETURN_IF_ERROR(g.decode_graph(B, sampling, &exec));
+    if (exec != nullptr) LLMQ_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, g.stream));
+    else LLMQ_RETURN_IF_ERROR(g.decode_body(B, sampling));
+  }
+  std::vector<int32_t> hist(static_cast<size_t>(steps * B));
+  if (steps > 0)
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(hist.data(), g.history.get(), hist.size() * 4, cudaMemcpyDeviceToHost, g.stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
+  out->assign(static_cast<size_t>(B), {});
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t s = 0; s < steps; ++s) (*out)[static_cast<size_t>(b)].push_back(hist[static_cast<size_t>(s * B + b)]);
+    g.lengths[static_cast<size_t>(b)] += steps;
+  }
+  return {};
+}
+
+Status GpuRuntime::fill_context_for_benchmark(int64_t batch, int64_t length, uint64_t seed) {
+  Impl& g = *impl_;
+  if (batch < 1 || batch > g.options.max_batch || length < 0 || length >= g.options.max_context)
+    return invalid_argument("fill_context_for_benchmark: batch " + std::to_string(batch) + " x length " +
+                            std::to_string(length) + " does not fit the runtime");
+  LLMQ_RETURN_IF_ERROR(runtime::fill_random_bf16(g.kv_cache.as<uint16_t>(), g.kv_cache.bytes() / 2, 1.0f, seed, g.stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
+  for (int64_t b = 0; b < batch; ++b) g.lengths[static_cast<size_t>(b)] = length;
+  return {};
+}
+
+Status GpuRuntime::time_decode(int64_t batch, int64_t warmup, int64_t steps, std::vector<double>* step_ms) {
+  Impl& g = *impl_;
+  for (int64_t b = 0; b < batch; ++b)
+    if (g.lengths[static_cast<size_t>(b)] + warmup + steps > g.options.max_context)
+      return invalid_argument("time_decode: the KV cache cannot hold " + std::to_string(warmup + steps) + " more positions");
+  std::vector<int32_t> first(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) first[static_cast<size_t>(b)] = static_cast<int32_t>((b * 7919 + 1) % g.c.vocab_size);
+  std::vector<std::vector<int32_t>> out;
+  LLMQ_RETURN_IF_ERROR(generate(first, warmup, {}, &out));
+  for (int64_t b = 0; b < batch; ++b) first[static_cast<size_t>(b)] = out.empty() || out[0].empty() ? 1 : out[static_cast<size_t>(b)].back();
+  LLMQ_RETURN_IF_ERROR(g.start_decode_state(first));
+  cudaGraphExec_t exec = nullptr;
+  if (g.options.cuda_graphs) LLMQ_RETURN_IF_ERROR(g.decode_graph(batch, {}, &exec));
+  std::vector<cudaEvent_t> ev(static_cast<size_t>(steps + 1), nullptr);
+  auto timed = [&]() -> Status {
+    for (auto& e : ev) LLMQ_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[0], g.stream));
+    for (int64_t s = 0; s < steps; ++s) {
+      if (exec != nullptr) LLMQ_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, g.stream));
+      else LLMQ_RETURN_IF_ERROR(g.decode_body(batch, {}));
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[static_cast<size_t>(s + 1)], g.stream));
+    }
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
+    step_ms->clear();
+    for (int64_t s = 0; s < steps; ++s) {
+      float ms = 0.0f;
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, ev[static_cast<size_t>(s)], ev[static_cast<size_t>(s + 1)]));
+      step_ms->push_back(ms);
+    }
+    return {};
+  };
+  const Status st = timed();
+  for (auto& e : ev)
+    if (e != nullptr) (void)cudaEventDestroy(e);
+  for (int64_t b = 0; b < batch; ++b) g.lengths[static_cast<size_t>(b)] += steps;
+  return st;
+}
+
+Status GpuRuntime::time_prefill(int64_t tokens, uint64_t seed, double* ms) {
+  Impl& g = *impl_;
+  if (tokens < 1 || tokens > g.options.max_context)
+    return invalid_argument("time_prefill: " + std::to_string(tokens) + " tokens, the KV cache holds " +
+                            std::to_string(g.options.max_context));
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> ids(1);
+  for (int64_t i = 0; i < tokens; ++i) ids[0].push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(g.c.vocab_size)));
+  g.lengths[0] = 0;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  float t = 0.0f;
+  auto timed = [&]() -> Status {
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, g.stream));
+    std::vector<float> logits;
+    LLMQ_RETURN_IF_ERROR(prefill(ids, false, &logits));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, g.stream));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t, start, stop));
+    return {};
+  };
+  const Status st = timed();
+  if (start != nullptr) (void)cudaEventDestroy(start);
+  if (stop != nullptr) (void)cudaEventDestroy(stop);
+  *ms = t;
+  g.lengths[0] = 0;
+  return st;
+}
+
+void GpuRuntime::reset() { std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0); }
+int64_t GpuRuntime::length(int64_t sequence) const { return impl_->lengths.at(static_cast<size_t>(sequence)); }
+const GpuRuntimeOptions& GpuRuntime::options() const { return impl_->options; }
+int64_t GpuRuntime::kv_cache_bytes() const { return impl_->kv_cache.bytes(); }
+
+int64_t GpuRuntime::device_bytes() const {
+  const Impl& g = *impl_;
+  int64_t b = g.x.bytes() + g.in_attn.bytes() + g.in_o.bytes() + g.in_mlp.bytes() + g.in_down.bytes() + g.in_lm.bytes();
+  for (const DeviceAllocation* a : {&g.qkv_out, &g.q_rot, &g.attn_out, &g.o_out, &g.gu_out, &g.down_out, &g.logits,
+                                    &g.kv_cache, &g.cos_sin, &g.meta, &g.dec, &g.history, &g.gemm_workspace,
+                                    &g.quant_workspace, &g.attn_workspace})
+    b += a->bytes();
+  return b;
+}
+
+std::vector<std::string> GpuRuntime::describe_linears(int64_t tokens) const {
+  const Impl& g = *impl_;
+  const GpuLayer& L = g.model->layers.front();
+  std::vector<std::string> out;
+  for (const GpuLinear* l : {&L.qkv, &L.o, &L.gate_up, &L.down, &g.model->lm_head})
+    out.push_back(l->name + ": " + runtime::linear_path(*l, tokens, g.lin));
+  return out;
+}
+
+}  // namespace llmq

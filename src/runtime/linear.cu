@@ -1,0 +1,208 @@
+// run_linear (linear.hpp): which kernel takes a linear layer at M rows, and the call into it.
+#include <algorithm>
+
+#include "llmq/cuda_decode_gemm.hpp"
+#include "llmq/cuda_int8_gemm.hpp"
+#include "runtime/linear.hpp"
+
+namespace llmq::runtime {
+namespace {
+
+enum class Path { kDecodeGemm, kCublasFp8Outer, kCublasFp8Block, kCublasBf16, kInt8Gemm, kGeneric };
+
+const char* path_name(Path p) {
+  switch (p) {
+    case Path::kDecodeGemm: return "decode-gemm";
+    case Path::kCublasFp8Outer: return "cublaslt-fp8 per-token x per-channel";
+    case Path::kCublasFp8Block: return "cublaslt-fp8 1x128 x 128x128";
+    case Path::kCublasBf16: return "cublaslt-bf16";
+    case Path::kInt8Gemm: return "int8-gemm";
+    case Path::kGeneric: return "generic (cuda cores)";
+  }
+  return "?";
+}
+
+bool quantized_input(const GpuLinear& l) { return l.act != ActQuant::kNone; }
+bool per_row_scales(const GpuLinear& l) {
+  return l.act == ActQuant::kPerToken || l.act == ActQuant::kStaticTensor || l.act == ActQuant::kDynamicTensor;
+}
+
+DecodeGemmProblem decode_problem(const GpuLinear& l, const LinearPart& part, const LinearInput& x, int64_t m,
+                                 void* y, int64_t ldy) {
+  DecodeGemmProblem p;
+  p.m = m;
+  p.n = part.n;
+  p.k = l.k;
+  if (quantized_input(l)) {
+    p.a = x.codes;
+    p.a_dtype = l.act_dtype;
+    p.a_scale = x.scales;
+  } else {
+    p.a = x.bf16;
+    p.a_dtype = DType::kBF16;
+  }
+  p.w = part.w.get();
+  p.w_dtype = part.w_dtype;
+  p.w_scale = part.w_scale.as<float>();
+  p.d = y;
+  p.d_row_stride = ldy;
+  return p;
+}
+
+CudaGemmProblem cublas_problem(const GpuLinear& l, const LinearPart& part, const LinearInput& x, int64_t m, void* y,
+                               LinearOut y_type, int64_t ldy, Path path) {
+  CudaGemmProblem p;
+  p.m = m;
+  p.n = part.n;
+  p.k = l.k;
+  p.d = y;
+  p.d_dtype = y_type == LinearOut::kF32 ? DType::kF32 : DType::kBF16;
+  p.d_row_stride = ldy;
+  p.b.data = part.w.get();
+  p.b.dtype = part.w_dtype;
+  if (path == Path::kCublasBf16) {
+    p.a.data = x.bf16;
+    p.a.dtype = DType::kBF16;
+  } else {
+    p.a.data = x.codes;
+    p.a.dtype = DType::kE4M3;
+    p.a.scales = x.scales;
+    if (path == Path::kCublasFp8Outer) {
+      p.a.scale_mode = p.b.scale_mode = GemmScaleMode::kOuterVector;
+      p.b.scales = part.w_scale.as<float>();
+    } else {
+      p.a.scale_mode = GemmScaleMode::kBlock1x128;
+      p.b.scale_mode = GemmScaleMode::kBlock128x128;
+      p.b.scale_layout = ScaleLayout::kCublasLt;
+      p.b.scales = part.w_scale_lt.as<float>();
+    }
+  }
+  return p;
+}
+
+Path choose_path(const GpuLinear& l, const LinearPart& part, int64_t m, LinearOut y_type, int64_t ldy,
+                 const LinearContext& ctx) {
+  const bool eight_bit = part.w_dtype == DType::kE4M3 || part.w_dtype == DType::kI8;
+  // Decode GEMM: 8-bit weights with per-channel scales, BF16 input or the weight's own format with
+  // per-row scales. Its can_implement checks K, alignment and the INT32 bound; pointers are not
+  // known here, so only the shape-dependent conditions are tested with stand-in pointers.
+  if (m <= kMaxDecodeGemmM && eight_bit && part.scale_kind == WeightScale::kChannel && y_type == LinearOut::kBF16 &&
+      (!quantized_input(l) || (per_row_scales(l) && l.act_dtype == part.w_dtype)) &&
+      (part.w_dtype == DType::kI8 || ctx.sm_major > 8 || (ctx.sm_major == 8 && ctx.sm_minor >= 9))) {
+    alignas(16) static const char stand_in[16] = {};
+    LinearInput x{reinterpret_cast<const uint16_t*>(stand_in), stand_in, reinterpret_cast<const float*>(stand_in)};
+    DecodeGemmProblem p = decode_problem(l, part, x, std::max<int64_t>(m, 1), const_cast<char*>(stand_in), ldy);
+    p.w = stand_in;
+    p.w_scale = reinterpret_cast<const float*>(stand_in);
+    if (cuda_decode_gemm_can_implement(p).ok()) return Path::kDecodeGemm;
+  }
+  const int64_t mm = std::max<int64_t>(padded_rows(l, m), 4);
+  alignas(16) static const char stand_in[16] = {};
+  LinearInput x{reinterpret_cast<const uint16_t*>(stand_in), stand_in, reinterpret_cast<const float*>(stand_in)};
+  auto cublas_ok = [&](Path path) {
+    if (ctx.gemm == nullptr) return false;
+    CudaGemmProblem p = cublas_problem(l, part, x, mm, const_cast<char*>(stand_in), y_type, ldy, path);
+    p.b.data = stand_in;
+    p.b.scales = reinterpret_cast<const float*>(stand_in);
+    return cuda_gemm_can_implement(p, ctx.sm_major, ctx.sm_minor).ok();
+  };
+  if (part.w_dtype == DType::kBF16 && !quantized_input(l) && cublas_ok(Path::kCublasBf16)) return Path::kCublasBf16;
+  if (part.w_dtype == DType::kE4M3 && l.act_dtype == DType::kE4M3) {
+    if (part.scale_kind == WeightScale::kChannel && per_row_scales(l) && cublas_ok(Path::kCublasFp8Outer))
+      return Path::kCublasFp8Outer;
+    if (part.scale_kind == WeightScale::kBlock128 && l.act == ActQuant::kBlock1x128 && !part.w_scale_lt.empty() &&
+        cublas_ok(Path::kCublasFp8Block))
+      return Path::kCublasFp8Block;
+  }
+  if (part.w_dtype == DType::kI8 && l.act_dtype == DType::kI8 && per_row_scales(l) &&
+      part.scale_kind == WeightScale::kChannel && y_type == LinearOut::kBF16 && ldy == part.n &&
+      l.parts.size() == 1 && cuda_int8_gemm_can_implement(m, part.n, l.k).ok())
+    return Path::kInt8Gemm;
+  return Path::kGeneric;
+}
+
+}  // namespace
+
+static int64_t part_bytes(const LinearPart& p) { return p.w.bytes() + p.w_scale.bytes() + p.w_scale_lt.bytes(); }
+
+int64_t GpuLinear::bytes() const {
+  int64_t b = 0;
+  for (const LinearPart& p : parts) b += part_bytes(p);
+  return b;
+}
+
+int64_t padded_rows(const GpuLinear& linear, int64_t m) {
+  return linear.act == ActQuant::kBlock1x128 ? (m + 3) / 4 * 4 : m;
+}
+
+std::string linear_path(const GpuLinear& l, int64_t m, const LinearContext& ctx) {
+  std::string s;
+  for (const LinearPart& part : l.parts) {
+    if (!s.empty()) s += " + ";
+    s += path_name(choose_path(l, part, m, LinearOut::kBF16, l.n, ctx));
+    s += std::string(" ") + dtype_name(part.w_dtype);
+    if (l.act != ActQuant::kNone) s += std::string("/") + dtype_name(l.act_dtype);
+  }
+  return s;
+}
+
+namespace {
+
+Status run_part(const GpuLinear& l, const LinearPart& part, const LinearInput& x, int64_t m, void* yp, LinearOut y_type,
+                int64_t ldy, const LinearContext& ctx, Path path) {
+  switch (path) {
+    case Path::kDecodeGemm:
+      return cuda_decode_gemm(decode_problem(l, part, x, m, yp, ldy), ctx.stream);
+    case Path::kCublasFp8Outer:
+    case Path::kCublasBf16:
+    case Path::kCublasFp8Block: {
+      // Block scales want M % 4 == 0: the activation buffers hold padded rows (quantized zeros or
+      // stale finite rows beyond M), and the extra output rows land in rows the output buffer also
+      // holds (the runtime sizes every buffer for padded rows).
+      const int64_t mm = path == Path::kCublasFp8Block ? padded_rows(l, m) : m;
+      return ctx.gemm->run(cublas_problem(l, part, x, mm, yp, y_type, ldy, path), ctx.workspace, ctx.workspace_bytes,
+                           ctx.stream);
+    }
+    case Path::kInt8Gemm:
+      return cuda_int8_gemm(static_cast<const int8_t*>(x.codes), part.w.as<int8_t>(), x.scales, part.w_scale.as<float>(),
+                            nullptr, static_cast<uint16_t*>(yp), m, part.n, l.k, ctx.stream);
+    case Path::kGeneric: break;
+  }
+  GenericLinearArgs g;
+  g.m = m;
+  g.n = part.n;
+  g.k = l.k;
+  if (quantized_input(l)) {
+    g.a_dtype = l.act_dtype;
+    g.a = x.codes;
+    g.a_scale = x.scales;
+    g.a_block = l.act == ActQuant::kBlock1x128;
+  } else {
+    g.a = x.bf16;
+  }
+  g.w_dtype = part.w_dtype;
+  g.w = part.w.get();
+  g.w_scale = part.scale_kind == WeightScale::kNone ? nullptr : part.w_scale.as<float>();
+  g.w_block = part.scale_kind == WeightScale::kBlock128;
+  g.y = yp;
+  g.y_f32 = y_type == LinearOut::kF32;
+  g.ldy = ldy;
+  return generic_linear(g, ctx.stream);
+}
+
+}  // namespace
+
+Status run_linear(const GpuLinear& l, const LinearInput& x, int64_t m, void* y, LinearOut y_type, int64_t ldy,
+                  const LinearContext& ctx) {
+  if (m == 0) return {};
+  const int64_t y_elem = y_type == LinearOut::kF32 ? 4 : 2;
+  for (const LinearPart& part : l.parts) {
+    void* yp = static_cast<char*>(y) + part.n_offset * y_elem;
+    const Path path = choose_path(l, part, m, y_type, ldy, ctx);
+    const Status st = run_part(l, part, x, m, yp, y_type, ldy, ctx, path);
+    if (!st.ok()) return Status(st.code(), l.name + " (" + path_name(path) + ", M=" + std::to_string(m) + "): " + st.message());
+  }
+  return {};
+}
+
+}  // namespace llmq::runtime

@@ -1,0 +1,427 @@
+// The per-row kernels of the GPU runtime (row_kernels.hpp). One CTA per row: rows are at most a
+// few tens of thousands of elements, so a row's values sit in shared memory between the reduction
+// (sum of squares, absmax) and the write, and the input is read from device memory once.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+
+#include "cuda/cuda_check.cuh"
+#include "cuda/quantize_kernels.cuh"
+#include "cuda/quantize_numerics.cuh"
+#include "runtime/row_kernels.hpp"
+
+namespace llmq::runtime {
+namespace {
+
+using quant_kernels::ScaleParams;
+
+constexpr int kRowThreads = 256;
+constexpr int64_t kMaxRowElems = 32768;  // 128 KB of shared memory per CTA
+
+__device__ __forceinline__ float bf16_at(const uint16_t* p, int64_t i) {
+  return __bfloat162float(__ushort_as_bfloat16(p[i]));
+}
+__device__ __forceinline__ uint16_t to_bf16(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
+// Sum / max over the CTA, returned to every thread. `red` is 32 floats of shared memory; the
+// barriers before and after keep consecutive calls from overwriting slots still being read.
+__device__ float cta_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) s += red[w];
+  return s;
+}
+__device__ float cta_max(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  float m = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) m = fmaxf(m, red[w]);
+  return m;
+}
+
+struct RowKernelArgs {
+  RowOpArgs a;
+  ScaleParams scale;
+};
+
+__device__ __forceinline__ uint8_t encode(float v, bool int8) {
+  if (int8) {
+    const int r = __float2int_rn(v);  // NaN -> 0, as the reference's INT8 encoder
+    return static_cast<uint8_t>(static_cast<int8_t>(r < -128 ? -128 : (r > 127 ? 127 : r)));
+  }
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+template <RowFn F, RowOut O>
+__global__ void __launch_bounds__(kRowThreads) row_op_kernel(RowKernelArgs args) {
+  extern __shared__ float vals[];
+  __shared__ float red[32];
+  const RowOpArgs& a = args.a;
+  const int64_t r = blockIdx.x;
+  const int64_t n = a.n;
+  if constexpr (F == RowFn::kAddRmsNorm) {
+    const int64_t in_row = a.row_index != nullptr ? a.row_index[r] : r;
+    float* x = a.x + in_row * n;
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      float v = x[j];
+      if (a.delta != nullptr) {
+        v += bf16_at(a.delta, in_row * n + j);
+        x[j] = v;
+      }
+      vals[j] = v;
+      ss += v * v;
+    }
+    // run.c's order: mean of squares, + eps, 1 / sqrt, then gain * (inv * x).
+    const float total = cta_sum(ss, red);
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fdiv_rn(total, static_cast<float>(n)) + a.eps));
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) vals[j] = a.gain[j] * (inv * vals[j]);
+  } else if constexpr (F == RowFn::kSiluMul) {
+    const uint16_t* gu = a.src + r * 2 * n;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      float g = bf16_at(gu, j);
+      g *= __fdiv_rn(1.0f, 1.0f + expf(-g));
+      vals[j] = g * bf16_at(gu, n + j);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) vals[j] = bf16_at(a.src, r * n + j);
+  }
+
+  if constexpr (O == RowOut::kBF16) {
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) a.out_bf16[r * n + j] = to_bf16(vals[j]);
+  } else {
+    const bool int8 = a.spec.format == DType::kI8;
+    float s;
+    if constexpr (O == RowOut::kCodesPerToken) {
+      float m = 0.0f;
+      for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, fabsf(vals[j]));  // NaN ignored
+      s = quant_kernels::scale_from_absmax(cta_max(m, red), args.scale);
+    } else {
+      s = a.static_scale;
+    }
+    const float inverse = __fdiv_rn(1.0f, s);
+    uint8_t* codes = static_cast<uint8_t*>(a.codes) + r * n;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) codes[j] = encode(__fmul_rn(vals[j], inverse), int8);
+    if (threadIdx.x == 0) a.scales[r] = s;
+  }
+}
+
+template <RowFn F, RowOut O>
+Status launch_row_op(const RowKernelArgs& args, CudaStream stream) {
+  const size_t smem = static_cast<size_t>(args.a.n) * sizeof(float);
+  if (smem > 48 * 1024) {
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(row_op_kernel<F, O>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(kMaxRowElems * sizeof(float))));
+  }
+  row_op_kernel<F, O><<<static_cast<unsigned>(args.a.rows), kRowThreads, smem, stream>>>(args);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("row_op_kernel");
+  return {};
+}
+
+template <RowFn F>
+Status dispatch_out(const RowKernelArgs& args, CudaStream stream) {
+  switch (args.a.out) {
+    case RowOut::kBF16: return launch_row_op<F, RowOut::kBF16>(args, stream);
+    case RowOut::kCodesPerToken: return launch_row_op<F, RowOut::kCodesPerToken>(args, stream);
+    case RowOut::kCodesStatic: return launch_row_op<F, RowOut::kCodesStatic>(args, stream);
+  }
+  return invalid_argument("row_op: unknown output kind");
+}
+
+__global__ void embedding_kernel(const int32_t* tokens, const void* table, bool table_f32, int64_t dim, float* x) {
+  const int64_t r = blockIdx.x;
+  const int64_t t = tokens[r];
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
+    x[r * dim + j] = table_f32 ? static_cast<const float*>(table)[t * dim + j]
+                               : bf16_at(static_cast<const uint16_t*>(table), t * dim + j);
+}
+
+__global__ void broadcast_scale_kernel(float* scales, int64_t rows) {
+  const float s = scales[0];
+  for (int64_t i = 1 + blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += gridDim.x * blockDim.x) scales[i] = s;
+}
+
+__global__ void rope_kv_kernel(RopeKvArgs a) {
+  const int64_t r = blockIdx.x;
+  const int64_t hd = a.head_dim, half = hd / 2;
+  const int64_t q_dim = a.n_heads * hd, kv_dim = a.n_kv_heads * hd;
+  const int64_t width = q_dim + 2 * kv_dim;
+  const uint16_t* row = a.qkv + r * width;
+  const int64_t pos = a.position[r];
+  const int64_t slot = a.slot[r];
+  const float* cs = a.cos_sin + pos * hd;  // (half, 2)
+  const int64_t cache_row = (slot * a.capacity + pos) * kv_dim;
+  auto value = [&](int64_t c) { return bf16_at(row, c) + (a.bias != nullptr ? a.bias[c] : 0.0f); };
+  // Rotated pairs of q (n_heads * half) and k (n_kv_heads * half).
+  const int64_t pairs = (a.n_heads + a.n_kv_heads) * half;
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int64_t head = p / half, j = p % half;
+    const int64_t i0 = a.interleaved ? 2 * j : j;
+    const int64_t i1 = a.interleaved ? 2 * j + 1 : j + half;
+    const bool is_q = head < a.n_heads;
+    const int64_t base = is_q ? head * hd : q_dim + (head - a.n_heads) * hd;
+    const float v0 = value(base + i0), v1 = value(base + i1);
+    const float fcr = cs[2 * j], fci = cs[2 * j + 1];
+    const float o0 = v0 * fcr - v1 * fci;
+    const float o1 = v0 * fci + v1 * fcr;
+    if (is_q) {
+      a.q_out[r * q_dim + head * hd + i0] = to_bf16(o0);
+      a.q_out[r * q_dim + head * hd + i1] = to_bf16(o1);
+    } else {
+      const int64_t kh = head - a.n_heads;
+      a.k_cache[cache_row + kh * hd + i0] = to_bf16(o0);
+      a.k_cache[cache_row + kh * hd + i1] = to_bf16(o1);
+    }
+  }
+  for (int64_t c = threadIdx.x; c < kv_dim; c += blockDim.x) a.v_cache[cache_row + c] = to_bf16(value(q_dim + kv_dim + c));
+}
+
+constexpr int kArgmaxThreads = 1024;
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t vocab, int32_t* tokens) {
+  __shared__ float best_v[32];
+  __shared__ int32_t best_i[32];
+  const float* row = logits + blockIdx.x * vocab;
+  float bv = -FLT_MAX;
+  int32_t bi = 0x7FFFFFFF;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = row[i];
+    if (v > bv) {  // NaN never wins; ascending i keeps the lowest id among equals
+      bv = v;
+      bi = static_cast<int32_t>(i);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xFFFFFFFFu, bv, o);
+    const int32_t oi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  if (threadIdx.x % 32 == 0) {
+    best_v[threadIdx.x / 32] = bv;
+    best_i[threadIdx.x / 32] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w)
+      if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) {
+        bv = best_v[w];
+        bi = best_i[w];
+      }
+    tokens[blockIdx.x] = bi == 0x7FFFFFFF ? 0 : bi;
+  }
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ float uniform01(uint64_t seed, uint64_t index) {
+  return static_cast<float>(mix64(seed * 0x9E3779B97F4A7C15ull + index) >> 40) * (1.0f / 16777216.0f);
+}
+
+// Temperature + top-p: p_i = exp((l_i - max) / T); the nucleus is every i with p_i >= t for the
+// largest t whose kept mass reaches top_p of the total (found by bisection on t, each step one pass
+// over the row); then u * kept mass is located by a prefix sum over contiguous index chunks.
+__global__ void __launch_bounds__(kArgmaxThreads) sample_kernel(const float* logits, int64_t vocab, float temperature,
+                                                               float top_p, uint64_t seed, const int32_t* step,
+                                                               int32_t* tokens) {
+  __shared__ float red[32];
+  __shared__ float chunk_mass[kArgmaxThreads];
+  const float* row = logits + blockIdx.x * vocab;
+  float m = -FLT_MAX;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, row[i]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
+  __syncthreads();
+  m = red[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) m = fmaxf(m, red[w]);
+  const float inv_t = 1.0f / temperature;
+  auto prob = [&](int64_t i) { return expf((row[i] - m) * inv_t); };
+  auto mass_at_least = [&](float t) {
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float p = prob(i);
+      if (p >= t) s += p;
+    }
+    return cta_sum(s, red);
+  };
+  const float total = mass_at_least(0.0f);
+  float lo = 0.0f, hi = 1.0f;  // mass(lo) >= top_p * total always; the max element has p = 1
+  if (top_p < 1.0f) {
+    for (int it = 0; it < 24; ++it) {
+      const float mid = 0.5f * (lo + hi);
+      if (mass_at_least(mid) >= top_p * total) lo = mid;
+      else hi = mid;
+    }
+  }
+  const float t = lo;
+  const int64_t chunk = (vocab + blockDim.x - 1) / blockDim.x;
+  const int64_t begin = threadIdx.x * chunk;
+  const int64_t end = begin + chunk < vocab ? begin + chunk : vocab;
+  float mine = 0.0f;
+  for (int64_t i = begin; i < end; ++i) {
+    const float p = prob(i);
+    if (p >= t) mine += p;
+  }
+  chunk_mass[threadIdx.x] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float kept = 0.0f;
+    for (int w = 0; w < static_cast<int>(blockDim.x); ++w) kept += chunk_mass[w];
+    float u = uniform01(seed, static_cast<uint64_t>(*step) * 65536u + blockIdx.x) * kept;
+    int32_t choice = -1;
+    for (int w = 0; w < static_cast<int>(blockDim.x) && choice < 0; ++w) {
+      if (u < chunk_mass[w] || w == static_cast<int>(blockDim.x) - 1) {
+        const int64_t b = w * chunk, e = b + chunk < vocab ? b + chunk : vocab;
+        int32_t last = -1;
+        for (int64_t i = b; i < e; ++i) {
+          const float p = prob(i);
+          if (p < t) continue;
+          last = static_cast<int32_t>(i);
+          if (u < p) break;
+          u -= p;
+        }
+        if (last >= 0) choice = last;
+      } else {
+        u -= chunk_mass[w];
+      }
+    }
+    tokens[blockIdx.x] = choice < 0 ? 0 : choice;
+  }
+}
+
+__global__ void advance_kernel(const int32_t* next, int64_t rows, int32_t* tokens, int32_t* position, int32_t* kv_len,
+                               int32_t* step, int32_t* history, int64_t history_rows) {
+  const int32_t s = *step;
+  for (int64_t b = threadIdx.x; b < rows; b += blockDim.x) {
+    const int32_t t = next[b];
+    if (s < history_rows) history[static_cast<int64_t>(s) * rows + b] = t;
+    tokens[b] = t;
+    position[b] += 1;
+    kv_len[b] += 1;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *step = s + 1;
+}
+
+__device__ __forceinline__ float random_normal_like(uint64_t seed, int64_t i) {
+  // Irwin-Hall: the sum of 4 uniforms, centred (variance 1/3), scaled to variance 1.
+  const uint64_t h = mix64(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i));
+  const float u0 = static_cast<float>(h & 0xFFFF), u1 = static_cast<float>((h >> 16) & 0xFFFF);
+  const float u2 = static_cast<float>((h >> 32) & 0xFFFF), u3 = static_cast<float>(h >> 48);
+  const float v = ((u0 + u1 + u2 + u3 + 2.0f) * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
+  return v;  // 0 only when the four draws sum to exactly 131070; the callers replace that 0
+}
+
+__global__ void fill_bf16_kernel(uint16_t* d, int64_t count, float std, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = random_normal_like(seed, i) * std;
+    if (v == 0.0f) v = std * 1e-3f;
+    d[i] = to_bf16(v);
+  }
+}
+__global__ void fill_f32_kernel(float* d, int64_t count, float mean, float std, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    d[i] = mean + random_normal_like(seed, i) * std;
+}
+
+unsigned grid_for(int64_t count) {
+  const int64_t g = (count + 255) / 256;
+  return static_cast<unsigned>(g < 65536 ? (g > 0 ? g : 1) : 65536);
+}
+
+}  // namespace
+
+Status embedding(const int32_t* tokens, int64_t rows, const void* table, bool table_f32, int64_t dim, float* x,
+                 CudaStream stream) {
+  if (rows == 0) return {};
+  embedding_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(tokens, table, table_f32, dim, x);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("embedding_kernel");
+  return {};
+}
+
+Status row_op(const RowOpArgs& a, CudaStream stream) {
+  if (a.rows == 0) return {};
+  if (a.n <= 0 || a.n > kMaxRowElems)
+    return invalid_argument("row_op: row width " + std::to_string(a.n) + " outside [1, " + std::to_string(kMaxRowElems) + "]");
+  if (a.out != RowOut::kBF16 && a.spec.format != DType::kE4M3 && a.spec.format != DType::kI8)
+    return unsupported(std::string("row_op: fused quantize writes e4m3 or int8, not ") + dtype_name(a.spec.format));
+  RowKernelArgs args{a, {}};
+  if (a.out == RowOut::kCodesPerToken) args.scale = quant_kernels::scale_params(a.spec);
+  switch (a.fn) {
+    case RowFn::kAddRmsNorm: return dispatch_out<RowFn::kAddRmsNorm>(args, stream);
+    case RowFn::kSiluMul: return dispatch_out<RowFn::kSiluMul>(args, stream);
+    case RowFn::kCopy: return dispatch_out<RowFn::kCopy>(args, stream);
+  }
+  return invalid_argument("row_op: unknown function");
+}
+
+Status broadcast_scale(float* scales, int64_t rows, CudaStream stream) {
+  if (rows <= 1) return {};
+  broadcast_scale_kernel<<<grid_for(rows), 256, 0, stream>>>(scales, rows);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("broadcast_scale_kernel");
+  return {};
+}
+
+Status rope_kv(const RopeKvArgs& a, CudaStream stream) {
+  if (a.rows == 0) return {};
+  if (a.head_dim % 2 != 0) return invalid_argument("rope_kv: odd head_dim " + std::to_string(a.head_dim));
+  rope_kv_kernel<<<static_cast<unsigned>(a.rows), 256, 0, stream>>>(a);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("rope_kv_kernel");
+  return {};
+}
+
+Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, CudaStream stream) {
+  if (rows == 0) return {};
+  argmax_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(logits, vocab, tokens);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("argmax_kernel");
+  return {};
+}
+
+Status sample_rows(const float* logits, int64_t rows, int64_t vocab, float temperature, float top_p, uint64_t seed,
+                   const int32_t* step, int32_t* tokens, CudaStream stream) {
+  if (rows == 0) return {};
+  if (!(temperature > 0.0f)) return argmax_rows(logits, rows, vocab, tokens, stream);
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return invalid_argument("top_p: " + std::to_string(top_p) + " outside (0, 1]");
+  sample_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(logits, vocab, temperature, top_p, seed,
+                                                                           step, tokens);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("sample_kernel");
+  return {};
+}
+
+Status advance_decode(const int32_t* next, int64_t rows, int32_t* tokens, int32_t* position, int32_t* kv_len,
+                      int32_t* step, int32_t* history, int64_t history_rows, CudaStream stream) {
+  advance_kernel<<<1, 1024, 0, stream>>>(next, rows, tokens, position, kv_len, step, history, history_rows);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("advance_kernel");
+  return {};
+}
+
+Status fill_random_bf16(uint16_t* data, int64_t count, float std, uint64_t seed, CudaStream stream) {
+  if (count == 0) return {};
+  fill_bf16_kernel<<<grid_for(count), 256, 0, stream>>>(data, count, std, seed);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("fill_bf16_kernel");
+  return {};
+}
+
+Status fill_random_f32(float* data, int64_t count, float mean, float std, uint64_t seed, CudaStream stream) {
+  if (count == 0) return {};
+  fill_f32_kernel<<<grid_for(count), 256, 0, stream>>>(data, count, mean, std, seed);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("fill_f32_kernel");
+  return {};
+}
+
+}  // namespace llmq::runtime

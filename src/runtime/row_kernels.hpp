@@ -1,0 +1,83 @@
+// The small per-row kernels of the GPU runtime's forward pass (row_kernels.cu), each one pass over
+// its rows, launched one CTA per row:
+//   embedding   x[t] = float(table[token[t]])
+//   row_op      y = f(row) then written as BF16 or quantized (codes + one scale per row), where f is
+//               add + RMSNorm (x += delta, written back, then gain * x / rms), SiLU(gate) * up, or a
+//               copy; the quantize is llmq's per-token absmax (or a static per-tensor scale), bit
+//               for bit the CPU reference's on the same float values
+//   rope_kv     q/k rotated (interleaved or rotate-half pairs), k and v written into the KV cache
+// and the bookkeeping of device-side decoding (greedy argmax, advancing positions).
+// No CUDA headers here.
+#pragma once
+
+#include <cstdint>
+
+#include "llmq/cuda_stream.hpp"
+#include "llmq/quant_spec.hpp"
+#include "llmq/status.hpp"
+
+namespace llmq::runtime {
+
+Status embedding(const int32_t* tokens, int64_t rows, const void* table, bool table_f32, int64_t dim, float* x,
+                 CudaStream stream);
+
+enum class RowFn { kAddRmsNorm, kSiluMul, kCopy };
+enum class RowOut { kBF16, kCodesPerToken, kCodesStatic };
+
+struct RowOpArgs {
+  RowFn fn = RowFn::kCopy;
+  int64_t rows = 0;
+  int64_t n = 0;                    // output columns
+  // kAddRmsNorm: residual x f32 [*, n]; delta bf16 [rows, n] or null (added to x and written back);
+  // row_index (optional) gathers input rows: output row r reads row row_index[r].
+  float* x = nullptr;
+  const uint16_t* delta = nullptr;
+  const float* gain = nullptr;      // [n]
+  float eps = 1e-5f;
+  const int32_t* row_index = nullptr;
+  // kSiluMul: gate_up bf16 [rows, 2n] (gate = columns 0..n-1, up = n..2n-1). kCopy: src bf16 [rows, n].
+  const uint16_t* src = nullptr;
+  // Output.
+  RowOut out = RowOut::kBF16;
+  uint16_t* out_bf16 = nullptr;     // [rows, n]
+  void* codes = nullptr;            // [rows, n] e4m3 or int8
+  float* scales = nullptr;          // [rows]
+  QuantSpec spec;                   // format and scale rules (kCodesPerToken)
+  float static_scale = 0.0f;        // kCodesStatic
+};
+Status row_op(const RowOpArgs& args, CudaStream stream);
+
+// scales[0 .. rows-1] = scales[0] (a dynamic per-tensor scale broadcast to per-row form).
+Status broadcast_scale(float* scales, int64_t rows, CudaStream stream);
+
+struct RopeKvArgs {
+  const uint16_t* qkv = nullptr;    // [rows, q_dim + 2 kv_dim] bf16 (q, then k, then v)
+  const float* bias = nullptr;      // [q_dim + 2 kv_dim] or null (Qwen2), added before rotating
+  uint16_t* q_out = nullptr;        // [rows, n_heads, head_dim]
+  uint16_t* k_cache = nullptr;      // [slots, capacity, n_kv_heads, head_dim] (this layer)
+  uint16_t* v_cache = nullptr;
+  const int32_t* position = nullptr;  // [rows]
+  const int32_t* slot = nullptr;      // [rows]
+  const float* cos_sin = nullptr;   // [capacity, head_dim / 2, 2]
+  int64_t rows = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, capacity = 0;
+  bool interleaved = false;         // llama2.c pairs (2j, 2j+1); else (j, j + head_dim/2)
+};
+Status rope_kv(const RopeKvArgs& args, CudaStream stream);
+
+// tokens[r] = argmax of logits row r (float32 [rows, vocab]); ties go to the lowest id.
+Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, CudaStream stream);
+
+// Temperature + top-p sampling of each row, Philox-free counter hash of (seed, *step, row).
+Status sample_rows(const float* logits, int64_t rows, int64_t vocab, float temperature, float top_p, uint64_t seed,
+                   const int32_t* step, int32_t* tokens, CudaStream stream);
+
+// After a decode step of `rows` sequences: history[step * rows + b] = next[b]; tokens[b] = next[b];
+// position[b] += 1; kv_len[b] += 1; *step += 1 (by one thread, after the others read it).
+Status advance_decode(const int32_t* next, int64_t rows, int32_t* tokens, int32_t* position, int32_t* kv_len,
+                      int32_t* step, int32_t* history, int64_t history_rows, CudaStream stream);
+
+// Seeded pseudo-random fills (a hash of seed and index; roughly normal with std `std`, never 0).
+Status fill_random_bf16(uint16_t* data, int64_t count, float std, uint64_t seed, CudaStream stream);
+Status fill_random_f32(float* data, int64_t count, float mean, float std, uint64_t seed, CudaStream stream);
+
+}  // namespace llmq::runtime
