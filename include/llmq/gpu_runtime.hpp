@@ -132,6 +132,10 @@ class GpuRuntime {
   std::unique_ptr<Impl> impl_;
 };
 
+// Device-to-device copy bandwidth of `device` (bytes read + written per second, median of several
+// copies of `bytes`): the memory ceiling decode is measured against.
+Status measure_copy_bandwidth(int device, int64_t bytes, double* bytes_per_second);
+
 // Peak device memory in use (cudaMemGetInfo: total - free) as seen now, for reports.
 Status gpu_memory_in_use(int device, int64_t* used_bytes, int64_t* total_bytes);
 

@@ -460,6 +460,37 @@ Status GpuModel::synthetic(const ModelConfig& c, const std::string& precision, u
   return {};
 }
 
+Status measure_copy_bandwidth(int device, int64_t bytes, double* bytes_per_second) {
+  LLMQ_RETURN_IF_ERROR(select_device(device));
+  DeviceAllocation a, b;
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(bytes, "copy source", &a));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(bytes, "copy destination", &b));
+  LLMQ_RETURN_IF_ERROR(runtime::fill_random_bf16(a.as<uint16_t>(), bytes / 2, 1.0f, 1, nullptr));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  std::vector<float> ms;
+  auto timed = [&]() -> Status {
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+    for (int i = 0; i < 12; ++i) {
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.get(), a.get(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
+      float t = 0.0f;
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t, start, stop));
+      if (i >= 2) ms.push_back(t);  // two warm-up copies
+    }
+    return {};
+  };
+  const Status st = timed();
+  if (start != nullptr) (void)cudaEventDestroy(start);
+  if (stop != nullptr) (void)cudaEventDestroy(stop);
+  LLMQ_RETURN_IF_ERROR(st);
+  std::sort(ms.begin(), ms.end());
+  *bytes_per_second = 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] * 1e-3);
+  return {};
+}
+
 Status gpu_memory_in_use(int device, int64_t* used_bytes, int64_t* total_bytes) {
   LLMQ_RETURN_IF_ERROR(select_device(device));
   int64_t f = 0;

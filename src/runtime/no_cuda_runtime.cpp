@@ -48,5 +48,6 @@ const GpuRuntimeOptions& GpuRuntime::options() const { return impl_->options; }
 std::vector<std::string> GpuRuntime::describe_linears(int64_t) const { return {}; }
 
 Status gpu_memory_in_use(int, int64_t*, int64_t*) { return no_cuda(); }
+Status measure_copy_bandwidth(int, int64_t, double*) { return no_cuda(); }
 
 }  // namespace llmq

@@ -1,8 +1,10 @@
 // llmq run: generate from a model (llama2.c sampling, token for token).
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
 #include "commands.hpp"
+#include "llmq/gpu_runtime.hpp"
 #include "llmq/model_io.hpp"
 #include "llmq/quantized_model.hpp"
 #include "llmq/sampler.hpp"
@@ -21,7 +23,43 @@ struct RunArgs {
   bool ids = false;
   std::string scheme;
   std::string stats;
+  std::string device = "cpu";
+  std::string precision = "bf16";
+  int gpu = 0;
 };
+
+// The GPU runtime: prefill the prompt but its last token, then `steps` - (prompt - 1) decode
+// steps from that token, sampled on the device (the same positions the CPU path runs).
+Status run_on_gpu(const RunArgs& a, const ModelWeights& model, const QuantizedModel* qm,
+                  const std::vector<int32_t>& prompt, std::vector<int32_t>* out) {
+  std::unique_ptr<GpuModel> gm;
+  if (qm != nullptr) {
+    LLMQ_RETURN_IF_ERROR(GpuModel::from_quantized(*qm, a.gpu, &gm));
+  } else {
+    if (a.precision != "bf16" && a.precision != "f32")
+      return invalid_argument("--precision: bf16 or f32 (8-bit schemes: --scheme), got '" + a.precision + "'");
+    LLMQ_RETURN_IF_ERROR(GpuModel::from_float(model, a.precision == "f32" ? DType::kF32 : DType::kBF16, a.gpu, &gm));
+  }
+  const int64_t generated = a.steps - static_cast<int64_t>(prompt.size()) + 1;
+  if (generated < 1) return invalid_argument("--steps: " + std::to_string(a.steps) + " leaves no room after the prompt");
+  GpuRuntimeOptions o;
+  o.max_context = a.steps;
+  o.max_step_tokens = std::max<int64_t>(1, static_cast<int64_t>(prompt.size()));
+  std::unique_ptr<GpuRuntime> rt;
+  LLMQ_RETURN_IF_ERROR(GpuRuntime::create(*gm, o, &rt));
+  if (prompt.size() > 1) {
+    std::vector<float> logits;
+    LLMQ_RETURN_IF_ERROR(rt->prefill({std::vector<int32_t>(prompt.begin(), prompt.end() - 1)}, false, &logits));
+  }
+  SamplingOptions s;
+  s.temperature = a.temperature;
+  s.top_p = a.topp;
+  s.seed = a.seed;
+  std::vector<std::vector<int32_t>> tokens;
+  LLMQ_RETURN_IF_ERROR(rt->generate({prompt.back()}, generated, s, &tokens));
+  *out = tokens[0];
+  return {};
+}
 
 int run(const RunArgs& a) {
   ModelWeights model;
@@ -52,14 +90,18 @@ int run(const RunArgs& a) {
     backend = std::make_unique<QuantizedLinearBackend>(qm);
     weights = &qm.weights;
   }
-  Transformer transformer(*weights, backend.get());
-  GenerateOptions g;
-  g.steps = a.steps;
-  g.temperature = a.temperature;
-  g.topp = a.topp;
-  g.seed = a.seed;
   std::vector<int32_t> out;
-  if (Status st = generate(&transformer, prompt, g, &out); !st.ok()) return fail(st);
+  if (a.device == "cuda") {
+    if (Status st = run_on_gpu(a, model, a.scheme.empty() ? nullptr : &qm, prompt, &out); !st.ok()) return fail(st);
+  } else {
+    Transformer transformer(*weights, backend.get());
+    GenerateOptions g;
+    g.steps = a.steps;
+    g.temperature = a.temperature;
+    g.topp = a.topp;
+    g.seed = a.seed;
+    if (Status st = generate(&transformer, prompt, g, &out); !st.ok()) return fail(st);
+  }
   std::unique_ptr<Tokenizer> tokenizer;
   if (!a.ids && !a.model.empty() && !Tokenizer::find(a.model).empty())
     if (Status st = Tokenizer::load(a.model, &tokenizer); !st.ok()) return fail(st);
@@ -94,6 +136,10 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_flag("--ids", args->ids, "print generated token ids instead of text");
   cmd->add_option("--scheme", args->scheme, "run with every linear layer quantized under this scheme");
   cmd->add_option("--stats", args->stats, "calibration statistics for static schemes");
+  cmd->add_option("--device", args->device, "cpu (the float32 reference) or cuda (the GPU runtime)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--precision", args->precision, "--device cuda without --scheme: bf16 or f32 linears");
+  cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 

@@ -1,0 +1,229 @@
+// llmq bench e2e: end-to-end speed of the GPU runtime on a model (synthetic weights with the
+// shapes of a real model, or a checkpoint): decode time per output token (median and p90 of CUDA-
+// event-timed steps, each one CUDA-graph replay) at several batch sizes and context lengths, time
+// to first token of prefills, MFU, peak GPU memory, and each decode figure against its floor
+// (bytes one step must read / the copy bandwidth measured in the same run). A table, and JSON
+// lines with --json (device, date and commit in every line).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "commands.hpp"
+#include "llmq/device.hpp"
+#include "llmq/gpu_runtime.hpp"
+#include "llmq/model_io.hpp"
+#include "llmq/quantized_model.hpp"
+
+namespace llmq::cli {
+namespace {
+
+using json = nlohmann::json;
+
+struct BenchArgs {
+  std::string model = "synthetic:llama3-8b";
+  std::vector<std::string> precisions = {"bf16", "fp8-dynamic"};
+  std::vector<int64_t> batches = {1, 8, 64};
+  std::vector<int64_t> contexts = {512, 8192};
+  std::vector<int64_t> prefills = {512, 2048, 8192};
+  int64_t steps = 64;
+  int64_t warmup = 8;
+  int prefill_runs = 3;
+  uint64_t seed = 1;
+  int device = 0;
+  std::string json_path;
+  bool no_graphs = false;
+};
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5));
+  return v[i];
+}
+
+std::string today() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
+  return buf;
+}
+
+// Parameters of the linear layers (the matmul FLOPs per token are twice this, lm_head included).
+double matmul_params(const ModelConfig& c) {
+  const double q = static_cast<double>(c.n_heads * c.head_dim), kv = static_cast<double>(c.n_kv_heads * c.head_dim);
+  const double d = static_cast<double>(c.dim), h = static_cast<double>(c.hidden_dim);
+  return static_cast<double>(c.n_layers) * (d * (q + 2 * kv) + q * d + 3 * d * h) + d * static_cast<double>(c.vocab_size);
+}
+
+// Dense tensor-core peaks (NVIDIA datasheets, SXM): MFU's denominator.
+double peak_flops(const std::string& device, bool eight_bit) {
+  const bool hopper = device.find("H100") != std::string::npos || device.find("H200") != std::string::npos;
+  if (!hopper) return 0.0;
+  const bool pcie = device.find("PCIe") != std::string::npos;
+  const double bf16 = pcie ? 756e12 : 989e12;
+  return eight_bit ? 2 * bf16 : bf16;
+}
+
+Status load_gpu_model(const BenchArgs& a, const std::string& precision, std::unique_ptr<GpuModel>* out) {
+  const std::string prefix = "synthetic:";
+  if (a.model.rfind(prefix, 0) == 0) {
+    ModelConfig c;
+    LLMQ_RETURN_IF_ERROR(synthetic_model_config(a.model.substr(prefix.size()), &c));
+    Progress progress("generating " + a.model + " " + precision);
+    const Status st = GpuModel::synthetic(c, precision, a.seed, a.device, out,
+                                          [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); });
+    progress.finish();
+    return st;
+  }
+  ModelWeights w;
+  LLMQ_RETURN_IF_ERROR(load_model(a.model, &w));
+  if (precision == "bf16" || precision == "f32")
+    return GpuModel::from_float(w, precision == "bf16" ? DType::kBF16 : DType::kF32, a.device, out);
+  Scheme scheme;
+  LLMQ_RETURN_IF_ERROR(find_scheme(precision, &scheme));
+  if (scheme.needs_statistics())
+    return invalid_argument("--precision " + precision + ": static and SmoothQuant schemes need calibration; bench them on a synthetic model or quantize first");
+  QuantizedModel qm;
+  LLMQ_RETURN_IF_ERROR(quantize_model(w, scheme, nullptr, {}, &qm));
+  return GpuModel::from_quantized(qm, a.device, out);
+}
+
+int run_e2e(const BenchArgs& a) {
+  CudaDeviceInfo info;
+  if (Status st = query_cuda_device(a.device, &info); !st.ok()) return fail(st);
+  const char* commit_env = std::getenv("LLMQ_COMMIT");
+  const std::string commit = commit_env != nullptr ? commit_env : "unknown";
+  std::ofstream json_out;
+  if (!a.json_path.empty()) {
+    json_out.open(a.json_path, std::ios::app);
+    if (!json_out) return fail(Status(StatusCode::kIoError, "--json: cannot open " + a.json_path));
+  }
+  auto emit = [&](json j) {
+    j["device"] = info.name;
+    j["date"] = today();
+    j["commit"] = commit;
+    j["model"] = a.model;
+    if (json_out) json_out << j.dump() << "\n" << std::flush;
+  };
+  double copy_bw = 0.0;
+  if (Status st = measure_copy_bandwidth(a.device, int64_t{1} << 30, &copy_bw); !st.ok()) return fail(st);
+  fmt::print("llmq bench e2e: {} on {} (copy {:.0f} GB/s, commit {})\n", a.model, info.name, copy_bw / 1e9, commit);
+  emit({{"kind", "copy"}, {"bytes_per_s", copy_bw}});
+  std::vector<std::string> table;
+  for (const std::string& precision : a.precisions) {
+    std::unique_ptr<GpuModel> model;
+    if (Status st = load_gpu_model(a, precision, &model); !st.ok()) {
+      fmt::print(stderr, "llmq: {} {}: {}\n", a.model, precision, st.to_string());
+      emit({{"kind", "skipped"}, {"precision", precision}, {"reason", st.to_string()}});
+      table.push_back(fmt::format("{:<20} | {}", precision, st.to_string()));
+      continue;
+    }
+    const ModelConfig& c = model->config();
+    const int64_t kv_per_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2;
+    // Weight bytes a decode step reads: everything but the embedding table (one row per token).
+    const double step_weight_bytes = static_cast<double>(model->weight_bytes() - c.vocab_size * c.dim * 2);
+    const bool eight_bit = precision != "bf16" && precision != "f32";
+    for (int64_t batch : a.batches) {
+      for (int64_t ctx : a.contexts) {
+        GpuRuntimeOptions o;
+        o.max_batch = batch;
+        o.max_context = ctx + a.warmup + a.steps + 1;
+        o.max_step_tokens = batch;
+        o.cuda_graphs = !a.no_graphs;
+        std::unique_ptr<GpuRuntime> rt;
+        Status st = GpuRuntime::create(*model, o, &rt);
+        std::vector<double> ms;
+        if (st.ok()) st = rt->fill_context_for_benchmark(batch, ctx, a.seed);
+        if (st.ok()) st = rt->time_decode(batch, a.warmup, a.steps, &ms);
+        int64_t used = 0, total = 0;
+        if (st.ok()) st = gpu_memory_in_use(a.device, &used, &total);
+        if (!st.ok()) {
+          emit({{"kind", "decode"}, {"precision", precision}, {"batch", batch}, {"context", ctx}, {"skipped", st.to_string()}});
+          table.push_back(fmt::format("{:<20} | decode b={:<3} ctx={:<5} | skipped: {}", precision, batch, ctx, st.message()));
+          continue;
+        }
+        const double med = percentile(ms, 0.5), p90 = percentile(ms, 0.9);
+        const double kv_bytes = static_cast<double>(batch) * static_cast<double>(ctx + a.warmup + a.steps / 2) *
+                                static_cast<double>(kv_per_token);
+        const double floor_ms = (step_weight_bytes + kv_bytes) / copy_bw * 1e3;
+        emit({{"kind", "decode"}, {"precision", precision}, {"batch", batch}, {"context", ctx}, {"steps", a.steps},
+              {"tpot_ms_median", med}, {"tpot_ms_p90", p90}, {"tokens_per_s", static_cast<double>(batch) / med * 1e3},
+              {"floor_ms", floor_ms}, {"weight_bytes", step_weight_bytes}, {"kv_bytes", kv_bytes},
+              {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"step_ms", ms}});
+        table.push_back(fmt::format("{:<20} | decode b={:<3} ctx={:<5} | {:8.3f} ms/step (p90 {:7.3f}) | {:8.0f} tok/s | floor {:6.3f} ms ({:4.2f}x) | {:5.1f} GB",
+                                    precision, batch, ctx, med, p90, static_cast<double>(batch) / med * 1e3, floor_ms,
+                                    med / floor_ms, static_cast<double>(used) / 1e9));
+        fmt::print(stderr, "{}\n", table.back());
+      }
+    }
+    for (int64_t n : a.prefills) {
+      GpuRuntimeOptions o;
+      o.max_batch = 1;
+      o.max_context = n;
+      o.max_step_tokens = n;
+      std::unique_ptr<GpuRuntime> rt;
+      Status st = GpuRuntime::create(*model, o, &rt);
+      std::vector<double> ms;
+      for (int r = 0; r <= a.prefill_runs && st.ok(); ++r) {  // run 0 warms up
+        double t = 0.0;
+        st = rt->time_prefill(n, a.seed + static_cast<uint64_t>(r), &t);
+        if (r > 0) ms.push_back(t);
+      }
+      int64_t used = 0, total = 0;
+      if (st.ok()) st = gpu_memory_in_use(a.device, &used, &total);
+      if (!st.ok()) {
+        emit({{"kind", "prefill"}, {"precision", precision}, {"tokens", n}, {"skipped", st.to_string()}});
+        table.push_back(fmt::format("{:<20} | prefill {:<5} | skipped: {}", precision, n, st.message()));
+        continue;
+      }
+      const double med = percentile(ms, 0.5);
+      const double flops = 2.0 * matmul_params(c) * static_cast<double>(n) -
+                           2.0 * static_cast<double>(c.dim * c.vocab_size) * static_cast<double>(n - 1);  // lm_head: last row only
+      const double attn = 2.0 * 2.0 * static_cast<double>(c.n_layers * c.n_heads * c.head_dim) * static_cast<double>(n) *
+                          static_cast<double>(n) / 2.0;  // QK^T and PV, causal half
+      const double peak = peak_flops(info.name, eight_bit);
+      emit({{"kind", "prefill"}, {"precision", precision}, {"tokens", n}, {"ttft_ms_median", med}, {"ttft_ms", ms},
+            {"tokens_per_s", static_cast<double>(n) / med * 1e3}, {"matmul_flops", flops}, {"attention_flops", attn},
+            {"peak_flops", peak}, {"mfu", peak > 0 ? flops / (med * 1e-3) / peak : 0.0},
+            {"mfu_with_attention", peak > 0 ? (flops + attn) / (med * 1e-3) / peak : 0.0}, {"gpu_memory_used", used}});
+      table.push_back(fmt::format("{:<20} | prefill {:<5} | TTFT {:8.2f} ms | {:8.0f} tok/s | MFU {:4.1f}% (+attn {:4.1f}%) | {:5.1f} GB",
+                                  precision, n, med, static_cast<double>(n) / med * 1e3,
+                                  peak > 0 ? 100 * flops / (med * 1e-3) / peak : 0.0,
+                                  peak > 0 ? 100 * (flops + attn) / (med * 1e-3) / peak : 0.0, static_cast<double>(used) / 1e9));
+      fmt::print(stderr, "{}\n", table.back());
+    }
+  }
+  fmt::print("\n");
+  for (const std::string& line : table) fmt::print("{}\n", line);
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks on the GPU");
+  bench->require_subcommand(1);
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* e2e = bench->add_subcommand("e2e", "end to end: decode TPOT, prefill TTFT, memory, per precision");
+  e2e->add_option("--model", args->model, "synthetic:NAME (llama3-8b, llama3-70b, ...), a checkpoint, or 'default'");
+  e2e->add_option("--precision", args->precisions, "bf16, f32 or scheme names (comma separated)")->delimiter(',');
+  e2e->add_option("--batch", args->batches, "decode batch sizes")->delimiter(',')->check(CLI::Range(1, 1024));
+  e2e->add_option("--context", args->contexts, "decode context lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20));
+  e2e->add_option("--prefill", args->prefills, "prefill lengths (empty: none)")->delimiter(',')->check(CLI::Range(1, 1 << 20));
+  e2e->add_option("--steps", args->steps, "timed decode steps")->check(CLI::Range(1, 100000));
+  e2e->add_option("--warmup", args->warmup, "untimed decode steps first")->check(CLI::Range(1, 100000));
+  e2e->add_option("--prefill-runs", args->prefill_runs, "timed prefills (after one warm-up)")->check(CLI::Range(1, 100));
+  e2e->add_option("--seed", args->seed, "seed of synthetic weights and inputs");
+  e2e->add_option("--gpu", args->device, "CUDA device ordinal");
+  e2e->add_option("--json", args->json_path, "append JSON lines here");
+  e2e->add_flag("--no-graphs", args->no_graphs, "decode without CUDA graphs (one launch per kernel)");
+  commands->push_back({e2e, [args] { return run_e2e(*args); }});
+}
+
+}  // namespace llmq::cli
