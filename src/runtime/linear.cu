@@ -103,7 +103,7 @@ Path choose_path(const GpuLinear& l, const LinearPart& part, int64_t m, LinearOu
     if (ctx.gemm == nullptr) return false;
     CudaGemmProblem p = cublas_problem(l, part, x, mm, const_cast<char*>(stand_in), y_type, ldy, path);
     p.b.data = stand_in;
-    p.b.scales = reinterpret_cast<const float*>(stand_in);
+    if (path != Path::kCublasBf16) p.b.scales = reinterpret_cast<const float*>(stand_in);  // BF16 takes none
     return cuda_gemm_can_implement(p, ctx.sm_major, ctx.sm_minor).ok();
   };
   if (part.w_dtype == DType::kBF16 && !quantized_input(l) && cublas_ok(Path::kCublasBf16)) return Path::kCublasBf16;

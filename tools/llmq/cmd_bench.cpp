@@ -163,6 +163,7 @@ int run_e2e(const BenchArgs& a) {
       }
     }
     for (int64_t n : a.prefills) {
+      if (n <= 0) continue;  // --prefill 0: none
       GpuRuntimeOptions o;
       o.max_batch = 1;
       o.max_context = n;
@@ -215,7 +216,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
   e2e->add_option("--precision", args->precisions, "bf16, f32 or scheme names (comma separated)")->delimiter(',');
   e2e->add_option("--batch", args->batches, "decode batch sizes")->delimiter(',')->check(CLI::Range(1, 1024));
   e2e->add_option("--context", args->contexts, "decode context lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20));
-  e2e->add_option("--prefill", args->prefills, "prefill lengths (empty: none)")->delimiter(',')->check(CLI::Range(1, 1 << 20));
+  e2e->add_option("--prefill", args->prefills, "prefill lengths (0: none)")->delimiter(',')->check(CLI::Range(0, 1 << 20));
   e2e->add_option("--steps", args->steps, "timed decode steps")->check(CLI::Range(1, 100000));
   e2e->add_option("--warmup", args->warmup, "untimed decode steps first")->check(CLI::Range(1, 100000));
   e2e->add_option("--prefill-runs", args->prefill_runs, "timed prefills (after one warm-up)")->check(CLI::Range(1, 100));
