@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "llmq/eval_metrics.hpp"
@@ -23,5 +24,12 @@ struct EvalOptions {
 Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,
                 const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
                 std::vector<EvalAccumulator>* results);
+
+// A candidate that is not a CPU Transformer (the GPU runtime): given one window's tokens, fill
+// `logits` with [tokens.size(), vocab] next-token logits, every position, from an empty cache.
+using WindowLogitsFn = std::function<Status(const std::vector<int32_t>& tokens, std::vector<float>* logits)>;
+Status evaluate_windows(Transformer* base, const std::vector<WindowLogitsFn>& candidates,
+                        const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
+                        std::vector<EvalAccumulator>* results);
 
 }  // namespace llmq

@@ -7,13 +7,28 @@ Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,
                 const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
                 std::vector<EvalAccumulator>* results) {
   const ModelConfig& c = base->config();
-  if (options.context < 2 || options.context > c.max_seq_len)
-    return invalid_argument("--context: must be in [2, " + std::to_string(c.max_seq_len) + "], got " +
-                            std::to_string(options.context));
-  for (Transformer* t : candidates)
+  std::vector<WindowLogitsFn> fns;
+  for (Transformer* t : candidates) {
     if (t->config().vocab_size != c.vocab_size)
       return invalid_argument("candidate model: vocabulary " + std::to_string(t->config().vocab_size) +
                               " differs from the base model's " + std::to_string(c.vocab_size));
+    fns.push_back([t, vocab = c.vocab_size](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
+      const int64_t n = static_cast<int64_t>(tokens.size());
+      logits->resize(static_cast<size_t>(n * vocab));
+      t->reset();
+      return t->forward(tokens.data(), n, 0, logits->data());
+    });
+  }
+  return evaluate_windows(base, fns, sequences, options, results);
+}
+
+Status evaluate_windows(Transformer* base, const std::vector<WindowLogitsFn>& candidates,
+                        const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
+                        std::vector<EvalAccumulator>* results) {
+  const ModelConfig& c = base->config();
+  if (options.context < 2 || options.context > c.max_seq_len)
+    return invalid_argument("--context: must be in [2, " + std::to_string(c.max_seq_len) + "], got " +
+                            std::to_string(options.context));
   // Windows: [BOS] + up to context - 1 tokens of a sequence.
   struct Window {
     std::vector<int32_t> tokens;
@@ -43,12 +58,13 @@ Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,
     const int64_t n = static_cast<int64_t>(w.tokens.size());
     const int64_t score_n = std::min(n - 1, total - scored);  // positions 0 .. n-2 predict tokens 1 .. n-1
     base_logits.resize(static_cast<size_t>(n * vocab));
-    cand_logits.resize(static_cast<size_t>(n * vocab));
     base->reset();
     LLMQ_RETURN_IF_ERROR(base->forward(w.tokens.data(), n, 0, base_logits.data()));
     for (size_t m = 0; m < candidates.size(); ++m) {
-      candidates[m]->reset();
-      LLMQ_RETURN_IF_ERROR(candidates[m]->forward(w.tokens.data(), n, 0, cand_logits.data()));
+      LLMQ_RETURN_IF_ERROR(candidates[m](w.tokens, &cand_logits));
+      if (static_cast<int64_t>(cand_logits.size()) != n * vocab)
+        return Status(StatusCode::kInternal, "candidate " + std::to_string(m) + ": " + std::to_string(cand_logits.size()) +
+                                                 " logits for a window of " + std::to_string(n) + " tokens");
       for (int64_t p = 0; p < score_n; ++p)
         LLMQ_RETURN_IF_ERROR((*results)[m].add(base_logits.data() + p * vocab, cand_logits.data() + p * vocab, vocab,
                                                w.tokens[static_cast<size_t>(p + 1)]));

@@ -9,6 +9,7 @@
 
 #include "commands.hpp"
 #include "llmq/evaluate.hpp"
+#include "llmq/gpu_runtime.hpp"
 #include "llmq/export.hpp"
 #include "llmq/model_io.hpp"
 #include "llmq/tokenizer.hpp"
@@ -29,6 +30,8 @@ struct EvalArgs {
   int64_t length = 128;
   uint64_t seed = 1;
   bool json = false;
+  std::string device = "cpu";
+  int gpu = 0;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -113,20 +116,46 @@ int run(const EvalArgs& a) {
   }
   std::vector<std::unique_ptr<QuantizedLinearBackend>> backends;
   std::vector<std::unique_ptr<Transformer>> transformers;
-  std::vector<Transformer*> candidates;
-  for (const auto& qm : qmodels) {
-    backends.push_back(std::make_unique<QuantizedLinearBackend>(*qm));
-    transformers.push_back(std::make_unique<Transformer>(qm->weights, backends.back().get()));
-    candidates.push_back(transformers.back().get());
-  }
-  Transformer base(model);
+  std::vector<WindowLogitsFn> candidates;
+  std::vector<std::unique_ptr<GpuModel>> gpu_models;
+  std::vector<std::shared_ptr<GpuRuntime>> runtimes;
   EvalOptions options;
   options.context = std::min(a.context, model.config.max_seq_len);
+  for (const auto& qm : qmodels) {
+    if (a.device == "cuda") {
+      // The candidate runs on the GPU runtime; the base stays the CPU float reference.
+      std::unique_ptr<GpuModel> gm;
+      if (Status st = GpuModel::from_quantized(*qm, a.gpu, &gm); !st.ok()) return fail(st);
+      GpuRuntimeOptions o;
+      o.max_context = options.context;
+      o.max_step_tokens = options.context;
+      std::unique_ptr<GpuRuntime> rt;
+      if (Status st = GpuRuntime::create(*gm, o, &rt); !st.ok()) return fail(st);
+      std::shared_ptr<GpuRuntime> shared = std::move(rt);
+      runtimes.push_back(shared);
+      gpu_models.push_back(std::move(gm));
+      candidates.push_back([shared](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
+        shared->reset();
+        return shared->prefill({tokens}, true, logits);
+      });
+      continue;
+    }
+    backends.push_back(std::make_unique<QuantizedLinearBackend>(*qm));
+    transformers.push_back(std::make_unique<Transformer>(qm->weights, backends.back().get()));
+    Transformer* t = transformers.back().get();
+    candidates.push_back([t, vocab = model.config.vocab_size](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
+      const int64_t n = static_cast<int64_t>(tokens.size());
+      logits->resize(static_cast<size_t>(n * vocab));
+      t->reset();
+      return t->forward(tokens.data(), n, 0, logits->data());
+    });
+  }
+  Transformer base(model);
   options.max_tokens = a.max_tokens;
   Progress progress("eval");
   options.progress = [&progress](int64_t done, int64_t total) { progress.update(done, total); };
   std::vector<EvalAccumulator> results;
-  if (Status st = evaluate(&base, candidates, sequences, options, &results); !st.ok()) return fail(st);
+  if (Status st = evaluate_windows(&base, candidates, sequences, options, &results); !st.ok()) return fail(st);
   progress.finish();
 
   std::vector<EvalAccumulator::Summary> sums;
@@ -197,6 +226,9 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--length", args->length, "without --data: tokens per sequence")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--seed", args->seed, "without --data: first sampling seed");
   cmd->add_flag("--json", args->json, "machine-readable output");
+  cmd->add_option("--device", args->device, "where the quantized candidates run: cpu (reference) or cuda (GPU runtime)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 
