@@ -52,6 +52,7 @@
 #include <utility>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/pdl.cuh"
 #include "llmq/cuda_decode_gemm.hpp"
 #include "llmq/gemm.hpp"
 
@@ -250,7 +251,21 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
     uint4 w[kUnroll][kTiles][2];
     uint4 a[kUnroll][kAVecs];
   };
-  auto load_batch = [&](int s0, Batch& b) {
+  // Weights and activations are separate requests so that the first batch's weights (which no
+  // earlier kernel writes) can be asked for before the programmatic-launch wait below.
+  auto load_batch_weights = [&](int s0, Batch& b) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t kk = k_begin + static_cast<int64_t>(s0 + u) * kStepK;
+      const bool ok = s0 + u < steps && kk + q * 16 < k_end;
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          b.w[u][t][h] = ok && row_ok[t][h] ? load_weights<kPrefetch>(wrow[t][h] + kk) : zero;
+    }
+  };
+  auto load_batch_activations = [&](int s0, Batch& b) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t kk = k_begin + static_cast<int64_t>(s0 + u) * kStepK;
@@ -260,11 +275,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
         b.a[u][i] = ok && has0 ? load_activations(arow0 + kk * kAElt + 16 * i) : zero;
         if constexpr (kM16) b.a[u][kAElt + i] = ok && has1 ? load_activations(arow1 + kk * kAElt + 16 * i) : zero;
       }
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          b.w[u][t][h] = ok && row_ok[t][h] ? load_weights<kPrefetch>(wrow[t][h] + kk) : zero;
     }
   };
   // The products of one batch, step by step. Weight rows g, g + 8 are the mma's A rows; the
@@ -306,9 +316,16 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
   };
   // No second register buffer for the next batch: it would double the weight registers and halve
   // the CTAs per SM, which measured no faster; the other warps of the SM keep memory busy.
+  // Programmatic dependent launch (pdl.cuh): this grid may start while the kernel that writes A
+  // is still running. The first batch of weights is requested before waiting for it, so their
+  // memory latency overlaps that kernel's tail; A (and every write) comes after the wait.
+  Batch b;
+  if (batch_start(0) < steps) load_batch_weights(batch_start(0), b);
+  llmq::detail::pdl_wait();
+  llmq::detail::pdl_launch_dependents();
   for (int j = 0; batch_start(j) < steps; ++j) {
-    Batch b;
-    load_batch(batch_start(j), b);
+    if (j > 0) load_batch_weights(batch_start(j), b);
+    load_batch_activations(batch_start(j), b);
     compute_batch(batch_start(j), b);
   }
 
@@ -608,17 +625,18 @@ Status cuda_decode_gemm(const DecodeGemmProblem& p, CudaStream stream, const Dec
 
   // Row CTAs along x (up to 2^31 - 1), the cluster's K ranks along y.
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = static_cast<unsigned>(plan.split_k);
-  attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[2];
+  attr[0] = llmq::detail::pdl_attribute();  // the kernel waits before it reads A (pdl.cuh)
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = 1;
+  attr[1].val.clusterDim.y = static_cast<unsigned>(plan.split_k);
+  attr[1].val.clusterDim.z = 1;
   cfg.gridDim = dim3(static_cast<unsigned>(plan.row_ctas), static_cast<unsigned>(plan.split_k), 1);
   cfg.blockDim = dim3(static_cast<unsigned>(plan.threads), 1, 1);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = plan.split_k > 1 ? 1 : 0;  // no cluster attribute: runs on pre-sm_90 GPUs too
+  cfg.numAttrs = plan.split_k > 1 ? 2 : 1;  // no cluster attribute: runs on pre-sm_90 GPUs too
   LLMQ_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, full.fn, k));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("decode_gemm_kernel");
   return {};

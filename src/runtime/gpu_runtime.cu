@@ -95,7 +95,7 @@ struct GpuRuntime::Impl {
   cudaStream_t stream = nullptr;
   std::unique_ptr<CudaGemmRunner> gemm;
   runtime::LinearContext lin;
-  DeviceAllocation gemm_workspace, quant_workspace, attn_workspace;
+  DeviceAllocation gemm_workspace, quant_workspace, attn_workspace, argmax_workspace;
 
   DeviceAllocation x;  // f32 [rows, dim]
   ActBuffers in_attn, in_o, in_mlp, in_down, in_lm;
@@ -211,6 +211,9 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(static_cast<int64_t>(qws), "quantize workspace", &quant_workspace));
   const int64_t aws = runtime::decode_attention_workspace_bytes(o.max_batch, c.n_heads, c.head_dim, o.max_context);
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(aws, "attention workspace", &attn_workspace));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(runtime::argmax_workspace_bytes(o.max_batch), "argmax workspace",
+                                                  &argmax_workspace));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_workspace.get(), 0, static_cast<size_t>(argmax_workspace.bytes())));
 
   // RoPE (cos, sin) per position and pair, computed exactly as the CPU reference computes them.
   const std::vector<float> inv = rope_inv_freq(c);
@@ -577,7 +580,7 @@ Status GpuRuntime::Impl::decode_body(int64_t batch, const SamplingOptions& s) {
   LLMQ_RETURN_IF_ERROR(forward(m));
   LLMQ_RETURN_IF_ERROR(lm_head(m, 0, batch));
   LLMQ_RETURN_IF_ERROR(runtime::sample_rows(logits.as<float>(), batch, c.vocab_size, s.temperature, s.top_p, s.seed,
-                                            dec_step(), dec_ptr(4), stream));
+                                            dec_step(), dec_ptr(4), argmax_workspace.get(), stream));
   return runtime::advance_decode(dec_ptr(4), batch, dec_ptr(0), dec_ptr(1), dec_ptr(2), dec_step(), history.as<int32_t>(),
                                  history_rows, stream);
 }
@@ -746,7 +749,7 @@ int64_t GpuRuntime::device_bytes() const {
   int64_t b = g.x.bytes() + g.in_attn.bytes() + g.in_o.bytes() + g.in_mlp.bytes() + g.in_down.bytes() + g.in_lm.bytes();
   for (const DeviceAllocation* a : {&g.qkv_out, &g.q_rot, &g.attn_out, &g.o_out, &g.gu_out, &g.down_out, &g.logits,
                                     &g.kv_cache, &g.cos_sin, &g.meta, &g.dec, &g.history, &g.gemm_workspace,
-                                    &g.quant_workspace, &g.attn_workspace})
+                                    &g.quant_workspace, &g.attn_workspace, &g.argmax_workspace})
     b += a->bytes();
   return b;
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/quantize_kernels.cuh"
 #include "cuda/quantize_numerics.cuh"
 #include "runtime/row_kernels.hpp"
@@ -113,6 +114,8 @@ struct Vec<8> {
 
 template <RowFn F, RowOut O, int V>
 __global__ void __launch_bounds__(1024) row_op_kernel(RowKernelArgs args) {
+  detail::pdl_wait();
+  detail::pdl_launch_dependents();
   extern __shared__ float vals[];
   __shared__ float red[32];
   const RowOpArgs& a = args.a;
@@ -202,6 +205,105 @@ __global__ void __launch_bounds__(1024) row_op_kernel(RowKernelArgs args) {
   }
 }
 
+// The decode-size form: a row is at most 2 x 8 elements per thread of one CTA, held in registers
+// from the first load to the last store (no shared-memory round trips), and the norm gain, which no
+// earlier kernel writes, is loaded before the programmatic-launch wait so that its latency hides
+// behind the previous kernel.
+template <RowFn F, RowOut O, int C>
+__global__ void __launch_bounds__(1024) row_op_registers_kernel(RowKernelArgs args) {
+  __shared__ float red[32];
+  const RowOpArgs& a = args.a;
+  const int64_t r = blockIdx.x;
+  const int64_t n = a.n;
+  int64_t at[C];
+  bool on[C];
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    at[c] = (static_cast<int64_t>(c) * blockDim.x + threadIdx.x) * 8;
+    on[c] = at[c] < n;
+  }
+  float v[C][8];
+  float g[C][8];
+  if constexpr (F == RowFn::kAddRmsNorm) {
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if (on[c]) Vec<8>::load_f32(a.gain + at[c], g[c]);
+  }
+  detail::pdl_wait();
+  detail::pdl_launch_dependents();
+  if constexpr (F == RowFn::kAddRmsNorm) {
+    const int64_t in_row = a.row_index != nullptr ? a.row_index[r] : r;
+    float* x = a.x + in_row * n;
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (!on[c]) continue;
+      Vec<8>::load_f32(x + at[c], v[c]);
+      if (a.delta != nullptr) {
+        float d[8];
+        Vec<8>::load_bf16(a.delta + in_row * n + at[c], d);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[c][i] += d[i];
+        Vec<8>::store_f32(x + at[c], v[c]);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += v[c][i] * v[c][i];
+    }
+    const float total = cta_sum(ss, red);
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fdiv_rn(total, static_cast<float>(n)) + a.eps));
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[c][i] = g[c][i] * (inv * v[c][i]);
+  } else if constexpr (F == RowFn::kSiluMul) {
+    const uint16_t* gu = a.src + r * 2 * n;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (!on[c]) continue;
+      Vec<8>::load_bf16(gu + at[c], v[c]);
+      Vec<8>::load_bf16(gu + n + at[c], g[c]);
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[c][i] = v[c][i] * __fdiv_rn(1.0f, 1.0f + expf(-v[c][i])) * g[c][i];
+  } else {
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if (on[c]) Vec<8>::load_bf16(a.src + r * n + at[c], v[c]);
+  }
+  if constexpr (O == RowOut::kBF16) {
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if (on[c]) Vec<8>::store_bf16(a.out_bf16 + r * n + at[c], v[c]);
+  } else {
+    const bool int8 = a.spec.format == DType::kI8;
+    float s;
+    if constexpr (O == RowOut::kCodesPerToken) {
+      float m = 0.0f;
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (on[c])
+#pragma unroll
+          for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[c][i]));  // NaN ignored
+      s = quant_kernels::scale_from_absmax(cta_max(m, red), args.scale);
+    } else {
+      s = a.static_scale;
+    }
+    const float inverse = __fdiv_rn(1.0f, s);
+    uint8_t* codes = static_cast<uint8_t*>(a.codes) + r * n;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (!on[c]) continue;
+      uint8_t q[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q[i] = encode(__fmul_rn(v[c][i], inverse), int8);
+      Vec<8>::store_codes(codes + at[c], q);
+    }
+    if (threadIdx.x == 0) a.scales[r] = s;
+  }
+}
+
 template <RowFn F, RowOut O, int V>
 Status launch_row_op_v(const RowKernelArgs& args, int threads, CudaStream stream) {
   const size_t smem = static_cast<size_t>(args.a.n) * sizeof(float);
@@ -209,10 +311,13 @@ Status launch_row_op_v(const RowKernelArgs& args, int threads, CudaStream stream
     LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(row_op_kernel<F, O, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(kMaxRowElems * sizeof(float))));
   }
-  row_op_kernel<F, O, V><<<static_cast<unsigned>(args.a.rows), threads, smem, stream>>>(args);
+  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(row_op_kernel<F, O, V>, dim3(static_cast<unsigned>(args.a.rows)),
+                                                dim3(static_cast<unsigned>(threads)), smem, stream, args));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("row_op_kernel");
   return {};
 }
+
+int64_t ceil_div_i(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -224,6 +329,17 @@ Status launch_row_op(const RowKernelArgs& args, CudaStream stream) {
   int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (a.n / per_thread + 31) / 32 * 32)));
   const bool vec = a.n % 8 == 0 && aligned16(a.x) && aligned16(a.delta) && aligned16(a.gain) && aligned16(a.src) &&
                    aligned16(a.out_bf16) && aligned16(a.codes);
+  if (vec && a.rows <= 64) {
+    // Registers: 8 elements per thread, once (n <= 8192) or twice (n <= 16384).
+    const int64_t vecs = a.n / 8;
+    const int chunks = vecs <= 1024 ? 1 : (vecs <= 2048 ? 2 : 0);
+    if (chunks > 0) {
+      const unsigned t = static_cast<unsigned>((ceil_div_i(vecs, chunks) + 31) / 32 * 32);
+      auto kernel = chunks == 1 ? row_op_registers_kernel<F, O, 1> : row_op_registers_kernel<F, O, 2>;
+      LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(kernel, dim3(static_cast<unsigned>(a.rows)), dim3(t), 0, stream, args));
+      return {};
+    }
+  }
   if (vec) return launch_row_op_v<F, O, 8>(args, threads, stream);
   return launch_row_op_v<F, O, 1>(args, threads, stream);
 }
@@ -239,6 +355,8 @@ Status dispatch_out(const RowKernelArgs& args, CudaStream stream) {
 }
 
 __global__ void embedding_kernel(const int32_t* tokens, const void* table, bool table_f32, int64_t dim, float* x) {
+  detail::pdl_wait();
+  detail::pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int64_t t = tokens[r];
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
@@ -247,11 +365,15 @@ __global__ void embedding_kernel(const int32_t* tokens, const void* table, bool 
 }
 
 __global__ void broadcast_scale_kernel(float* scales, int64_t rows) {
+  detail::pdl_wait();
+  detail::pdl_launch_dependents();
   const float s = scales[0];
   for (int64_t i = 1 + blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += gridDim.x * blockDim.x) scales[i] = s;
 }
 
 __global__ void rope_kv_kernel(RopeKvArgs a) {
+  detail::pdl_wait();
+  detail::pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int64_t hd = a.head_dim, half = hd / 2;
   const int64_t q_dim = a.n_heads * hd, kv_dim = a.n_kv_heads * hd;
@@ -289,6 +411,8 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
 constexpr int kArgmaxThreads = 1024;
 
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t vocab, int32_t* tokens) {
+  detail::pdl_wait();
+  detail::pdl_launch_dependents();
   __shared__ float best_v[32];
   __shared__ int32_t best_i[32];
   const float* row = logits + blockIdx.x * vocab;
@@ -324,6 +448,52 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
   }
 }
 
+// One slice of a row per CTA; the CTAs of a row meet in keys[row] (value bits made orderable as
+// unsigned, in the high word; the complement of the index in the low word, so equal values keep
+// the lowest index) and the last CTA to finish writes the token and zeroes the workspace again.
+constexpr int kArgmaxSliceThreads = 256;
+constexpr int64_t kArgmaxSlice = 4096;
+
+__global__ void __launch_bounds__(kArgmaxSliceThreads)
+    argmax_slices_kernel(const float* logits, int64_t vocab, int32_t* tokens, unsigned long long* keys,
+                         unsigned int* arrived) {
+  detail::pdl_wait();
+  detail::pdl_launch_dependents();
+  __shared__ unsigned long long best[kArgmaxSliceThreads / 32];
+  __shared__ bool last;
+  const int64_t row = blockIdx.y;
+  const float* x = logits + row * vocab;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kArgmaxSlice;
+  const int64_t end = begin + kArgmaxSlice < vocab ? begin + kArgmaxSlice : vocab;
+  unsigned long long key = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float v = x[i];
+    if (v != v) continue;
+    const uint32_t b = __float_as_uint(v);
+    const uint32_t ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    const unsigned long long k = (static_cast<unsigned long long>(ordered) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
+    key = k > key ? k : key;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(0xFFFFFFFFu, key, o);
+    key = other > key ? other : key;
+  }
+  if (threadIdx.x % 32 == 0) best[threadIdx.x / 32] = key;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxSliceThreads / 32; ++w) key = best[w] > key ? best[w] : key;
+    atomicMax(keys + row, key);
+    __threadfence();
+    last = atomicAdd(arrived + row, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last && threadIdx.x == 0) {
+    const unsigned long long k = atomicExch(keys + row, 0ull);  // read and re-arm for the next call
+    arrived[row] = 0;
+    tokens[row] = k == 0 ? 0 : static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(k & 0xFFFFFFFFull));
+  }
+}
+
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -341,6 +511,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) sample_kernel(const float* log
                                                                int32_t* tokens) {
   __shared__ float red[32];
   __shared__ float chunk_mass[kArgmaxThreads];
+  detail::pdl_wait();
+  detail::pdl_launch_dependents();
   const float* row = logits + blockIdx.x * vocab;
   float m = -FLT_MAX;
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, row[i]);
@@ -407,6 +579,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) sample_kernel(const float* log
 
 __global__ void advance_kernel(const int32_t* next, int64_t rows, int32_t* tokens, int32_t* position, int32_t* kv_len,
                                int32_t* step, int32_t* history, int64_t history_rows) {
+  detail::pdl_wait();
+  detail::pdl_launch_dependents();
   const int32_t s = *step;
   for (int64_t b = threadIdx.x; b < rows; b += blockDim.x) {
     const int32_t t = next[b];
@@ -452,7 +626,8 @@ unsigned grid_for(int64_t count) {
 Status embedding(const int32_t* tokens, int64_t rows, const void* table, bool table_f32, int64_t dim, float* x,
                  CudaStream stream) {
   if (rows == 0) return {};
-  embedding_kernel<<<static_cast<unsigned>(rows), rows <= 64 ? 1024 : 256, 0, stream>>>(tokens, table, table_f32, dim, x);
+  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(embedding_kernel, dim3(static_cast<unsigned>(rows)), dim3(rows <= 64 ? 1024 : 256), 0,
+                                                stream, tokens, table, table_f32, dim, x));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("embedding_kernel");
   return {};
 }
@@ -475,7 +650,7 @@ Status row_op(const RowOpArgs& a, CudaStream stream) {
 
 Status broadcast_scale(float* scales, int64_t rows, CudaStream stream) {
   if (rows <= 1) return {};
-  broadcast_scale_kernel<<<grid_for(rows), 256, 0, stream>>>(scales, rows);
+  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(broadcast_scale_kernel, dim3(grid_for(rows)), dim3(256), 0, stream, scales, rows));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("broadcast_scale_kernel");
   return {};
 }
@@ -484,32 +659,46 @@ Status rope_kv(const RopeKvArgs& a, CudaStream stream) {
   if (a.rows == 0) return {};
   if (a.head_dim % 2 != 0) return invalid_argument("rope_kv: odd head_dim " + std::to_string(a.head_dim));
   // A decode step has one row per sequence: a wide CTA keeps the row from being a chain of loads.
-  rope_kv_kernel<<<static_cast<unsigned>(a.rows), a.rows <= 64 ? 1024 : 256, 0, stream>>>(a);
+  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(rope_kv_kernel, dim3(static_cast<unsigned>(a.rows)), dim3(a.rows <= 64 ? 1024 : 256), 0,
+                                                stream, a));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("rope_kv_kernel");
   return {};
 }
 
-Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, CudaStream stream) {
+int64_t argmax_workspace_bytes(int64_t rows) { return rows * 16; }
+
+Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, void* workspace, CudaStream stream) {
   if (rows == 0) return {};
-  argmax_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(logits, vocab, tokens);
+  if (workspace != nullptr && vocab < (int64_t{1} << 32)) {
+    auto* keys = static_cast<unsigned long long*>(workspace);
+    auto* arrived = reinterpret_cast<unsigned int*>(keys + rows);
+    const unsigned slices = static_cast<unsigned>((vocab + kArgmaxSlice - 1) / kArgmaxSlice);
+    LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(argmax_slices_kernel, dim3(slices, static_cast<unsigned>(rows)),
+                                                  dim3(kArgmaxSliceThreads), 0, stream, logits, vocab, tokens, keys,
+                                                  arrived));
+    return {};
+  }
+  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(argmax_kernel, dim3(static_cast<unsigned>(rows)), dim3(kArgmaxThreads), 0, stream,
+                                                logits, vocab, tokens));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("argmax_kernel");
   return {};
 }
 
 Status sample_rows(const float* logits, int64_t rows, int64_t vocab, float temperature, float top_p, uint64_t seed,
-                   const int32_t* step, int32_t* tokens, CudaStream stream) {
+                   const int32_t* step, int32_t* tokens, void* argmax_workspace, CudaStream stream) {
   if (rows == 0) return {};
-  if (!(temperature > 0.0f)) return argmax_rows(logits, rows, vocab, tokens, stream);
+  if (!(temperature > 0.0f)) return argmax_rows(logits, rows, vocab, tokens, argmax_workspace, stream);
   if (!(top_p > 0.0f && top_p <= 1.0f)) return invalid_argument("top_p: " + std::to_string(top_p) + " outside (0, 1]");
-  sample_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(logits, vocab, temperature, top_p, seed,
-                                                                           step, tokens);
+  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(sample_kernel, dim3(static_cast<unsigned>(rows)), dim3(kArgmaxThreads), 0, stream,
+                                                logits, vocab, temperature, top_p, seed, step, tokens));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("sample_kernel");
   return {};
 }
 
 Status advance_decode(const int32_t* next, int64_t rows, int32_t* tokens, int32_t* position, int32_t* kv_len,
                       int32_t* step, int32_t* history, int64_t history_rows, CudaStream stream) {
-  advance_kernel<<<1, 1024, 0, stream>>>(next, rows, tokens, position, kv_len, step, history, history_rows);
+  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(advance_kernel, dim3(1), dim3(1024), 0, stream, next, rows, tokens, position,
+                                                kv_len, step, history, history_rows));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("advance_kernel");
   return {};
 }
