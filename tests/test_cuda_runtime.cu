@@ -14,6 +14,8 @@
 
 #include "cuda_support.hpp"
 #include "llmq/calibration.hpp"
+#include "llmq/export.hpp"
+#include "llmq/safetensors.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/model.hpp"
 #include "llmq/quantized_model.hpp"
@@ -101,13 +103,14 @@ struct RunLogits {
 };
 
 void run_gpu_and_cpu(const GpuModel& gpu_model, const std::vector<Transformer*>& cpus, RunLogits* gpu,
-                     std::vector<RunLogits>* cpu_out) {
+                     std::vector<RunLogits>* cpu_out, DType kv_cache = DType::kBF16) {
   const ModelConfig& c = gpu_model.config();
   std::unique_ptr<GpuRuntime> rt;
   GpuRuntimeOptions o;
   o.max_batch = 1;
   o.max_context = 64;
   o.max_step_tokens = 32;
+  o.kv_cache_dtype = kv_cache;
   Status st = GpuRuntime::create(gpu_model, o, &rt);
   ASSERT_TRUE(st.ok()) << st.to_string();
   const std::vector<int32_t> p = prompt(kPromptLength, c.vocab_size, 7);
@@ -145,17 +148,17 @@ Compare compare_runs(const RunLogits& a, const RunLogits& b, int64_t vocab) {
   return cmp;
 }
 
-void check_float_model(const GpuModel& gpu_model, Transformer* cpu, const std::string& what) {
+void check_float_model(const GpuModel& gpu_model, Transformer* cpu, const std::string& what,
+                       DType kv_cache = DType::kBF16, double tolerance = kFloatLogitRelTolerance) {
   SCOPED_TRACE("REPRO " + what);
   RunLogits gpu;
   std::vector<RunLogits> cpu_runs;
-  run_gpu_and_cpu(gpu_model, {cpu}, &gpu, &cpu_runs);
+  run_gpu_and_cpu(gpu_model, {cpu}, &gpu, &cpu_runs, kv_cache);
   if (::testing::Test::HasFatalFailure()) return;
   const Compare cmp = compare_runs(gpu, cpu_runs[0], gpu_model.config().vocab_size);
   std::printf("  %-36s vs CPU: worst rel %.2e rms rel %.2e top1 %lld/%lld (bound %.2e)\n", what.c_str(), cmp.worst_rel,
-              cmp.rms_rel(), static_cast<long long>(cmp.top1_agree), static_cast<long long>(cmp.rows),
-              kFloatLogitRelTolerance);
-  EXPECT_LE(cmp.worst_rel, kFloatLogitRelTolerance);
+              cmp.rms_rel(), static_cast<long long>(cmp.top1_agree), static_cast<long long>(cmp.rows), tolerance);
+  EXPECT_LE(cmp.worst_rel, tolerance);
   EXPECT_GE(cmp.top1_agree, kMinTop1Agreement * static_cast<double>(cmp.rows));
 }
 
@@ -210,6 +213,21 @@ TEST(GpuRuntime, FloatModelsMatchCpu) {
       ASSERT_TRUE(st.ok()) << st.to_string();
       check_float_model(*gm, &cpu, name + " " + dtype_name(dt));
     }
+  }
+}
+
+// An E4M3 KV cache (unit scales): every cached K and V element keeps 3 mantissa bits (relative
+// rounding up to 2^-4), so the logits move more than with BF16; measured and bounded here.
+constexpr double kFp8KvLogitRelTolerance = 0.2;
+
+TEST(GpuRuntime, Fp8KvCacheMatchesCpu) {
+  LLMQ_REQUIRE_GPU();
+  for (auto& [name, w] : models()) {
+    Transformer cpu(w);
+    std::unique_ptr<GpuModel> gm;
+    const Status st = GpuModel::from_float(w, DType::kBF16, 0, &gm);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    check_float_model(*gm, &cpu, name + " bf16, e4m3 KV cache", DType::kE4M3, kFp8KvLogitRelTolerance);
   }
 }
 
@@ -281,6 +299,66 @@ TEST(GpuRuntime, Stories260KGreedyMatchesLlama2c) {
     // BF16 weights: at least the first sentence; a later near-tie may legitimately flip.
     EXPECT_GE(same, dt == DType::kF32 ? 128u : 16u);
   }
+}
+
+// A BF16 Hugging Face checkpoint streamed to the device (from_checkpoint) is the same model as the
+// checkpoint loaded on the host and uploaded (from_float / from_quantized): BF16 weights identical,
+// FP8 codes identical (cuda_quantize = the CPU quantize), so the logits are equal, not close.
+TEST(GpuRuntime, CheckpointStreamedEqualsHostLoaded) {
+  LLMQ_REQUIRE_GPU();
+  testing::TempDir tmp("llmq-gpu-ckpt");
+  const std::string dir = tmp.file("bf16");
+  {
+    const ModelWeights w = make_default_model();
+    const auto source = memory_weight_source(w);
+    ExportOptions eo;
+    eo.unquantized = true;
+    eo.keep_dtype = DType::kBF16;
+    Scheme none;
+    ASSERT_TRUE(find_scheme("fp8-dynamic", &none).ok());
+    ExportSummary summary;
+    const Status st = export_quantized(*source, none, nullptr, dir, eo, &summary);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+  ModelWeights host;
+  ASSERT_TRUE(load_hf_model(dir, &host).ok());
+  const std::vector<int32_t> p = prompt(20, host.config.vocab_size, 9);
+  auto logits = [&](const GpuModel& gm) {
+    GpuRuntimeOptions o;
+    o.max_context = 32;
+    std::unique_ptr<GpuRuntime> rt;
+    EXPECT_TRUE(GpuRuntime::create(gm, o, &rt).ok());
+    std::vector<float> out;
+    const Status st = rt->prefill({p}, true, &out);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return out;
+  };
+  for (const std::string precision : {"bf16", "fp8-dynamic", "int8-w8a8", "fp8-block"}) {
+    SCOPED_TRACE("REPRO precision=" + precision);
+    std::unique_ptr<GpuModel> streamed, uploaded;
+    Status st = GpuModel::from_checkpoint(dir, precision, 0, &streamed);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    QuantizedModel qm;
+    if (precision == "bf16") {
+      st = GpuModel::from_float(host, DType::kBF16, 0, &uploaded);
+    } else {
+      Scheme scheme;
+      ASSERT_TRUE(find_scheme(precision, &scheme).ok());
+      ASSERT_TRUE(quantize_model(host, scheme, nullptr, {}, &qm).ok());
+      st = GpuModel::from_quantized(qm, 0, &uploaded);
+    }
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_EQ(streamed->weight_bytes(), uploaded->weight_bytes());
+    const std::vector<float> a = logits(*streamed), b = logits(*uploaded);
+    ASSERT_EQ(a.size(), b.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] == b[i] ? 0 : 1;
+    std::printf("  checkpoint %s: streamed vs host-loaded logits: %zu of %zu differ\n", precision.c_str(), differ, a.size());
+    EXPECT_EQ(differ, 0u);
+  }
+  std::unique_ptr<GpuModel> bad;
+  const Status st = GpuModel::from_checkpoint(dir, "fp8-tensor-static", 0, &bad);
+  EXPECT_NE(st.message().find("calibration"), std::string::npos) << st.to_string();
 }
 
 // Three sequences of different lengths in one prefill (one of them continuing an earlier prefill,

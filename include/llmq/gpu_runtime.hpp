@@ -49,6 +49,12 @@ class GpuModel {
   // Weight scales: per-tensor, per-channel or 128x128 blocks; activations: none (W8A16), dynamic
   // per-token / per-tensor / 1x128, or static per-tensor. Other schemes give kUnsupported.
   static Status from_quantized(const QuantizedModel& model, int device, std::unique_ptr<GpuModel>* out);
+  // An unquantized Hugging Face checkpoint (BF16 / F16 / F32 safetensors, sharded or not) read
+  // tensor by tensor from the memory map straight into device memory and quantized there under
+  // `precision` ("bf16" or a dynamic scheme): the host never holds the model. The codes equal those
+  // of the CPU path (cuda_quantize is bit for bit the CPU quantize of the same values).
+  static Status from_checkpoint(const std::string& dir, const std::string& precision, int device,
+                                std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {});
   // Seeded synthetic weights generated on the device (never zeros: normal-like values with a few
   // outlier input channels), quantized on the device under `precision`: "bf16" or a dynamic
   // scheme name ("fp8-dynamic", "fp8-block", "int8-w8a8", "fp8-tensor-dynamic", "fp8-weight-only"),
@@ -79,6 +85,11 @@ struct GpuRuntimeOptions {
   int64_t max_context = 2048;      // positions per sequence (KV-cache capacity)
   int64_t max_step_tokens = 2048;  // tokens one forward call takes (longer prefills are chunked)
   bool cuda_graphs = true;         // capture decode steps (one graph per batch size)
+  // KV cache elements: kBF16, or kE4M3 (half the bytes: twice the batch x context, and half the
+  // attention reads at long contexts). E4M3 codes are value / scale with one scale per layer and
+  // kv head, 1.0 unless set_kv_scales gives calibrated ones (vLLM's default too: E4M3 keeps 3
+  // mantissa bits from 2^-6 to 448, and K/V of the models we know stay inside that).
+  DType kv_cache_dtype = DType::kBF16;
 };
 
 struct SamplingOptions {
@@ -116,6 +127,9 @@ class GpuRuntime {
   Status time_decode(int64_t batch, int64_t warmup, int64_t steps, std::vector<double>* step_ms);
   // Times a prefill of `tokens` random ids into sequence 0 (emptied first), in milliseconds.
   Status time_prefill(int64_t tokens, uint64_t seed, double* ms);
+
+  // FP8 KV cache: per-(layer, kv head) scales, k_scales and v_scales [n_layers * n_kv_heads] (> 0).
+  Status set_kv_scales(const std::vector<float>& k_scales, const std::vector<float>& v_scales);
 
   void reset();                                 // every sequence back to length 0
   int64_t length(int64_t sequence) const;       // positions held

@@ -12,6 +12,7 @@
 #include "llmq/format.hpp"
 #include "llmq/quantized_model.hpp"
 #include "llmq/scheme.hpp"
+#include "runtime/gpu_model_build.hpp"
 #include "runtime/gpu_model_impl.hpp"
 #include "runtime/row_kernels.hpp"
 
@@ -39,7 +40,7 @@ const std::string& GpuModel::precision() const { return impl_->precision; }
 int GpuModel::device() const { return impl_->device; }
 int64_t GpuModel::weight_bytes() const { return impl_->bytes(); }
 
-namespace {
+namespace runtime {
 
 Status upload_f32(const Tensor& t, const std::string& what, DeviceAllocation* out) {
   if (t.dtype() != DType::kF32) return invalid_argument(what + ": expected f32, got " + t.view().describe());
@@ -236,7 +237,66 @@ Status check_config(const ModelConfig& c) {
   return {};
 }
 
-}  // namespace
+int64_t model_bytes(const ModelConfig& c, bool bf16_linears) {
+  const int64_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
+  const int64_t per_layer = (q_dim + 2 * kv_dim) * c.dim + c.dim * q_dim + 3 * c.hidden_dim * c.dim;
+  return c.n_layers * per_layer * (bf16_linears ? 2 : 1) + 2 * c.vocab_size * c.dim * 2;
+}
+
+Status check_fits(const ModelConfig& c, bool bf16_linears, const std::string& precision) {
+  int64_t free_b = 0, total_b = 0;
+  LLMQ_RETURN_IF_ERROR(device_memory_info(&free_b, &total_b));
+  const int64_t need = model_bytes(c, bf16_linears);
+  if (need > free_b)
+    return {StatusCode::kInvalidArgument, "model does not fit: " + precision + " weights need " + format_bytes(need) +
+                                              ", the GPU has " + format_bytes(free_b) + " free of " + format_bytes(total_b)};
+  return {};
+}
+
+Status scheme_act_mode(const Scheme& s, const std::string& name, GpuLinear* out) {
+  QuantizedLinear ql;  // only its specs: act_mode reads them
+  ql.quantize_input = s.quantize_activations;
+  ql.input_spec = s.activation;
+  Tensor static_scale(DType::kF32, {1, 1});
+  static_scale.data_as<float>()[0] = 8.0f / 448.0f;  // synthetic activations stay well inside +-8
+  ql.static_input_scale.scales = std::move(static_scale);
+  return act_mode(ql, name, out);
+}
+
+Status quantize_part_on_device(const std::string& name, const TensorView& x, const QuantSpec& ws, LinearPart* part) {
+  const int64_t n = x.shape[0], k = x.shape[1];
+  part->n = n;
+  part->w_dtype = ws.format;
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(n * k, name + ".weight", &part->w));
+  BlockShape block;
+  LLMQ_RETURN_IF_ERROR(resolve_block_shape(ws, n, k, &block));
+  const int64_t srows = (n + block.rows - 1) / block.rows, scols = (k + block.cols - 1) / block.cols;
+  DeviceAllocation raw_scales;
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(srows * scols * 4, name + ".weight_scale", &raw_scales));
+  TensorView q{part->w.get(), ws.format, {n, k}, {}, Device::kCuda};
+  TensorView sv{raw_scales.get(), DType::kF32, {srows, scols}, {}, Device::kCuda};
+  const size_t ws_bytes = cuda_quantize_workspace_bytes(n, k, ws);
+  DeviceAllocation qws;
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(static_cast<int64_t>(ws_bytes), name + " quantize workspace", &qws));
+  CudaQuantizeOptions qo;
+  qo.workspace = qws.get();
+  qo.workspace_bytes = ws_bytes;
+  LLMQ_RETURN_IF_ERROR(cuda_quantize(x, ws, q, sv, qo));
+  std::vector<float> host(static_cast<size_t>(srows * scols));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), raw_scales.get(), host.size() * 4, cudaMemcpyDeviceToHost));
+  if (ws.granularity == Granularity::kPerBlock) {
+    part->scale_kind = WeightScale::kBlock128;
+    part->w_scale = std::move(raw_scales);
+    return finish_block_part(part, k, host, name);
+  }
+  part->scale_kind = WeightScale::kChannel;
+  if (ws.granularity == Granularity::kPerTensor) host.assign(static_cast<size_t>(n), host[0]);
+  return DeviceAllocation::upload(host.data(), n * 4, name + ".weight_scale", &part->w_scale);
+}
+
+}  // namespace runtime
+
+using namespace runtime;  // the helpers above, in this file
 
 Status GpuModel::from_float(const ModelWeights& w, DType linear_dtype, int device, std::unique_ptr<GpuModel>* out) {
   LLMQ_RETURN_IF_ERROR(check_config(w.config));
@@ -325,14 +385,6 @@ struct SyntheticPlan {
   Scheme scheme;
 };
 
-// Bytes of the model under the plan (weights and scales), to refuse early when it cannot fit.
-int64_t synthetic_bytes(const ModelConfig& c, const SyntheticPlan& plan) {
-  const int64_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
-  const int64_t per_layer = (q_dim + 2 * kv_dim) * c.dim + c.dim * q_dim + 3 * c.hidden_dim * c.dim;
-  const int64_t wbytes = plan.bf16 ? 2 : 1;
-  return c.n_layers * per_layer * wbytes + 2 * c.vocab_size * c.dim * 2;
-}
-
 // A synthetic linear [n, k]: BF16 values ~ N(0, 1/k) generated on the device, then quantized there
 // under the scheme's weight spec (cuda_quantize: bit for bit the CPU quantize of those BF16 values).
 Status synthetic_linear(const std::string& name, int64_t n, int64_t k, const SyntheticPlan& plan, uint64_t seed,
@@ -353,43 +405,9 @@ Status synthetic_linear(const std::string& name, int64_t n, int64_t k, const Syn
     out->parts.push_back(std::move(part));
     return {};
   }
-  const Scheme& s = plan.scheme;
-  QuantizedLinear ql;  // only its specs: act_mode reads them
-  ql.quantize_input = s.quantize_activations;
-  ql.input_spec = s.activation;
-  Tensor static_scale(DType::kF32, {1, 1});
-  static_scale.data_as<float>()[0] = 8.0f / 448.0f;  // synthetic activations stay well inside +-8
-  ql.static_input_scale.scales = std::move(static_scale);
-  LLMQ_RETURN_IF_ERROR(act_mode(ql, name, out));
-  const QuantSpec& ws = s.weight;
-  part.w_dtype = ws.format;
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(n * k, name + ".weight", &part.w));
-  BlockShape block;
-  LLMQ_RETURN_IF_ERROR(resolve_block_shape(ws, n, k, &block));
-  const int64_t srows = (n + block.rows - 1) / block.rows, scols = (k + block.cols - 1) / block.cols;
-  DeviceAllocation raw_scales;
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(srows * scols * 4, name + ".weight_scale", &raw_scales));
+  LLMQ_RETURN_IF_ERROR(scheme_act_mode(plan.scheme, name, out));
   TensorView x{values.get(), DType::kBF16, {n, k}, {}, Device::kCuda};
-  TensorView q{part.w.get(), ws.format, {n, k}, {}, Device::kCuda};
-  TensorView sv{raw_scales.get(), DType::kF32, {srows, scols}, {}, Device::kCuda};
-  const size_t ws_bytes = cuda_quantize_workspace_bytes(n, k, ws);
-  DeviceAllocation qws;
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(static_cast<int64_t>(ws_bytes), name + " quantize workspace", &qws));
-  CudaQuantizeOptions qo;
-  qo.workspace = qws.get();
-  qo.workspace_bytes = ws_bytes;
-  LLMQ_RETURN_IF_ERROR(cuda_quantize(x, ws, q, sv, qo));
-  std::vector<float> host(static_cast<size_t>(srows * scols));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), raw_scales.get(), host.size() * 4, cudaMemcpyDeviceToHost));
-  if (ws.granularity == Granularity::kPerBlock) {
-    part.scale_kind = WeightScale::kBlock128;
-    part.w_scale = std::move(raw_scales);
-    LLMQ_RETURN_IF_ERROR(finish_block_part(&part, k, host, name));
-  } else {
-    part.scale_kind = WeightScale::kChannel;
-    if (ws.granularity == Granularity::kPerTensor) host.assign(static_cast<size_t>(n), host[0]);
-    LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(host.data(), n * 4, name + ".weight_scale", &part.w_scale));
-  }
+  LLMQ_RETURN_IF_ERROR(quantize_part_on_device(name, x, plan.scheme.weight, &part));
   out->parts.push_back(std::move(part));
   return {};
 }
@@ -419,13 +437,7 @@ Status GpuModel::synthetic(const ModelConfig& c, const std::string& precision, u
       return unsupported("synthetic " + precision + ": SmoothQuant and MSE-searched weights need a real model and calibration");
   }
   LLMQ_RETURN_IF_ERROR(select_device(device));
-  int64_t free_b = 0, total_b = 0;
-  LLMQ_RETURN_IF_ERROR(runtime::device_memory_info(&free_b, &total_b));
-  const int64_t need = synthetic_bytes(c, plan);
-  if (need > free_b)
-    return {StatusCode::kInvalidArgument, "model does not fit: " + precision + " weights need " + runtime::format_bytes(need) +
-                                              ", the GPU has " + runtime::format_bytes(free_b) + " free of " +
-                                              runtime::format_bytes(total_b)};
+  LLMQ_RETURN_IF_ERROR(check_fits(c, plan.bf16, precision));
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;
   g.config = c;

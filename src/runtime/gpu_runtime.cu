@@ -101,7 +101,9 @@ struct GpuRuntime::Impl {
   ActBuffers in_attn, in_o, in_mlp, in_down, in_lm;
   DeviceAllocation qkv_out, q_rot, attn_out, o_out, gu_out, down_out;  // bf16
   DeviceAllocation logits;  // f32 [lm_rows, vocab]
-  DeviceAllocation kv_cache;  // bf16 [2, layers, slots, capacity, kv_dim]
+  DeviceAllocation kv_cache;  // [2, layers, slots, capacity, kv_dim], bf16 or e4m3
+  DeviceAllocation kv_scales;  // f32 [2, layers, n_kv_heads]: K then V (e4m3 cache)
+  bool kv_fp8 = false;
   DeviceAllocation cos_sin;   // f32 [capacity, head_dim / 2, 2]
 
   // Step metadata (prefill and explicit decode): one device block, filled from pinned memory.
@@ -121,15 +123,28 @@ struct GpuRuntime::Impl {
     if (stream != nullptr) (void)cudaStreamDestroy(stream);
   }
 
-  uint16_t* k_cache(int64_t layer) const {
-    return kv_cache.as<uint16_t>() + layer * options.max_batch * options.max_context * kv_dim;
+  // Layer l's K (which = 0) or V (which = 1) cache, whatever its element size.
+  void* cache(int which, int64_t layer) const {
+    const int64_t elem = kv_fp8 ? 1 : 2;
+    return kv_cache.as<char>() + (which * c.n_layers + layer) * options.max_batch * options.max_context * kv_dim * elem;
   }
-  uint16_t* v_cache(int64_t layer) const {
-    return kv_cache.as<uint16_t>() + (c.n_layers + layer) * options.max_batch * options.max_context * kv_dim;
+  uint16_t* k_cache(int64_t layer) const { return kv_fp8 ? nullptr : static_cast<uint16_t*>(cache(0, layer)); }
+  uint16_t* v_cache(int64_t layer) const { return kv_fp8 ? nullptr : static_cast<uint16_t*>(cache(1, layer)); }
+  uint8_t* k_cache8(int64_t layer) const { return kv_fp8 ? static_cast<uint8_t*>(cache(0, layer)) : nullptr; }
+  uint8_t* v_cache8(int64_t layer) const { return kv_fp8 ? static_cast<uint8_t*>(cache(1, layer)) : nullptr; }
+  const float* k_scale(int64_t layer) const { return kv_fp8 ? kv_scales.as<float>() + layer * c.n_kv_heads : nullptr; }
+  const float* v_scale(int64_t layer) const {
+    return kv_fp8 ? kv_scales.as<float>() + (c.n_layers + layer) * c.n_kv_heads : nullptr;
   }
   int32_t* dec_ptr(int i) const { return dec.as<int32_t>() + i * options.max_batch; }
   int32_t* dec_step() const { return dec.as<int32_t>() + 5 * options.max_batch; }
 
+  template <typename AttentionArgs>
+  void set_cache(int64_t layer, AttentionArgs* a) const {
+    a->k_cache = k_cache(layer);
+    a->v_cache = v_cache(layer);
+    // LLMQ_FP8_KV_ATTENTION: the e4m3 fields of the attention arguments.
+  }
   Status init(const GpuModel& gm, const GpuRuntimeOptions& o);
   Status produce(const GpuLinear& consumer, RowOpArgs op, ActBuffers& bufs, LinearInput* in);
   Status forward(const StepMeta& m);
@@ -164,7 +179,11 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   lengths.assign(static_cast<size_t>(o.max_batch), 0);
 
   // Refuse early, with the numbers, when the cache and activations cannot fit.
-  const int64_t kv_bytes = 2 * c.n_layers * o.max_batch * o.max_context * kv_dim * 2;
+  if (o.kv_cache_dtype != DType::kBF16 && o.kv_cache_dtype != DType::kE4M3)
+    return invalid_argument(std::string("--kv-cache: bf16 or e4m3, got ") + dtype_name(o.kv_cache_dtype));
+  kv_fp8 = o.kv_cache_dtype == DType::kE4M3;
+  if (kv_fp8) return unsupported("--kv-cache e4m3: the attention kernels do not read an e4m3 cache yet");
+  const int64_t kv_bytes = 2 * c.n_layers * o.max_batch * o.max_context * kv_dim * (kv_fp8 ? 1 : 2);
   const int64_t act_bytes = rows * (c.dim * 4 + 4 * c.dim * 3 + qkv_n * 2 + 2 * q_dim * 2 + q_dim * 3 + c.dim * 4 +
                                     2 * c.hidden_dim * 2 + c.hidden_dim * 3) +
                             lm_rows * c.vocab_size * 4;
@@ -202,6 +221,10 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(lm_rows * c.vocab_size * 4, "logits", &logits));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kv_bytes, "KV cache", &kv_cache));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(kv_cache.get(), 0, static_cast<size_t>(kv_bytes)));
+  if (kv_fp8) {
+    const std::vector<float> ones(static_cast<size_t>(2 * c.n_layers * c.n_kv_heads), 1.0f);
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(ones.data(), static_cast<int64_t>(ones.size() * 4), "KV scales", &kv_scales));
+  }
 
   size_t qws = 0;
   for (const GpuLayer& L : model->layers)
@@ -318,6 +341,10 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     rope.q_out = q_rot.as<uint16_t>();
     rope.k_cache = k_cache(l);
     rope.v_cache = v_cache(l);
+    rope.k_cache8 = k_cache8(l);
+    rope.v_cache8 = v_cache8(l);
+    rope.k_scale = k_scale(l);
+    rope.v_scale = v_scale(l);
     rope.position = m.position;
     rope.slot = m.tok_slot;
     rope.cos_sin = cos_sin.as<float>();
@@ -333,8 +360,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     if (m.decode) {
       runtime::DecodeAttentionArgs a;
       a.q = q_rot.as<uint16_t>();
-      a.k_cache = k_cache(l);
-      a.v_cache = v_cache(l);
+      set_cache(l, &a);
       a.out = attn_out.as<uint16_t>();
       a.kv_len = m.kv_len;
       a.slot = m.seq_slot;
@@ -351,8 +377,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     } else {
       runtime::PrefillAttentionArgs a;
       a.q = q_rot.as<uint16_t>();
-      a.k_cache = k_cache(l);
-      a.v_cache = v_cache(l);
+      set_cache(l, &a);
       a.out = attn_out.as<uint16_t>();
       a.q_start = m.q_start;
       a.kv_len = m.kv_len;
@@ -664,7 +689,8 @@ Status GpuRuntime::fill_context_for_benchmark(int64_t batch, int64_t length, uin
   if (batch < 1 || batch > g.options.max_batch || length < 0 || length >= g.options.max_context)
     return invalid_argument("fill_context_for_benchmark: batch " + std::to_string(batch) + " x length " +
                             std::to_string(length) + " does not fit the runtime");
-  LLMQ_RETURN_IF_ERROR(runtime::fill_random_bf16(g.kv_cache.as<uint16_t>(), g.kv_cache.bytes() / 2, 1.0f, seed, g.stream));
+  if (g.kv_fp8) LLMQ_RETURN_IF_ERROR(runtime::fill_random_e4m3(g.kv_cache.as<uint8_t>(), g.kv_cache.bytes(), 1.0f, seed, g.stream));
+  else LLMQ_RETURN_IF_ERROR(runtime::fill_random_bf16(g.kv_cache.as<uint16_t>(), g.kv_cache.bytes() / 2, 1.0f, seed, g.stream));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
   for (int64_t b = 0; b < batch; ++b) g.lengths[static_cast<size_t>(b)] = length;
   return {};
@@ -737,6 +763,23 @@ Status GpuRuntime::time_prefill(int64_t tokens, uint64_t seed, double* ms) {
   *ms = t;
   g.lengths[0] = 0;
   return st;
+}
+
+Status GpuRuntime::set_kv_scales(const std::vector<float>& k_scales, const std::vector<float>& v_scales) {
+  Impl& g = *impl_;
+  if (!g.kv_fp8) return invalid_argument("set_kv_scales: the KV cache is not e4m3");
+  const size_t want = static_cast<size_t>(g.c.n_layers * g.c.n_kv_heads);
+  if (k_scales.size() != want || v_scales.size() != want)
+    return invalid_argument("set_kv_scales: want " + std::to_string(want) + " scales each (layers x kv heads), got " +
+                            std::to_string(k_scales.size()) + " and " + std::to_string(v_scales.size()));
+  for (size_t i = 0; i < want; ++i)
+    if (!(k_scales[i] > 0.0f) || !(v_scales[i] > 0.0f) || !std::isfinite(k_scales[i]) || !std::isfinite(v_scales[i]))
+      return invalid_argument("set_kv_scales: scale " + std::to_string(i) + " is not finite and positive");
+  std::vector<float> both(k_scales);
+  both.insert(both.end(), v_scales.begin(), v_scales.end());
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpy(g.kv_scales.get(), both.data(), both.size() * 4, cudaMemcpyHostToDevice));
+  return {};
 }
 
 void GpuRuntime::reset() { std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0); }

@@ -19,6 +19,10 @@ GpuModel::GpuModel() : impl_(std::make_unique<Impl>()) {}
 GpuModel::~GpuModel() = default;
 Status GpuModel::from_float(const ModelWeights&, DType, int, std::unique_ptr<GpuModel>*) { return no_cuda(); }
 Status GpuModel::from_quantized(const QuantizedModel&, int, std::unique_ptr<GpuModel>*) { return no_cuda(); }
+Status GpuModel::from_checkpoint(const std::string&, const std::string&, int, std::unique_ptr<GpuModel>*,
+                                 const GpuProgressFn&) {
+  return no_cuda();
+}
 Status GpuModel::synthetic(const ModelConfig&, const std::string&, uint64_t, int, std::unique_ptr<GpuModel>*,
                            const GpuProgressFn&) {
   return no_cuda();
@@ -40,6 +44,7 @@ Status GpuRuntime::generate(const std::vector<int32_t>&, int64_t, const Sampling
 Status GpuRuntime::fill_context_for_benchmark(int64_t, int64_t, uint64_t) { return no_cuda(); }
 Status GpuRuntime::time_decode(int64_t, int64_t, int64_t, std::vector<double>*) { return no_cuda(); }
 Status GpuRuntime::time_prefill(int64_t, uint64_t, double*) { return no_cuda(); }
+Status GpuRuntime::set_kv_scales(const std::vector<float>&, const std::vector<float>&) { return no_cuda(); }
 void GpuRuntime::reset() {}
 int64_t GpuRuntime::length(int64_t) const { return 0; }
 int64_t GpuRuntime::device_bytes() const { return 0; }

@@ -399,13 +399,22 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
     if (is_q) {
       a.q_out[r * q_dim + head * hd + i0] = to_bf16(o0);
       a.q_out[r * q_dim + head * hd + i1] = to_bf16(o1);
+    } else if (a.k_cache8 != nullptr) {
+      const int64_t kh = head - a.n_heads;
+      const float inv = __fdiv_rn(1.0f, a.k_scale[kh]);
+      a.k_cache8[cache_row + kh * hd + i0] = encode(__fmul_rn(o0, inv), false);
+      a.k_cache8[cache_row + kh * hd + i1] = encode(__fmul_rn(o1, inv), false);
     } else {
       const int64_t kh = head - a.n_heads;
       a.k_cache[cache_row + kh * hd + i0] = to_bf16(o0);
       a.k_cache[cache_row + kh * hd + i1] = to_bf16(o1);
     }
   }
-  for (int64_t c = threadIdx.x; c < kv_dim; c += blockDim.x) a.v_cache[cache_row + c] = to_bf16(value(q_dim + kv_dim + c));
+  for (int64_t c = threadIdx.x; c < kv_dim; c += blockDim.x) {
+    const float v = value(q_dim + kv_dim + c);
+    if (a.v_cache8 != nullptr) a.v_cache8[cache_row + c] = encode(__fmul_rn(v, __fdiv_rn(1.0f, a.v_scale[c / hd])), false);
+    else a.v_cache[cache_row + c] = to_bf16(v);
+  }
 }
 
 constexpr int kArgmaxThreads = 1024;
@@ -610,6 +619,13 @@ __global__ void fill_bf16_kernel(uint16_t* d, int64_t count, float std, uint64_t
     d[i] = to_bf16(v);
   }
 }
+__global__ void fill_e4m3_kernel(uint8_t* d, int64_t count, float std, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = random_normal_like(seed, i) * std;
+    d[i] = encode(v == 0.0f ? std * 1e-2f : v, false);
+  }
+}
 __global__ void fill_f32_kernel(float* d, int64_t count, float mean, float std, uint64_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -707,6 +723,13 @@ Status fill_random_bf16(uint16_t* data, int64_t count, float std, uint64_t seed,
   if (count == 0) return {};
   fill_bf16_kernel<<<grid_for(count), 256, 0, stream>>>(data, count, std, seed);
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("fill_bf16_kernel");
+  return {};
+}
+
+Status fill_random_e4m3(uint8_t* data, int64_t count, float std, uint64_t seed, CudaStream stream) {
+  if (count == 0) return {};
+  fill_e4m3_kernel<<<grid_for(count), 256, 0, stream>>>(data, count, std, seed);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("fill_e4m3_kernel");
   return {};
 }
 

@@ -61,6 +61,12 @@ struct RopeKvArgs {
   const float* cos_sin = nullptr;   // [capacity, head_dim / 2, 2]
   int64_t rows = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, capacity = 0;
   bool interleaved = false;         // llama2.c pairs (2j, 2j+1); else (j, j + head_dim/2)
+  // FP8 E4M3 cache (k_cache8 / v_cache8 instead of k_cache / v_cache): code = e4m3(value / scale),
+  // round to nearest even, saturating, one scale per kv head ([n_kv_heads] each).
+  uint8_t* k_cache8 = nullptr;
+  uint8_t* v_cache8 = nullptr;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
 };
 Status rope_kv(const RopeKvArgs& args, CudaStream stream);
 
@@ -83,6 +89,7 @@ Status advance_decode(const int32_t* next, int64_t rows, int32_t* tokens, int32_
 
 // Seeded pseudo-random fills (a hash of seed and index; roughly normal with std `std`, never 0).
 Status fill_random_bf16(uint16_t* data, int64_t count, float std, uint64_t seed, CudaStream stream);
+Status fill_random_e4m3(uint8_t* data, int64_t count, float std, uint64_t seed, CudaStream stream);
 Status fill_random_f32(float* data, int64_t count, float mean, float std, uint64_t seed, CudaStream stream);
 
 }  // namespace llmq::runtime

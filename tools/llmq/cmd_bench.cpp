@@ -39,6 +39,7 @@ struct BenchArgs {
   int device = 0;
   std::string json_path;
   bool no_graphs = false;
+  std::string kv_cache = "bf16";
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -125,7 +126,7 @@ int run_e2e(const BenchArgs& a) {
       continue;
     }
     const ModelConfig& c = model->config();
-    const int64_t kv_per_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2;
+    const int64_t kv_per_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim * (a.kv_cache == "e4m3" ? 1 : 2);
     // Weight bytes a decode step reads: everything but the embedding table (one row per token).
     const double step_weight_bytes = static_cast<double>(model->weight_bytes() - c.vocab_size * c.dim * 2);
     const bool eight_bit = precision != "bf16" && precision != "f32";
@@ -136,6 +137,7 @@ int run_e2e(const BenchArgs& a) {
         o.max_context = ctx + a.warmup + a.steps + 1;
         o.max_step_tokens = batch;
         o.cuda_graphs = !a.no_graphs;
+        o.kv_cache_dtype = a.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
         std::unique_ptr<GpuRuntime> rt;
         Status st = GpuRuntime::create(*model, o, &rt);
         std::vector<double> ms;
@@ -155,9 +157,9 @@ int run_e2e(const BenchArgs& a) {
         emit({{"kind", "decode"}, {"precision", precision}, {"batch", batch}, {"context", ctx}, {"steps", a.steps},
               {"tpot_ms_median", med}, {"tpot_ms_p90", p90}, {"tokens_per_s", static_cast<double>(batch) / med * 1e3},
               {"floor_ms", floor_ms}, {"weight_bytes", step_weight_bytes}, {"kv_bytes", kv_bytes},
-              {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"step_ms", ms}});
-        table.push_back(fmt::format("{:<20} | decode b={:<3} ctx={:<5} | {:8.3f} ms/step (p90 {:7.3f}) | {:8.0f} tok/s | floor {:6.3f} ms ({:4.2f}x) | {:5.1f} GB",
-                                    precision, batch, ctx, med, p90, static_cast<double>(batch) / med * 1e3, floor_ms,
+              {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"kv_cache", a.kv_cache}, {"step_ms", ms}});
+        table.push_back(fmt::format("{:<20} | decode b={:<3} ctx={:<5} kv={} | {:8.3f} ms/step (p90 {:7.3f}) | {:8.0f} tok/s | floor {:6.3f} ms ({:4.2f}x) | {:5.1f} GB",
+                                    precision, batch, ctx, a.kv_cache, med, p90, static_cast<double>(batch) / med * 1e3, floor_ms,
                                     med / floor_ms, static_cast<double>(used) / 1e9));
         fmt::print(stderr, "{}\n", table.back());
       }
@@ -224,6 +226,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
   e2e->add_option("--gpu", args->device, "CUDA device ordinal");
   e2e->add_option("--json", args->json_path, "append JSON lines here");
   e2e->add_flag("--no-graphs", args->no_graphs, "decode without CUDA graphs (one launch per kernel)");
+  e2e->add_option("--kv-cache", args->kv_cache, "KV cache elements: bf16 or e4m3")->check(CLI::IsMember({"bf16", "e4m3"}));
   commands->push_back({e2e, [args] { return run_e2e(*args); }});
 }
 

@@ -26,6 +26,7 @@ struct RunArgs {
   std::string device = "cpu";
   std::string precision = "bf16";
   int gpu = 0;
+  std::string kv_cache = "bf16";
 };
 
 // The GPU runtime: prefill the prompt but its last token, then `steps` - (prompt - 1) decode
@@ -45,6 +46,7 @@ Status run_on_gpu(const RunArgs& a, const ModelWeights& model, const QuantizedMo
   GpuRuntimeOptions o;
   o.max_context = a.steps;
   o.max_step_tokens = std::max<int64_t>(1, static_cast<int64_t>(prompt.size()));
+  o.kv_cache_dtype = a.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
   std::unique_ptr<GpuRuntime> rt;
   LLMQ_RETURN_IF_ERROR(GpuRuntime::create(*gm, o, &rt));
   if (prompt.size() > 1) {
@@ -140,6 +142,8 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--precision", args->precision, "--device cuda without --scheme: bf16 or f32 linears");
   cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
+  cmd->add_option("--kv-cache", args->kv_cache, "--device cuda: KV cache elements, bf16 or e4m3")
+      ->check(CLI::IsMember({"bf16", "e4m3"}));
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 

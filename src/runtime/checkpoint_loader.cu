@@ -1,0 +1,208 @@
+// GpuModel::from_checkpoint: an unquantized Hugging Face checkpoint (config.json + safetensors,
+// sharded or not) onto the device tensor by tensor, straight from the memory map: each weight is
+// copied from the mapped file into device memory (the OS pages in what is read; nothing is copied
+// into host buffers for BF16 and F32 tensors) and quantized there under the scheme. Host memory
+// holds at most one converted tensor, and only for F16 weights under "bf16".
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_check.cuh"
+#include "llmq/format.hpp"
+#include "llmq/gpu_runtime.hpp"
+#include "llmq/safetensors.hpp"
+#include "runtime/gpu_model_build.hpp"
+#include "runtime/gpu_model_impl.hpp"
+
+namespace llmq {
+
+using runtime::DeviceAllocation;
+using runtime::GpuLayer;
+using runtime::GpuLinear;
+using runtime::LinearPart;
+using runtime::WeightScale;
+
+namespace {
+
+struct Loader {
+  const Checkpoint& ckpt;
+  bool bf16 = true;  // linears in BF16, else quantized under `scheme`
+  Scheme scheme;
+
+  Status shape_of(const std::string& name, std::vector<int64_t>* shape, DType* dtype) const {
+    const SafetensorsTensorInfo* info = ckpt.find(name);
+    if (info == nullptr) return invalid_argument(ckpt.dir() + ": tensor " + name + " is missing");
+    *shape = info->shape;
+    *dtype = info->dtype;
+    return {};
+  }
+
+  // The tensor on the device in its stored dtype (BF16 / F32) or, for F16 under a BF16 target,
+  // converted on the host first. `elem_dtype` says what landed.
+  Status upload(const std::string& name, DeviceAllocation* out, DType* elem_dtype) const {
+    TensorView v;
+    LLMQ_RETURN_IF_ERROR(ckpt.view(name, &v));
+    if (v.dtype == DType::kBF16 || v.dtype == DType::kF32 || v.dtype == DType::kF16) {
+      *elem_dtype = v.dtype;
+      const int64_t bytes = v.numel() * static_cast<int64_t>(format_info(v.dtype).bits / 8);
+      return DeviceAllocation::upload(v.data, bytes, name, out);
+    }
+    return unsupported(ckpt.dir() + ": " + name + " is " + dtype_name(v.dtype) +
+                       ": from_checkpoint reads unquantized checkpoints (BF16, F16, F32); load quantized ones "
+                       "through load_quantized_checkpoint + GpuModel::from_quantized");
+  }
+
+  Status small_f32(const std::string& name, DeviceAllocation* out) const {
+    Tensor t;
+    LLMQ_RETURN_IF_ERROR(ckpt.read_f32(name, &t));
+    return DeviceAllocation::upload(t.data(), t.nbytes(), name, out);
+  }
+
+  // One BF16 table (embeddings, lm_head): stored BF16 goes up as it is, anything else converts.
+  Status bf16_table(const std::string& name, DeviceAllocation* out) const {
+    std::vector<int64_t> shape;
+    DType dt;
+    LLMQ_RETURN_IF_ERROR(shape_of(name, &shape, &dt));
+    if (dt == DType::kBF16) return upload(name, out, &dt);
+    Tensor t;
+    LLMQ_RETURN_IF_ERROR(ckpt.read_f32(name, &t));
+    return runtime::upload_as(t.data_as<float>(), t.numel(), DType::kBF16, name, out);
+  }
+
+  // Linear `label` from the tensors `names`, concatenated along N (QKV, gate/up).
+  Status linear(const std::string& label, const std::vector<std::string>& names, GpuLinear* out) const {
+    out->name = label;
+    out->n = 0;
+    out->k = 0;
+    out->parts.clear();
+    std::vector<LinearPart> parts;
+    for (const std::string& name : names) {
+      std::vector<int64_t> shape;
+      DType dt;
+      LLMQ_RETURN_IF_ERROR(shape_of(name, &shape, &dt));
+      if (shape.size() != 2 || (out->k != 0 && shape[1] != out->k))
+        return invalid_argument(ckpt.dir() + ": " + name + ": expected [out, " + std::to_string(out->k) + "]");
+      out->k = shape[1];
+      LinearPart part;
+      part.n = shape[0];
+      part.n_offset = out->n;
+      if (bf16) {
+        LLMQ_RETURN_IF_ERROR(bf16_table(name, &part.w));
+        part.w_dtype = DType::kBF16;
+      } else {
+        DeviceAllocation values;
+        DType elem;
+        LLMQ_RETURN_IF_ERROR(upload(name, &values, &elem));
+        TensorView x{values.get(), elem, {shape[0], shape[1]}, {}, Device::kCuda};
+        LLMQ_RETURN_IF_ERROR(runtime::quantize_part_on_device(name, x, scheme.weight, &part));
+      }
+      out->n += part.n;
+      parts.push_back(std::move(part));
+    }
+    if (bf16) {
+      out->act = runtime::ActQuant::kNone;
+    } else {
+      LLMQ_RETURN_IF_ERROR(runtime::scheme_act_mode(scheme, label, out));
+    }
+    return merge(label, std::move(parts), out);
+  }
+
+  // One part when the pieces concatenate (same kind; blocks only at multiples of 128 rows), so the
+  // usual QKV / gate-up is one GEMM; else the parts stay apart.
+  Status merge(const std::string& label, std::vector<LinearPart> parts, GpuLinear* out) const {
+    bool mergeable = parts.size() > 1;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      mergeable = mergeable && parts[i].w_dtype == parts[0].w_dtype && parts[i].scale_kind == parts[0].scale_kind;
+      if (parts[i].scale_kind == WeightScale::kBlock128 && i + 1 < parts.size() && parts[i].n % 128 != 0) mergeable = false;
+    }
+    if (!mergeable) {
+      out->parts = std::move(parts);
+      return {};
+    }
+    const int64_t elem = parts[0].w_dtype == DType::kBF16 ? 2 : (parts[0].w_dtype == DType::kF32 ? 4 : 1);
+    LinearPart m;
+    m.n = out->n;
+    m.w_dtype = parts[0].w_dtype;
+    m.scale_kind = parts[0].scale_kind;
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(out->n * out->k * elem, label + ".weight", &m.w));
+    std::vector<float> scales;
+    for (const LinearPart& p : parts) {
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpy(m.w.as<char>() + p.n_offset * out->k * elem, p.w.get(),
+                                           static_cast<size_t>(p.w.bytes()), cudaMemcpyDeviceToDevice));
+      if (p.scale_kind != WeightScale::kNone) {
+        std::vector<float> s(static_cast<size_t>(p.w_scale.bytes() / 4));
+        LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpy(s.data(), p.w_scale.get(), s.size() * 4, cudaMemcpyDeviceToHost));
+        scales.insert(scales.end(), s.begin(), s.end());
+      }
+    }
+    if (m.scale_kind != WeightScale::kNone) {
+      LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(scales.data(), static_cast<int64_t>(scales.size() * 4),
+                                                    label + ".weight_scale", &m.w_scale));
+      if (m.scale_kind == WeightScale::kBlock128) LLMQ_RETURN_IF_ERROR(runtime::finish_block_part(&m, out->k, scales, label));
+    }
+    out->parts.clear();
+    out->parts.push_back(std::move(m));
+    return {};
+  }
+};
+
+}  // namespace
+
+Status GpuModel::from_checkpoint(const std::string& dir, const std::string& precision, int device,
+                                 std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress) {
+  std::unique_ptr<Checkpoint> ckpt;
+  LLMQ_RETURN_IF_ERROR(Checkpoint::open(dir, &ckpt));
+  ModelConfig c;
+  LLMQ_RETURN_IF_ERROR(parse_hf_config(ckpt->config_json(), &c));
+  LLMQ_RETURN_IF_ERROR(runtime::check_config(c));
+  Loader load{*ckpt};
+  if (precision != "bf16") {
+    load.bf16 = false;
+    LLMQ_RETURN_IF_ERROR(find_scheme(precision, &load.scheme));
+    if (load.scheme.needs_statistics() || load.scheme.weight.method != ScaleMethod::kAbsmax)
+      return unsupported("--scheme " + precision + " on the GPU from a checkpoint: static, SmoothQuant and MSE schemes need "
+                         "calibration statistics; quantize with `llmq quantize --stats` first, or use a dynamic scheme");
+  }
+  LLMQ_RETURN_IF_ERROR(runtime::select_device(device));
+  LLMQ_RETURN_IF_ERROR(runtime::check_fits(c, load.bf16, precision));
+  std::unique_ptr<GpuModel> m(new GpuModel());
+  Impl& g = *m->impl_;
+  g.config = c;
+  g.precision = precision;
+  g.device = device;
+  LLMQ_RETURN_IF_ERROR(load.bf16_table("model.embed_tokens.weight", &g.embedding));
+  LLMQ_RETURN_IF_ERROR(load.small_f32("model.norm.weight", &g.final_norm));
+  Loader head = load;
+  head.bf16 = true;  // lm_head stays BF16, as the export keeps it
+  const bool tied = ckpt->find("lm_head.weight") == nullptr;
+  LLMQ_RETURN_IF_ERROR(head.linear("lm_head", {tied ? "model.embed_tokens.weight" : "lm_head.weight"}, &g.lm_head));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (progress) progress(l, c.n_layers, "loading layer " + std::to_string(l));
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    GpuLayer gl;
+    LLMQ_RETURN_IF_ERROR(load.small_f32(p + "input_layernorm.weight", &gl.attn_norm));
+    LLMQ_RETURN_IF_ERROR(load.small_f32(p + "post_attention_layernorm.weight", &gl.ffn_norm));
+    if (ckpt->find(p + "self_attn.q_proj.bias") != nullptr) {
+      std::vector<float> bias;
+      for (const char* r : {"q_proj", "k_proj", "v_proj"}) {
+        Tensor t;
+        LLMQ_RETURN_IF_ERROR(ckpt->read_f32(p + "self_attn." + r + ".bias", &t));
+        bias.insert(bias.end(), t.data_as<float>(), t.data_as<float>() + t.numel());
+      }
+      LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(bias.data(), static_cast<int64_t>(bias.size() * 4), p + "qkv.bias",
+                                                    &gl.qkv_bias));
+    }
+    LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "qkv"),
+                                     {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
+                                     &gl.qkv));
+    LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "o_proj"), {p + "self_attn.o_proj.weight"}, &gl.o));
+    LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "gate_up"), {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
+                                     &gl.gate_up));
+    LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "down_proj"), {p + "mlp.down_proj.weight"}, &gl.down));
+    g.layers.push_back(std::move(gl));
+  }
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  if (progress) progress(c.n_layers, c.n_layers, "loaded");
+  *out = std::move(m);
+  return {};
+}
+
+}  // namespace llmq

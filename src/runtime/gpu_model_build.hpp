@@ -1,0 +1,34 @@
+// The pieces GpuModel's loaders share (gpu_model.cu defines them; checkpoint_loader.cu uses them
+// too): device selection, the "does it fit" check, uploads, and quantizing a weight on the device.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "llmq/model.hpp"
+#include "llmq/scheme.hpp"
+#include "llmq/tensor.hpp"
+#include "runtime/device_memory.hpp"
+#include "runtime/linear.hpp"
+
+namespace llmq::runtime {
+
+Status select_device(int device);
+Status check_config(const ModelConfig& c);
+// Device bytes of the weights (linears BF16 or 8-bit, embeddings and lm_head BF16).
+int64_t model_bytes(const ModelConfig& c, bool bf16_linears);
+// An error with the bytes needed and free when the weights cannot fit on the current device.
+Status check_fits(const ModelConfig& c, bool bf16_linears, const std::string& precision);
+std::string layer_name(int64_t layer, const char* what);  // "layers.3.qkv"
+Status upload_f32(const Tensor& t, const std::string& what, DeviceAllocation* out);
+// float32 host values to the device as `dtype` (kF32 or kBF16, round to nearest even).
+Status upload_as(const float* data, int64_t count, DType dtype, const std::string& what, DeviceAllocation* out);
+// The activation side of a linear under a dynamic scheme (static schemes get 8/448 per tensor).
+Status scheme_act_mode(const Scheme& s, const std::string& name, GpuLinear* out);
+// x: device [n, k] (F32, BF16 or F16) quantized by cuda_quantize under `ws` (bit for bit the CPU
+// quantize of the same values) into part's codes and per-channel (per-tensor expanded) or 128x128
+// block scales.
+Status quantize_part_on_device(const std::string& name, const TensorView& x, const QuantSpec& ws, LinearPart* part);
+Status finish_block_part(LinearPart* part, int64_t k, const std::vector<float>& scales, const std::string& name);
+
+}  // namespace llmq::runtime
