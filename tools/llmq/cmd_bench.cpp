@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -81,6 +82,14 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, std::uni
                                           [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); });
     progress.finish();
     return st;
+  }
+  // A Hugging Face directory streams from its memory map to the device (bf16 and dynamic schemes).
+  if (std::filesystem::is_directory(a.model) && precision != "f32") {
+    Progress progress("loading " + a.model + " " + precision);
+    const Status st = GpuModel::from_checkpoint(a.model, precision, a.device, out,
+                                                [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); });
+    progress.finish();
+    if (st.code() != StatusCode::kUnsupported) return st;  // unsupported: static schemes, quantized checkpoints
   }
   ModelWeights w;
   LLMQ_RETURN_IF_ERROR(load_model(a.model, &w));

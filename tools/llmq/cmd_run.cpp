@@ -1,6 +1,7 @@
 // llmq run: generate from a model (llama2.c sampling, token for token).
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 
 #include "commands.hpp"
@@ -34,7 +35,15 @@ struct RunArgs {
 Status run_on_gpu(const RunArgs& a, const ModelWeights& model, const QuantizedModel* qm,
                   const std::vector<int32_t>& prompt, std::vector<int32_t>* out) {
   std::unique_ptr<GpuModel> gm;
-  if (qm != nullptr) {
+  // A Hugging Face directory with no calibration-dependent scheme streams straight to the device.
+  const std::string precision = a.scheme.empty() ? a.precision : a.scheme;
+  if (std::filesystem::is_directory(a.model) && precision != "f32" && a.stats.empty()) {
+    const Status st = GpuModel::from_checkpoint(a.model, precision, a.gpu, &gm);
+    if (!st.ok() && st.code() != StatusCode::kUnsupported) return st;
+  }
+  if (gm != nullptr) {
+    // loaded above
+  } else if (qm != nullptr) {
     LLMQ_RETURN_IF_ERROR(GpuModel::from_quantized(*qm, a.gpu, &gm));
   } else {
     if (a.precision != "bf16" && a.precision != "f32")
