@@ -12,8 +12,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <random>
+#include <sstream>
+#include <string>
 #include <tuple>
 
 #include "cuda/cuda_check.cuh"
@@ -83,6 +87,30 @@ struct PinnedBuffer {
   }
 };
 
+// LLMQ_SKIP_STAGES=rope,attention,... leaves those stages out of every forward pass, so that the
+// time of a stage inside a replayed decode step can be measured by difference (METHOD: no timeline
+// profiler on the lent machines). The outputs are then meaningless; it exists for `llmq bench e2e`.
+enum Stage : uint32_t {
+  kStageNorm = 1, kStageQkv = 2, kStageRope = 4, kStageAttention = 8, kStageOQuant = 16, kStageO = 32,
+  kStageGateUp = 64, kStageSilu = 128, kStageDown = 256, kStageLmHead = 512,
+};
+uint32_t skip_stages_from_env() {
+  const char* env = std::getenv("LLMQ_SKIP_STAGES");
+  if (env == nullptr) return 0;
+  static const std::pair<const char*, uint32_t> names[] = {
+      {"norm", kStageNorm}, {"qkv", kStageQkv}, {"rope", kStageRope}, {"attention", kStageAttention},
+      {"oquant", kStageOQuant}, {"o", kStageO}, {"gateup", kStageGateUp}, {"silu", kStageSilu},
+      {"down", kStageDown}, {"lmhead", kStageLmHead}};
+  uint32_t mask = 0;
+  std::stringstream ss(env);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    for (const auto& [name, bit] : names)
+      if (item == name) mask |= bit;
+  if (mask != 0) std::fprintf(stderr, "llmq: LLMQ_SKIP_STAGES=%s: stages left out, outputs meaningless\n", env);
+  return mask;
+}
+
 }  // namespace
 
 struct GpuRuntime::Impl {
@@ -146,8 +174,11 @@ struct GpuRuntime::Impl {
     // LLMQ_FP8_KV_ATTENTION: the e4m3 fields of the attention arguments.
   }
   Status init(const GpuModel& gm, const GpuRuntimeOptions& o);
-  Status produce(const GpuLinear& consumer, RowOpArgs op, ActBuffers& bufs, LinearInput* in);
+  Status produce(const GpuLinear& consumer, RowOpArgs op, ActBuffers& bufs, LinearInput* in, bool launch = true);
   Status forward(const StepMeta& m);
+  // Profiling aid (LLMQ_SKIP_STAGES, see skip_stages_from_env): stages left out of the forward pass.
+  uint32_t skip = skip_stages_from_env();
+  bool run(uint32_t stage) const { return (skip & stage) == 0; }
   Status lm_head(const StepMeta& m, int64_t first, int64_t count);
   Status upload_meta(const std::vector<int32_t>& ints);
   Status prefill_step(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& segs,
@@ -267,7 +298,7 @@ Status GpuRuntime::create(const GpuModel& model, const GpuRuntimeOptions& option
 }
 
 // Runs `op` (its function and input already set) so that its output is what `consumer` reads.
-Status GpuRuntime::Impl::produce(const GpuLinear& consumer, RowOpArgs op, ActBuffers& bufs, LinearInput* in) {
+Status GpuRuntime::Impl::produce(const GpuLinear& consumer, RowOpArgs op, ActBuffers& bufs, LinearInput* in, bool launch) {
   *in = {};
   const int64_t m = op.rows;
   switch (consumer.act) {
@@ -294,7 +325,7 @@ Status GpuRuntime::Impl::produce(const GpuLinear& consumer, RowOpArgs op, ActBuf
     in->bf16 = op.src;
     return {};
   }
-  LLMQ_RETURN_IF_ERROR(runtime::row_op(op, stream));
+  if (launch) LLMQ_RETURN_IF_ERROR(runtime::row_op(op, stream));
   in->bf16 = op.out == RowOut::kBF16 ? op.out_bf16 : nullptr;
   in->codes = bufs.codes.get();
   in->scales = bufs.scales.as<float>();
@@ -310,7 +341,7 @@ Status GpuRuntime::Impl::produce(const GpuLinear& consumer, RowOpArgs op, ActBuf
     qo.stream = stream;
     qo.workspace = quant_workspace.get();
     qo.workspace_bytes = static_cast<size_t>(quant_workspace.bytes());
-    LLMQ_RETURN_IF_ERROR(cuda_quantize(xv, s, qv, sv, qo));
+    if (launch) LLMQ_RETURN_IF_ERROR(cuda_quantize(xv, s, qv, sv, qo));
     if (consumer.act == ActQuant::kDynamicTensor) LLMQ_RETURN_IF_ERROR(runtime::broadcast_scale(bufs.scales.as<float>(), mp, stream));
   }
   return {};
@@ -332,8 +363,8 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     norm.delta = l == 0 ? nullptr : down_out.as<uint16_t>();
     norm.gain = L.attn_norm.as<float>();
     norm.eps = eps;
-    LLMQ_RETURN_IF_ERROR(produce(L.qkv, norm, in_attn, &in));
-    LLMQ_RETURN_IF_ERROR(run_linear(L.qkv, in, T, qkv_out.get(), LinearOut::kBF16, qkv_n, lin));
+    LLMQ_RETURN_IF_ERROR(produce(L.qkv, norm, in_attn, &in, run(kStageNorm)));
+    if (run(kStageQkv)) LLMQ_RETURN_IF_ERROR(run_linear(L.qkv, in, T, qkv_out.get(), LinearOut::kBF16, qkv_n, lin));
 
     runtime::RopeKvArgs rope;
     rope.qkv = qkv_out.as<uint16_t>();
@@ -354,7 +385,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     rope.head_dim = c.head_dim;
     rope.capacity = options.max_context;
     rope.interleaved = c.rope_style == RopeStyle::kInterleaved;
-    LLMQ_RETURN_IF_ERROR(runtime::rope_kv(rope, stream));
+    if (run(kStageRope)) LLMQ_RETURN_IF_ERROR(runtime::rope_kv(rope, stream));
 
     const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     if (m.decode) {
@@ -373,7 +404,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       a.softmax_scale = softmax_scale;
       a.workspace = attn_workspace.get();
       a.workspace_bytes = attn_workspace.bytes();
-      LLMQ_RETURN_IF_ERROR(runtime::decode_attention(a, stream));
+      if (run(kStageAttention)) LLMQ_RETURN_IF_ERROR(runtime::decode_attention(a, stream));
     } else {
       runtime::PrefillAttentionArgs a;
       a.q = q_rot.as<uint16_t>();
@@ -398,22 +429,22 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     copy.rows = T;
     copy.n = q_dim;
     copy.src = attn_out.as<uint16_t>();
-    LLMQ_RETURN_IF_ERROR(produce(L.o, copy, in_o, &in));
-    LLMQ_RETURN_IF_ERROR(run_linear(L.o, in, T, o_out.get(), LinearOut::kBF16, c.dim, lin));
+    LLMQ_RETURN_IF_ERROR(produce(L.o, copy, in_o, &in, run(kStageOQuant)));
+    if (run(kStageO)) LLMQ_RETURN_IF_ERROR(run_linear(L.o, in, T, o_out.get(), LinearOut::kBF16, c.dim, lin));
 
     RowOpArgs norm2 = norm;
     norm2.delta = o_out.as<uint16_t>();
     norm2.gain = L.ffn_norm.as<float>();
-    LLMQ_RETURN_IF_ERROR(produce(L.gate_up, norm2, in_mlp, &in));
-    LLMQ_RETURN_IF_ERROR(run_linear(L.gate_up, in, T, gu_out.get(), LinearOut::kBF16, 2 * c.hidden_dim, lin));
+    LLMQ_RETURN_IF_ERROR(produce(L.gate_up, norm2, in_mlp, &in, run(kStageNorm)));
+    if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(run_linear(L.gate_up, in, T, gu_out.get(), LinearOut::kBF16, 2 * c.hidden_dim, lin));
 
     RowOpArgs silu;
     silu.fn = RowFn::kSiluMul;
     silu.rows = T;
     silu.n = c.hidden_dim;
     silu.src = gu_out.as<uint16_t>();
-    LLMQ_RETURN_IF_ERROR(produce(L.down, silu, in_down, &in));
-    LLMQ_RETURN_IF_ERROR(run_linear(L.down, in, T, down_out.get(), LinearOut::kBF16, c.dim, lin));
+    LLMQ_RETURN_IF_ERROR(produce(L.down, silu, in_down, &in, run(kStageSilu)));
+    if (run(kStageDown)) LLMQ_RETURN_IF_ERROR(run_linear(L.down, in, T, down_out.get(), LinearOut::kBF16, c.dim, lin));
   }
   return {};
 }
@@ -432,6 +463,7 @@ Status GpuRuntime::Impl::lm_head(const StepMeta& m, int64_t first, int64_t count
   norm.row_index = m.lm_rows != nullptr ? m.lm_rows + first : nullptr;
   LinearInput in;
   LLMQ_RETURN_IF_ERROR(produce(model->lm_head, norm, in_lm, &in));
+  if (!run(kStageLmHead)) return {};
   return run_linear(model->lm_head, in, count, logits.get(), LinearOut::kF32, c.vocab_size, lin);
 }
 
