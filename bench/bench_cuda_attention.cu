@@ -1,6 +1,8 @@
 // Benchmark of the runtime's attention kernels (src/runtime/attention.hpp): prefill TFLOP/s of one
 // long prompt (Llama-3-8B heads: 32 q / 8 kv, head_dim 128; causal and not) and decode GB/s of the
-// KV cache streamed (batch 1 and 8 at 8k context). CUDA events around each run, warm-up first,
+// KV cache streamed (batch 1 and 8 at 8k context), each decode case also over an E4M3 cache with
+// per-kv-head scales (lines ending "e4m3": half the bytes, GB/s counts the bytes actually read;
+// compare the times). CUDA events around each run, warm-up first,
 // median of the runs. FLOPs counted as 4 * q * k * d per head over the (q, k) pairs computed:
 // nq * nk for full attention, nq * (nk + 1) / 2 for causal (FlashAttention's convention for the
 // square causal case). Usage: bench_cuda_attention [iterations]
@@ -48,12 +50,37 @@ template <typename Fn> double time_ms(int iters, Fn fn) {
 
 constexpr int64_t kHeads = 32, kKvHeads = 8, kHeadDim = 128;
 
-void bench_prefill(int64_t n, bool causal, llmq::runtime::PrefillKernel kernel, int iters) {
+// An E4M3 cache of kv_elems codes per tensor and n_kv_heads scales (codes of values in
+// [-300, 300] times scales around 0.01), the code and scale fields of `a` pointing at it.
+struct E4m3Cache {
+  DeviceMem k, v, scales;
+  E4m3Cache(int64_t kv_elems, int64_t n_kv_heads) : k(kv_elems), v(kv_elems), scales(2 * n_kv_heads * 4) {
+    if (kv_elems == 0) return;  // unused (a BF16 case)
+    llmq::bench::fill_e4m3<<<llmq::bench::grid_for(kv_elems), 256>>>(k.as<uint8_t>(), kv_elems, 7);
+    llmq::bench::fill_e4m3<<<llmq::bench::grid_for(kv_elems), 256>>>(v.as<uint8_t>(), kv_elems, 8);
+    llmq::bench::fill_scales<<<1, 256>>>(scales.as<float>(), 2 * n_kv_heads, 9);
+    BENCH_CUDA(cudaGetLastError());
+  }
+  template <typename Args> void set(Args* a, int64_t n_kv_heads) const {
+    a->kv_dtype = llmq::runtime::KvCacheDType::kE4M3;
+    a->k_cache = a->v_cache = nullptr;
+    a->k_cache8 = k.as<uint8_t>();
+    a->v_cache8 = v.as<uint8_t>();
+    a->k_scale = scales.as<float>();
+    a->v_scale = scales.as<float>() + n_kv_heads;
+  }
+};
+
+void bench_prefill(int64_t n, bool causal, llmq::runtime::PrefillKernel kernel, int iters, bool e4m3 = false) {
   const int64_t q_elems = n * kHeads * kHeadDim, kv_elems = n * kKvHeads * kHeadDim;
-  DeviceMem q(q_elems * 2), k(kv_elems * 2), v(kv_elems * 2), out(q_elems * 2), meta(64);
+  const int64_t kv_bytes = e4m3 ? 0 : kv_elems * 2;  // the BF16 cache (none for E4M3)
+  DeviceMem q(q_elems * 2), k(kv_bytes), v(kv_bytes), out(q_elems * 2), meta(64);
   llmq::bench::fill_bf16<<<llmq::bench::grid_for(q_elems), 256>>>(q.as<__nv_bfloat16>(), q_elems, 1);
-  llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(k.as<__nv_bfloat16>(), kv_elems, 2);
-  llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(v.as<__nv_bfloat16>(), kv_elems, 3);
+  if (!e4m3) {
+    llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(k.as<__nv_bfloat16>(), kv_elems, 2);
+    llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(v.as<__nv_bfloat16>(), kv_elems, 3);
+  }
+  const E4m3Cache cache8(e4m3 ? kv_elems : 0, kKvHeads);
   const int32_t host_meta[4] = {0, static_cast<int32_t>(n), static_cast<int32_t>(n), 0};  // q_start[2], kv_len, slot
   BENCH_CUDA(cudaMemcpy(meta.p, host_meta, sizeof(host_meta), cudaMemcpyHostToDevice));
   llmq::runtime::PrefillAttentionArgs a;
@@ -73,19 +100,25 @@ void bench_prefill(int64_t n, bool causal, llmq::runtime::PrefillKernel kernel, 
   a.softmax_scale = 0.08838834764831845f;
   a.causal = causal;
   a.kernel = kernel;
+  if (e4m3) cache8.set(&a, kKvHeads);
   const double ms = time_ms(iters, [&] { check(llmq::runtime::prefill_attention(a, nullptr)); });
   const double pairs = causal ? 0.5 * static_cast<double>(n) * static_cast<double>(n + 1) : static_cast<double>(n) * n;
   const double tflops = 4.0 * pairs * kHeadDim * kHeads / (ms * 1e-3) / 1e12;
-  std::printf("prefill  n=%-5lld %-6s %-4s  %8.3f ms  %7.1f TFLOP/s\n", static_cast<long long>(n),
-              causal ? "causal" : "full", kernel == llmq::runtime::PrefillKernel::kCudaCore ? "simt" : "mma", ms, tflops);
+  std::printf("prefill  n=%-5lld %-6s %-4s  %8.3f ms  %7.1f TFLOP/s%s\n", static_cast<long long>(n),
+              causal ? "causal" : "full", kernel == llmq::runtime::PrefillKernel::kCudaCore ? "simt" : "mma", ms, tflops,
+              e4m3 ? "  e4m3" : "");
 }
 
-void bench_decode(int64_t batch, int64_t kv_len, int iters) {
+void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
   const int64_t q_elems = batch * kHeads * kHeadDim, kv_elems = batch * kv_len * kKvHeads * kHeadDim;
-  DeviceMem q(q_elems * 2), k(kv_elems * 2), v(kv_elems * 2), out(q_elems * 2), meta(2 * batch * 4);
+  const int64_t kv_bytes = e4m3 ? 0 : kv_elems * 2;  // the BF16 cache (none for E4M3)
+  DeviceMem q(q_elems * 2), k(kv_bytes), v(kv_bytes), out(q_elems * 2), meta(2 * batch * 4);
   llmq::bench::fill_bf16<<<llmq::bench::grid_for(q_elems), 256>>>(q.as<__nv_bfloat16>(), q_elems, 4);
-  llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(k.as<__nv_bfloat16>(), kv_elems, 5);
-  llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(v.as<__nv_bfloat16>(), kv_elems, 6);
+  if (!e4m3) {
+    llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(k.as<__nv_bfloat16>(), kv_elems, 5);
+    llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(v.as<__nv_bfloat16>(), kv_elems, 6);
+  }
+  const E4m3Cache cache8(e4m3 ? kv_elems : 0, kKvHeads);
   std::vector<int32_t> host_meta(2 * batch);
   for (int64_t b = 0; b < batch; ++b) {
     host_meta[b] = static_cast<int32_t>(kv_len);
@@ -110,10 +143,11 @@ void bench_decode(int64_t batch, int64_t kv_len, int iters) {
   a.softmax_scale = 0.08838834764831845f;
   a.workspace = ws.p;
   a.workspace_bytes = ws_bytes;
+  if (e4m3) cache8.set(&a, kKvHeads);
   const double ms = time_ms(iters, [&] { check(llmq::runtime::decode_attention(a, nullptr)); });
-  const double gbs = 2.0 * kv_elems * 2 / (ms * 1e-3) / 1e9;  // K and V, BF16
-  std::printf("decode   batch=%-3lld kv=%-6lld  %8.1f us  %7.0f GB/s (KV cache read)\n", static_cast<long long>(batch),
-              static_cast<long long>(kv_len), ms * 1e3, gbs);
+  const double gbs = 2.0 * kv_elems * (e4m3 ? 1 : 2) / (ms * 1e-3) / 1e9;  // K and V, BF16 or E4M3
+  std::printf("decode   batch=%-3lld kv=%-6lld  %8.1f us  %7.0f GB/s (KV cache read)%s\n", static_cast<long long>(batch),
+              static_cast<long long>(kv_len), ms * 1e3, gbs, e4m3 ? "  e4m3" : "");
 }
 
 }  // namespace
@@ -127,7 +161,11 @@ int main(int argc, char** argv) {
   for (int64_t n : {2048, 4096, 8192})
     for (bool causal : {false, true}) bench_prefill(n, causal, llmq::runtime::PrefillKernel::kAuto, iters);
   bench_prefill(2048, true, llmq::runtime::PrefillKernel::kCudaCore, 3);
+  for (int64_t n : {2048, 8192}) bench_prefill(n, true, llmq::runtime::PrefillKernel::kAuto, iters, true);
   for (int64_t batch : {1, 8})
-    for (int64_t kv : {1024, 8192, 32768}) bench_decode(batch, kv, iters);
+    for (int64_t kv : {1024, 8192, 32768}) {
+      bench_decode(batch, kv, iters);
+      bench_decode(batch, kv, iters, true);
+    }
   return 0;
 }

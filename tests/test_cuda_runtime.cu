@@ -103,7 +103,8 @@ struct RunLogits {
 };
 
 void run_gpu_and_cpu(const GpuModel& gpu_model, const std::vector<Transformer*>& cpus, RunLogits* gpu,
-                     std::vector<RunLogits>* cpu_out, DType kv_cache = DType::kBF16) {
+                     std::vector<RunLogits>* cpu_out, DType kv_cache = DType::kBF16,
+                     const std::vector<float>& k_scales = {}, const std::vector<float>& v_scales = {}) {
   const ModelConfig& c = gpu_model.config();
   std::unique_ptr<GpuRuntime> rt;
   GpuRuntimeOptions o;
@@ -113,6 +114,10 @@ void run_gpu_and_cpu(const GpuModel& gpu_model, const std::vector<Transformer*>&
   o.kv_cache_dtype = kv_cache;
   Status st = GpuRuntime::create(gpu_model, o, &rt);
   ASSERT_TRUE(st.ok()) << st.to_string();
+  if (!k_scales.empty()) {
+    st = rt->set_kv_scales(k_scales, v_scales);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
   const std::vector<int32_t> p = prompt(kPromptLength, c.vocab_size, 7);
   st = rt->prefill({p}, true, &gpu->prefill);
   ASSERT_TRUE(st.ok()) << st.to_string();
@@ -149,11 +154,12 @@ Compare compare_runs(const RunLogits& a, const RunLogits& b, int64_t vocab) {
 }
 
 void check_float_model(const GpuModel& gpu_model, Transformer* cpu, const std::string& what,
-                       DType kv_cache = DType::kBF16, double tolerance = kFloatLogitRelTolerance) {
+                       DType kv_cache = DType::kBF16, double tolerance = kFloatLogitRelTolerance,
+                       const std::vector<float>& k_scales = {}, const std::vector<float>& v_scales = {}) {
   SCOPED_TRACE("REPRO " + what);
   RunLogits gpu;
   std::vector<RunLogits> cpu_runs;
-  run_gpu_and_cpu(gpu_model, {cpu}, &gpu, &cpu_runs, kv_cache);
+  run_gpu_and_cpu(gpu_model, {cpu}, &gpu, &cpu_runs, kv_cache, k_scales, v_scales);
   if (::testing::Test::HasFatalFailure()) return;
   const Compare cmp = compare_runs(gpu, cpu_runs[0], gpu_model.config().vocab_size);
   std::printf("  %-36s vs CPU: worst rel %.2e rms rel %.2e top1 %lld/%lld (bound %.2e)\n", what.c_str(), cmp.worst_rel,
@@ -162,11 +168,13 @@ void check_float_model(const GpuModel& gpu_model, Transformer* cpu, const std::s
   EXPECT_GE(cmp.top1_agree, kMinTop1Agreement * static_cast<double>(cmp.rows));
 }
 
-void check_scheme(const GpuModel& gpu_model, Transformer* cpu_quantized, Transformer* cpu_float, const std::string& what) {
+void check_scheme(const GpuModel& gpu_model, Transformer* cpu_quantized, Transformer* cpu_float, const std::string& what,
+                  DType kv_cache = DType::kBF16, const std::vector<float>& k_scales = {},
+                  const std::vector<float>& v_scales = {}) {
   SCOPED_TRACE("REPRO " + what);
   RunLogits gpu;
   std::vector<RunLogits> cpu_runs;
-  run_gpu_and_cpu(gpu_model, {cpu_quantized, cpu_float}, &gpu, &cpu_runs);
+  run_gpu_and_cpu(gpu_model, {cpu_quantized, cpu_float}, &gpu, &cpu_runs, kv_cache, k_scales, v_scales);
   if (::testing::Test::HasFatalFailure()) return;
   const int64_t V = gpu_model.config().vocab_size;
   const Compare vs_ref = compare_runs(gpu, cpu_runs[0], V);
@@ -216,18 +224,37 @@ TEST(GpuRuntime, FloatModelsMatchCpu) {
   }
 }
 
-// An E4M3 KV cache (unit scales): every cached K and V element keeps 3 mantissa bits (relative
-// rounding up to 2^-4), so the logits move more than with BF16; measured and bounded here.
-constexpr double kFp8KvLogitRelTolerance = 0.2;
-
-TEST(GpuRuntime, Fp8KvCacheMatchesCpu) {
+// An E4M3 KV cache, with unit scales (the default) and with scales calibrated on the float
+// reference (absmax / 448 per layer and KV head), judged as the 8-bit schemes are (check_scheme):
+// the CPU reference keeping the same E4M3 cache (set_kv_cache_e4m3: same scales, same rounding)
+// is the specification, and the GPU must be as close to the float model as it is. A direct GPU vs
+// CPU bound would mostly measure code flips: the GPU's K and V come from BF16 activations, and an
+// element near a rounding boundary takes the neighbouring code, 2^-4 relative apart (measured
+// worst rows 0.07-0.25 against the CPU E4M3 reference, about the E4M3 cache's own distance from
+// the float cache).
+TEST(GpuRuntime, Fp8KvCacheAsAccurateAsCpuReference) {
   LLMQ_REQUIRE_GPU();
   for (auto& [name, w] : models()) {
-    Transformer cpu(w);
     std::unique_ptr<GpuModel> gm;
     const Status st = GpuModel::from_float(w, DType::kBF16, 0, &gm);
     ASSERT_TRUE(st.ok()) << st.to_string();
-    check_float_model(*gm, &cpu, name + " bf16, e4m3 KV cache", DType::kE4M3, kFp8KvLogitRelTolerance);
+    Transformer cpu_float(w);
+    std::vector<float> logits(static_cast<size_t>(kPromptLength * w.config.vocab_size));
+    const std::vector<int32_t> p = prompt(kPromptLength, w.config.vocab_size, 7);
+    ASSERT_TRUE(cpu_float.forward(p.data(), kPromptLength, 0, logits.data()).ok());
+    std::vector<float> k_scales, v_scales;
+    cpu_float.kv_absmax(&k_scales, &v_scales);
+    for (float& s : k_scales) s = std::max(s, 1e-6f) / 448.0f;
+    for (float& s : v_scales) s = std::max(s, 1e-6f) / 448.0f;
+    const std::vector<float> unit(k_scales.size(), 1.0f);
+    for (const bool calibrated : {false, true}) {
+      const std::vector<float>& ks = calibrated ? k_scales : unit;
+      const std::vector<float>& vs = calibrated ? v_scales : unit;
+      Transformer cpu_e4m3(w);
+      ASSERT_TRUE(cpu_e4m3.set_kv_cache_e4m3(ks, vs).ok());
+      check_scheme(*gm, &cpu_e4m3, &cpu_float, name + (calibrated ? " e4m3 KV, calibrated" : " e4m3 KV, unit scales"),
+                   DType::kE4M3, ks, vs);
+    }
   }
 }
 

@@ -774,5 +774,53 @@ TEST(Errors, TokensPositionsAndBackends) {
   EXPECT_NE(st.message().find("model.layers.1.self_attn.k_proj"), std::string::npos) << st.to_string();
 }
 
+// The E4M3 KV-cache emulation (the GPU runtime's --kv-cache e4m3): with per-head scales calibrated
+// from kv_absmax (absmax / 448), and with unit scales (stories260K's K and V sit in E4M3's normal
+// range), the logits stay within the 3 mantissa bits' reach of the float cache's (measured 7.8e-2
+// and 6.0e-2 relative, bound 0.12); scales 64x too small saturate and move them far (0.62). No
+// scales restores the float cache exactly; bad scale vectors are refused.
+TEST(Llama2c, E4m3KvCacheWithCalibratedScales) {
+  if (!have_stories()) GTEST_SKIP() << skip_reason();
+  ModelWeights w;
+  ASSERT_TRUE(load_llama2c(stories_path(), &w).ok());
+  const std::vector<int32_t> tokens = seeded_tokens(64, w.config.vocab_size, 11);
+  Transformer base(w);
+  const auto ref = logits_of(&base, tokens);
+  std::vector<float> k_amax, v_amax;
+  base.kv_absmax(&k_amax, &v_amax);
+  ASSERT_EQ(static_cast<int64_t>(k_amax.size()), w.config.n_layers * w.config.n_kv_heads);
+  for (size_t i = 0; i < k_amax.size(); ++i) EXPECT_GT(k_amax[i], 0.0f) << "head " << i;
+  auto with_scales = [&](float k_factor, float v_factor) {
+    std::vector<float> ks(k_amax.size()), vs(v_amax.size());
+    for (size_t i = 0; i < ks.size(); ++i) {
+      ks[i] = k_amax[i] * k_factor;
+      vs[i] = v_amax[i] * v_factor;
+    }
+    Transformer t(w);
+    EXPECT_TRUE(t.set_kv_cache_e4m3(ks, vs).ok());
+    return rel_error(logits_of(&t, tokens), ref);
+  };
+  const double calibrated = with_scales(1.0f / 448.0f, 1.0f / 448.0f);
+  const double unit = [&] {
+    Transformer t(w);
+    EXPECT_TRUE(t.set_kv_cache_e4m3(std::vector<float>(k_amax.size(), 1.0f), std::vector<float>(v_amax.size(), 1.0f)).ok());
+    return rel_error(logits_of(&t, tokens), ref);
+  }();
+  const double saturated = with_scales(1.0f / 448.0f / 64.0f, 1.0f / 448.0f / 64.0f);
+  std::printf("  stories260K logits vs float KV cache: e4m3 calibrated %.3e, unit scales %.3e, 64x too small %.3e\n",
+              calibrated, unit, saturated);
+  EXPECT_GT(calibrated, 0.0);
+  EXPECT_LE(calibrated, 0.12);
+  EXPECT_LE(unit, 0.12);
+  EXPECT_GT(saturated, 4 * calibrated);
+  Transformer off(w);
+  ASSERT_TRUE(off.set_kv_cache_e4m3({}, {}).ok());
+  EXPECT_EQ(rel_error(logits_of(&off, tokens), ref), 0.0);
+  EXPECT_FALSE(off.set_kv_cache_e4m3({1.0f}, {1.0f}).ok());
+  std::vector<float> bad(k_amax.size(), 1.0f);
+  bad[3] = 0.0f;
+  EXPECT_FALSE(off.set_kv_cache_e4m3(bad, std::vector<float>(k_amax.size(), 1.0f)).ok());
+}
+
 }  // namespace
 }  // namespace llmq

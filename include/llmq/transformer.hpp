@@ -43,12 +43,24 @@ class Transformer {
   void reset();  // empty the KV cache
   const ModelConfig& config() const { return weights_.config; }
 
+  // An FP8 E4M3 KV cache, as the GPU runtime's --kv-cache e4m3 keeps it: each K (after RoPE) and V
+  // element is stored as code = e4m3(x * (1 / scale)) (round to nearest even, saturating) and read
+  // as code * scale, one scale per layer and KV head ([n_layers * n_kv_heads] each, layer-major).
+  // Empty vectors: float cache (the default). Takes effect for positions written afterwards.
+  Status set_kv_cache_e4m3(std::vector<float> k_scales, std::vector<float> v_scales);
+  // Calibration statistics of the KV cache: the largest |K| and |V| per layer and KV head over the
+  // positions written since the last reset ([n_layers * n_kv_heads] each; E4M3 scales are these
+  // over 448).
+  void kv_absmax(std::vector<float>* k, std::vector<float>* v) const;
+
  private:
   const ModelWeights& weights_;
   FloatLinearBackend float_backend_;
   LinearBackend* backend_;
   std::vector<float> key_cache_;    // [layer, max_seq, n_kv_heads * head_dim]
   std::vector<float> value_cache_;  // same
+  int64_t cached_positions_ = 0;    // positions 0 .. cached_positions_ - 1 have been written
+  std::vector<float> kv_k_scales_, kv_v_scales_;  // E4M3 cache scales (empty: float cache)
 };
 
 }  // namespace llmq

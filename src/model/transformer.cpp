@@ -11,6 +11,8 @@
 
 #include "llmq/transformer.hpp"
 
+#include "llmq/format.hpp"
+
 namespace llmq {
 namespace {
 
@@ -222,6 +224,40 @@ Transformer::Transformer(const ModelWeights& weights, LinearBackend* backend)
 void Transformer::reset() {
   key_cache_.clear();
   value_cache_.clear();
+  cached_positions_ = 0;
+}
+
+Status Transformer::set_kv_cache_e4m3(std::vector<float> k_scales, std::vector<float> v_scales) {
+  const ModelConfig& c = weights_.config;
+  const size_t want = static_cast<size_t>(c.n_layers * c.n_kv_heads);
+  if (!k_scales.empty() || !v_scales.empty()) {
+    if (k_scales.size() != want || v_scales.size() != want)
+      return invalid_argument("set_kv_cache_e4m3: want " + std::to_string(want) + " scales each (layers x kv heads), got " +
+                              std::to_string(k_scales.size()) + " and " + std::to_string(v_scales.size()));
+    for (size_t i = 0; i < want; ++i)
+      if (!(k_scales[i] > 0.0f) || !(v_scales[i] > 0.0f) || !std::isfinite(k_scales[i]) || !std::isfinite(v_scales[i]))
+        return invalid_argument("set_kv_cache_e4m3: scale " + std::to_string(i) + " is not finite and positive");
+  }
+  kv_k_scales_ = std::move(k_scales);
+  kv_v_scales_ = std::move(v_scales);
+  return {};
+}
+
+void Transformer::kv_absmax(std::vector<float>* k, std::vector<float>* v) const {
+  const ModelConfig& c = weights_.config;
+  const int64_t hd = c.head_dim, kv_dim = c.n_kv_heads * hd;
+  k->assign(static_cast<size_t>(c.n_layers * c.n_kv_heads), 0.0f);
+  v->assign(k->size(), 0.0f);
+  if (key_cache_.empty()) return;
+  const int64_t seq_cap = static_cast<int64_t>(key_cache_.size()) / (c.n_layers * kv_dim);
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    for (int64_t t = 0; t < cached_positions_; ++t)
+      for (int64_t e = 0; e < kv_dim; ++e) {
+        const size_t at = static_cast<size_t>((l * seq_cap + t) * kv_dim + e);
+        const size_t head = static_cast<size_t>(l * c.n_kv_heads + e / hd);
+        (*k)[head] = std::max((*k)[head], std::fabs(key_cache_[at]));
+        (*v)[head] = std::max((*v)[head], std::fabs(value_cache_[at]));
+      }
 }
 
 namespace {
@@ -270,6 +306,7 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
     grow_cache(&value_cache_, c.n_layers, kv_dim, cap, new_cap);
   }
   const int64_t seq_cap = static_cast<int64_t>(key_cache_.size()) / (c.n_layers * kv_dim);
+  cached_positions_ = std::max(cached_positions_, end_pos);
 
   // (cos, sin) per position of this call and pair: angle = pos * inv_freq in float, as run.c.
   const std::vector<float> inv_freq = rope_inv_freq(c);
@@ -307,6 +344,16 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
       const int64_t pos = start_pos + i;
       std::copy(&k[i * kv_dim], &k[(i + 1) * kv_dim], key_layer + pos * kv_dim);
       std::copy(&v[i * kv_dim], &v[(i + 1) * kv_dim], value_layer + pos * kv_dim);
+      if (!kv_k_scales_.empty()) {
+        for (int64_t e = 0; e < kv_dim; ++e) {
+          const size_t head = static_cast<size_t>(l * c.n_kv_heads + e / hd);
+          const float ks = kv_k_scales_[head], vs = kv_v_scales_[head];
+          float& kc = key_layer[pos * kv_dim + e];
+          float& vc = value_layer[pos * kv_dim + e];
+          kc = fp8_to_float(float_to_fp8(kc * (1.0f / ks), DType::kE4M3), DType::kE4M3) * ks;
+          vc = fp8_to_float(float_to_fp8(vc * (1.0f / vs), DType::kE4M3), DType::kE4M3) * vs;
+        }
+      }
     }
 
     // Causal attention, token by token and head by head, in run.c's order of operations.

@@ -1,7 +1,9 @@
-// BF16 attention of the GPU runtime over a paged-by-slot KV cache: prefill (flash-attention-2
-// style, many queries per sequence, causal or not) and decode (flash-decoding: one query per
-// sequence, the keys split into chunks whose partial softmax states a second kernel combines).
-// Internal host header, no CUDA headers: tensors are BF16 bit patterns (uint16_t), sizes int64_t.
+// Attention of the GPU runtime over a paged-by-slot KV cache: prefill (flash-attention-2 style, many
+// queries per sequence, causal or not) and decode (flash-decoding: one query per sequence, the keys
+// split into chunks whose partial softmax states a second kernel combines). Queries and outputs are
+// BF16; the cache is BF16 or FP8 E4M3 with one scale per kv head.
+// Internal host header, no CUDA headers: tensors are BF16 bit patterns (uint16_t) or E4M3 codes
+// (uint8_t), sizes int64_t.
 //
 // Both entry points validate their arguments and return a Status naming the field at fault; they
 // allocate nothing and never synchronise with the host, so they can be captured in a CUDA graph
@@ -18,8 +20,19 @@ namespace llmq::runtime {
 // KV cache of ONE layer: [slots, capacity, n_kv_heads, head_dim] BF16 (uint16_t bits), row-major.
 // Sequence b of a batch lives in cache slot slot[b]; its keys/values for positions 0..kv_len[b]-1
 // are valid. Positions at or beyond kv_len[b] may hold anything (NaN included): they are never
-// used in the arithmetic. Every pointer must be 16-byte aligned (the kernels move 16-byte rows).
+// used in the arithmetic. q, out and the caches must be 16-byte aligned (the kernels move 16-byte
+// pieces of rows).
 // GQA: query head h reads kv head h / (n_heads / n_kv_heads).
+//
+// kv_dtype = kE4M3: the same layout with one byte per element, OCP E4M3 codes ("e4m3fn") in
+// k_cache8 / v_cache8 (k_cache / v_cache are then ignored and may be null), and per-kv-head FP32
+// scales k_scale / v_scale on the device ([n_kv_heads] each, read by the kernels so that a captured
+// graph follows scale updates): the key (value) of kv head g is decode_e4m3(code) * k_scale[g]
+// (v_scale[g]). The result equals BF16-cache attention on those dequantized values: the kernels
+// widen codes exactly (every E4M3 value is a BF16 and an FP16 value), fold k_scale[g] into the
+// softmax scale and multiply the normalised output by v_scale[g]. Valid positions must not hold
+// NaN codes (0x7F / 0xFF); positions at or beyond kv_len[b] may hold any byte.
+enum class KvCacheDType { kBF16, kE4M3 };
 
 // Which prefill kernel runs. kAuto: the tensor-core kernel for head_dim 32, 64 and 128, the CUDA-core
 // kernel otherwise. kCudaCore forces the CUDA-core kernel (the reference path; for tests).
@@ -27,8 +40,11 @@ enum class PrefillKernel { kAuto, kTensorCore, kCudaCore };
 
 struct PrefillAttentionArgs {
   const uint16_t* q = nullptr;       // [total_q, n_heads, head_dim] bf16, sequences packed one after another
-  const uint16_t* k_cache = nullptr; // this layer's K cache (layout above)
+  const uint16_t* k_cache = nullptr; // this layer's K cache (layout above), kBF16
   const uint16_t* v_cache = nullptr;
+  KvCacheDType kv_dtype = KvCacheDType::kBF16;
+  const uint8_t* k_cache8 = nullptr, *v_cache8 = nullptr;  // kE4M3: same layout, 1 byte per element (instead of k_cache / v_cache)
+  const float* k_scale = nullptr, *v_scale = nullptr;      // kE4M3: device [n_kv_heads] f32; value = decode_e4m3(code) * scale[kv_head]
   uint16_t* out = nullptr;           // [total_q, n_heads, head_dim] bf16
   const int32_t* q_start = nullptr;  // device [batch + 1]: prefix sums of query counts (q_start[0] = 0)
   const int32_t* kv_len = nullptr;   // device [batch]: keys of sequence b after this step (= its start position + its query count)
@@ -45,7 +61,10 @@ Status prefill_attention(const PrefillAttentionArgs& a, CudaStream stream);
 
 struct DecodeAttentionArgs {          // one query token per sequence
   const uint16_t* q = nullptr;        // [batch, n_heads, head_dim] bf16
-  const uint16_t* k_cache = nullptr, *v_cache = nullptr;
+  const uint16_t* k_cache = nullptr, *v_cache = nullptr;  // kBF16
+  KvCacheDType kv_dtype = KvCacheDType::kBF16;
+  const uint8_t* k_cache8 = nullptr, *v_cache8 = nullptr;  // kE4M3: same layout, 1 byte per element (instead of k_cache / v_cache)
+  const float* k_scale = nullptr, *v_scale = nullptr;      // kE4M3: device [n_kv_heads] f32; value = decode_e4m3(code) * scale[kv_head]
   uint16_t* out = nullptr;            // [batch, n_heads, head_dim] bf16
   const int32_t* kv_len = nullptr;    // device [batch] (>= 1; includes the current token, already in the cache)
   const int32_t* slot = nullptr;      // device [batch]
@@ -55,7 +74,7 @@ struct DecodeAttentionArgs {          // one query token per sequence
   void* workspace = nullptr; int64_t workspace_bytes = 0;  // split-K partials
 };
 // Bytes of workspace decode_attention needs for these sizes on any device (an upper bound over
-// n_kv_heads and SM counts; 256-byte aligned pointer). Returns 0 for non-positive sizes.
+// n_kv_heads, SM counts and both cache types; 256-byte aligned pointer). Returns 0 for non-positive sizes.
 int64_t decode_attention_workspace_bytes(int64_t batch, int64_t n_heads, int64_t head_dim, int64_t max_kv_len);
 // Device-side: kv_len[b] is clamped to [0, min(max_kv_len, capacity)]; kv_len[b] <= 0 gives zeros.
 Status decode_attention(const DecodeAttentionArgs& a, CudaStream stream);

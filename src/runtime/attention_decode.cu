@@ -14,7 +14,15 @@
 //  * Output: a single chunk writes BF16 directly; otherwise each CTA writes its normalised partial
 //    output (FP32) and log2-sum-exp to the workspace and decode_attention_combine_kernel merges the
 //    live chunks of each (sequence, head) in chunk order (deterministic).
+//  * E4M3 cache: the same tiles in keys (4096 / head_dim keys, so the plan and the workspace are
+//    those of BF16) hold half the bytes: 4 KiB of K + 4 KiB of V, through a 6-stage ring (still
+//    48 KiB, five tiles in flight). A thread's 8 dims are one 8-byte shared read, widened exactly by
+//    cvt.f16x2.e4m3x2 then to FP32. k_scale[kv head] is folded into the query's scale, v_scale[kv
+//    head] multiplies the CTA's normalised output (a partial output or the final one: the combine
+//    is linear in them, so it needs no scale).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +30,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "cuda/cuda_check.cuh"
 #include "runtime/attention.hpp"
@@ -30,9 +39,8 @@ namespace llmq::runtime {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kStages = 3;
-constexpr int kTileBytes = 8192;                      // K (or V) bytes of one tile
-constexpr int kSmemBytes = kStages * 2 * kTileBytes;  // 48 KiB: no opt-in needed
+constexpr int kTileBytes = 8192;                      // K (or V) bytes of one BF16 tile
+constexpr int kSmemBytes = 3 * 2 * kTileBytes;        // 48 KiB for either cache type: no opt-in needed
 constexpr int kMaxHeadsPerCta = 8;
 constexpr int kMinChunkKeys = 64;    // shorter chunks cost more in combine than they win in parallelism (H100: 256 -> 64 took batch-1 decode over 1k keys from 16.3 to 12.9 us)
 constexpr int64_t kMaxPlanSms = 256; // the plan assumes at most this many SMs (workspace bound)
@@ -44,6 +52,10 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+// 8 bytes (an E4M3 row of head_dim 8); .cg takes only 16, so through L1.
+__device__ __forceinline__ void cp_async_8(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending> __device__ __forceinline__ void cp_async_wait() {
@@ -61,6 +73,22 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&x)[8]) {
   for (int i = 0; i < 4; ++i) {
     x[2 * i] = __uint_as_float(w[i] << 16);
     x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+// 8 E4M3 codes (one 8-byte word, the lowest byte the lowest dim) to FP32, exactly: every E4M3 value
+// is an FP16 value, so cvt.f16x2.e4m3x2 (sm_89+; cuda_fp8.h's software path on older targets) then
+// FP16 -> FP32. Codes are never NaN here: positions past kv_len were zero-filled.
+__device__ __forceinline__ void unpack8(const uint2& raw, float (&x)[8]) {
+  const uint32_t w[2] = {raw.x, raw.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * p)), __NV_E4M3);
+      const float2 f = __half22float2(__half2(hr));
+      x[4 * i + 2 * p] = f.x;
+      x[4 * i + 2 * p + 1] = f.y;
+    }
   }
 }
 __device__ __forceinline__ uint16_t to_bf16_bits(float x) {
@@ -82,15 +110,24 @@ struct Workspace {
   float* partial_lse;
 };
 
-template <int kHeadDim, int kHeads>
+// kFp8: the cache holds E4M3 codes (k_cache8 / v_cache8) with per-kv-head scales.
+template <int kHeadDim, int kHeads, bool kFp8>
 __global__ void __launch_bounds__(kThreads)
     decode_attention_chunk_kernel(DecodeAttentionArgs a, DecodePlan plan, Workspace ws, float scale_log2) {
+  using Raw = std::conditional_t<kFp8, uint2, uint4>;     // a thread's 8 dims of one key
+  constexpr int kElemBytes = kFp8 ? 1 : 2;
   constexpr int kLanesPerKey = kHeadDim / 8;              // threads sharing one key, 8 dims each
   constexpr int kKeyLanes = kThreads / kLanesPerKey;      // keys in flight across the CTA
-  constexpr int kTileKeys = kTileBytes / (2 * kHeadDim);  // keys per tile
+  constexpr int kTileKeys = kTileBytes / (2 * kHeadDim);  // keys per tile (both cache types)
   constexpr int kKeysPerLane = kTileKeys / kKeyLanes;     // = 4 for every head_dim
-  constexpr int kChunksPerTile = kTileBytes / 16;
+  constexpr int kTileBytesHere = kTileKeys * kHeadDim * kElemBytes;  // K (or V) bytes of a tile
+  constexpr int kStages = kSmemBytes / (2 * kTileBytesHere);         // 3 (BF16) or 6 (E4M3)
+  constexpr int kRowBytes = kHeadDim * kElemBytes;
+  constexpr int kCopyBytes = kRowBytes < 16 ? kRowBytes : 16;        // 8 only for E4M3 head_dim 8
+  constexpr int kCopiesPerKey = kRowBytes / kCopyBytes;
+  constexpr int kCopiesPerTile = kTileBytesHere / kCopyBytes;
   static_assert(kKeysPerLane * kKeyLanes == kTileKeys, "tile shape");
+  static_assert(kCopiesPerTile % kThreads == 0 && kStages >= 3, "ring shape");
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int chunk = blockIdx.x, b = blockIdx.z;
@@ -109,26 +146,43 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int n_heads_here = plan.heads_per_cta;  // <= kHeads
 
-  const int64_t kv_stride = a.n_kv_heads * kHeadDim;
-  const int64_t kv_base = (static_cast<int64_t>(a.slot[b]) * a.capacity * a.n_kv_heads + kv_head) * kHeadDim;
-  const uint16_t* k_base = a.k_cache + kv_base;
-  const uint16_t* v_base = a.v_cache + kv_base;
+  // Byte addresses: the row of key p is kv_stride_bytes after the row of key p - 1.
+  const int64_t kv_stride_bytes = a.n_kv_heads * kRowBytes;
+  const int64_t kv_base_bytes = (static_cast<int64_t>(a.slot[b]) * a.capacity * a.n_kv_heads + kv_head) * kRowBytes;
+  const unsigned char* k_base;
+  const unsigned char* v_base;
+  float v_scale = 1.f;
+  if constexpr (kFp8) {
+    k_base = a.k_cache8 + kv_base_bytes;
+    v_base = a.v_cache8 + kv_base_bytes;
+    scale_log2 *= a.k_scale[kv_head];  // scores of the dequantized keys: q . (code * k_scale)
+    v_scale = a.v_scale[kv_head];
+  } else {
+    k_base = reinterpret_cast<const unsigned char*>(a.k_cache) + kv_base_bytes;
+    v_base = reinterpret_cast<const unsigned char*>(a.v_cache) + kv_base_bytes;
+  }
   const int n_tiles = (key_end - key_begin + kTileKeys - 1) / kTileKeys;
   const uint32_t ring = smem_addr(smem);
 
-  // Stage s: K tile at ring + 2s * kTileBytes, V tile right after it. Keys past key_end are
-  // zero-filled so that whatever the cache holds there never meets the arithmetic.
+  // Stage s: K tile at ring + 2s * kTileBytesHere, V tile right after it (rows of kRowBytes,
+  // unpadded). Keys past key_end are zero-filled (code 0 is +0 in E4M3 too) so that whatever the
+  // cache holds there never meets the arithmetic.
   const auto load_tile = [&](int tile, int stage) {
     const int key0 = key_begin + tile * kTileKeys;
-    const uint32_t k_dst = ring + 2 * stage * kTileBytes, v_dst = k_dst + kTileBytes;
+    const uint32_t k_dst = ring + 2 * stage * kTileBytesHere, v_dst = k_dst + kTileBytesHere;
 #pragma unroll
-    for (int i = 0; i < kChunksPerTile / kThreads; ++i) {
+    for (int i = 0; i < kCopiesPerTile / kThreads; ++i) {
       const int idx = threadIdx.x + i * kThreads;
-      const int key = idx / kLanesPerKey, chunk16 = idx % kLanesPerKey;
+      const int key = idx / kCopiesPerKey, piece = idx % kCopiesPerKey;
       const bool valid = key0 + key < key_end;
-      const int64_t off = (valid ? key0 + key : key_begin) * kv_stride + chunk16 * 8;
-      cp_async_16(k_dst + idx * 16, k_base + off, valid ? 16 : 0);
-      cp_async_16(v_dst + idx * 16, v_base + off, valid ? 16 : 0);
+      const int64_t off = (valid ? key0 + key : key_begin) * kv_stride_bytes + piece * kCopyBytes;
+      if constexpr (kCopyBytes == 16) {
+        cp_async_16(k_dst + idx * 16, k_base + off, valid ? 16 : 0);
+        cp_async_16(v_dst + idx * 16, v_base + off, valid ? 16 : 0);
+      } else {
+        cp_async_8(k_dst + idx * 8, k_base + off, valid ? 8 : 0);
+        cp_async_8(v_dst + idx * 8, v_base + off, valid ? 8 : 0);
+      }
     }
   };
 #pragma unroll
@@ -167,8 +221,8 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncthreads();
-    const uint4* k_tile = reinterpret_cast<const uint4*>(smem + 2 * stage * kTileBytes);
-    const uint4* v_tile = k_tile + kTileBytes / 16;
+    const Raw* k_tile = reinterpret_cast<const Raw*>(smem + 2 * stage * kTileBytesHere);
+    const Raw* v_tile = k_tile + kTileBytesHere / sizeof(Raw);
     const int key0 = key_begin + tile * kTileKeys;
 
     float s[kKeysPerLane][kHeads];
@@ -245,10 +299,11 @@ __global__ void __launch_bounds__(kThreads)
       o = __fmaf_rn(red_acc[(kl * kHeads + h) * kHeadDim + d], w, o);
     }
     const int64_t bh = static_cast<int64_t>(b) * a.n_heads + head0 + h;
+    const float out = kFp8 ? o / sum * v_scale : o / sum;
     if (single_chunk) {
-      a.out[bh * kHeadDim + d] = to_bf16_bits(o / sum);
+      a.out[bh * kHeadDim + d] = to_bf16_bits(out);
     } else {
-      ws.partial_out[(bh * plan.n_chunks + chunk) * kHeadDim + d] = o / sum;
+      ws.partial_out[(bh * plan.n_chunks + chunk) * kHeadDim + d] = out;
       if (d == 0) ws.partial_lse[bh * plan.n_chunks + chunk] = m_max + __log2f(sum);
     }
   }
@@ -325,13 +380,26 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 Status validate(const DecodeAttentionArgs& a) {
   const std::string f = "decode_attention: ";
   if (a.q == nullptr) return invalid_argument(f + "q is null");
-  if (a.k_cache == nullptr) return invalid_argument(f + "k_cache is null");
-  if (a.v_cache == nullptr) return invalid_argument(f + "v_cache is null");
+  if (a.kv_dtype == KvCacheDType::kBF16) {
+    if (a.k_cache == nullptr) return invalid_argument(f + "k_cache is null");
+    if (a.v_cache == nullptr) return invalid_argument(f + "v_cache is null");
+  } else if (a.kv_dtype == KvCacheDType::kE4M3) {
+    if (a.k_cache8 == nullptr) return invalid_argument(f + "k_cache8 is null (kv_dtype e4m3)");
+    if (a.v_cache8 == nullptr) return invalid_argument(f + "v_cache8 is null (kv_dtype e4m3)");
+    if (a.k_scale == nullptr) return invalid_argument(f + "k_scale is null (kv_dtype e4m3)");
+    if (a.v_scale == nullptr) return invalid_argument(f + "v_scale is null (kv_dtype e4m3)");
+  } else {
+    return invalid_argument(f + "kv_dtype " + std::to_string(static_cast<int>(a.kv_dtype)) + " is neither bf16 nor e4m3");
+  }
   if (a.out == nullptr) return invalid_argument(f + "out is null");
   if (a.kv_len == nullptr) return invalid_argument(f + "kv_len is null");
   if (a.slot == nullptr) return invalid_argument(f + "slot is null");
-  if (!aligned16(a.q) || !aligned16(a.k_cache) || !aligned16(a.v_cache) || !aligned16(a.out))
-    return invalid_argument(f + "q, k_cache, v_cache and out must be 16-byte aligned");
+  if (a.kv_dtype == KvCacheDType::kBF16) {
+    if (!aligned16(a.q) || !aligned16(a.k_cache) || !aligned16(a.v_cache) || !aligned16(a.out))
+      return invalid_argument(f + "q, k_cache, v_cache and out must be 16-byte aligned");
+  } else if (!aligned16(a.q) || !aligned16(a.k_cache8) || !aligned16(a.v_cache8) || !aligned16(a.out)) {
+    return invalid_argument(f + "q, k_cache8, v_cache8 and out must be 16-byte aligned");
+  }
   if (a.batch < 0 || a.batch > 65535) return invalid_argument(f + "batch " + std::to_string(a.batch) + " not in [0, 65535]");
   if (a.n_heads <= 0 || a.n_heads > 65535) return invalid_argument(f + "n_heads " + std::to_string(a.n_heads) + " not in [1, 65535]");
   if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
@@ -359,8 +427,12 @@ template <int kHeadDim, int kHeads>
 Status launch_chunks(const DecodeAttentionArgs& a, const DecodePlan& plan, Workspace ws, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(plan.n_chunks), static_cast<unsigned>(a.n_heads / plan.heads_per_cta),
                   static_cast<unsigned>(a.batch));
-  decode_attention_chunk_kernel<kHeadDim, kHeads><<<grid, kThreads, kSmemBytes, stream>>>(
-      a, plan, ws, a.softmax_scale * kLog2e);
+  if (a.kv_dtype == KvCacheDType::kE4M3)
+    decode_attention_chunk_kernel<kHeadDim, kHeads, true><<<grid, kThreads, kSmemBytes, stream>>>(
+        a, plan, ws, a.softmax_scale * kLog2e);
+  else
+    decode_attention_chunk_kernel<kHeadDim, kHeads, false><<<grid, kThreads, kSmemBytes, stream>>>(
+        a, plan, ws, a.softmax_scale * kLog2e);
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("decode_attention_chunk_kernel");
   return {};
 }

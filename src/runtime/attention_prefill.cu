@@ -11,7 +11,15 @@
 //    the scores, then own head_dim / 32 output dims for P V. The reference path and the fallback.
 // Shared memory of the tensor-core kernel: Q 64 x d + 2 stages x (K + V) 64 x d, BF16
 // (d = 128: 80 KiB, two CTAs per SM).
+//  * E4M3 cache: the tensor-core kernel streams the raw codes (2 stages x (K + V) 64 x d bytes)
+//    with cp.async and, once a tile has landed, widens it exactly into ONE BF16 K tile and ONE BF16
+//    V tile (swizzled as above) that the unchanged ldmatrix / mma path reads: Q + K + V BF16 +
+//    the raw ring is again 80 KiB at d = 128. The CUDA-core kernel widens codes as it reads them.
+//    Both fold k_scale[kv head] into the softmax scale and multiply the normalised output by
+//    v_scale[kv head].
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -72,6 +80,17 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 __device__ __forceinline__ float bf16_to_float(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+// Two E4M3 codes (the low byte first) to FP32, exactly: every E4M3 value is an FP16 value, so
+// cvt.f16x2.e4m3x2 (sm_89+; cuda_fp8.h has a software path for older targets) then FP16 -> FP32.
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two_codes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes & 0xffffu), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+// Two E4M3 codes to a BF16 pair (exact: E4M3 has 3 mantissa bits and exponents within BF16's).
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two_codes) {
+  const float2 f = e4m3x2_to_float2(two_codes);
+  return pack_bf16x2(f.x, f.y);
+}
 
 // Where query rows and key rows of one (sequence, head) are, and what the sequence sees.
 struct SequenceView {
@@ -123,7 +142,48 @@ __device__ __forceinline__ void load_tile_async(uint32_t tile, const uint16_t* b
   }
 }
 
+// E4M3 rows [row0, row0 + 64) of a row-major [*, row_stride_bytes] code matrix into an unswizzled
+// 64 x kHeadDim-byte tile, 16 bytes at a time; rows at or beyond row_end are zero-filled (code 0
+// is +0) and their address clamped to a valid row.
 template <int kHeadDim>
+__device__ __forceinline__ void load_raw_tile_async(uint32_t tile, const uint8_t* base, int64_t row_stride_bytes,
+                                                    int row0, int row_end) {
+  constexpr int kPieces = kHeadDim / 16;  // per row
+  constexpr int kPerThread = kBlockKv * kPieces / kThreads;
+  static_assert(kPerThread * kThreads == kBlockKv * kPieces, "raw tile shape");
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int row = idx / kPieces, piece = idx % kPieces;
+    const bool valid = row0 + row < row_end;
+    const int src_row = valid ? row0 + row : 0;
+    cp_async_16(tile + idx * 16, base + src_row * row_stride_bytes + piece * 16, valid ? 16 : 0);
+  }
+}
+
+// Widens a raw E4M3 tile (generic pointer to shared memory) into a swizzled BF16 tile: each thread
+// takes 8 codes (an 8-byte read; a warp reads 256 contiguous bytes) and writes one 16-byte chunk
+// (8 consecutive threads fill the 8 chunks of one 128-byte line: no bank conflict).
+template <int kHeadDim>
+__device__ __forceinline__ void widen_tile(const unsigned char* raw, unsigned char* tile) {
+  using L = TileLayout<kHeadDim>;
+  constexpr int kPerThread = kBlockKv * L::kChunks / kThreads;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int row = idx / L::kChunks, chunk = idx % L::kChunks;
+    const uint2 codes = *reinterpret_cast<const uint2*>(raw + idx * 8);
+    uint4 w;
+    w.x = e4m3x2_to_bf16x2(codes.x);
+    w.y = e4m3x2_to_bf16x2(codes.x >> 16);
+    w.z = e4m3x2_to_bf16x2(codes.y);
+    w.w = e4m3x2_to_bf16x2(codes.y >> 16);
+    *reinterpret_cast<uint4*>(tile + L::offset_bytes(row, chunk)) = w;
+  }
+}
+
+// kFp8: the cache holds E4M3 codes (k_cache8 / v_cache8) with per-kv-head scales.
+template <int kHeadDim, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 2)
     prefill_attention_mma_kernel(PrefillAttentionArgs a, float scale_log2) {
   using L = TileLayout<kHeadDim>;
@@ -131,11 +191,17 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int kDimTiles = kHeadDim / 8;   // n-tiles of O
   constexpr int kKeyTiles = kBlockKv / 8;   // n-tiles of S
   constexpr int kTileBytes = kBlockKv * kHeadDim * 2;
+  constexpr int kRawBytes = kBlockKv * kHeadDim;  // an E4M3 tile
   extern __shared__ __align__(128) unsigned char smem[];
-  // Tiles: Q, then K of stage 0 and 1, then V of stage 0 and 1.
+  // BF16 cache: Q, then K of stage 0 and 1, then V of stage 0 and 1.
+  // E4M3 cache: Q, K, V (BF16, written by widen_tile), then raw K and V of stage 0, of stage 1.
   const uint32_t q_tile = smem_addr(smem);
-  const auto k_tile = [&](int stage) { return q_tile + (1 + stage) * kTileBytes; };
-  const auto v_tile = [&](int stage) { return q_tile + (3 + stage) * kTileBytes; };
+  const auto k_tile = [&](int stage) { return q_tile + (kFp8 ? 1 : 1 + stage) * kTileBytes; };
+  const auto v_tile = [&](int stage) { return q_tile + (kFp8 ? 2 : 3 + stage) * kTileBytes; };
+  constexpr int kRawOffset = 3 * kTileBytes;
+  const auto raw_k_tile = [&](int stage) { return q_tile + kRawOffset + 2 * stage * kRawBytes; };
+  const auto raw_v_tile = [&](int stage) { return raw_k_tile(stage) + kRawBytes; };
+  static_assert(3 * kTileBytes + 4 * kRawBytes == 5 * kTileBytes, "the E4M3 layout takes the BF16 layout's bytes");
 
   // Heavy (late, causal) query blocks first: they take the most key tiles.
   const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -151,17 +217,28 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int key_end = a.causal ? min(seq.kv_len, pos0 + q_rows) : seq.kv_len;
   const int n_tiles = key_end > 0 ? (key_end + kBlockKv - 1) / kBlockKv : 0;
 
-  const int64_t q_stride = a.n_heads * kHeadDim, kv_stride = a.n_kv_heads * kHeadDim;
+  const int64_t q_stride = a.n_heads * kHeadDim, kv_stride = a.n_kv_heads * kHeadDim;  // elements
   const uint16_t* q_base = a.q + (seq.q_row0 + q0) * q_stride + static_cast<int64_t>(head) * kHeadDim;
-  const uint16_t* k_base = a.k_cache + seq.kv_base;
-  const uint16_t* v_base = a.v_cache + seq.kv_base;
+  // Loads key tile j (both K and V) into stage `stage`: BF16 straight into the swizzled tiles,
+  // E4M3 into the raw ring.
+  const auto load_kv = [&](int j, int stage) {
+    if constexpr (kFp8) {
+      load_raw_tile_async<kHeadDim>(raw_k_tile(stage), a.k_cache8 + seq.kv_base, kv_stride, j * kBlockKv, key_end);
+      load_raw_tile_async<kHeadDim>(raw_v_tile(stage), a.v_cache8 + seq.kv_base, kv_stride, j * kBlockKv, key_end);
+    } else {
+      load_tile_async<kHeadDim>(k_tile(stage), a.k_cache + seq.kv_base, kv_stride, j * kBlockKv, key_end);
+      load_tile_async<kHeadDim>(v_tile(stage), a.v_cache + seq.kv_base, kv_stride, j * kBlockKv, key_end);
+    }
+  };
+  float v_scale = 1.f;
+  if constexpr (kFp8) {
+    const int kv_head = head / group;
+    scale_log2 *= a.k_scale[kv_head];  // scores of the dequantized keys: q . (code * k_scale)
+    v_scale = a.v_scale[kv_head];
+  }
 
   load_tile_async<kHeadDim>(q_tile, q_base, q_stride, 0, q_rows);
-  if (n_tiles > 0) {
-    const int j = n_tiles - 1;
-    load_tile_async<kHeadDim>(k_tile(0), k_base, kv_stride, j * kBlockKv, key_end);
-    load_tile_async<kHeadDim>(v_tile(0), v_base, kv_stride, j * kBlockKv, key_end);
-  }
+  if (n_tiles > 0) load_kv(n_tiles - 1, 0);
   cp_async_commit();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -180,14 +257,20 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int j = n_tiles - 1 - it;  // key tile, last first
     const int stage = it & 1;
     if (it + 1 < n_tiles) {
-      load_tile_async<kHeadDim>(k_tile(stage ^ 1), k_base, kv_stride, (j - 1) * kBlockKv, key_end);
-      load_tile_async<kHeadDim>(v_tile(stage ^ 1), v_base, kv_stride, (j - 1) * kBlockKv, key_end);
+      load_kv(j - 1, stage ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
+    if constexpr (kFp8) {
+      // The previous tile's readers of the BF16 K / V tiles passed the barrier ending the last
+      // iteration; this tile's raw codes are visible after the barrier above.
+      widen_tile<kHeadDim>(smem + kRawOffset + 2 * stage * kRawBytes, smem + kTileBytes);
+      widen_tile<kHeadDim>(smem + kRawOffset + (2 * stage + 1) * kRawBytes, smem + 2 * kTileBytes);
+      __syncthreads();
+    }
     if (it == 0) {
       // ldmatrix.x4 quads: rows 0-7 / 8-15 of the warp's 16, chunk 2ks / 2ks+1 -> a0..a3.
 #pragma unroll
@@ -281,7 +364,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     float sum = row_sum[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a row that saw no key writes zeros
+    // A row that saw no key writes zeros; v_scale turns the weighted codes into values.
+    const float inv = sum > 0.f ? (kFp8 ? v_scale / sum : 1.f / sum) : 0.f;
     const int row = row_lo + 8 * r;
     if (row < q_rows) {
       uint16_t* out_row = a.out + (seq.q_row0 + q0 + row) * q_stride + static_cast<int64_t>(head) * kHeadDim;
@@ -292,6 +376,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// BF16: Q + 2 x (K + V). E4M3: Q + K + V in BF16 + 2 x (K + V) in codes: the same bytes.
 template <int kHeadDim> constexpr int mma_smem_bytes() { return 5 * kBlockKv * kHeadDim * 2; }
 
 // ---------------------------------------------------------------------------------------------
@@ -300,7 +385,7 @@ template <int kHeadDim> constexpr int mma_smem_bytes() { return 5 * kBlockKv * k
 constexpr int kRowsPerCta = 4;
 constexpr int kMaxHeadDim = 256;
 
-template <int kHeadDim>
+template <int kHeadDim, bool kFp8>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
     prefill_attention_simt_kernel(PrefillAttentionArgs a, float scale_log2) {
   constexpr int kDimsPerLane = (kHeadDim + 31) / 32;
@@ -317,6 +402,11 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
 
   const int64_t q_stride = a.n_heads * kHeadDim, kv_stride = a.n_kv_heads * kHeadDim;
   const uint16_t* q_ptr = a.q + (seq.q_row0 + qi) * q_stride + static_cast<int64_t>(head) * kHeadDim;
+  float v_scale = 1.f;
+  if constexpr (kFp8) {
+    scale_log2 *= a.k_scale[head / group];  // scores of the dequantized keys
+    v_scale = a.v_scale[head / group];
+  }
   for (int d = lane; d < kHeadDim; d += 32) q_row[warp][d] = bf16_to_float(q_ptr[d]) * scale_log2;
   __syncwarp();
 
@@ -328,19 +418,36 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
     const int key = key0 + lane;
     float s = -INFINITY;
     if (key < key_end) {
-      const uint16_t* k_row = a.k_cache + seq.kv_base + key * kv_stride;
       float dot = 0.f;
+      if constexpr (kFp8) {
+        const uint8_t* k_row = a.k_cache8 + seq.kv_base + key * kv_stride;
 #pragma unroll
-      for (int d = 0; d < kHeadDim; d += 8) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(k_row + d);
-        const auto add_pair = [&](uint32_t w, int i) {  // w: dims d + i, d + i + 1 (low half first)
-          dot = __fmaf_rn(q_row[warp][d + i], __uint_as_float(w << 16), dot);
-          dot = __fmaf_rn(q_row[warp][d + i + 1], __uint_as_float(w & 0xffff0000u), dot);
-        };
-        add_pair(raw.x, 0);
-        add_pair(raw.y, 2);
-        add_pair(raw.z, 4);
-        add_pair(raw.w, 6);
+        for (int d = 0; d < kHeadDim; d += 8) {
+          const uint2 raw = *reinterpret_cast<const uint2*>(k_row + d);  // 8 codes, 8-byte aligned
+          const auto add_pair = [&](uint32_t two_codes, int i) {  // dims d + i, d + i + 1 (low byte first)
+            const float2 k = e4m3x2_to_float2(two_codes);
+            dot = __fmaf_rn(q_row[warp][d + i], k.x, dot);
+            dot = __fmaf_rn(q_row[warp][d + i + 1], k.y, dot);
+          };
+          add_pair(raw.x, 0);
+          add_pair(raw.x >> 16, 2);
+          add_pair(raw.y, 4);
+          add_pair(raw.y >> 16, 6);
+        }
+      } else {
+        const uint16_t* k_row = a.k_cache + seq.kv_base + key * kv_stride;
+#pragma unroll
+        for (int d = 0; d < kHeadDim; d += 8) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(k_row + d);
+          const auto add_pair = [&](uint32_t w, int i) {  // w: dims d + i, d + i + 1 (low half first)
+            dot = __fmaf_rn(q_row[warp][d + i], __uint_as_float(w << 16), dot);
+            dot = __fmaf_rn(q_row[warp][d + i + 1], __uint_as_float(w & 0xffff0000u), dot);
+          };
+          add_pair(raw.x, 0);
+          add_pair(raw.y, 2);
+          add_pair(raw.z, 4);
+          add_pair(raw.w, 6);
+        }
       }
       s = dot;
     }
@@ -357,18 +464,21 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
     const int n_keys = min(32, key_end - key0);
     for (int j = 0; j < n_keys; ++j) {
       const float pj = __shfl_sync(0xffffffffu, p, j);
-      const uint16_t* v_row = a.v_cache + seq.kv_base + (key0 + j) * kv_stride;
+      const int64_t v_off = seq.kv_base + (key0 + j) * kv_stride;
 #pragma unroll
       for (int i = 0; i < kDimsPerLane; ++i) {
         const int d = lane + 32 * i;
-        if (d < kHeadDim) acc[i] = __fmaf_rn(pj, bf16_to_float(v_row[d]), acc[i]);
+        if (d < kHeadDim) {
+          const float v = kFp8 ? e4m3x2_to_float2(a.v_cache8[v_off + d]).x : bf16_to_float(a.v_cache[v_off + d]);
+          acc[i] = __fmaf_rn(pj, v, acc[i]);
+        }
       }
     }
   }
   float sum = lane_sum;
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const float inv = sum > 0.f ? (kFp8 ? v_scale / sum : 1.f / sum) : 0.f;  // v_scale: codes to values
   uint16_t* out_row = a.out + (seq.q_row0 + qi) * q_stride + static_cast<int64_t>(head) * kHeadDim;
 #pragma unroll
   for (int i = 0; i < kDimsPerLane; ++i) {
@@ -388,14 +498,27 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 Status validate(const PrefillAttentionArgs& a) {
   const std::string f = "prefill_attention: ";
   if (a.q == nullptr) return invalid_argument(f + "q is null");
-  if (a.k_cache == nullptr) return invalid_argument(f + "k_cache is null");
-  if (a.v_cache == nullptr) return invalid_argument(f + "v_cache is null");
+  if (a.kv_dtype == KvCacheDType::kBF16) {
+    if (a.k_cache == nullptr) return invalid_argument(f + "k_cache is null");
+    if (a.v_cache == nullptr) return invalid_argument(f + "v_cache is null");
+  } else if (a.kv_dtype == KvCacheDType::kE4M3) {
+    if (a.k_cache8 == nullptr) return invalid_argument(f + "k_cache8 is null (kv_dtype e4m3)");
+    if (a.v_cache8 == nullptr) return invalid_argument(f + "v_cache8 is null (kv_dtype e4m3)");
+    if (a.k_scale == nullptr) return invalid_argument(f + "k_scale is null (kv_dtype e4m3)");
+    if (a.v_scale == nullptr) return invalid_argument(f + "v_scale is null (kv_dtype e4m3)");
+  } else {
+    return invalid_argument(f + "kv_dtype " + std::to_string(static_cast<int>(a.kv_dtype)) + " is neither bf16 nor e4m3");
+  }
   if (a.out == nullptr) return invalid_argument(f + "out is null");
   if (a.q_start == nullptr) return invalid_argument(f + "q_start is null");
   if (a.kv_len == nullptr) return invalid_argument(f + "kv_len is null");
   if (a.slot == nullptr) return invalid_argument(f + "slot is null");
-  if (!aligned16(a.q) || !aligned16(a.k_cache) || !aligned16(a.v_cache) || !aligned16(a.out))
-    return invalid_argument(f + "q, k_cache, v_cache and out must be 16-byte aligned");
+  if (a.kv_dtype == KvCacheDType::kBF16) {
+    if (!aligned16(a.q) || !aligned16(a.k_cache) || !aligned16(a.v_cache) || !aligned16(a.out))
+      return invalid_argument(f + "q, k_cache, v_cache and out must be 16-byte aligned");
+  } else if (!aligned16(a.q) || !aligned16(a.k_cache8) || !aligned16(a.v_cache8) || !aligned16(a.out)) {
+    return invalid_argument(f + "q, k_cache8, v_cache8 and out must be 16-byte aligned");
+  }
   if (a.batch < 0 || a.batch > 65535) return invalid_argument(f + "batch " + std::to_string(a.batch) + " not in [0, 65535]");
   if (a.max_q_len < 0 || a.max_q_len > (int64_t{1} << 30))
     return invalid_argument(f + "max_q_len " + std::to_string(a.max_q_len) + " not in [0, 2^30]");
@@ -430,7 +553,8 @@ Status allow_dynamic_smem(const void* kernel, int bytes) {
 
 template <int kHeadDim> Status launch_mma(const PrefillAttentionArgs& a, float scale_log2, cudaStream_t stream) {
   constexpr int kSmem = mma_smem_bytes<kHeadDim>();
-  const auto kernel = prefill_attention_mma_kernel<kHeadDim>;
+  const auto kernel = a.kv_dtype == KvCacheDType::kE4M3 ? prefill_attention_mma_kernel<kHeadDim, true>
+                                                        : prefill_attention_mma_kernel<kHeadDim, false>;
   LLMQ_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem));
   const dim3 grid(static_cast<unsigned>((a.max_q_len + kBlockQ - 1) / kBlockQ), static_cast<unsigned>(a.n_heads),
                   static_cast<unsigned>(a.batch));
@@ -442,7 +566,10 @@ template <int kHeadDim> Status launch_mma(const PrefillAttentionArgs& a, float s
 template <int kHeadDim> Status launch_simt(const PrefillAttentionArgs& a, float scale_log2, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((a.max_q_len + kRowsPerCta - 1) / kRowsPerCta),
                   static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.batch));
-  prefill_attention_simt_kernel<kHeadDim><<<grid, kRowsPerCta * 32, 0, stream>>>(a, scale_log2);
+  if (a.kv_dtype == KvCacheDType::kE4M3)
+    prefill_attention_simt_kernel<kHeadDim, true><<<grid, kRowsPerCta * 32, 0, stream>>>(a, scale_log2);
+  else
+    prefill_attention_simt_kernel<kHeadDim, false><<<grid, kRowsPerCta * 32, 0, stream>>>(a, scale_log2);
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("prefill_attention_simt_kernel");
   return {};
 }

@@ -171,7 +171,11 @@ struct GpuRuntime::Impl {
   void set_cache(int64_t layer, AttentionArgs* a) const {
     a->k_cache = k_cache(layer);
     a->v_cache = v_cache(layer);
-    // LLMQ_FP8_KV_ATTENTION: the e4m3 fields of the attention arguments.
+    a->kv_dtype = kv_fp8 ? runtime::KvCacheDType::kE4M3 : runtime::KvCacheDType::kBF16;
+    a->k_cache8 = k_cache8(layer);
+    a->v_cache8 = v_cache8(layer);
+    a->k_scale = k_scale(layer);
+    a->v_scale = v_scale(layer);
   }
   Status init(const GpuModel& gm, const GpuRuntimeOptions& o);
   Status produce(const GpuLinear& consumer, RowOpArgs op, ActBuffers& bufs, LinearInput* in, bool launch = true);
@@ -213,7 +217,6 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   if (o.kv_cache_dtype != DType::kBF16 && o.kv_cache_dtype != DType::kE4M3)
     return invalid_argument(std::string("--kv-cache: bf16 or e4m3, got ") + dtype_name(o.kv_cache_dtype));
   kv_fp8 = o.kv_cache_dtype == DType::kE4M3;
-  if (kv_fp8) return unsupported("--kv-cache e4m3: the attention kernels do not read an e4m3 cache yet");
   const int64_t kv_bytes = 2 * c.n_layers * o.max_batch * o.max_context * kv_dim * (kv_fp8 ? 1 : 2);
   const int64_t act_bytes = rows * (c.dim * 4 + 4 * c.dim * 3 + qkv_n * 2 + 2 * q_dim * 2 + q_dim * 3 + c.dim * 4 +
                                     2 * c.hidden_dim * 2 + c.hidden_dim * 3) +

@@ -40,7 +40,8 @@ struct BenchArgs {
   int device = 0;
   std::string json_path;
   bool no_graphs = false;
-  std::string kv_cache = "bf16";
+  std::vector<std::string> kv_caches = {"bf16"};
+  bool fit = false;
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -104,6 +105,59 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, std::uni
   return GpuModel::from_quantized(qm, a.device, out);
 }
 
+// --fit: the longest context that `batch` sequences can have with this model and KV-cache format
+// in the memory that is free, found by creating the runtime (which refuses, with the numbers, what
+// does not fit), rounded down to 256 tokens; then a short timed decode at that size shows it runs.
+template <typename Emit>
+void fit_row(const BenchArgs& a, const GpuModel& model, const std::string& precision, const std::string& kv_cache,
+             int64_t batch, Emit& emit, std::vector<std::string>* table) {
+  auto options = [&](int64_t context) {
+    GpuRuntimeOptions o;
+    o.max_batch = batch;
+    o.max_context = context;
+    o.max_step_tokens = batch;
+    o.cuda_graphs = !a.no_graphs;
+    o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
+    return o;
+  };
+  auto fits = [&](int64_t context) {
+    std::unique_ptr<GpuRuntime> rt;
+    return GpuRuntime::create(model, options(context), &rt).ok();
+  };
+  const int64_t model_context = std::max<int64_t>(model.config().max_seq_len, 256);
+  int64_t lo = 0, hi = model_context / 256;  // in units of 256 tokens; lo fits (0: nothing does)
+  if (fits(hi * 256)) lo = hi;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (fits(mid * 256) ? lo : hi) = mid;
+  }
+  const int64_t context = lo * 256;
+  const int64_t steps = std::min<int64_t>(a.steps, 16), warmup = 2;
+  std::unique_ptr<GpuRuntime> rt;
+  std::vector<double> ms;
+  Status st = context > warmup + steps + 1 ? GpuRuntime::create(model, options(context), &rt)
+                                           : unsupported("not even 256 tokens per sequence fit");
+  if (st.ok()) st = rt->fill_context_for_benchmark(batch, context - warmup - steps - 1, a.seed);
+  if (st.ok()) st = rt->time_decode(batch, warmup, steps, &ms);
+  int64_t used = 0, total = 0;
+  if (st.ok()) st = gpu_memory_in_use(a.device, &used, &total);
+  if (!st.ok()) {
+    emit({{"kind", "fit"}, {"precision", precision}, {"kv_cache", kv_cache}, {"batch", batch}, {"max_context", context},
+          {"skipped", st.to_string()}});
+    table->push_back(fmt::format("{:<20} | fit b={:<3} kv={} | longest context {} (model {}): {}", precision, batch, kv_cache,
+                                 context, model_context, st.message()));
+    return;
+  }
+  const double med = percentile(ms, 0.5);
+  emit({{"kind", "fit"}, {"precision", precision}, {"kv_cache", kv_cache}, {"batch", batch}, {"max_context", context},
+        {"model_context", model_context}, {"tokens", batch * context}, {"tpot_ms_median", med},
+        {"gpu_memory_used", used}, {"gpu_memory_total", total}, {"step_ms", ms}});
+  table->push_back(fmt::format("{:<20} | fit b={:<3} kv={} | longest context {:6} (model {}) = {:7} tokens | {:8.3f} ms/step at the end | {:5.1f} of {:5.1f} GB",
+                               precision, batch, kv_cache, context, model_context, batch * context, med,
+                               static_cast<double>(used) / 1e9, static_cast<double>(total) / 1e9));
+  fmt::print(stderr, "{}\n", table->back());
+}
+
 int run_e2e(const BenchArgs& a) {
   CudaDeviceInfo info;
   if (Status st = query_cuda_device(a.device, &info); !st.ok()) return fail(st);
@@ -135,44 +189,49 @@ int run_e2e(const BenchArgs& a) {
       continue;
     }
     const ModelConfig& c = model->config();
-    const int64_t kv_per_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim * (a.kv_cache == "e4m3" ? 1 : 2);
+    const int64_t kv_elements_per_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim;
     // Weight bytes a decode step reads: everything but the embedding table (one row per token).
     const double step_weight_bytes = static_cast<double>(model->weight_bytes() - c.vocab_size * c.dim * 2);
     const bool eight_bit = precision != "bf16" && precision != "f32";
-    for (int64_t batch : a.batches) {
-      for (int64_t ctx : a.contexts) {
-        GpuRuntimeOptions o;
-        o.max_batch = batch;
-        o.max_context = ctx + a.warmup + a.steps + 1;
-        o.max_step_tokens = batch;
-        o.cuda_graphs = !a.no_graphs;
-        o.kv_cache_dtype = a.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
-        std::unique_ptr<GpuRuntime> rt;
-        Status st = GpuRuntime::create(*model, o, &rt);
-        std::vector<double> ms;
-        if (st.ok()) st = rt->fill_context_for_benchmark(batch, ctx, a.seed);
-        if (st.ok()) st = rt->time_decode(batch, a.warmup, a.steps, &ms);
-        int64_t used = 0, total = 0;
-        if (st.ok()) st = gpu_memory_in_use(a.device, &used, &total);
-        if (!st.ok()) {
-          emit({{"kind", "decode"}, {"precision", precision}, {"batch", batch}, {"context", ctx}, {"skipped", st.to_string()}});
-          table.push_back(fmt::format("{:<20} | decode b={:<3} ctx={:<5} | skipped: {}", precision, batch, ctx, st.message()));
-          continue;
+    for (const std::string& kv_cache : a.kv_caches) {
+      const int64_t kv_per_token = kv_elements_per_token * (kv_cache == "e4m3" ? 1 : 2);
+      for (int64_t batch : a.batches) {
+        for (int64_t ctx : a.contexts) {
+          GpuRuntimeOptions o;
+          o.max_batch = batch;
+          o.max_context = ctx + a.warmup + a.steps + 1;
+          o.max_step_tokens = batch;
+          o.cuda_graphs = !a.no_graphs;
+          o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
+          std::unique_ptr<GpuRuntime> rt;
+          Status st = GpuRuntime::create(*model, o, &rt);
+          std::vector<double> ms;
+          if (st.ok()) st = rt->fill_context_for_benchmark(batch, ctx, a.seed);
+          if (st.ok()) st = rt->time_decode(batch, a.warmup, a.steps, &ms);
+          int64_t used = 0, total = 0;
+          if (st.ok()) st = gpu_memory_in_use(a.device, &used, &total);
+          if (!st.ok()) {
+            emit({{"kind", "decode"}, {"precision", precision}, {"batch", batch}, {"context", ctx}, {"skipped", st.to_string()}});
+            table.push_back(fmt::format("{:<20} | decode b={:<3} ctx={:<5} | skipped: {}", precision, batch, ctx, st.message()));
+            continue;
+          }
+          const double med = percentile(ms, 0.5), p90 = percentile(ms, 0.9);
+          const double kv_bytes = static_cast<double>(batch) * static_cast<double>(ctx + a.warmup + a.steps / 2) *
+                                  static_cast<double>(kv_per_token);
+          const double floor_ms = (step_weight_bytes + kv_bytes) / copy_bw * 1e3;
+          emit({{"kind", "decode"}, {"precision", precision}, {"batch", batch}, {"context", ctx}, {"steps", a.steps},
+                {"tpot_ms_median", med}, {"tpot_ms_p90", p90}, {"tokens_per_s", static_cast<double>(batch) / med * 1e3},
+                {"floor_ms", floor_ms}, {"weight_bytes", step_weight_bytes}, {"kv_bytes", kv_bytes},
+                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"kv_cache", kv_cache}, {"step_ms", ms}});
+          table.push_back(fmt::format("{:<20} | decode b={:<3} ctx={:<5} kv={} | {:8.3f} ms/step (p90 {:7.3f}) | {:8.0f} tok/s | floor {:6.3f} ms ({:4.2f}x) | {:5.1f} GB",
+                                      precision, batch, ctx, kv_cache, med, p90, static_cast<double>(batch) / med * 1e3, floor_ms,
+                                      med / floor_ms, static_cast<double>(used) / 1e9));
+          fmt::print(stderr, "{}\n", table.back());
         }
-        const double med = percentile(ms, 0.5), p90 = percentile(ms, 0.9);
-        const double kv_bytes = static_cast<double>(batch) * static_cast<double>(ctx + a.warmup + a.steps / 2) *
-                                static_cast<double>(kv_per_token);
-        const double floor_ms = (step_weight_bytes + kv_bytes) / copy_bw * 1e3;
-        emit({{"kind", "decode"}, {"precision", precision}, {"batch", batch}, {"context", ctx}, {"steps", a.steps},
-              {"tpot_ms_median", med}, {"tpot_ms_p90", p90}, {"tokens_per_s", static_cast<double>(batch) / med * 1e3},
-              {"floor_ms", floor_ms}, {"weight_bytes", step_weight_bytes}, {"kv_bytes", kv_bytes},
-              {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"kv_cache", a.kv_cache}, {"step_ms", ms}});
-        table.push_back(fmt::format("{:<20} | decode b={:<3} ctx={:<5} kv={} | {:8.3f} ms/step (p90 {:7.3f}) | {:8.0f} tok/s | floor {:6.3f} ms ({:4.2f}x) | {:5.1f} GB",
-                                    precision, batch, ctx, a.kv_cache, med, p90, static_cast<double>(batch) / med * 1e3, floor_ms,
-                                    med / floor_ms, static_cast<double>(used) / 1e9));
-        fmt::print(stderr, "{}\n", table.back());
       }
-    }
+      if (a.fit)
+        for (int64_t batch : a.batches) fit_row(a, *model, precision, kv_cache, batch, emit, &table);
+    }  // kv_cache
     for (int64_t n : a.prefills) {
       if (n <= 0) continue;  // --prefill 0: none
       GpuRuntimeOptions o;
@@ -235,7 +294,11 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
   e2e->add_option("--gpu", args->device, "CUDA device ordinal");
   e2e->add_option("--json", args->json_path, "append JSON lines here");
   e2e->add_flag("--no-graphs", args->no_graphs, "decode without CUDA graphs (one launch per kernel)");
-  e2e->add_option("--kv-cache", args->kv_cache, "KV cache elements: bf16 or e4m3")->check(CLI::IsMember({"bf16", "e4m3"}));
+  e2e->add_option("--kv-cache", args->kv_caches, "KV cache elements: bf16 and/or e4m3 (comma separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bf16", "e4m3"}));
+  e2e->add_flag("--fit", args->fit,
+                "per --batch and KV-cache format: the longest context that fits in free memory, and a decode at it");
   commands->push_back({e2e, [args] { return run_e2e(*args); }});
 }
 
