@@ -34,6 +34,7 @@
 
 #include "cuda/cuda_check.cuh"
 #include "runtime/attention.hpp"
+#include "runtime/attention_validate.hpp"
 
 namespace llmq::runtime {
 namespace {
@@ -375,31 +376,13 @@ Status query_sm_count(int64_t* sms) {
   return {};
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 Status validate(const DecodeAttentionArgs& a) {
   const std::string f = "decode_attention: ";
   if (a.q == nullptr) return invalid_argument(f + "q is null");
-  if (a.kv_dtype == KvCacheDType::kBF16) {
-    if (a.k_cache == nullptr) return invalid_argument(f + "k_cache is null");
-    if (a.v_cache == nullptr) return invalid_argument(f + "v_cache is null");
-  } else if (a.kv_dtype == KvCacheDType::kE4M3) {
-    if (a.k_cache8 == nullptr) return invalid_argument(f + "k_cache8 is null (kv_dtype e4m3)");
-    if (a.v_cache8 == nullptr) return invalid_argument(f + "v_cache8 is null (kv_dtype e4m3)");
-    if (a.k_scale == nullptr) return invalid_argument(f + "k_scale is null (kv_dtype e4m3)");
-    if (a.v_scale == nullptr) return invalid_argument(f + "v_scale is null (kv_dtype e4m3)");
-  } else {
-    return invalid_argument(f + "kv_dtype " + std::to_string(static_cast<int>(a.kv_dtype)) + " is neither bf16 nor e4m3");
-  }
   if (a.out == nullptr) return invalid_argument(f + "out is null");
   if (a.kv_len == nullptr) return invalid_argument(f + "kv_len is null");
   if (a.slot == nullptr) return invalid_argument(f + "slot is null");
-  if (a.kv_dtype == KvCacheDType::kBF16) {
-    if (!aligned16(a.q) || !aligned16(a.k_cache) || !aligned16(a.v_cache) || !aligned16(a.out))
-      return invalid_argument(f + "q, k_cache, v_cache and out must be 16-byte aligned");
-  } else if (!aligned16(a.q) || !aligned16(a.k_cache8) || !aligned16(a.v_cache8) || !aligned16(a.out)) {
-    return invalid_argument(f + "q, k_cache8, v_cache8 and out must be 16-byte aligned");
-  }
+  LLMQ_RETURN_IF_ERROR(validate_kv_cache_and_alignment(a, f));
   if (a.batch < 0 || a.batch > 65535) return invalid_argument(f + "batch " + std::to_string(a.batch) + " not in [0, 65535]");
   if (a.n_heads <= 0 || a.n_heads > 65535) return invalid_argument(f + "n_heads " + std::to_string(a.n_heads) + " not in [1, 65535]");
   if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
