@@ -328,6 +328,18 @@ TEST(GpuRuntime, Stories260KGreedyMatchesLlama2c) {
   }
 }
 
+// Logits of every position of one prefill of `tokens` (a fresh runtime, context 32).
+std::vector<float> prefill_logits(const GpuModel& gm, const std::vector<int32_t>& tokens) {
+  GpuRuntimeOptions o;
+  o.max_context = 32;
+  std::unique_ptr<GpuRuntime> rt;
+  EXPECT_TRUE(GpuRuntime::create(gm, o, &rt).ok());
+  std::vector<float> out;
+  const Status st = rt->prefill({tokens}, true, &out);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return out;
+}
+
 // A BF16 Hugging Face checkpoint streamed to the device (from_checkpoint) is the same model as the
 // checkpoint loaded on the host and uploaded (from_float / from_quantized): BF16 weights identical,
 // FP8 codes identical (cuda_quantize = the CPU quantize), so the logits are equal, not close.
@@ -350,16 +362,7 @@ TEST(GpuRuntime, CheckpointStreamedEqualsHostLoaded) {
   ModelWeights host;
   ASSERT_TRUE(load_hf_model(dir, &host).ok());
   const std::vector<int32_t> p = prompt(20, host.config.vocab_size, 9);
-  auto logits = [&](const GpuModel& gm) {
-    GpuRuntimeOptions o;
-    o.max_context = 32;
-    std::unique_ptr<GpuRuntime> rt;
-    EXPECT_TRUE(GpuRuntime::create(gm, o, &rt).ok());
-    std::vector<float> out;
-    const Status st = rt->prefill({p}, true, &out);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    return out;
-  };
+  auto logits = [&](const GpuModel& gm) { return prefill_logits(gm, p); };
   for (const std::string precision : {"bf16", "fp8-dynamic", "int8-w8a8", "fp8-block"}) {
     SCOPED_TRACE("REPRO precision=" + precision);
     std::unique_ptr<GpuModel> streamed, uploaded;
@@ -386,6 +389,50 @@ TEST(GpuRuntime, CheckpointStreamedEqualsHostLoaded) {
   std::unique_ptr<GpuModel> bad;
   const Status st = GpuModel::from_checkpoint(dir, "fp8-tensor-static", 0, &bad);
   EXPECT_NE(st.message().find("calibration"), std::string::npos) << st.to_string();
+}
+
+// What `llmq quantize` writes streams to the device with its 8-bit codes as stored
+// (from_checkpoint, precision "checkpoint"): the same model as load_quantized_checkpoint on the host
+// then from_quantized, so the logits are equal, not close. Asked for another precision, the loader
+// refuses rather than quantize the codes a second time.
+TEST(GpuRuntime, QuantizedCheckpointStreamedEqualsHostLoaded) {
+  LLMQ_REQUIRE_GPU();
+  testing::TempDir tmp("llmq-gpu-qckpt");
+  const ModelWeights w = make_default_model();
+  const auto source = memory_weight_source(w);
+  CalibrationStats stats;
+  ASSERT_TRUE(calibrate(w, prompt(48, w.config.vocab_size, 11), 24, &stats).ok());
+  const std::vector<int32_t> p = prompt(20, w.config.vocab_size, 9);
+  auto logits = [&](const GpuModel& gm) { return prefill_logits(gm, p); };
+  for (const std::string scheme_name : {"fp8-dynamic", "int8-w8a8", "fp8-block", "fp8-tensor-dynamic", "fp8-tensor-static"}) {
+    SCOPED_TRACE("REPRO scheme=" + scheme_name);
+    Scheme scheme;
+    ASSERT_TRUE(find_scheme(scheme_name, &scheme).ok());
+    const std::string dir = tmp.file(scheme_name);
+    ExportSummary summary;
+    Status st = export_quantized(*source, scheme, &stats, dir, {}, &summary);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    std::unique_ptr<GpuModel> streamed, uploaded;
+    st = GpuModel::from_checkpoint(dir, "checkpoint", 0, &streamed);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_EQ(streamed->precision(), scheme_name);
+    QuantizedModel qm;
+    st = load_quantized_checkpoint(dir, &qm);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    st = GpuModel::from_quantized(qm, 0, &uploaded);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_EQ(streamed->weight_bytes(), uploaded->weight_bytes());
+    const std::vector<float> a = logits(*streamed), b = logits(*uploaded);
+    ASSERT_EQ(a.size(), b.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] == b[i] ? 0 : 1;
+    std::printf("  quantized checkpoint %s: streamed vs host-loaded logits: %zu of %zu differ\n", scheme_name.c_str(),
+                differ, a.size());
+    EXPECT_EQ(differ, 0u);
+    std::unique_ptr<GpuModel> again;
+    st = GpuModel::from_checkpoint(dir, "bf16", 0, &again);
+    EXPECT_NE(st.message().find("quantized checkpoint"), std::string::npos) << st.to_string();
+  }
 }
 
 // Three sequences of different lengths in one prefill (one of them continuing an earlier prefill,

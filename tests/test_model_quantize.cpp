@@ -1121,6 +1121,63 @@ TEST(Export, LmHeadIsQuantizedOnlyWhenAsked) {
   EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
 }
 
+// read_quantized_linear (what the GPU loader streams through) reads a linear as
+// load_quantized_checkpoint does, codes left in the file; float and absent linears read as not
+// quantized; an unquantized checkpoint is recognised as such.
+TEST(Export, ReadQuantizedLinearAgreesWithTheHostLoader) {
+  const ModelWeights model = make_default_model(small_options(0));
+  const auto src = memory_weight_source(model);
+  TempDir dir;
+  for (const std::string name : {"fp8-block", "int8-w8a8", "fp8-tensor-dynamic"}) {
+    SCOPED_TRACE("REPRO scheme=" + name);
+    Scheme scheme;
+    ASSERT_TRUE(find_scheme(name, &scheme).ok());
+    ExportSummary sum;
+    ASSERT_TRUE(export_quantized(*src, scheme, nullptr, dir.file(name), {}, &sum).ok());
+    std::unique_ptr<Checkpoint> ckpt;
+    ASSERT_TRUE(Checkpoint::open(dir.file(name), &ckpt).ok());
+    EXPECT_TRUE(is_quantized_checkpoint(*ckpt));
+    EXPECT_EQ(quantized_checkpoint_scheme(*ckpt), name);
+    QuantizedModel loaded;
+    ASSERT_TRUE(load_quantized_checkpoint(dir.file(name), &loaded).ok());
+    ASSERT_FALSE(loaded.linears.empty());
+    for (const auto& [module, want] : loaded.linears) {
+      QuantizedLinear got;
+      bool quantized = false;
+      const Status st = read_quantized_linear(*ckpt, module, false, &quantized, &got);
+      ASSERT_TRUE(st.ok()) << module << ": " << st.to_string();
+      ASSERT_TRUE(quantized) << module;
+      EXPECT_EQ(got.weight.data.nbytes(), 0) << module << ": codes copied although with_codes is false";
+      EXPECT_EQ(got.weight.rows, want.weight.rows);
+      EXPECT_EQ(got.weight.cols, want.weight.cols);
+      EXPECT_EQ(got.weight.spec.granularity, want.weight.spec.granularity) << module;
+      ASSERT_EQ(got.weight.scales.scales.nbytes(), want.weight.scales.scales.nbytes()) << module;
+      EXPECT_EQ(0, std::memcmp(got.weight.scales.scales.data(), want.weight.scales.scales.data(),
+                               static_cast<size_t>(want.weight.scales.scales.nbytes())))
+          << module;
+      EXPECT_EQ(got.quantize_input, want.quantize_input) << module;
+      EXPECT_EQ(got.input_spec.granularity, want.input_spec.granularity) << module;
+    }
+    QuantizedLinear unused;
+    bool quantized = true;
+    ASSERT_TRUE(read_quantized_linear(*ckpt, "lm_head", false, &quantized, &unused).ok());
+    EXPECT_FALSE(quantized) << "lm_head is kept in float by default";
+    quantized = true;
+    ASSERT_TRUE(read_quantized_linear(*ckpt, "model.layers.99.mlp.down_proj", false, &quantized, &unused).ok());
+    EXPECT_FALSE(quantized) << "an absent weight (a tied lm_head) reads as not quantized";
+  }
+  ExportOptions plain;
+  plain.unquantized = true;
+  Scheme any;
+  ASSERT_TRUE(find_scheme("fp8-dynamic", &any).ok());
+  ExportSummary sum;
+  ASSERT_TRUE(export_quantized(*src, any, nullptr, dir.file("plain"), plain, &sum).ok());
+  std::unique_ptr<Checkpoint> ckpt;
+  ASSERT_TRUE(Checkpoint::open(dir.file("plain"), &ckpt).ok());
+  EXPECT_FALSE(is_quantized_checkpoint(*ckpt));
+  EXPECT_EQ(quantized_checkpoint_scheme(*ckpt), "");
+}
+
 // The streaming path (a memory-mapped checkpoint) and the in-memory path must write the same bytes.
 TEST(Export, StreamingFromACheckpointEqualsExportingFromMemory) {
   std::vector<std::pair<std::string, int64_t>> models = {{"dense", 0}, {"moe", 4}};

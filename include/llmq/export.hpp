@@ -11,6 +11,7 @@
 #include "llmq/calibration.hpp"
 #include "llmq/model.hpp"
 #include "llmq/quantized_model.hpp"
+#include "llmq/safetensors.hpp"
 #include "llmq/scheme.hpp"
 #include "llmq/status.hpp"
 
@@ -62,5 +63,19 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme, const 
 // QuantizedModel for evaluation: the FP8/INT8 codes and scales as stored, the activation
 // quantization from its quantization_config.
 Status load_quantized_checkpoint(const std::string& dir, QuantizedModel* out);
+
+// Does config.json carry a quantization_config? And the scheme it names ("llmq_scheme", else
+// "checkpoint"; "" when unquantized).
+bool is_quantized_checkpoint(const Checkpoint& ckpt);
+std::string quantized_checkpoint_scheme(const Checkpoint& ckpt);
+
+// The linear `module` ("model.layers.0.self_attn.q_proj") of a quantized checkpoint, read as
+// load_quantized_checkpoint reads it: weight spec and scales, activation quantization, static input
+// scale. *quantized is false (and *out untouched) when its weight is stored in float or absent
+// (a tied lm_head). Without
+// with_codes weight.data stays empty: a loader that streams the codes takes them from
+// ckpt.view(module + ".weight").
+Status read_quantized_linear(const Checkpoint& ckpt, const std::string& module, bool with_codes, bool* quantized,
+                             QuantizedLinear* out);
 
 }  // namespace llmq

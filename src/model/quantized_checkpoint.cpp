@@ -1,6 +1,7 @@
 // load_quantized_checkpoint: read an FP8/INT8 Hugging Face directory (vLLM "fp8" or
 // compressed-tensors) into a QuantizedModel, keeping the stored codes and scales, so `eval
-// --quantized` measures exactly what an engine would load.
+// --quantized` measures exactly what an engine would load. read_quantized_linear is the one place
+// that says how a stored linear is read (the GPU loader streams the codes through it too).
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -47,88 +48,133 @@ Status activation_spec(const nlohmann::json& q, DType format, bool* quantize_inp
   return unsupported("quantization_config.quant_method '" + method + "' (llmq reads fp8 and compressed-tensors)");
 }
 
+Status parse_quantization_config(const Checkpoint& ckpt, nlohmann::json* q) {
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(ckpt.config_json());
+  } catch (const std::exception& e) {
+    return invalid_argument(ckpt.dir() + "/config.json: " + e.what());
+  }
+  if (!config.contains("quantization_config") || !config["quantization_config"].is_object())
+    return invalid_argument(ckpt.dir() + " has no quantization_config in config.json");
+  *q = config["quantization_config"];
+  return {};
+}
+
+// One linear under a parsed quantization_config (see read_quantized_linear).
+Status read_linear(const Checkpoint& ckpt, const nlohmann::json& q, const std::string& module, bool with_codes,
+                   bool* quantized, QuantizedLinear* out) {
+  *quantized = false;
+  const SafetensorsTensorInfo* info = ckpt.find(module + ".weight");
+  // Absent (a tied lm_head is the embedding) or stored in float: not quantized.
+  if (info == nullptr || !(is_fp8(info->dtype) || info->dtype == DType::kI8)) return {};
+  if (info->shape.size() != 2)
+    return invalid_argument(ckpt.dir() + ": " + module + ".weight is " + dtype_name(info->dtype) + " with " +
+                            std::to_string(info->shape.size()) + " dimensions; a quantized linear weight has 2");
+  const int64_t n = info->shape[0], k = info->shape[1];
+  QuantizedLinear ql;
+  QuantizedTensor& w = ql.weight;
+  w.rows = n;
+  w.cols = k;
+  if (with_codes) {
+    w.data = Tensor(info->dtype, {n, k});
+    TensorView v;
+    LLMQ_RETURN_IF_ERROR(ckpt.view(module + ".weight", &v));
+    std::memcpy(w.data.data(), v.data, static_cast<size_t>(w.data.nbytes()));
+  }
+  try {
+    Tensor s;
+    if (ckpt.find(module + ".weight_scale_inv") != nullptr) {
+      LLMQ_RETURN_IF_ERROR(read_scales(ckpt, module + ".weight_scale_inv", &s));
+      // The block shape comes from the config (ceil(n / scale_rows) would be wrong for partial
+      // edge blocks: 688 rows in 128-row blocks have 6 scale rows, and 688 / 6 is not 128).
+      int64_t br = 128, bc = 128;
+      if (q.contains("weight_block_size")) {
+        br = q["weight_block_size"][0].get<int64_t>();
+        bc = q["weight_block_size"][1].get<int64_t>();
+      }
+      if (br <= 0 || bc <= 0 || s.shape().size() != 2 || s.shape()[0] != (n + br - 1) / br || s.shape()[1] != (k + bc - 1) / bc)
+        return invalid_argument(ckpt.dir() + ": " + module + ".weight_scale_inv does not match " + std::to_string(br) + "x" +
+                                std::to_string(bc) + " blocks of a [" + std::to_string(n) + ", " + std::to_string(k) +
+                                "] weight");
+      w.spec = QuantSpec::per_block(info->dtype, br, bc);
+      w.scales.block = {br, bc};
+      w.scales.scales = Tensor(DType::kF32, {s.shape()[0], s.shape()[1]});
+    } else {
+      LLMQ_RETURN_IF_ERROR(read_scales(ckpt, module + ".weight_scale", &s));
+      if (s.numel() == 1) {
+        w.spec = QuantSpec::per_tensor(info->dtype);
+        w.scales.block = {n, k};
+        w.scales.scales = Tensor(DType::kF32, {1, 1});
+      } else if (s.numel() == n) {
+        w.spec = QuantSpec::per_channel(info->dtype);
+        w.scales.block = {1, k};
+        w.scales.scales = Tensor(DType::kF32, {n, 1});
+      } else {
+        return invalid_argument(ckpt.dir() + ": " + module + ".weight_scale has " + std::to_string(s.numel()) +
+                                " elements; expected 1 or " + std::to_string(n));
+      }
+    }
+    std::memcpy(w.scales.scales.data(), s.data(), static_cast<size_t>(s.nbytes()));
+    LLMQ_RETURN_IF_ERROR(activation_spec(q, info->dtype, &ql.quantize_input, &ql.input_spec));
+  } catch (const std::exception& e) {
+    return invalid_argument(ckpt.dir() + ": quantization_config: " + e.what());
+  }
+  if (ql.quantize_input && ql.input_spec.source == ScaleSource::kStatic) {
+    Tensor in;
+    LLMQ_RETURN_IF_ERROR(read_scales(ckpt, module + ".input_scale", &in));
+    if (in.numel() < 1) return invalid_argument(ckpt.dir() + ": " + module + ".input_scale is empty");
+    ql.static_input_scale.scales = Tensor(DType::kF32, {1, 1});
+    ql.static_input_scale.scales.data_as<float>()[0] = in.data_as<float>()[0];
+    ql.static_input_scale.block = {1, 1};
+  }
+  *out = std::move(ql);
+  *quantized = true;
+  return {};
+}
+
 }  // namespace
+
+bool is_quantized_checkpoint(const Checkpoint& ckpt) {
+  nlohmann::json q;
+  return parse_quantization_config(ckpt, &q).ok();
+}
+
+std::string quantized_checkpoint_scheme(const Checkpoint& ckpt) {
+  nlohmann::json q;
+  if (!parse_quantization_config(ckpt, &q).ok()) return "";
+  return q.value("llmq_scheme", std::string("checkpoint"));
+}
+
+Status read_quantized_linear(const Checkpoint& ckpt, const std::string& module, bool with_codes, bool* quantized,
+                             QuantizedLinear* out) {
+  nlohmann::json q;
+  LLMQ_RETURN_IF_ERROR(parse_quantization_config(ckpt, &q));
+  return read_linear(ckpt, q, module, with_codes, quantized, out);
+}
 
 Status load_quantized_checkpoint(const std::string& dir, QuantizedModel* out) {
   std::unique_ptr<Checkpoint> ckpt;
   LLMQ_RETURN_IF_ERROR(Checkpoint::open(dir, &ckpt));
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(ckpt->config_json());
-  } catch (const std::exception& e) {
-    return invalid_argument("--quantized: " + dir + "/config.json: " + e.what());
-  }
-  if (!config.contains("quantization_config"))
-    return invalid_argument("--quantized: " + dir + " has no quantization_config in config.json");
-  const nlohmann::json& q = config["quantization_config"];
+  nlohmann::json q;
+  if (Status st = parse_quantization_config(*ckpt, &q); !st.ok()) return invalid_argument("--quantized: " + st.message());
 
   QuantizedModel qm;
   LLMQ_RETURN_IF_ERROR(load_hf_model(dir, &qm.weights));  // float (dequantized) weights for the rest
   qm.scheme.name = q.value("llmq_scheme", std::string("checkpoint"));
   qm.scheme.description = "as stored in " + dir;
   const ModelConfig& c = qm.weights.config;
-  try {
-    for (const Linear* l : qm.weights.linears()) {
-      const std::string module = l->id.hf_name(c);
-      const SafetensorsTensorInfo* info = ckpt->find(module + ".weight");
-      if (info == nullptr || !(is_fp8(info->dtype) || info->dtype == DType::kI8)) continue;  // kept
-      const int64_t n = info->shape[0], k = info->shape[1];
-      QuantizedLinear ql;
-      QuantizedTensor& w = ql.weight;
-      w.rows = n;
-      w.cols = k;
-      w.data = Tensor(info->dtype, {n, k});
-      TensorView v;
-      LLMQ_RETURN_IF_ERROR(ckpt->view(module + ".weight", &v));
-      std::memcpy(w.data.data(), v.data, static_cast<size_t>(w.data.nbytes()));
-      Tensor s;
-      if (ckpt->find(module + ".weight_scale_inv") != nullptr) {
-        LLMQ_RETURN_IF_ERROR(read_scales(*ckpt, module + ".weight_scale_inv", &s));
-        // The block shape comes from the config (ceil(n / scale_rows) would be wrong for partial
-        // edge blocks: 688 rows in 128-row blocks have 6 scale rows, and 688 / 6 is not 128).
-        int64_t br = 128, bc = 128;
-        if (q.contains("weight_block_size")) {
-          br = q["weight_block_size"][0].get<int64_t>();
-          bc = q["weight_block_size"][1].get<int64_t>();
-        }
-        if (s.shape().size() != 2 || s.shape()[0] != (n + br - 1) / br || s.shape()[1] != (k + bc - 1) / bc)
-          return invalid_argument("--quantized: " + module + ".weight_scale_inv does not match " + std::to_string(br) +
-                                  "x" + std::to_string(bc) + " blocks of a [" + std::to_string(n) + ", " +
-                                  std::to_string(k) + "] weight");
-        w.spec = QuantSpec::per_block(info->dtype, br, bc);
-        w.scales.block = {br, bc};
-        w.scales.scales = Tensor(DType::kF32, {s.shape()[0], s.shape()[1]});
-      } else {
-        LLMQ_RETURN_IF_ERROR(read_scales(*ckpt, module + ".weight_scale", &s));
-        if (s.numel() == 1) {
-          w.spec = QuantSpec::per_tensor(info->dtype);
-          w.scales.block = {n, k};
-          w.scales.scales = Tensor(DType::kF32, {1, 1});
-        } else if (s.numel() == n) {
-          w.spec = QuantSpec::per_channel(info->dtype);
-          w.scales.block = {1, k};
-          w.scales.scales = Tensor(DType::kF32, {n, 1});
-        } else {
-          return invalid_argument("--quantized: " + module + ".weight_scale has " + std::to_string(s.numel()) +
-                                  " elements; expected 1 or " + std::to_string(n));
-        }
-      }
-      std::memcpy(w.scales.scales.data(), s.data(), static_cast<size_t>(s.nbytes()));
-      LLMQ_RETURN_IF_ERROR(activation_spec(q, info->dtype, &ql.quantize_input, &ql.input_spec));
-      if (ql.quantize_input && ql.input_spec.source == ScaleSource::kStatic) {
-        Tensor in;
-        LLMQ_RETURN_IF_ERROR(read_scales(*ckpt, module + ".input_scale", &in));
-        ql.static_input_scale.scales = Tensor(DType::kF32, {1, 1});
-        ql.static_input_scale.scales.data_as<float>()[0] = in.data_as<float>()[0];
-        ql.static_input_scale.block = {1, 1};
-      }
-      qm.scheme.weight = w.spec;
-      qm.scheme.quantize_activations = ql.quantize_input;
-      qm.scheme.activation = ql.input_spec;
-      qm.linears[module] = std::move(ql);
-    }
-  } catch (const std::exception& e) {
-    return invalid_argument("--quantized: " + dir + ": quantization_config: " + e.what());
+  for (const Linear* l : qm.weights.linears()) {
+    const std::string module = l->id.hf_name(c);
+    QuantizedLinear ql;
+    bool quantized = false;
+    if (Status st = read_linear(*ckpt, q, module, true, &quantized, &ql); !st.ok())
+      return invalid_argument("--quantized: " + st.message());
+    if (!quantized) continue;  // kept in float
+    qm.scheme.weight = ql.weight.spec;
+    qm.scheme.quantize_activations = ql.quantize_input;
+    qm.scheme.activation = ql.input_spec;
+    qm.linears[module] = std::move(ql);
   }
   if (qm.linears.empty()) return invalid_argument("--quantized: " + dir + " holds no FP8/INT8 linear weights");
   *out = std::move(qm);

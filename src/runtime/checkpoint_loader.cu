@@ -1,11 +1,14 @@
-// GpuModel::from_checkpoint: an unquantized Hugging Face checkpoint (config.json + safetensors,
-// sharded or not) onto the device tensor by tensor, straight from the memory map: each weight is
-// copied from the mapped file into device memory (the OS pages in what is read; nothing is copied
-// into host buffers for BF16 and F32 tensors) and quantized there under the scheme. Host memory
-// holds at most one converted tensor, and only for F16 weights under "bf16".
+// GpuModel::from_checkpoint: a Hugging Face checkpoint (config.json + safetensors, sharded or not)
+// onto the device tensor by tensor, straight from the memory map: each weight is copied from the
+// mapped file into device memory (the OS pages in what is read; nothing is copied into host
+// buffers for BF16 and F32 tensors). An unquantized checkpoint is quantized there under the
+// scheme; a quantized one (what `llmq quantize` writes) keeps its stored FP8/INT8 codes, read
+// through read_quantized_linear exactly as load_quantized_checkpoint reads them. Host memory holds
+// at most one converted tensor (F16 weights under "bf16") plus one linear's scales.
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_check.cuh"
+#include "llmq/export.hpp"
 #include "llmq/format.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/safetensors.hpp"
@@ -26,6 +29,28 @@ struct Loader {
   const Checkpoint& ckpt;
   bool bf16 = true;  // linears in BF16, else quantized under `scheme`
   Scheme scheme;
+  bool stored_quantized = false;  // the checkpoint's own FP8/INT8 linears, as stored
+
+  // A stored 8-bit weight: codes from the memory map to the device, scales as the runtime keeps
+  // them (per-channel, per-tensor expanded, or 128x128 blocks).
+  Status stored_part(const std::string& label, const std::string& module, const QuantizedLinear& ql, GpuLinear* out,
+                     LinearPart* part) const {
+    const QuantizedTensor& w = ql.weight;
+    if (w.spec.format != DType::kE4M3 && w.spec.format != DType::kI8)
+      return unsupported(ckpt.dir() + ": " + module + ".weight is " + dtype_name(w.spec.format) +
+                         " (the GPU runtime runs e4m3 and int8 weights)");
+    TensorView v;
+    LLMQ_RETURN_IF_ERROR(ckpt.view(module + ".weight", &v));
+    part->n = w.rows;
+    part->w_dtype = w.spec.format;
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(v.data, v.numel(), module + ".weight", &part->w));
+    std::vector<float> scales;
+    LLMQ_RETURN_IF_ERROR(runtime::weight_scales(w, module, &part->scale_kind, &scales));
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(scales.data(), static_cast<int64_t>(scales.size() * 4),
+                                                  module + ".weight_scale", &part->w_scale));
+    if (part->scale_kind == WeightScale::kBlock128) LLMQ_RETURN_IF_ERROR(runtime::finish_block_part(part, w.cols, scales, module));
+    return runtime::act_mode(ql, label, out);
+  }
 
   Status shape_of(const std::string& name, std::vector<int64_t>* shape, DType* dtype) const {
     const SafetensorsTensorInfo* info = ckpt.find(name);
@@ -74,6 +99,8 @@ struct Loader {
     out->k = 0;
     out->parts.clear();
     std::vector<LinearPart> parts;
+    int stored = 0;  // parts read as stored 8-bit codes
+    out->static_scale = 0.0f;
     for (const std::string& name : names) {
       std::vector<int64_t> shape;
       DType dt;
@@ -84,7 +111,14 @@ struct Loader {
       LinearPart part;
       part.n = shape[0];
       part.n_offset = out->n;
-      if (bf16) {
+      QuantizedLinear ql;
+      bool quantized = false;
+      const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+      if (stored_quantized) LLMQ_RETURN_IF_ERROR(read_quantized_linear(ckpt, module, false, &quantized, &ql));
+      if (quantized) {
+        LLMQ_RETURN_IF_ERROR(stored_part(label, module, ql, out, &part));
+        ++stored;
+      } else if (bf16) {
         LLMQ_RETURN_IF_ERROR(bf16_table(name, &part.w));
         part.w_dtype = DType::kBF16;
       } else {
@@ -97,7 +131,11 @@ struct Loader {
       out->n += part.n;
       parts.push_back(std::move(part));
     }
-    if (bf16) {
+    if (stored != 0 && stored != static_cast<int>(names.size()))
+      return unsupported(ckpt.dir() + ": " + label + " mixes 8-bit and float parts (" + names[0] + " ...)");
+    if (stored != 0) {
+      // act_mode set by stored_part
+    } else if (bf16) {
       out->act = runtime::ActQuant::kNone;
     } else {
       LLMQ_RETURN_IF_ERROR(runtime::scheme_act_mode(scheme, label, out));
@@ -154,7 +192,20 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
   LLMQ_RETURN_IF_ERROR(parse_hf_config(ckpt->config_json(), &c));
   LLMQ_RETURN_IF_ERROR(runtime::check_config(c));
   Loader load{*ckpt};
-  if (precision != "bf16") {
+  std::string label = precision;
+  if (is_quantized_checkpoint(*ckpt)) {
+    // 8-bit codes run as stored: quantizing them again under another scheme would add a second
+    // rounding on top of the first.
+    const std::string stored = quantized_checkpoint_scheme(*ckpt);
+    if (precision != "checkpoint" && precision != stored)
+      return invalid_argument(dir + " is a quantized checkpoint (" + stored + "): it runs as stored (precision 'checkpoint'), not as '" +
+                              precision + "'; quantize the unquantized model to get another scheme");
+    load.stored_quantized = true;
+    load.bf16 = true;  // linears the checkpoint keeps in float stay BF16
+    label = stored;
+  } else if (precision == "checkpoint") {
+    label = "bf16";  // an unquantized checkpoint as stored: BF16 linears
+  } else if (precision != "bf16") {
     load.bf16 = false;
     LLMQ_RETURN_IF_ERROR(find_scheme(precision, &load.scheme));
     if (load.scheme.needs_statistics() || load.scheme.weight.method != ScaleMethod::kAbsmax)
@@ -162,11 +213,11 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
                          "calibration statistics; quantize with `llmq quantize --stats` first, or use a dynamic scheme");
   }
   LLMQ_RETURN_IF_ERROR(runtime::select_device(device));
-  LLMQ_RETURN_IF_ERROR(runtime::check_fits(c, load.bf16, precision));
+  LLMQ_RETURN_IF_ERROR(runtime::check_fits(c, load.bf16 && !load.stored_quantized, label));
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;
   g.config = c;
-  g.precision = precision;
+  g.precision = label;
   g.device = device;
   LLMQ_RETURN_IF_ERROR(load.bf16_table("model.embed_tokens.weight", &g.embedding));
   LLMQ_RETURN_IF_ERROR(load.small_f32("model.norm.weight", &g.final_norm));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "llmq/model.hpp"
+#include "llmq/quantized_model.hpp"
 #include "llmq/scheme.hpp"
 #include "llmq/tensor.hpp"
 #include "runtime/device_memory.hpp"
@@ -29,6 +30,11 @@ Status scheme_act_mode(const Scheme& s, const std::string& name, GpuLinear* out)
 // quantize of the same values) into part's codes and per-channel (per-tensor expanded) or 128x128
 // block scales.
 Status quantize_part_on_device(const std::string& name, const TensorView& x, const QuantSpec& ws, LinearPart* part);
+// The activation side of a stored quantized linear (its input spec and static scale).
+Status act_mode(const QuantizedLinear& ql, const std::string& name, GpuLinear* out);
+// A stored weight's scales as the runtime keeps them: per-channel [n] (per-tensor expanded) or
+// 128x128 blocks.
+Status weight_scales(const QuantizedTensor& w, const std::string& name, WeightScale* kind, std::vector<float>* out);
 Status finish_block_part(LinearPart* part, int64_t k, const std::vector<float>& scales, const std::string& name);
 
 }  // namespace llmq::runtime

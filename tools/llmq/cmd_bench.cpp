@@ -84,7 +84,8 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, std::uni
     progress.finish();
     return st;
   }
-  // A Hugging Face directory streams from its memory map to the device (bf16 and dynamic schemes).
+  // A Hugging Face directory streams from its memory map to the device (bf16, dynamic schemes, and
+  // a quantized checkpoint as stored).
   if (std::filesystem::is_directory(a.model) && precision != "f32") {
     Progress progress("loading " + a.model + " " + precision);
     const Status st = GpuModel::from_checkpoint(a.model, precision, a.device, out,
@@ -180,14 +181,15 @@ int run_e2e(const BenchArgs& a) {
   fmt::print("llmq bench e2e: {} on {} (copy {:.0f} GB/s, commit {})\n", a.model, info.name, copy_bw / 1e9, commit);
   emit({{"kind", "copy"}, {"bytes_per_s", copy_bw}});
   std::vector<std::string> table;
-  for (const std::string& precision : a.precisions) {
+  for (const std::string& asked : a.precisions) {
     std::unique_ptr<GpuModel> model;
-    if (Status st = load_gpu_model(a, precision, &model); !st.ok()) {
-      fmt::print(stderr, "llmq: {} {}: {}\n", a.model, precision, st.to_string());
-      emit({{"kind", "skipped"}, {"precision", precision}, {"reason", st.to_string()}});
-      table.push_back(fmt::format("{:<20} | {}", precision, st.to_string()));
+    if (Status st = load_gpu_model(a, asked, &model); !st.ok()) {
+      fmt::print(stderr, "llmq: {} {}: {}\n", a.model, asked, st.to_string());
+      emit({{"kind", "skipped"}, {"precision", asked}, {"reason", st.to_string()}});
+      table.push_back(fmt::format("{:<20} | {}", asked, st.to_string()));
       continue;
     }
+    const std::string precision = model->precision();  // "checkpoint" becomes the stored scheme
     const ModelConfig& c = model->config();
     const int64_t kv_elements_per_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim;
     // Weight bytes a decode step reads: everything but the embedding table (one row per token).
@@ -283,7 +285,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* e2e = bench->add_subcommand("e2e", "end to end: decode TPOT, prefill TTFT, memory, per precision");
   e2e->add_option("--model", args->model, "synthetic:NAME (llama3-8b, llama3-70b, ...), a checkpoint, or 'default'");
-  e2e->add_option("--precision", args->precisions, "bf16, f32 or scheme names (comma separated)")->delimiter(',');
+  e2e->add_option("--precision", args->precisions, "bf16, f32, scheme names, or checkpoint (a quantized directory as stored); comma separated")->delimiter(',');
   e2e->add_option("--batch", args->batches, "decode batch sizes")->delimiter(',')->check(CLI::Range(1, 1024));
   e2e->add_option("--context", args->contexts, "decode context lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20));
   e2e->add_option("--prefill", args->prefills, "prefill lengths (0: none)")->delimiter(',')->check(CLI::Range(0, 1 << 20));

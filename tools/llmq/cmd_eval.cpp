@@ -121,11 +121,15 @@ int run(const EvalArgs& a) {
   std::vector<std::shared_ptr<GpuRuntime>> runtimes;
   EvalOptions options;
   options.context = std::min(a.context, model.config.max_seq_len);
-  for (const auto& qm : qmodels) {
+  for (size_t i = 0; i < qmodels.size(); ++i) {
+    const auto& qm = qmodels[i];
     if (a.device == "cuda") {
-      // The candidate runs on the GPU runtime; the base stays the CPU float reference.
+      // The candidate runs on the GPU runtime; the base stays the CPU float reference. A
+      // --quantized directory streams to the device as `llmq run/bench` load it.
       std::unique_ptr<GpuModel> gm;
-      if (Status st = GpuModel::from_quantized(*qm, a.gpu, &gm); !st.ok()) return fail(st);
+      const Status loaded = i >= schemes.size() ? GpuModel::from_checkpoint(a.quantized[i - schemes.size()], "checkpoint", a.gpu, &gm)
+                                            : GpuModel::from_quantized(*qm, a.gpu, &gm);
+      if (!loaded.ok()) return fail(loaded);
       GpuRuntimeOptions o;
       o.max_context = options.context;
       o.max_step_tokens = options.context;

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "llmq/export.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/model_io.hpp"
 #include "llmq/quantized_model.hpp"
@@ -30,26 +31,38 @@ struct RunArgs {
   std::string kv_cache = "bf16";
 };
 
+// A Hugging Face directory streams straight from its memory map to the device (never the whole
+// model in host memory): a quantized checkpoint as stored, an unquantized one in BF16 or under a
+// dynamic --scheme. *out stays null when this path does not apply (not a directory, f32, static
+// schemes that need --stats): the model is then loaded on the host first.
+Status stream_to_gpu(const RunArgs& a, std::unique_ptr<GpuModel>* out) {
+  if (a.device != "cuda" || !std::filesystem::is_directory(a.model) || a.precision == "f32" || !a.stats.empty()) return {};
+  std::string precision = a.scheme.empty() ? a.precision : a.scheme;
+  if (a.scheme.empty()) {
+    std::unique_ptr<Checkpoint> ckpt;
+    LLMQ_RETURN_IF_ERROR(Checkpoint::open(a.model, &ckpt));
+    if (is_quantized_checkpoint(*ckpt)) precision = "checkpoint";
+  }
+  const Status st = GpuModel::from_checkpoint(a.model, precision, a.gpu, out);
+  if (st.code() == StatusCode::kUnsupported) {
+    out->reset();
+    return {};
+  }
+  return st;
+}
+
+// The GPU model from a model loaded on the host (llama2.c files, the default model, f32, static
+// schemes).
+Status upload_to_gpu(const RunArgs& a, const ModelWeights& model, const QuantizedModel* qm, std::unique_ptr<GpuModel>* out) {
+  if (qm != nullptr) return GpuModel::from_quantized(*qm, a.gpu, out);
+  if (a.precision != "bf16" && a.precision != "f32")
+    return invalid_argument("--precision: bf16 or f32 (8-bit schemes: --scheme), got '" + a.precision + "'");
+  return GpuModel::from_float(model, a.precision == "f32" ? DType::kF32 : DType::kBF16, a.gpu, out);
+}
+
 // The GPU runtime: prefill the prompt but its last token, then `steps` - (prompt - 1) decode
 // steps from that token, sampled on the device (the same positions the CPU path runs).
-Status run_on_gpu(const RunArgs& a, const ModelWeights& model, const QuantizedModel* qm,
-                  const std::vector<int32_t>& prompt, std::vector<int32_t>* out) {
-  std::unique_ptr<GpuModel> gm;
-  // A Hugging Face directory with no calibration-dependent scheme streams straight to the device.
-  const std::string precision = a.scheme.empty() ? a.precision : a.scheme;
-  if (std::filesystem::is_directory(a.model) && precision != "f32" && a.stats.empty()) {
-    const Status st = GpuModel::from_checkpoint(a.model, precision, a.gpu, &gm);
-    if (!st.ok() && st.code() != StatusCode::kUnsupported) return st;
-  }
-  if (gm != nullptr) {
-    // loaded above
-  } else if (qm != nullptr) {
-    LLMQ_RETURN_IF_ERROR(GpuModel::from_quantized(*qm, a.gpu, &gm));
-  } else {
-    if (a.precision != "bf16" && a.precision != "f32")
-      return invalid_argument("--precision: bf16 or f32 (8-bit schemes: --scheme), got '" + a.precision + "'");
-    LLMQ_RETURN_IF_ERROR(GpuModel::from_float(model, a.precision == "f32" ? DType::kF32 : DType::kBF16, a.gpu, &gm));
-  }
+Status run_on_gpu(const RunArgs& a, const GpuModel& gm, const std::vector<int32_t>& prompt, std::vector<int32_t>* out) {
   const int64_t generated = a.steps - static_cast<int64_t>(prompt.size()) + 1;
   if (generated < 1) return invalid_argument("--steps: " + std::to_string(a.steps) + " leaves no room after the prompt");
   GpuRuntimeOptions o;
@@ -57,7 +70,7 @@ Status run_on_gpu(const RunArgs& a, const ModelWeights& model, const QuantizedMo
   o.max_step_tokens = std::max<int64_t>(1, static_cast<int64_t>(prompt.size()));
   o.kv_cache_dtype = a.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
   std::unique_ptr<GpuRuntime> rt;
-  LLMQ_RETURN_IF_ERROR(GpuRuntime::create(*gm, o, &rt));
+  LLMQ_RETURN_IF_ERROR(GpuRuntime::create(gm, o, &rt));
   if (prompt.size() > 1) {
     std::vector<float> logits;
     LLMQ_RETURN_IF_ERROR(rt->prefill({std::vector<int32_t>(prompt.begin(), prompt.end() - 1)}, false, &logits));
@@ -73,14 +86,18 @@ Status run_on_gpu(const RunArgs& a, const ModelWeights& model, const QuantizedMo
 }
 
 int run(const RunArgs& a) {
+  std::unique_ptr<GpuModel> gpu_model;
+  if (Status st = stream_to_gpu(a, &gpu_model); !st.ok()) return fail(st);
   ModelWeights model;
-  if (Status st = load_model(a.model, &model); !st.ok()) return fail(st);
-  std::vector<int32_t> prompt = {model.config.bos_token};
+  if (gpu_model == nullptr)
+    if (Status st = load_model(a.model, &model); !st.ok()) return fail(st);
+  const ModelConfig& config = gpu_model != nullptr ? gpu_model->config() : model.config;
+  std::vector<int32_t> prompt = {config.bos_token};
   if (!a.prompt_ids.empty()) {
     std::istringstream in(a.prompt_ids);
     long long v;
     while (in >> v) {
-      if (v < 0 || v >= model.config.vocab_size)
+      if (v < 0 || v >= config.vocab_size)
         return fail(invalid_argument("--prompt-ids: " + std::to_string(v) + " is outside the vocabulary"));
       prompt.push_back(static_cast<int32_t>(v));
     }
@@ -91,7 +108,7 @@ int run(const RunArgs& a) {
   QuantizedModel qm;
   std::unique_ptr<LinearBackend> backend;
   const ModelWeights* weights = &model;
-  if (!a.scheme.empty()) {
+  if (!a.scheme.empty() && gpu_model == nullptr) {
     Scheme scheme;
     if (Status st = find_scheme(a.scheme, &scheme); !st.ok()) return fail(st);
     CalibrationStats stats;
@@ -103,7 +120,9 @@ int run(const RunArgs& a) {
   }
   std::vector<int32_t> out;
   if (a.device == "cuda") {
-    if (Status st = run_on_gpu(a, model, a.scheme.empty() ? nullptr : &qm, prompt, &out); !st.ok()) return fail(st);
+    if (gpu_model == nullptr)
+      if (Status st = upload_to_gpu(a, model, a.scheme.empty() ? nullptr : &qm, &gpu_model); !st.ok()) return fail(st);
+    if (Status st = run_on_gpu(a, *gpu_model, prompt, &out); !st.ok()) return fail(st);
   } else {
     Transformer transformer(*weights, backend.get());
     GenerateOptions g;
@@ -149,7 +168,7 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--stats", args->stats, "calibration statistics for static schemes");
   cmd->add_option("--device", args->device, "cpu (the float32 reference) or cuda (the GPU runtime)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--precision", args->precision, "--device cuda without --scheme: bf16 or f32 linears");
+  cmd->add_option("--precision", args->precision, "--device cuda without --scheme: bf16 or f32 linears (a quantized checkpoint runs as stored)");
   cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
   cmd->add_option("--kv-cache", args->kv_cache, "--device cuda: KV cache elements, bf16 or e4m3")
       ->check(CLI::IsMember({"bf16", "e4m3"}));
