@@ -325,12 +325,13 @@ __global__ void __launch_bounds__(kThreads)
   // Count this CTA in; the last of the live chunks merges them. The fence before the count makes
   // this CTA's partials visible to whichever CTA is last; the one after it orders the last CTA's
   // reads after every other CTA's count.
-  // (No static shared memory for the verdict: the ring already takes the whole 48 KiB a launch
-  // gets without opting in; __syncthreads_or hands it to every thread.)
+  __shared__ int last;
   __threadfence();
   __syncthreads();
   int* counter = ws.counters + static_cast<int64_t>(b) * gridDim.y + blockIdx.y;
-  if (!__syncthreads_or(threadIdx.x == 0 && atomicAdd(counter, 1) == live - 1)) return;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == live - 1;
+  __syncthreads();
+  if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) *counter = 0;  // ready for the next call (no other CTA of this call touches it again)
   for (int idx = threadIdx.x; idx < n_heads_here * kHeadDim; idx += kThreads) {
