@@ -340,18 +340,6 @@ std::vector<float> prefill_logits(const GpuModel& gm, const std::vector<int32_t>
   return out;
 }
 
-// Two loads of one model: the same weight bytes and bit-identical prefill logits.
-void expect_same_model(const GpuModel& streamed, const GpuModel& uploaded, const std::vector<int32_t>& tokens,
-                       const std::string& what) {
-  EXPECT_EQ(streamed.weight_bytes(), uploaded.weight_bytes()) << what;
-  const std::vector<float> a = prefill_logits(streamed, tokens), b = prefill_logits(uploaded, tokens);
-  ASSERT_EQ(a.size(), b.size()) << what;
-  size_t differ = 0;
-  for (size_t i = 0; i < a.size(); ++i) differ += a[i] == b[i] ? 0 : 1;
-  std::printf("  %s: streamed vs host-loaded logits: %zu of %zu differ\n", what.c_str(), differ, a.size());
-  EXPECT_EQ(differ, 0u) << what;
-}
-
 // A BF16 Hugging Face checkpoint streamed to the device (from_checkpoint) is the same model as the
 // checkpoint loaded on the host and uploaded (from_float / from_quantized): BF16 weights identical,
 // FP8 codes identical (cuda_quantize = the CPU quantize), so the logits are equal, not close.
@@ -374,6 +362,7 @@ TEST(GpuRuntime, CheckpointStreamedEqualsHostLoaded) {
   ModelWeights host;
   ASSERT_TRUE(load_hf_model(dir, &host).ok());
   const std::vector<int32_t> p = prompt(20, host.config.vocab_size, 9);
+  auto logits = [&](const GpuModel& gm) { return prefill_logits(gm, p); };
   for (const std::string precision : {"bf16", "fp8-dynamic", "int8-w8a8", "fp8-block"}) {
     SCOPED_TRACE("REPRO precision=" + precision);
     std::unique_ptr<GpuModel> streamed, uploaded;
@@ -389,7 +378,13 @@ TEST(GpuRuntime, CheckpointStreamedEqualsHostLoaded) {
       st = GpuModel::from_quantized(qm, 0, &uploaded);
     }
     ASSERT_TRUE(st.ok()) << st.to_string();
-    expect_same_model(*streamed, *uploaded, p, "checkpoint " + precision);
+    EXPECT_EQ(streamed->weight_bytes(), uploaded->weight_bytes());
+    const std::vector<float> a = logits(*streamed), b = logits(*uploaded);
+    ASSERT_EQ(a.size(), b.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] == b[i] ? 0 : 1;
+    std::printf("  checkpoint %s: streamed vs host-loaded logits: %zu of %zu differ\n", precision.c_str(), differ, a.size());
+    EXPECT_EQ(differ, 0u);
   }
   std::unique_ptr<GpuModel> bad;
   const Status st = GpuModel::from_checkpoint(dir, "fp8-tensor-static", 0, &bad);
@@ -408,6 +403,7 @@ TEST(GpuRuntime, QuantizedCheckpointStreamedEqualsHostLoaded) {
   CalibrationStats stats;
   ASSERT_TRUE(calibrate(w, prompt(48, w.config.vocab_size, 11), 24, &stats).ok());
   const std::vector<int32_t> p = prompt(20, w.config.vocab_size, 9);
+  auto logits = [&](const GpuModel& gm) { return prefill_logits(gm, p); };
   for (const std::string scheme_name : {"fp8-dynamic", "int8-w8a8", "fp8-block", "fp8-tensor-dynamic", "fp8-tensor-static"}) {
     SCOPED_TRACE("REPRO scheme=" + scheme_name);
     Scheme scheme;
@@ -425,7 +421,14 @@ TEST(GpuRuntime, QuantizedCheckpointStreamedEqualsHostLoaded) {
     ASSERT_TRUE(st.ok()) << st.to_string();
     st = GpuModel::from_quantized(qm, 0, &uploaded);
     ASSERT_TRUE(st.ok()) << st.to_string();
-    expect_same_model(*streamed, *uploaded, p, "quantized checkpoint " + scheme_name);
+    EXPECT_EQ(streamed->weight_bytes(), uploaded->weight_bytes());
+    const std::vector<float> a = logits(*streamed), b = logits(*uploaded);
+    ASSERT_EQ(a.size(), b.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] == b[i] ? 0 : 1;
+    std::printf("  quantized checkpoint %s: streamed vs host-loaded logits: %zu of %zu differ\n", scheme_name.c_str(),
+                differ, a.size());
+    EXPECT_EQ(differ, 0u);
     std::unique_ptr<GpuModel> again;
     st = GpuModel::from_checkpoint(dir, "bf16", 0, &again);
     EXPECT_NE(st.message().find("quantized checkpoint"), std::string::npos) << st.to_string();

@@ -1,6 +1,6 @@
 // Attention of the GPU runtime over a paged-by-slot KV cache: prefill (flash-attention-2 style, many
 // queries per sequence, causal or not) and decode (flash-decoding: one query per sequence, the keys
-// split into chunks whose partial softmax states the last chunk to finish combines). Queries and outputs are
+// split into chunks whose partial softmax states a second kernel combines). Queries and outputs are
 // BF16; the cache is BF16 or FP8 E4M3 with one scale per kv head.
 // Internal host header, no CUDA headers: tensors are BF16 bit patterns (uint16_t) or E4M3 codes
 // (uint8_t), sizes int64_t.
@@ -71,15 +71,11 @@ struct DecodeAttentionArgs {          // one query token per sequence
   int64_t batch = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, capacity = 0;
   int64_t max_kv_len = 0;             // host upper bound of every kv_len[b]: fixes the grid (split-K count) so the launch can be captured in a CUDA graph once and replayed while kv_len grows on the device
   float softmax_scale = 0.f;
-  void* workspace = nullptr; int64_t workspace_bytes = 0;  // split-K partials and arrival counters
+  void* workspace = nullptr; int64_t workspace_bytes = 0;  // split-K partials
 };
 // Bytes of workspace decode_attention needs for these sizes on any device (an upper bound over
-// n_kv_heads, SM counts and both cache types; 256-byte aligned pointer). Returns 0 for non-positive
-// sizes. Its last decode_attention_counter_bytes bytes are arrival counters: zero them once after
-// allocating (the rest may hold anything); every call leaves them zero again. Calls that share a
-// workspace must not run concurrently (stream order is enough).
+// n_kv_heads, SM counts and both cache types; 256-byte aligned pointer). Returns 0 for non-positive sizes.
 int64_t decode_attention_workspace_bytes(int64_t batch, int64_t n_heads, int64_t head_dim, int64_t max_kv_len);
-int64_t decode_attention_counter_bytes(int64_t batch, int64_t n_heads);
 // Device-side: kv_len[b] is clamped to [0, min(max_kv_len, capacity)]; kv_len[b] <= 0 gives zeros.
 Status decode_attention(const DecodeAttentionArgs& a, CudaStream stream);
 

@@ -11,14 +11,9 @@
 //    lanes each run their own online softmax (max, sum, 8-dim accumulators per head) over every
 //    key-lane-th key of the tile, so a tile needs no barrier beyond the ring's. At the end the key
 //    lanes are merged through shared memory.
-//  * Output: when a sequence has one live chunk, its CTA writes BF16 directly; otherwise each CTA
-//    writes its normalised partial output (FP32) and log2-sum-exp to the workspace, then counts
-//    itself in on its (sequence, head group) counter, and the last CTA to arrive merges the live
-//    chunks in chunk order (deterministic) and resets the counter to 0 for the next call. No second
-//    kernel: at batch 1 over 512 keys the merge is ~1 us of work, and a kernel boundary per layer
-//    cost more than that.
-//  * Launched with programmatic dependent launch (pdl.cuh): the grid is resident while RoPE finishes
-//    and waits at griddepcontrol.wait before it reads anything.
+//  * Output: a single chunk writes BF16 directly; otherwise each CTA writes its normalised partial
+//    output (FP32) and log2-sum-exp to the workspace and decode_attention_combine_kernel merges the
+//    live chunks of each (sequence, head) in chunk order (deterministic).
 //  * E4M3 cache: the same tiles in keys (4096 / head_dim keys, so the plan and the workspace are
 //    those of BF16) hold half the bytes: 4 KiB of K + 4 KiB of V, through a 6-stage ring (still
 //    48 KiB, five tiles in flight). A thread's 8 dims are one 8-byte shared read, widened exactly by
@@ -38,7 +33,6 @@
 #include <type_traits>
 
 #include "cuda/cuda_check.cuh"
-#include "cuda/pdl.cuh"
 #include "runtime/attention.hpp"
 #include "runtime/attention_validate.hpp"
 
@@ -111,13 +105,10 @@ struct DecodePlan {
 };
 
 // Workspace: partial outputs [batch, n_heads, n_chunks, head_dim] FP32, then log2-sum-exp
-// [batch, n_heads, n_chunks] FP32, then arrival counters [batch, n_heads / heads_per_cta] int32
-// (placed after the largest partials the workspace bound allows, so their offset does not depend
-// on the plan; zero between calls).
+// [batch, n_heads, n_chunks] FP32.
 struct Workspace {
   float* partial_out;
   float* partial_lse;
-  int* counters;
 };
 
 // kFp8: the cache holds E4M3 codes (k_cache8 / v_cache8) with per-kv-head scales.
@@ -140,19 +131,16 @@ __global__ void __launch_bounds__(kThreads)
   static_assert(kCopiesPerTile % kThreads == 0 && kStages >= 3, "ring shape");
   extern __shared__ __align__(16) unsigned char smem[];
 
-  llmq::detail::pdl_wait();  // q, the cache and kv_len come from the kernels before this one
-  llmq::detail::pdl_launch_dependents();
   const int chunk = blockIdx.x, b = blockIdx.z;
   const int head0 = blockIdx.y * plan.heads_per_cta;
   const int group = static_cast<int>(a.n_heads / a.n_kv_heads);
   const int kv_head = head0 / group;
   const int kv_len = min(max(a.kv_len[b], 0), static_cast<int>(min(a.capacity, a.max_kv_len)));
-  const int live = min(plan.n_chunks, (kv_len + plan.chunk_keys - 1) / plan.chunk_keys);
   const int key_begin = chunk * plan.chunk_keys;
   const int key_end = min(kv_len, key_begin + plan.chunk_keys);
   if (key_begin >= key_end) {
     // Chunk 0 of an empty sequence still owes the output: zeros, never NaN.
-    if (chunk == 0 && live == 0)
+    if (chunk == 0 && plan.n_chunks == 1)
       for (int i = threadIdx.x; i < plan.heads_per_cta * kHeadDim; i += kThreads)
         a.out[(static_cast<int64_t>(b) * a.n_heads + head0) * kHeadDim + i] = 0;
     return;
@@ -300,7 +288,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-  const bool direct = live == 1;  // this CTA holds the whole softmax of its heads
+  const bool single_chunk = plan.n_chunks == 1;
   for (int idx = threadIdx.x; idx < n_heads_here * kHeadDim; idx += kThreads) {
     const int h = idx / kHeadDim, d = idx % kHeadDim;
     float m_max = -INFINITY;
@@ -313,52 +301,41 @@ __global__ void __launch_bounds__(kThreads)
     }
     const int64_t bh = static_cast<int64_t>(b) * a.n_heads + head0 + h;
     const float out = kFp8 ? o / sum * v_scale : o / sum;
-    if (direct) {
+    if (single_chunk) {
       a.out[bh * kHeadDim + d] = to_bf16_bits(out);
     } else {
       ws.partial_out[(bh * plan.n_chunks + chunk) * kHeadDim + d] = out;
       if (d == 0) ws.partial_lse[bh * plan.n_chunks + chunk] = m_max + __log2f(sum);
     }
   }
-  if (direct) return;
+}
 
-  // Count this CTA in; the last of the live chunks merges them. The fence before the count makes
-  // this CTA's partials visible to whichever CTA is last; the one after it orders the last CTA's
-  // reads after every other CTA's count.
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  int* counter = ws.counters + static_cast<int64_t>(b) * gridDim.y + blockIdx.y;
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == live - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  if (threadIdx.x == 0) *counter = 0;  // ready for the next call (no other CTA of this call touches it again)
-  for (int idx = threadIdx.x; idx < n_heads_here * kHeadDim; idx += kThreads) {
-    const int h = idx / kHeadDim, d = idx % kHeadDim;
-    const int64_t bh = static_cast<int64_t>(b) * a.n_heads + head0 + h;
-    const float* lse = ws.partial_lse + bh * plan.n_chunks;
-    float lse_max = -INFINITY;
-    for (int c = 0; c < live; ++c) lse_max = fmaxf(lse_max, __ldcg(lse + c));
-    float sum = 0.f, o = 0.f;
-    for (int c = 0; c < live; ++c) {
-      const float w = fast_exp2(__ldcg(lse + c) - lse_max);
-      sum += w;
-      o = __fmaf_rn(w, __ldcg(ws.partial_out + (bh * plan.n_chunks + c) * kHeadDim + d), o);
-    }
-    a.out[bh * kHeadDim + d] = to_bf16_bits(o / sum);
+// One CTA per (head, sequence), head_dim threads: merges the live chunks in chunk order.
+__global__ void decode_attention_combine_kernel(DecodeAttentionArgs a, DecodePlan plan, Workspace ws) {
+  const int head = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+  const int64_t bh = static_cast<int64_t>(b) * a.n_heads + head;
+  const int kv_len = min(max(a.kv_len[b], 0), static_cast<int>(min(a.capacity, a.max_kv_len)));
+  const int live = min(plan.n_chunks, (kv_len + plan.chunk_keys - 1) / plan.chunk_keys);
+  if (live == 0) {
+    a.out[bh * a.head_dim + d] = 0;
+    return;
   }
+  const float* lse = ws.partial_lse + bh * plan.n_chunks;
+  float lse_max = -INFINITY;
+  for (int c = 0; c < live; ++c) lse_max = fmaxf(lse_max, lse[c]);
+  float sum = 0.f, o = 0.f;
+  for (int c = 0; c < live; ++c) {
+    const float w = fast_exp2(lse[c] - lse_max);
+    sum += w;
+    o = __fmaf_rn(w, ws.partial_out[(bh * plan.n_chunks + c) * a.head_dim + d], o);
+  }
+  a.out[bh * a.head_dim + d] = to_bf16_bits(o / sum);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Host side
 
 int64_t tile_keys(int64_t head_dim) { return kTileBytes / (2 * head_dim); }
-int64_t max_chunks_bound(int64_t batch, int64_t max_kv_len);
-// Bytes of the partial outputs and log2-sum-exps at the largest chunk count (16-byte multiple).
-int64_t partials_bytes(int64_t batch, int64_t n_heads, int64_t head_dim, int64_t max_kv_len) {
-  return (batch * n_heads * max_chunks_bound(batch, max_kv_len) * (head_dim + 1) * static_cast<int64_t>(sizeof(float)) + 15) / 16 * 16;
-}
 int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
 // Chunks: enough CTAs for kCtasPerSmTarget per SM, none shorter than kMinChunkKeys (nor than a
@@ -433,10 +410,13 @@ template <int kHeadDim, int kHeads>
 Status launch_chunks(const DecodeAttentionArgs& a, const DecodePlan& plan, Workspace ws, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(plan.n_chunks), static_cast<unsigned>(a.n_heads / plan.heads_per_cta),
                   static_cast<unsigned>(a.batch));
-  const auto kernel = a.kv_dtype == KvCacheDType::kE4M3 ? decode_attention_chunk_kernel<kHeadDim, kHeads, true>
-                                                        : decode_attention_chunk_kernel<kHeadDim, kHeads, false>;
-  LLMQ_CUDA_RETURN_IF_ERROR(
-      llmq::detail::launch_pdl(kernel, grid, dim3(kThreads), kSmemBytes, stream, a, plan, ws, a.softmax_scale * kLog2e));
+  if (a.kv_dtype == KvCacheDType::kE4M3)
+    decode_attention_chunk_kernel<kHeadDim, kHeads, true><<<grid, kThreads, kSmemBytes, stream>>>(
+        a, plan, ws, a.softmax_scale * kLog2e);
+  else
+    decode_attention_chunk_kernel<kHeadDim, kHeads, false><<<grid, kThreads, kSmemBytes, stream>>>(
+        a, plan, ws, a.softmax_scale * kLog2e);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("decode_attention_chunk_kernel");
   return {};
 }
 
@@ -453,12 +433,9 @@ Status launch_for_dim(const DecodeAttentionArgs& a, const DecodePlan& plan, Work
 
 int64_t decode_attention_workspace_bytes(int64_t batch, int64_t n_heads, int64_t head_dim, int64_t max_kv_len) {
   if (batch <= 0 || n_heads <= 0 || head_dim <= 0 || max_kv_len <= 0) return 0;
-  if (max_chunks_bound(batch, max_kv_len) <= 1) return 0;  // one chunk writes the output directly
-  return partials_bytes(batch, n_heads, head_dim, max_kv_len) + decode_attention_counter_bytes(batch, n_heads);
-}
-
-int64_t decode_attention_counter_bytes(int64_t batch, int64_t n_heads) {
-  return batch <= 0 || n_heads <= 0 ? 0 : (batch * n_heads * static_cast<int64_t>(sizeof(int)) + 15) / 16 * 16;
+  const int64_t chunks = max_chunks_bound(batch, max_kv_len);
+  if (chunks <= 1) return 0;  // one chunk writes the output directly
+  return batch * n_heads * chunks * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
 }
 
 Status decode_attention(const DecodeAttentionArgs& a, CudaStream stream) {
@@ -467,12 +444,9 @@ Status decode_attention(const DecodeAttentionArgs& a, CudaStream stream) {
   int64_t sms = 0;
   LLMQ_RETURN_IF_ERROR(query_sm_count(&sms));
   const DecodePlan plan = make_plan(a, sms);
-  Workspace ws{static_cast<float*>(a.workspace), nullptr, nullptr};
-  if (plan.n_chunks > 1) {
+  Workspace ws{static_cast<float*>(a.workspace), nullptr};
+  if (plan.n_chunks > 1)
     ws.partial_lse = ws.partial_out + a.batch * a.n_heads * static_cast<int64_t>(plan.n_chunks) * a.head_dim;
-    ws.counters = reinterpret_cast<int*>(static_cast<char*>(a.workspace) +
-                                         partials_bytes(a.batch, a.n_heads, a.head_dim, a.max_kv_len));
-  }
   switch (a.head_dim) {
     case 8: LLMQ_RETURN_IF_ERROR(launch_for_dim<8>(a, plan, ws, stream)); break;
     case 16: LLMQ_RETURN_IF_ERROR(launch_for_dim<16>(a, plan, ws, stream)); break;
@@ -480,6 +454,11 @@ Status decode_attention(const DecodeAttentionArgs& a, CudaStream stream) {
     case 64: LLMQ_RETURN_IF_ERROR(launch_for_dim<64>(a, plan, ws, stream)); break;
     case 128: LLMQ_RETURN_IF_ERROR(launch_for_dim<128>(a, plan, ws, stream)); break;
     default: LLMQ_RETURN_IF_ERROR(launch_for_dim<256>(a, plan, ws, stream)); break;
+  }
+  if (plan.n_chunks > 1) {
+    decode_attention_combine_kernel<<<dim3(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.batch)),
+                                      static_cast<unsigned>(a.head_dim), 0, stream>>>(a, plan, ws);
+    LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("decode_attention_combine_kernel");
   }
   return {};
 }

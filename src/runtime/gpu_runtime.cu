@@ -268,7 +268,6 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(static_cast<int64_t>(qws), "quantize workspace", &quant_workspace));
   const int64_t aws = runtime::decode_attention_workspace_bytes(o.max_batch, c.n_heads, c.head_dim, o.max_context);
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(aws, "attention workspace", &attn_workspace));
-  if (aws > 0) LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(attn_workspace.get(), 0, static_cast<size_t>(aws)));  // its arrival counters
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(runtime::argmax_workspace_bytes(o.max_batch), "argmax workspace",
                                                   &argmax_workspace));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_workspace.get(), 0, static_cast<size_t>(argmax_workspace.bytes())));
