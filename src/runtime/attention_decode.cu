@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/pdl.cuh"
 #include "runtime/attention.hpp"
 #include "runtime/attention_validate.hpp"
 
@@ -131,6 +132,8 @@ __global__ void __launch_bounds__(kThreads)
   static_assert(kCopiesPerTile % kThreads == 0 && kStages >= 3, "ring shape");
   extern __shared__ __align__(16) unsigned char smem[];
 
+  llmq::detail::pdl_wait();  // q, the cache and kv_len come from the kernels before this one
+  llmq::detail::pdl_launch_dependents();
   const int chunk = blockIdx.x, b = blockIdx.z;
   const int head0 = blockIdx.y * plan.heads_per_cta;
   const int group = static_cast<int>(a.n_heads / a.n_kv_heads);
@@ -312,6 +315,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // One CTA per (head, sequence), head_dim threads: merges the live chunks in chunk order.
 __global__ void decode_attention_combine_kernel(DecodeAttentionArgs a, DecodePlan plan, Workspace ws) {
+  llmq::detail::pdl_wait();  // the partials of the chunk kernel
+  llmq::detail::pdl_launch_dependents();
   const int head = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const int64_t bh = static_cast<int64_t>(b) * a.n_heads + head;
   const int kv_len = min(max(a.kv_len[b], 0), static_cast<int>(min(a.capacity, a.max_kv_len)));
@@ -410,13 +415,10 @@ template <int kHeadDim, int kHeads>
 Status launch_chunks(const DecodeAttentionArgs& a, const DecodePlan& plan, Workspace ws, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(plan.n_chunks), static_cast<unsigned>(a.n_heads / plan.heads_per_cta),
                   static_cast<unsigned>(a.batch));
-  if (a.kv_dtype == KvCacheDType::kE4M3)
-    decode_attention_chunk_kernel<kHeadDim, kHeads, true><<<grid, kThreads, kSmemBytes, stream>>>(
-        a, plan, ws, a.softmax_scale * kLog2e);
-  else
-    decode_attention_chunk_kernel<kHeadDim, kHeads, false><<<grid, kThreads, kSmemBytes, stream>>>(
-        a, plan, ws, a.softmax_scale * kLog2e);
-  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("decode_attention_chunk_kernel");
+  const auto kernel = a.kv_dtype == KvCacheDType::kE4M3 ? decode_attention_chunk_kernel<kHeadDim, kHeads, true>
+                                                        : decode_attention_chunk_kernel<kHeadDim, kHeads, false>;
+  LLMQ_CUDA_RETURN_IF_ERROR(
+      llmq::detail::launch_pdl(kernel, grid, dim3(kThreads), kSmemBytes, stream, a, plan, ws, a.softmax_scale * kLog2e));
   return {};
 }
 
@@ -456,9 +458,9 @@ Status decode_attention(const DecodeAttentionArgs& a, CudaStream stream) {
     default: LLMQ_RETURN_IF_ERROR(launch_for_dim<256>(a, plan, ws, stream)); break;
   }
   if (plan.n_chunks > 1) {
-    decode_attention_combine_kernel<<<dim3(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.batch)),
-                                      static_cast<unsigned>(a.head_dim), 0, stream>>>(a, plan, ws);
-    LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("decode_attention_combine_kernel");
+    LLMQ_CUDA_RETURN_IF_ERROR(llmq::detail::launch_pdl(decode_attention_combine_kernel,
+                                                       dim3(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.batch)),
+                                                       dim3(static_cast<unsigned>(a.head_dim)), 0, stream, a, plan, ws));
   }
   return {};
 }
