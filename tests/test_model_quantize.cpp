@@ -106,7 +106,28 @@ DefaultModelOptions small_options(int64_t n_experts) {
   o.seed = 7;
   return o;
 }
-const char* kind_name(int64_t n_experts) { return n_experts > 0 ? "moe(4 experts, top-2)" : "dense"; }
+// The same models with every linear a whole number of 128x128 blocks (head_dim 64, 2 KV heads): what
+// llmq exports in the fp8 block format (it refuses partial edge blocks; see export.cpp).
+constexpr int64_t kAligned = -2, kAlignedMoe = -3;
+DefaultModelOptions aligned_options(int64_t n_experts) {
+  DefaultModelOptions o = small_options(n_experts);
+  o.dim = 256;
+  o.hidden_dim = 256;
+  return o;
+}
+const char* kind_name(int64_t which) {
+  switch (which) {
+    case kAligned: return "dense, 128-aligned (aligned_options)";
+    case kAlignedMoe: return "moe(4 experts, top-2), 128-aligned (aligned_options)";
+    default: return which > 0 ? "moe(4 experts, top-2)" : "dense";
+  }
+}
+bool is_block(const Scheme& s) { return s.weight.granularity == Granularity::kPerBlock; }
+// Which small model a scheme is exported from: the block format needs the aligned ones.
+int64_t exportable(const Scheme& s, int64_t experts) {
+  if (!is_block(s) || experts < 0) return experts;
+  return experts == 0 ? kAligned : kAlignedMoe;
+}
 
 // A temporary directory per test (tests/support.hpp), named after this suite.
 class TempDir : public llmq::testing::TempDir {
@@ -178,6 +199,8 @@ SmallModel& small_model(int64_t experts) {
     if (experts == kStories) {
       const Status st = load_llama2c(stories_path(), &slot->model);
       EXPECT_TRUE(st.ok()) << st.to_string();
+    } else if (experts == kAligned || experts == kAlignedMoe) {
+      slot->model = make_default_model(aligned_options(experts == kAligned ? 0 : 4));
     } else {
       slot->model = make_default_model(small_options(experts));
     }
@@ -248,7 +271,7 @@ bool slow_weight_search(const Scheme& s) {
 bool is_static(const Scheme& s) { return s.quantize_activations && s.activation.source == ScaleSource::kStatic; }
 
 std::string scheme_repro(const Scheme& s, int64_t n_experts) {
-  return "REPRO scheme=" + s.name + " model=" + kind_name(n_experts) + " (small_options, seed 7)";
+  return "REPRO scheme=" + s.name + " model=" + kind_name(n_experts) + " (seed 7)";
 }
 
 // =============================================================================================
@@ -817,7 +840,8 @@ TEST(QuantizeModel, SchemesThatNeedStatisticsRefuseToRunWithout) {
     ExportSummary sum;
     ExportOptions options;
     options.dry_run = !run;
-    const Status ex = export_quantized(*src, scheme, nullptr, dir.file(scheme.name), options, &sum);
+    const Status ex = export_quantized(is_block(scheme) ? *memory_weight_source(small_model(kAligned).model) : *src,
+                                       scheme, nullptr, dir.file(scheme.name), options, &sum);
     if (scheme.needs_statistics()) {
       ASSERT_FALSE(st.ok());
       EXPECT_TRUE(contains(st.message(), "--stats")) << st.message();
@@ -850,6 +874,7 @@ void check_export_layout(const WeightSource& src, const Scheme& scheme, const st
   const bool block = scheme.weight.granularity == Granularity::kPerBlock;
   const bool channel = scheme.weight.granularity == Granularity::kPerChannel;
   const bool vllm = scheme.export_format == ExportFormat::kVllmFp8;
+  EXPECT_EQ(vllm, block) << "the fp8 format is for blocks only; per-tensor FP8 is compressed-tensors";
   std::vector<std::string> ignore;
   if (vllm) {
     EXPECT_EQ(q.value("quant_method", ""), "fp8");
@@ -921,9 +946,9 @@ void check_export_layout(const WeightSource& src, const Scheme& scheme, const st
     ++want_tensors;
     EXPECT_EQ(scale->dtype, DType::kF32) << module;
     std::vector<int64_t> want_scale;
-    if (block) want_scale = {(n + 127) / 128, (k + 127) / 128};
+    if (block) want_scale = {n / 128, k / 128};
     else if (channel) want_scale = {n, 1};
-    else if (!vllm) want_scale = {1};
+    else want_scale = {1};
     EXPECT_EQ(scale->shape, want_scale) << module;
     EXPECT_EQ(file->find(module + (block ? ".weight_scale" : ".weight_scale_inv")), nullptr) << module;
     const SafetensorsTensorInfo* input_scale = file->find(module + ".input_scale");
@@ -931,7 +956,7 @@ void check_export_layout(const WeightSource& src, const Scheme& scheme, const st
     if (input_scale != nullptr) {
       ++want_tensors;
       EXPECT_EQ(input_scale->dtype, DType::kF32);
-      EXPECT_EQ(input_scale->shape, vllm ? std::vector<int64_t>{} : std::vector<int64_t>{1}) << module;
+      EXPECT_EQ(input_scale->shape, std::vector<int64_t>{1}) << module;
     }
   }
   EXPECT_EQ(static_cast<int64_t>(file->tensors().size()), want_tensors) << "no extra tensors";
@@ -965,14 +990,14 @@ void write_hf_checkpoint(const ModelWeights& model, const std::string& dir) {
 TEST(Export, KeptTensorsAreBf16ByDefault) {
   TempDir dir;
   for (int64_t experts : {int64_t{0}, int64_t{4}}) {
-    const SmallModel& m = small_model(experts);
-    const auto src = memory_weight_source(m.model);
-    // One scheme of each layout: compressed-tensors channel + token, vLLM static per-tensor,
-    // vLLM blocks, INT8 SmoothQuant (norms divided by s, then rounded to BF16).
+    // One scheme of each layout: compressed-tensors channel + token, static per-tensor,
+    // fp8 blocks, INT8 SmoothQuant (norms divided by s, then rounded to BF16).
     for (const char* name : {"fp8-dynamic", "fp8-tensor-static", "fp8-block", "int8-smoothquant"}) {
       Scheme scheme;
       ASSERT_TRUE(find_scheme(name, &scheme).ok());
-      SCOPED_TRACE(scheme_repro(scheme, experts) + " keep_dtype=bf16 (default)");
+      const SmallModel& m = small_model(exportable(scheme, experts));
+      const auto src = memory_weight_source(m.model);
+      SCOPED_TRACE(scheme_repro(scheme, exportable(scheme, experts)) + " keep_dtype=bf16 (default)");
       const std::string out = dir.file(scheme.name + "-" + std::to_string(experts));
       ExportSummary sum;
       const Status st = export_quantized(*src, scheme, &m.stats, out, {}, &sum);
@@ -988,13 +1013,14 @@ TEST(Export, KeptTensorsAreBf16ByDefault) {
 TEST(Export, EverySchemeWritesWhatEnginesReadAndLoadsBackExactly) {
   TempDir dir;
   for (int64_t experts : {int64_t{0}, int64_t{4}}) {
-    const SmallModel& m = small_model(experts);
-    const std::vector<int32_t> tokens = sampled_tokens(m.model, 32, kEvalSeed);
-    const auto src = memory_weight_source(m.model);
     for (const Scheme& scheme : all_schemes()) {
       if (scheme.export_format == ExportFormat::kNone) continue;
       if (experts > 0 && slow_weight_search(scheme)) continue;
-      SCOPED_TRACE(scheme_repro(scheme, experts) + " keep_dtype=f32");
+      const int64_t which = exportable(scheme, experts);
+      const SmallModel& m = small_model(which);
+      const std::vector<int32_t> tokens = sampled_tokens(m.model, 32, kEvalSeed);
+      const auto src = memory_weight_source(m.model);
+      SCOPED_TRACE(scheme_repro(scheme, which) + " keep_dtype=f32");
       const std::string out = dir.file(scheme.name + "-" + std::to_string(experts));
       ExportOptions options;
       options.keep_dtype = DType::kF32;
@@ -1005,7 +1031,7 @@ TEST(Export, EverySchemeWritesWhatEnginesReadAndLoadsBackExactly) {
       QuantizedModel loaded;
       const Status st = load_quantized_checkpoint(out, &loaded);
       ASSERT_TRUE(st.ok()) << st.to_string();
-      const QuantizedModel& memory = quantized(experts, scheme);
+      const QuantizedModel& memory = quantized(which, scheme);
       EXPECT_EQ(loaded.scheme.name, scheme.name);
       ASSERT_EQ(loaded.linears.size(), memory.linears.size());
       for (const auto& [name, ml] : memory.linears) {
@@ -1062,7 +1088,14 @@ TEST(Export, Stories260KRoundTripsThroughEveryScheme) {
     ExportOptions options;
     options.keep_dtype = DType::kF32;
     ExportSummary sum;
-    ASSERT_TRUE(export_quantized(*src, scheme, &stats, out, options, &sum).ok());
+    const Status ex = export_quantized(*src, scheme, &stats, out, options, &sum);
+    if (is_block(scheme)) {  // dims 64 and 172: partial 128x128 blocks, refused before anything is written
+      EXPECT_FALSE(ex.ok());
+      EXPECT_TRUE(contains(ex.message(), "not a whole number of 128x128 blocks")) << ex.to_string();
+      EXPECT_FALSE(fs::exists(out));
+      continue;
+    }
+    ASSERT_TRUE(ex.ok()) << ex.to_string();
     const json q = json::parse(read_text(out + "/config.json"))["quantization_config"];
     const json& ignore = q.contains("ignore") ? q["ignore"] : q["ignored_layers"];
     EXPECT_NE(std::find(ignore.begin(), ignore.end(), "lm_head"), ignore.end())
@@ -1132,8 +1165,9 @@ TEST(Export, ReadQuantizedLinearAgreesWithTheHostLoader) {
     SCOPED_TRACE("REPRO scheme=" + name);
     Scheme scheme;
     ASSERT_TRUE(find_scheme(name, &scheme).ok());
+    const auto scheme_src = memory_weight_source(small_model(exportable(scheme, 0)).model);
     ExportSummary sum;
-    ASSERT_TRUE(export_quantized(*src, scheme, nullptr, dir.file(name), {}, &sum).ok());
+    ASSERT_TRUE(export_quantized(*scheme_src, scheme, nullptr, dir.file(name), {}, &sum).ok());
     std::unique_ptr<Checkpoint> ckpt;
     ASSERT_TRUE(Checkpoint::open(dir.file(name), &ckpt).ok());
     EXPECT_TRUE(is_quantized_checkpoint(*ckpt));
@@ -1180,7 +1214,7 @@ TEST(Export, ReadQuantizedLinearAgreesWithTheHostLoader) {
 
 // The streaming path (a memory-mapped checkpoint) and the in-memory path must write the same bytes.
 TEST(Export, StreamingFromACheckpointEqualsExportingFromMemory) {
-  std::vector<std::pair<std::string, int64_t>> models = {{"dense", 0}, {"moe", 4}};
+  std::vector<std::pair<std::string, int64_t>> models = {{"dense", 0}, {"moe", 4}, {"aligned", kAligned}};
   if (have_stories())
     models.emplace_back("stories260K", kStories);
   else
@@ -1210,8 +1244,14 @@ TEST(Export, StreamingFromACheckpointEqualsExportingFromMemory) {
       ASSERT_TRUE(find_scheme(name, &scheme).ok());
       const std::string a = dir.file(label + "-" + name + "-mem"), b = dir.file(label + "-" + name + "-ckpt");
       ExportSummary sa, sb;
-      ASSERT_TRUE(export_quantized(*memory_weight_source(model), scheme, &stats, a, {}, &sa).ok());
+      const Status sta = export_quantized(*memory_weight_source(model), scheme, &stats, a, {}, &sa);
       const Status st = export_quantized(*ckpt, scheme, &stats, b, {}, &sb);
+      if (is_block(scheme) && which != kAligned) {  // partial blocks: both paths refuse alike
+        EXPECT_FALSE(sta.ok());
+        EXPECT_EQ(sta.to_string(), st.to_string());
+        continue;
+      }
+      ASSERT_TRUE(sta.ok()) << sta.to_string();
       ASSERT_TRUE(st.ok()) << st.to_string();
       EXPECT_EQ(read_text(a + "/model.safetensors"), read_text(b + "/model.safetensors"));
       EXPECT_EQ(read_text(a + "/config.json"), read_text(b + "/config.json"));

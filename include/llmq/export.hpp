@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ std::string hf_config_json(const ModelConfig& config);
 
 struct ExportOptions {
   QuantizeModelOptions quantize;
+  // The scheme's own format unless set; a format the scheme cannot be written in, or one a loader
+  // would read wrong (per-tensor FP8 as quant_method "fp8"), is refused with the reason.
+  std::optional<ExportFormat> format;
   DType keep_dtype = DType::kBF16;  // embeddings, norms, lm_head and routers
   int64_t max_shard_bytes = int64_t{4} << 30;
   bool dry_run = false;             // plan and report, write nothing

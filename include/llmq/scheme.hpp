@@ -10,12 +10,14 @@
 
 namespace llmq {
 
-// The on-disk format a scheme exports to; both load in vLLM, and the block format in Hugging Face
-// transformers (FineGrainedFP8).
+// The on-disk format a scheme exports to. Both load in vLLM (and SGLang); in Hugging Face
+// transformers the fp8 format loads as FineGrainedFP8, compressed-tensors through the
+// compressed-tensors package (without it transformers refuses it with an ImportError).
 enum class ExportFormat {
-  kVllmFp8,            // quant_method "fp8": per-tensor weight_scale (+ input_scale when static),
-                       // or 128x128 blocks with weight_scale_inv and weight_block_size
-  kCompressedTensors,  // quant_method "compressed-tensors": float-quantized / int-quantized
+  kVllmFp8,            // quant_method "fp8": 128x128 blocks, weight_scale_inv, weight_block_size
+                       // (per-tensor FP8 is not written in it: transformers reads it as blocks)
+  kCompressedTensors,  // quant_method "compressed-tensors": float-quantized / int-quantized,
+                       // tensor or channel weights, token or tensor activations
   kNone,               // evaluation only (formats no engine loads, e.g. hardware scale sets)
 };
 

@@ -1,11 +1,17 @@
 // export_quantized: stream a WeightSource into a quantized Hugging Face directory.
 //
 // Layout written (per quantized linear module M):
-//   vLLM "fp8", per-tensor:  M.weight F8_E4M3 [N, K], M.weight_scale F32 [], M.input_scale F32 []
-//                            (static activations only)
-//   vLLM "fp8", blocks:      M.weight F8_E4M3, M.weight_scale_inv F32 [ceil(N/128), ceil(K/128)]
+//   "fp8" (128x128 blocks):  M.weight F8_E4M3 [N, K], M.weight_scale_inv F32 [N/128, K/128]
 //   compressed-tensors:      M.weight F8_E4M3 or I8, M.weight_scale F32 [N, 1] (channel) or [1]
 //                            (tensor), M.input_scale F32 [1] (static activations only)
+// Only what every loader reads the same way is written (tests/test_loader_semantics.cpp reads each
+// format back by each engine's rules):
+// - Per-tensor FP8 is never written as quant_method "fp8": vLLM reads a scalar weight_scale there,
+//   but transformers (FineGrainedFP8) takes every "fp8" checkpoint for 128x128 blocks and loads
+//   such a model wrong without an error. compressed-tensors says "tensor" in so many words.
+// - Blocks only for weights whose dimensions are multiples of 128: at a partial edge block vLLM and
+//   DeepSeek use 128-row blocks and a shorter last one, while transformers' dequantizing loader
+//   derives the block from the scale grid (172 rows in 2 scale rows: blocks of 86) or refuses.
 // Everything else (embeddings, norms, lm_head, routers) is kept in options.keep_dtype (BF16).
 // The directory is written as <out>.tmp-<pid> and renamed into place at the end.
 #include "llmq/export.hpp"
@@ -48,14 +54,20 @@ Status check_scheme_format(const Scheme& scheme) {
         return unsupported("--scheme " + scheme.name + ": the vLLM fp8 format stores e4m3 only");
       if (wg == Granularity::kPerBlock && (scheme.weight.block_rows != 128 || scheme.weight.block_cols != 128))
         return unsupported("--scheme " + scheme.name + ": vLLM fp8 blocks are 128x128");
-      if (wg != Granularity::kPerTensor && wg != Granularity::kPerBlock)
-        return unsupported("--scheme " + scheme.name + ": vLLM fp8 has per-tensor or 128x128 block weights");
-      if (is_block(scheme.weight) && act_static)
+      if (wg == Granularity::kPerTensor)
+        return unsupported("--format fp8: --scheme " + scheme.name +
+                           " has per-tensor weights; transformers reads every quant_method 'fp8' checkpoint as "
+                           "128x128 blocks and would load it wrong without a word. llmq writes per-tensor FP8 as "
+                           "compressed-tensors (--format compressed-tensors), which vLLM loads");
+      if (wg != Granularity::kPerBlock)
+        return unsupported("--format fp8: --scheme " + scheme.name + ": the fp8 format holds 128x128 block weights");
+      if (act_static)
         return unsupported("--scheme " + scheme.name + ": block fp8 takes dynamic activations");
       return {};
     case ExportFormat::kCompressedTensors:
       if (wg != Granularity::kPerTensor && wg != Granularity::kPerChannel)
-        return unsupported("--scheme " + scheme.name + ": llmq writes compressed-tensors with tensor or channel weights");
+        return unsupported("--format compressed-tensors: --scheme " + scheme.name +
+                           ": llmq writes compressed-tensors with tensor or channel weights (blocks: --format fp8)");
       if (scheme.weight.format != DType::kE4M3 && scheme.weight.format != DType::kI8)
         return unsupported("--scheme " + scheme.name + ": compressed-tensors 8-bit is e4m3 or int8");
       if (scheme.quantize_activations && scheme.activation.source == ScaleSource::kDynamic &&
@@ -159,8 +171,10 @@ Status write_text(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-Status export_quantized(const WeightSource& source, const Scheme& scheme, const CalibrationStats* stats,
+Status export_quantized(const WeightSource& source, const Scheme& scheme_in, const CalibrationStats* stats,
                         const std::string& out_dir, const ExportOptions& options, ExportSummary* summary) {
+  Scheme scheme = scheme_in;
+  if (options.format) scheme.export_format = *options.format;
   if (!options.unquantized) LLMQ_RETURN_IF_ERROR(check_scheme_format(scheme));
   if (!options.unquantized && scheme.needs_statistics() && stats == nullptr)
     return invalid_argument("--stats: scheme " + scheme.name + " needs calibration statistics; run llmq calibrate");
@@ -220,7 +234,6 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme, const 
 
   QuantizeCache cache(source, scheme, smooth_of);
   const DType wdtype = scheme.weight.format;
-  const bool vllm = scheme.export_format == ExportFormat::kVllmFp8;
   const bool act_static = scheme.quantize_activations && scheme.activation.source == ScaleSource::kStatic;
   std::vector<SafetensorsWriteEntry> entries;
   ExportSummary sum;
@@ -233,6 +246,14 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme, const 
     if (is_weight && mod != modules.end() && mod->second.quantized) {
       if (shape.size() != 2) return invalid_argument(source.directory() + ": " + name + " is not a matrix");
       const int64_t n = shape[0], k = shape[1];
+      if (is_block(scheme.weight) && (n % scheme.weight.block_rows != 0 || k % scheme.weight.block_cols != 0))
+        return invalid_argument(
+            "--scheme " + scheme.name + ": " + name + " is [" + std::to_string(n) + ", " + std::to_string(k) +
+            "], not a whole number of " + std::to_string(scheme.weight.block_rows) + "x" +
+            std::to_string(scheme.weight.block_cols) +
+            " blocks; engines disagree on partial edge blocks (vLLM and DeepSeek: full blocks and a shorter "
+            "last one; transformers: the block derived from the scale grid), so llmq does not write them. "
+            "Use a per-channel scheme (fp8-dynamic) for this model");
       ++sum.quantized_linears;
       entries.push_back({name, wdtype, shape, [&cache, module](uint8_t* dst) -> Status {
                            const QuantizedTensor* q = nullptr;
@@ -244,11 +265,11 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme, const 
       std::string scale_name = module + ".weight_scale";
       if (is_block(scheme.weight)) {
         scale_name = module + ".weight_scale_inv";  // vLLM/DeepSeek name; the value multiplies
-        scale_shape = {(n + 127) / 128, (k + 127) / 128};
+        scale_shape = {n / scheme.weight.block_rows, k / scheme.weight.block_cols};
       } else if (scheme.weight.granularity == Granularity::kPerChannel) {
         scale_shape = {n, 1};
       } else {
-        scale_shape = vllm ? std::vector<int64_t>{} : std::vector<int64_t>{1};
+        scale_shape = {1};
       }
       entries.push_back({scale_name, DType::kF32, scale_shape, [&cache, module](uint8_t* dst) -> Status {
                            const QuantizedTensor* q = nullptr;
@@ -267,8 +288,7 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme, const 
           LLMQ_RETURN_IF_ERROR(static_activation_scale(*st, sm == smooth_of.end() ? nullptr : &sm->second,
                                                        scheme.activation, &s));
         }
-        entries.push_back({module + ".input_scale", DType::kF32,
-                           vllm ? std::vector<int64_t>{} : std::vector<int64_t>{1}, [s](uint8_t* dst) -> Status {
+        entries.push_back({module + ".input_scale", DType::kF32, std::vector<int64_t>{1}, [s](uint8_t* dst) -> Status {
                              std::memcpy(dst, &s, 4);
                              return {};
                            }});

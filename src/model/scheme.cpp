@@ -27,19 +27,19 @@ std::vector<Scheme> build_schemes() {
     QuantSpec act = unit;
     act.source = ScaleSource::kStatic;
     Scheme s{"fp8-unit", "FP8 unit scale (s = 1) for weights and activations", unit, true, act};
-    s.export_format = ExportFormat::kVllmFp8;
+    s.export_format = ExportFormat::kCompressedTensors;
     v.push_back(s);
   }
   {
     Scheme s{"fp8-tensor-static", "FP8 per-tensor static (calibrated) activations x per-tensor weights",
              QuantSpec::per_tensor(e4m3), true, static_tensor(e4m3)};
-    s.export_format = ExportFormat::kVllmFp8;
+    s.export_format = ExportFormat::kCompressedTensors;
     v.push_back(s);
   }
   {
     Scheme s{"fp8-tensor-dynamic", "FP8 per-tensor dynamic activations x per-tensor weights",
              QuantSpec::per_tensor(e4m3), true, QuantSpec::per_tensor(e4m3)};
-    s.export_format = ExportFormat::kVllmFp8;
+    s.export_format = ExportFormat::kCompressedTensors;
     v.push_back(s);
   }
   {
@@ -68,7 +68,7 @@ std::vector<Scheme> build_schemes() {
     QuantSpec a = static_tensor(e4m3);
     a.scale_rounding = ScaleRounding::kPowerOfTwo;
     Scheme s{"fp8-pow2", "FP8 per-tensor static, power-of-two scales for both (eq. 14)", w, true, a};
-    s.export_format = ExportFormat::kVllmFp8;
+    s.export_format = ExportFormat::kCompressedTensors;
     v.push_back(s);
   }
   {
@@ -81,7 +81,7 @@ std::vector<Scheme> build_schemes() {
     a.scale_rounding = ScaleRounding::kHardwareSet;
     a.hardware_scales = gaudi2;
     Scheme s{"fp8-hwset", "FP8 per-tensor static, Gaudi 2 hardware scales {2^-8,2^-4,1,16}; MSE weights", w, true, a};
-    s.export_format = ExportFormat::kVllmFp8;
+    s.export_format = ExportFormat::kCompressedTensors;
     v.push_back(s);
   }
   {

@@ -16,6 +16,7 @@ struct QuantizeArgs {
   std::string stats;
   std::string out;
   std::string keep_dtype = "bf16";
+  std::string format = "auto";
   bool quantize_lm_head = false;
   bool dry_run = false;
   bool force = false;
@@ -34,6 +35,10 @@ int run(const QuantizeArgs& a) {
   if (!a.stats.empty())
     if (Status st = CalibrationStats::load(a.stats, &stats); !st.ok()) return fail(st);
   ExportOptions options;
+  if (a.format == "fp8" || a.format == "vllm-fp8") options.format = ExportFormat::kVllmFp8;
+  else if (a.format == "compressed-tensors") options.format = ExportFormat::kCompressedTensors;
+  else if (a.format != "auto")
+    return fail(invalid_argument("--format: unknown format '" + a.format + "' (auto, compressed-tensors or fp8)"));
   options.dry_run = a.dry_run;
   options.unquantized = unquantized;
   options.overwrite = a.force;
@@ -63,7 +68,8 @@ int run(const QuantizeArgs& a) {
       !st.ok())
     return fail(st);
   std::printf("%s %s: scheme %s (%s), %lld tensors, %lld quantized linear layers, %.2f MB in %lld shard(s)\n",
-              a.dry_run ? "would write" : "wrote", a.out.c_str(), scheme.name.c_str(), export_format_name(scheme.export_format),
+              a.dry_run ? "would write" : "wrote", a.out.c_str(), scheme.name.c_str(),
+              export_format_name(options.format ? *options.format : scheme.export_format),
               static_cast<long long>(summary.tensors), static_cast<long long>(summary.quantized_linears),
               static_cast<double>(summary.bytes) / 1e6, static_cast<long long>(summary.shards));
   if (!unquantized) std::printf("quantization_config: %s\n", summary.quantization_config.c_str());
@@ -80,6 +86,14 @@ void add_quantize_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--stats", args->stats, "calibration statistics (static schemes, SmoothQuant)");
   cmd->add_option("-o,--out", args->out, "output directory (written to a temporary one, then renamed)")->required();
   cmd->add_option("--keep-dtype", args->keep_dtype, "dtype of tensors not quantized: bf16, f16 or f32");
+  cmd->add_option("--format", args->format,
+                  "auto (the scheme's own), compressed-tensors or fp8. Who loads what:\n"
+                  "compressed-tensors (every scheme but fp8-block: per-tensor / per-channel weights, per-token /\n"
+                  "  per-tensor activations): vLLM, SGLang; transformers with the compressed-tensors package\n"
+                  "  (without it transformers refuses to load it: ImportError).\n"
+                  "fp8 (fp8-block: 128x128 weight blocks, weight_scale_inv): vLLM, SGLang, transformers\n"
+                  "  (FineGrainedFP8). Per-tensor weights are refused in it (transformers would read them as\n"
+                  "  blocks), as are weights not a whole number of 128x128 blocks (engines disagree on edges).");
   cmd->add_flag("--quantize-lm-head", args->quantize_lm_head, "quantize lm_head too (kept by default)");
   cmd->add_flag("--dry-run", args->dry_run, "plan and report; write nothing");
   cmd->add_flag("--force", args->force, "replace an existing output directory (never the input)");
