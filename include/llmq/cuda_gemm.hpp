@@ -56,6 +56,9 @@ struct CudaGemmInput {
   GemmScaleMode scale_mode = GemmScaleMode::kTensor;
   ScaleLayout scale_layout = ScaleLayout::kRowMajor;
   const float* scales = nullptr;  // FP8 only (BF16 operands take none)
+  // One matrix read by every batch entry (a batch stride of 0): the dense MoE path, where every
+  // expert multiplies the same activations. batch_stride is then ignored.
+  bool shared_across_batch = false;
 };
 
 struct CudaGemmProblem {

@@ -37,6 +37,7 @@ int64_t element_bytes(DType d) { return dtype_storage_bytes(d, 1); }
 std::string operand_text(const CudaGemmInput& x) {
   std::string t = dtype_name(x.dtype);
   if (is_fp8(x.dtype)) t += std::string("/") + gemm_scale_mode_name(x.scale_mode);
+  if (x.shared_across_batch) t += "/shared";
   return t;
 }
 
@@ -52,7 +53,7 @@ Status check_input(const CudaGemmInput& x, const char* name, int64_t rows, int64
     return invalid_argument(who + ".row_stride: " + std::to_string(ld) + " elements of " +
                             dtype_name(x.dtype) + " is not a multiple of 16 bytes (cuBLASLt " +
                             "needs 16-byte aligned rows)");
-  if (batch > 1) {
+  if (batch > 1 && !x.shared_across_batch) {
     const int64_t bs = x.batch_stride == 0 ? rows * ld : x.batch_stride;
     if (bs < 0 || (bs * eb) % kAlignBytes != 0)
       return invalid_argument(who + ".batch_stride " + std::to_string(bs) +

@@ -80,8 +80,8 @@ Resolved resolve(const CudaGemmProblem& p) {
   r.lda = p.a.row_stride == 0 ? p.k : p.a.row_stride;
   r.ldb = p.b.row_stride == 0 ? p.k : p.b.row_stride;
   r.ldd = p.d_row_stride == 0 ? p.n : p.d_row_stride;
-  r.a_bs = p.a.batch_stride == 0 ? p.m * r.lda : p.a.batch_stride;
-  r.b_bs = p.b.batch_stride == 0 ? p.n * r.ldb : p.b.batch_stride;
+  r.a_bs = p.a.shared_across_batch ? 0 : p.a.batch_stride == 0 ? p.m * r.lda : p.a.batch_stride;
+  r.b_bs = p.b.shared_across_batch ? 0 : p.b.batch_stride == 0 ? p.n * r.ldb : p.b.batch_stride;
   r.d_bs = p.d_batch_stride == 0 ? p.m * r.ldd : p.d_batch_stride;
   const int64_t ea = dtype_storage_bytes(p.a.dtype, 1), eb = dtype_storage_bytes(p.b.dtype, 1);
   const int64_t ed = dtype_storage_bytes(p.d_dtype, 1);
