@@ -1,0 +1,159 @@
+// The dense MoE path against its per-expert forms, in one run: every token through every expert
+// (the FP8 MoE note's dense compute), Mixtral-8x7B's first expert GEMM (8 experts, 4096 -> 14336)
+// by default. Variants:
+//   fp8 per-expert  one cuBLASLt FP8 GEMM per expert, per-token x per-channel scales in the epilogue
+//   fp8 dense       ONE strided-batched FP8 GEMM (activations shared, unit scales, BF16 out) +
+//                   cuda_moe_post_scale in place
+//   bf16 per-expert one cuBLASLt BF16 GEMM per expert (the peer)
+// Usage: bench_cuda_moe [--experts E --k K --n N --tokens 1,16,... --json FILE]
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "cuda_bench_support.cuh"
+#include "llmq/cuda_gemm.hpp"
+#include "llmq/cuda_moe.hpp"
+
+using namespace llmq;
+using namespace llmq::bench;
+
+namespace {
+
+void check(const Status& st, const char* what) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, st.to_string().c_str());
+    std::exit(2);
+  }
+}
+
+// Median microseconds of `runs` timed calls of f, after warm-up, the GPU held by a spin kernel
+// while they are queued.
+template <typename F> double time_us(F&& f, int runs = 20) {
+  for (int i = 0; i < 3; ++i) f();
+  BENCH_CUDA(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(static_cast<size_t>(runs) + 1);
+  for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
+  spin<<<1, 1>>>(2'000'000);
+  BENCH_CUDA(cudaEventRecord(ev[0]));
+  for (int i = 0; i < runs; ++i) {
+    f();
+    BENCH_CUDA(cudaEventRecord(ev[static_cast<size_t>(i) + 1]));
+  }
+  BENCH_CUDA(cudaDeviceSynchronize());
+  std::vector<float> ms(static_cast<size_t>(runs));
+  for (int i = 0; i < runs; ++i) BENCH_CUDA(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], ev[i], ev[i + 1]));
+  for (auto& e : ev) BENCH_CUDA(cudaEventDestroy(e));
+  return median(ms) * 1e3;
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoll(item));
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t experts = 8, k = 4096, n = 14336;
+  std::vector<int64_t> tokens_list = {1, 16, 64, 512, 4096};
+  std::string json_path;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--experts") experts = std::stoll(v);
+    else if (a == "--k") k = std::stoll(v);
+    else if (a == "--n") n = std::stoll(v);
+    else if (a == "--tokens") tokens_list = parse_list(v);
+    else if (a == "--json") json_path = v;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const int64_t max_t = *std::max_element(tokens_list.begin(), tokens_list.end());
+  DeviceMem w8(static_cast<size_t>(experts * n * k)), w16(static_cast<size_t>(experts * n * k * 2));
+  DeviceMem x8(static_cast<size_t>(max_t * k)), x16(static_cast<size_t>(max_t * k * 2));
+  DeviceMem xs(static_cast<size_t>(max_t * 4)), ws(static_cast<size_t>(experts * n * 4)), ones(static_cast<size_t>(experts * 4));
+  DeviceMem y(static_cast<size_t>(experts * max_t * n * 2));
+  fill_e4m3<<<grid_for(experts * n * k), 256>>>(w8.as<uint8_t>(), experts * n * k, 1);
+  fill_bf16<<<grid_for(experts * n * k), 256>>>(w16.as<__nv_bfloat16>(), experts * n * k, 2);
+  fill_e4m3<<<grid_for(max_t * k), 256>>>(x8.as<uint8_t>(), max_t * k, 3);
+  fill_bf16<<<grid_for(max_t * k), 256>>>(x16.as<__nv_bfloat16>(), max_t * k, 4);
+  fill_scales<<<grid_for(max_t), 256>>>(xs.as<float>(), max_t, 5);
+  fill_scales<<<grid_for(experts * n), 256>>>(ws.as<float>(), experts * n, 6);
+  BENCH_CUDA(cudaDeviceSynchronize());
+
+  std::unique_ptr<CudaGemmRunner> runner;
+  check(CudaGemmRunner::create(0, &runner), "CudaGemmRunner::create");
+  DeviceMem workspace(static_cast<size_t>(kCublasLtWorkspaceBytes + (16 << 20)));
+  const int64_t ws_bytes = kCublasLtWorkspaceBytes + (16 << 20);
+
+  std::ofstream json;
+  if (!json_path.empty()) json.open(json_path);
+  std::printf("%s: %lld experts, K %lld, N %lld (every token through every expert)\n", prop.name,
+              static_cast<long long>(experts), static_cast<long long>(k), static_cast<long long>(n));
+  std::printf("%7s | %14s | %14s | %14s | %8s | %8s\n", "tokens", "fp8 per-expert", "fp8 dense", "bf16 per-expert",
+              "dense/pe", "dense/bf16");
+  for (const int64_t t : tokens_list) {
+    auto per_expert = [&](bool fp8) {
+      for (int64_t e = 0; e < experts; ++e) {
+        CudaGemmProblem p;
+        p.m = t;
+        p.n = n;
+        p.k = k;
+        if (fp8) {
+          p.a = {x8.p, DType::kE4M3, 0, 0, GemmScaleMode::kOuterVector, ScaleLayout::kRowMajor, xs.as<float>()};
+          p.b = {w8.as<uint8_t>() + e * n * k, DType::kE4M3, 0, 0, GemmScaleMode::kOuterVector, ScaleLayout::kRowMajor,
+                 ws.as<float>() + e * n};
+        } else {
+          p.a = {x16.p, DType::kBF16};
+          p.b = {w16.as<__nv_bfloat16>() + e * n * k, DType::kBF16};
+        }
+        p.d = y.as<__nv_bfloat16>() + e * t * n;
+        check(runner->run(p, workspace.p, ws_bytes, nullptr), "per-expert gemm");
+      }
+    };
+    auto dense = [&]() {
+      CudaGemmProblem p;
+      p.m = t;
+      p.n = n;
+      p.k = k;
+      p.batch = experts;
+      p.a = {x8.p, DType::kE4M3};
+      p.a.shared_across_batch = true;
+      p.b = {w8.p, DType::kE4M3};
+      p.d = y.p;
+      check(runner->run(p, workspace.p, ws_bytes, nullptr), "dense gemm");
+      MoePostScale ps;
+      ps.experts = experts;
+      ps.tokens = t;
+      ps.n_cols = n;
+      ps.y = y.p;
+      ps.y_dtype = DType::kBF16;
+      ps.token_scales = xs.as<float>();
+      ps.expert_scales = ws.as<float>();
+      ps.per_channel = true;
+      ps.out = y.p;
+      check(cuda_moe_post_scale(ps, nullptr), "post scale");
+    };
+    const double pe8 = time_us([&] { per_expert(true); });
+    const double d8 = time_us(dense);
+    const double pe16 = time_us([&] { per_expert(false); });
+    std::printf("%7lld | %11.1f us | %11.1f us | %12.1f us | %7.2fx | %7.2fx\n", static_cast<long long>(t), pe8, d8,
+                pe16, pe8 / d8, pe16 / d8);
+    if (json.is_open())
+      json << nlohmann::json{{"bench", "moe_dense"}, {"device", prop.name}, {"experts", experts}, {"k", k},
+                             {"n", n}, {"tokens", t}, {"fp8_per_expert_us", pe8}, {"fp8_dense_us", d8},
+                             {"bf16_per_expert_us", pe16},
+                             {"commit", std::getenv("LLMQ_COMMIT") ? std::getenv("LLMQ_COMMIT") : "unknown"}}
+                  .dump()
+           << "\n";
+  }
+  return 0;
+}
