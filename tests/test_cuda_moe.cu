@@ -72,18 +72,31 @@ double reference(const MoeOperands& o, int64_t e, int64_t t, int64_t j, double* 
   return acc * s;
 }
 
+// The operands in device memory (ok() is false when an allocation or a copy failed).
+struct DeviceOperands {
+  DeviceBuffer<uint8_t> x, w;
+  DeviceBuffer<float> xs, ws;
+  bool uploaded;
+  explicit DeviceOperands(const MoeOperands& o)
+      : x(o.x_codes.size()), w(o.w_codes.size()), xs(o.x_scales.size()), ws(o.w_scales.size()),
+        uploaded(x.ok() && w.ok() && xs.ok() && ws.ok() && x.upload(o.x_codes) == cudaSuccess &&
+                 w.upload(o.w_codes) == cudaSuccess && xs.upload(o.x_scales) == cudaSuccess &&
+                 ws.upload(o.w_scales) == cudaSuccess) {}
+  bool ok() const { return uploaded; }
+};
+
 // Runs the dense path: batched GEMM into `y_dtype`, then the post-scale into BF16.
 void run_dense_path(const MoeOperands& o, DType y_dtype, std::vector<uint16_t>* out) {
   const int64_t e = o.experts, t = o.tokens, k = o.k, n = o.n;
-  DeviceBuffer<uint8_t> x(o.x_codes.size()), w(o.w_codes.size());
-  DeviceBuffer<float> xs(o.x_scales.size()), ws(o.w_scales.size());
+  DeviceOperands d(o);
+  ASSERT_TRUE(d.ok());
+  DeviceBuffer<uint8_t>& x = d.x;
+  DeviceBuffer<uint8_t>& w = d.w;
+  DeviceBuffer<float>& xs = d.xs;
+  DeviceBuffer<float>& ws = d.ws;
   DeviceBuffer<float> y32(static_cast<size_t>(e * t * n));
   DeviceBuffer<uint16_t> y16(static_cast<size_t>(e * t * n)), res(static_cast<size_t>(e * t * n));
-  ASSERT_TRUE(x.ok() && w.ok() && xs.ok() && ws.ok() && y32.ok() && y16.ok() && res.ok());
-  CUDA_ASSERT(x.upload(o.x_codes));
-  CUDA_ASSERT(w.upload(o.w_codes));
-  CUDA_ASSERT(xs.upload(o.x_scales));
-  CUDA_ASSERT(ws.upload(o.w_scales));
+  ASSERT_TRUE(y32.ok() && y16.ok() && res.ok());
   CUDA_ASSERT(res.fill_bytes(0xFF));  // poisoned: BF16 NaN wherever the pass does not write
 
   std::unique_ptr<CudaGemmRunner> runner;
@@ -125,14 +138,14 @@ void run_dense_path(const MoeOperands& o, DType y_dtype, std::vector<uint16_t>* 
 // cannot do, and what the post-scale must equal.
 void run_per_expert_in_epilogue(const MoeOperands& o, std::vector<uint16_t>* out) {
   const int64_t e = o.experts, t = o.tokens, k = o.k, n = o.n;
-  DeviceBuffer<uint8_t> x(o.x_codes.size()), w(o.w_codes.size());
-  DeviceBuffer<float> xs(o.x_scales.size()), ws(o.w_scales.size());
+  DeviceOperands d(o);
+  ASSERT_TRUE(d.ok());
+  DeviceBuffer<uint8_t>& x = d.x;
+  DeviceBuffer<uint8_t>& w = d.w;
+  DeviceBuffer<float>& xs = d.xs;
+  DeviceBuffer<float>& ws = d.ws;
   DeviceBuffer<uint16_t> res(static_cast<size_t>(e * t * n));
-  ASSERT_TRUE(x.ok() && w.ok() && xs.ok() && ws.ok() && res.ok());
-  CUDA_ASSERT(x.upload(o.x_codes));
-  CUDA_ASSERT(w.upload(o.w_codes));
-  CUDA_ASSERT(xs.upload(o.x_scales));
-  CUDA_ASSERT(ws.upload(o.w_scales));
+  ASSERT_TRUE(res.ok());
   std::unique_ptr<CudaGemmRunner> runner;
   ASSERT_TRUE(CudaGemmRunner::create(0, &runner).ok());
   for (int64_t i = 0; i < e; ++i) {
