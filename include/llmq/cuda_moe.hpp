@@ -34,3 +34,98 @@ struct MoePostScale {
 Status cuda_moe_post_scale(const MoePostScale& p, CudaStream stream);
 
 }  // namespace llmq
+
+// ---------------------------------------------------------------------------------------------
+// The sparse top-k path: only the rows routed to an expert meet its weights. Every step runs on
+// the device with no host sync (CUDA-graph capturable); an expert nobody routed to costs nothing.
+//   route:   router logits -> top-k experts and renormalised weights per token, the per-expert row
+//            ranges of the permuted (expert-major) order, and the permutation both ways
+//   gather:  token rows (8-bit codes + scales) -> permuted rows, for the wgmma grouped GEMM
+//   grouped GEMM (twice, SwiGLU + per-row quantize between them): permuted rows x their expert
+//   combine: out[t] = sum_s weight[t, s] * y[row of (t, s)], the un-permute
+
+namespace llmq {
+
+// Mixtral routing, as the CPU reference (transformer.cpp): softmax over all experts, the top_k
+// largest (ties to the lower expert id), their probabilities renormalised to sum to 1, listed in
+// ascending expert id. Slot t * top_k + s is token t's s-th expert. The permuted order lists the
+// slots of expert 0, then expert 1, ..., each in ascending slot order (deterministic).
+struct MoeRouteArgs {
+  int64_t tokens = 0;
+  int64_t experts = 0;  // 1 .. 1024
+  int64_t top_k = 0;    // 1 .. min(experts, 16)
+  const float* logits = nullptr;   // [tokens, experts] f32 (the router GEMM's output)
+  int64_t logits_stride = 0;       // elements between rows; 0 means experts
+  int32_t* topk_ids = nullptr;     // [tokens, top_k]
+  float* topk_weights = nullptr;   // [tokens, top_k]
+  int32_t* expert_offsets = nullptr;  // [experts + 1]: expert e owns permuted rows [off[e], off[e+1])
+  int32_t* sorted_slots = nullptr;    // [tokens * top_k]: the slot at each permuted row
+  int32_t* slot_rows = nullptr;       // [tokens * top_k]: the permuted row of each slot
+};
+Status cuda_moe_route(const MoeRouteArgs& args, CudaStream stream);
+
+// dst_codes[p] = src_codes[sorted_slots[p] / top_k] (rows of `k` bytes), dst_scales likewise.
+struct MoeGatherArgs {
+  int64_t rows = 0;  // tokens * top_k
+  int64_t top_k = 0;
+  int64_t k = 0;     // bytes per row, a multiple of 16
+  const void* src_codes = nullptr;
+  const float* src_scales = nullptr;
+  const int32_t* sorted_slots = nullptr;
+  void* dst_codes = nullptr;
+  float* dst_scales = nullptr;
+};
+Status cuda_moe_gather(const MoeGatherArgs& args, CudaStream stream);
+
+// out[t, :] = sum over s (ascending) of topk_weights[t, s] * y[slot_rows[t * top_k + s], :], summed
+// in f32, stored BF16. y is BF16 [tokens * top_k, n] (the second grouped GEMM's output).
+struct MoeCombineArgs {
+  int64_t tokens = 0;
+  int64_t top_k = 0;
+  int64_t n = 0;
+  const uint16_t* y = nullptr;
+  const float* topk_weights = nullptr;
+  const int32_t* slot_rows = nullptr;
+  uint16_t* out = nullptr;  // BF16 [tokens, n]
+};
+Status cuda_moe_combine(const MoeCombineArgs& args, CudaStream stream);
+
+// The grouped GEMM over experts: for expert e and its permuted rows p in [off[e], off[e+1]),
+//   d[p, j] = bf16( acc * (a_scale[r] * w_scale[e * n + j]) ),  acc = sum_k A[r, k] * W[e, j, k],
+// with r = a_rows[p] when a_rows is given (rows read in place: the decode kernel) or r = p.
+// W: E4M3 [experts, n, k] (nn.Linear layout per expert), per-channel scales (a per-tensor scale
+// is expanded by the caller). A: E4M3 with per-row scales (W8A8), or BF16 with a_scale null (W8A16,
+// decode kernel only).
+enum class MoeGemmKernel {
+  kAuto,    // decode when max_rows_per_expert <= kMoeDecodeMaxRows, else wgmma (sm_90) or decode
+  kDecode,  // the decode GEMM's streaming kernel, one grid slice per (expert, 16-row chunk):
+            // CTAs of empty experts and chunks exit before reading a byte
+  kWgmma,   // persistent TMA + wgmma kernel over 128 x 128 tiles of every expert (sm_90a); FP32
+            // accumulators promoted every 128 K (no FP8 fast-accumulation drift); a_rows unsupported
+};
+inline constexpr int64_t kMoeDecodeMaxRows = 64;
+
+struct MoeGroupedGemm {
+  int64_t rows = 0;     // permuted rows (tokens * top_k): the extent of d and, without a_rows, of A
+  int64_t experts = 0;
+  int64_t n = 0;
+  int64_t k = 0;        // a multiple of 16
+  // An upper bound on any expert's rows (the token count: a token meets an expert at most once);
+  // sizes the decode kernel's grid and picks the kernel.
+  int64_t max_rows_per_expert = 0;
+  const int32_t* expert_offsets = nullptr;  // device [experts + 1] (cuda_moe_route's)
+  const void* a = nullptr;
+  DType a_dtype = DType::kE4M3;    // kE4M3 or kBF16 (decode kernel)
+  const int32_t* a_rows = nullptr; // [rows] or null
+  int64_t a_rows_count = 0;        // rows of A when a_rows is given
+  const float* a_scale = nullptr;  // [rows of A]; null for BF16 A
+  const void* w = nullptr;         // E4M3 [experts, n, k]
+  const float* w_scale = nullptr;  // [experts, n]
+  uint16_t* d = nullptr;           // BF16 [rows, n]
+};
+Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemmKernel kernel = MoeGemmKernel::kAuto);
+// The kernel kAuto picks for g on the current device (for reports).
+MoeGemmKernel cuda_moe_grouped_gemm_kernel(const MoeGroupedGemm& g);
+const char* moe_gemm_kernel_name(MoeGemmKernel kernel);  // "auto", "decode", "wgmma"
+
+}  // namespace llmq

@@ -55,6 +55,7 @@
 #include "cuda/pdl.cuh"
 #include "llmq/cuda_decode_gemm.hpp"
 #include "llmq/gemm.hpp"
+#include "moe/moe_decode_gemm.hpp"
 
 namespace llmq {
 namespace decode_gemm {
@@ -86,6 +87,13 @@ struct Params {
   int a_scale_step;  // 0: one scale for the tensor, 1: one per row
   int w_scale_step;
   int split_k;
+  // Grouped mode (MoE experts, src/moe/moe_decode_gemm.hpp); group_offsets null otherwise. Grid
+  // slice z = expert * group_chunks + chunk covers rows [off[e] + 16 chunk, +16) of the expert.
+  const int32_t* group_offsets;
+  const int32_t* group_rows;      // A row of each permuted row, or null (A is permuted already)
+  int64_t w_group_stride;         // bytes between experts' weights
+  int64_t w_scale_group_stride;   // floats between experts' scales
+  int group_chunks;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -202,6 +210,31 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
   const int rank = static_cast<int>(blockIdx.y);  // K range within the cluster
+  // Grouped mode: which expert and rows this CTA serves, read before anything else (the offsets
+  // come from the routing kernel, hence the programmatic-launch wait first). A CTA whose chunk is
+  // empty leaves at once: unrouted experts' weights are never read. Every CTA of a cluster has the
+  // same z, so a cluster leaves together.
+  const bool grouped = p.group_offsets != nullptr;
+  const uint8_t* w_base = p.w;
+  const float* w_scale = p.w_scale;
+  uint16_t* d_base = p.d;
+  int m_rows = p.m;
+  int64_t group_begin = 0;
+  if (grouped) {
+    llmq::detail::pdl_wait();
+    const int e = static_cast<int>(blockIdx.z) / p.group_chunks, chunk = static_cast<int>(blockIdx.z) % p.group_chunks;
+    group_begin = p.group_offsets[e] + kTileN * chunk;
+    m_rows = min(kTileN, static_cast<int>(p.group_offsets[e + 1] - group_begin));
+    if (m_rows <= 0) return;
+    w_base += e * p.w_group_stride;
+    w_scale += e * p.w_scale_group_stride;
+    d_base += group_begin * p.d_stride;
+  }
+  // The A row (and a_scale index) of output row i.
+  auto a_row = [&](int i) -> int64_t {
+    if (!grouped) return i;
+    return p.group_rows != nullptr ? p.group_rows[group_begin + i] : group_begin + i;
+  };
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTiles * kTileN;
   const int64_t k_begin = min(p.k, static_cast<int64_t>(rank) * p.k_per_split);
   const int64_t k_end = min(p.k, k_begin + p.k_per_split);
@@ -219,12 +252,12 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
     for (int h = 0; h < 2; ++h) {
       const int64_t row = row0 + t * kTileN + g + 8 * h;
       row_ok[t][h] = row < p.n;
-      wrow[t][h] = p.w + (row_ok[t][h] ? row * p.w_stride : 0) + q * 16;
+      wrow[t][h] = w_base + (row_ok[t][h] ? row * p.w_stride : 0) + q * 16;
     }
   // ... and the activations of tokens g (and g + 8), the mma's n8 columns.
-  const bool has0 = g < p.m, has1 = kM16 && g + 8 < p.m;
-  const uint8_t* arow0 = p.a + (has0 ? g : 0) * p.a_stride + q * 16 * kAElt;
-  const uint8_t* arow1 = p.a + (has1 ? g + 8 : 0) * p.a_stride + q * 16 * kAElt;
+  const bool has0 = g < m_rows, has1 = kM16 && g + 8 < m_rows;
+  const uint8_t* arow0 = p.a + (has0 ? a_row(g) : 0) * p.a_stride + q * 16 * kAElt;
+  const uint8_t* arow1 = p.a + (has1 ? a_row(g + 8) : 0) * p.a_stride + q * 16 * kAElt;
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
   // kChains independent accumulators per (tile, token tile), used in turn by consecutive mma, so
@@ -318,11 +351,11 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
   // is still running. The first batch of weights is requested before waiting for it, so their
   // memory latency overlaps that kernel's tail; A (and every write) comes after the wait.
   Batch b;
-  if (batch_start(0) < steps) load_batch_weights(batch_start(0), b);
+  if (!grouped && batch_start(0) < steps) load_batch_weights(batch_start(0), b);
   llmq::detail::pdl_wait();
   llmq::detail::pdl_launch_dependents();
   for (int j = 0; batch_start(j) < steps; ++j) {
-    if (j > 0) load_batch_weights(batch_start(j), b);
+    if (j > 0 || grouped) load_batch_weights(batch_start(j), b);
     load_batch_activations(batch_start(j), b);
     compute_batch(batch_start(j), b);
   }
@@ -331,11 +364,11 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
   // 0 + x turns a -0 product into the +0 the reference's zero-initialised accumulator gives.
   auto store = [&](int m, int64_t n, Acc v) {
     const float x = std::is_same_v<Acc, int32_t> ? __int2float_rn(static_cast<int>(v)) : static_cast<float>(v);
-    float scale = p.w_scale[n * p.w_scale_step];
-    if constexpr (!kABf16) scale = __fmul_rn(p.a_scale[m * p.a_scale_step], scale);
+    float scale = w_scale[n * p.w_scale_step];
+    if constexpr (!kABf16) scale = __fmul_rn(p.a_scale[a_row(m) * p.a_scale_step], scale);
     float y = __fadd_rn(0.0f, __fmul_rn(x, scale));
     if (p.bias != nullptr) y = __fadd_rn(y, p.bias[n]);
-    p.d[m * p.d_stride + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+    d_base[m * p.d_stride + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
   };
   // Accumulator e of the warp's fragments: (tile t, token tile j, lane ln, register c), with
   // c0, c1 = weight row g, tokens 2q, 2q + 1 and c2, c3 = row g + 8.
@@ -361,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
     int m;
     int64_t n;
     coordinates(e, &m, &n);
-    if (m >= p.m || n >= p.n) continue;
+    if (m >= m_rows || n >= p.n) continue;
     Acc v = Acc(0);
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) v += red[w][e];
@@ -381,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
     int m;
     int64_t n;
     coordinates(e, &m, &n);
-    if (m >= p.m || n >= p.n || e % p.split_k != rank) continue;
+    if (m >= m_rows || n >= p.n || e % p.split_k != rank) continue;
     Acc v = Acc(0);
     for (int r = 0; r < p.split_k; ++r) v += *cluster.map_shared_rank(&exch[e], r);
     store(m, n, v);
@@ -624,8 +657,19 @@ Status cuda_decode_gemm_plan(const DecodeGemmProblem& p, const DecodeGemmConfig&
   return {};
 }
 
-Status cuda_decode_gemm(const DecodeGemmProblem& p, CudaStream stream, const DecodeGemmConfig& config) {
-  using namespace decode_gemm;
+namespace decode_gemm {
+
+// What grouped mode adds to a launch (moe::decode_grouped_gemm).
+struct GroupLaunch {
+  const int32_t* offsets = nullptr;
+  const int32_t* rows = nullptr;
+  int64_t w_stride = 0;
+  int64_t w_scale_stride = 0;
+  int experts = 0;
+  int chunks = 0;
+};
+
+Status launch(const DecodeGemmProblem& p, CudaStream stream, const DecodeGemmConfig& config, const GroupLaunch* group) {
   LLMQ_RETURN_IF_ERROR(cuda_decode_gemm_can_implement(p));
   if (p.m == 0 || p.n == 0) return {};
   FullPlan full;
@@ -650,8 +694,17 @@ Status cuda_decode_gemm(const DecodeGemmProblem& p, CudaStream stream, const Dec
   k.a_scale_step = p.a_scale_per_tensor ? 0 : 1;
   k.w_scale_step = p.w_scale_per_tensor ? 0 : 1;
   k.split_k = plan.split_k;
+  unsigned slices = 1;
+  if (group != nullptr) {
+    k.group_offsets = group->offsets;
+    k.group_rows = group->rows;
+    k.w_group_stride = group->w_stride;
+    k.w_scale_group_stride = group->w_scale_stride;
+    k.group_chunks = group->chunks;
+    slices = static_cast<unsigned>(group->experts * group->chunks);
+  }
 
-  // Row CTAs along x (up to 2^31 - 1), the cluster's K ranks along y.
+  // Row CTAs along x (up to 2^31 - 1), the cluster's K ranks along y, expert chunks along z.
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[2];
   attr[0] = llmq::detail::pdl_attribute();  // the kernel waits before it reads A (pdl.cuh)
@@ -659,7 +712,7 @@ Status cuda_decode_gemm(const DecodeGemmProblem& p, CudaStream stream, const Dec
   attr[1].val.clusterDim.x = 1;
   attr[1].val.clusterDim.y = static_cast<unsigned>(plan.split_k);
   attr[1].val.clusterDim.z = 1;
-  cfg.gridDim = dim3(static_cast<unsigned>(plan.row_ctas), static_cast<unsigned>(plan.split_k), 1);
+  cfg.gridDim = dim3(static_cast<unsigned>(plan.row_ctas), static_cast<unsigned>(plan.split_k), slices);
   cfg.blockDim = dim3(static_cast<unsigned>(plan.threads), 1, 1);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
@@ -669,6 +722,42 @@ Status cuda_decode_gemm(const DecodeGemmProblem& p, CudaStream stream, const Dec
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("decode_gemm_kernel");
   return {};
 }
+
+}  // namespace decode_gemm
+
+Status cuda_decode_gemm(const DecodeGemmProblem& p, CudaStream stream, const DecodeGemmConfig& config) {
+  return decode_gemm::launch(p, stream, config, nullptr);
+}
+
+namespace moe {
+
+Status decode_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream) {
+  const int64_t chunks = (g.max_rows_per_expert + kMaxDecodeGemmM - 1) / kMaxDecodeGemmM;
+  if (chunks * g.experts > 65535)
+    return unsupported("max_rows_per_expert: " + std::to_string(g.max_rows_per_expert) + " rows x " +
+                       std::to_string(g.experts) + " experts is past the decode kernel's grid (use the wgmma kernel)");
+  DecodeGemmProblem p;
+  p.m = std::min(g.max_rows_per_expert, kMaxDecodeGemmM);  // picks the kernel variant; rows come from offsets
+  p.n = g.n;
+  p.k = g.k;
+  p.a = g.a;
+  p.a_dtype = g.a_dtype;
+  p.a_scale = g.a_scale;
+  p.w = g.w;
+  p.w_dtype = DType::kE4M3;
+  p.w_scale = g.w_scale;
+  p.d = g.d;
+  decode_gemm::GroupLaunch group;
+  group.offsets = g.expert_offsets;
+  group.rows = g.a_rows;
+  group.w_stride = g.n * g.k;
+  group.w_scale_stride = g.n;
+  group.experts = static_cast<int>(g.experts);
+  group.chunks = static_cast<int>(chunks);
+  return decode_gemm::launch(p, stream, DecodeGemmConfig{}, &group);
+}
+
+}  // namespace moe
 
 std::string describe(const DecodeGemmProblem& p) {
   const bool w8a16 = p.a_dtype == DType::kBF16;

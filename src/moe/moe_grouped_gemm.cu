@@ -1,0 +1,336 @@
+// cuda_moe_grouped_gemm (include/llmq/cuda_moe.hpp): every expert's GEMM over its own permuted rows
+// in one launch, the group sizes read on the device (no host sync, graph capturable).
+//
+// The wgmma kernel follows llmq's INT8 GEMM (src/cuda/int8_gemm_sm90.cu): persistent, warp-
+// specialised, 384 threads; warpgroup 0 produces (one thread issues TMA copies of A [128 x 128]
+// and W [128 x 128] E4M3 tiles, 128-byte swizzled, into a 6-stage ring), warpgroups 1 and 2 consume
+// (each 64 rows of the 128 x 128 tile, 4 wgmma m64n128k32 per K block). What is new:
+//   * Tiles over variable groups. Each CTA reads expert_offsets once and builds in shared memory
+//     the first tile of every expert: expert e has ceil(rows_e / 128) M-blocks x ceil(n / 128)
+//     N-blocks. Tile t belongs to the last expert whose first tile is <= t (a binary search);
+//     within an expert the M-blocks of one N-block are consecutive, so the CTAs running together
+//     share the expert's weight panel in L2 (weights are the large operand at MoE sizes). Rows of
+//     a tile past the expert's end belong to the next expert: computed, never stored. An expert
+//     with no rows has no tiles.
+//   * FP8 accumulation promoted to FP32 every K block: the tensor core's FP8 accumulator keeps
+//     fewer bits than FP32 (DeepSeek-V3's report; cuBLASLt without FAST_ACCUM promotes too), so
+//     each 128-wide K block is accumulated fresh in `part` and added to `acc` in FP32.
+//   * Epilogue: acc * (a_scale[row] * w_scale[e, col]) rounded once to BF16, the CPU reference's
+//     operation order.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "cuda/cuda_check.cuh"
+#include "cuda/sm90_tma.cuh"
+#include "llmq/cuda_moe.hpp"
+#include "moe/moe_decode_gemm.hpp"
+#include "moe/sm90_wgmma_e4m3.cuh"
+
+namespace llmq {
+namespace moe {
+
+using int8_gemm::fence_barrier_init;
+using int8_gemm::make_smem_desc_k_sw128;
+using int8_gemm::mbarrier_arrive;
+using int8_gemm::mbarrier_arrive_expect_tx;
+using int8_gemm::mbarrier_init;
+using int8_gemm::mbarrier_wait;
+using int8_gemm::prefetch_tensor_map;
+using int8_gemm::smem_u32;
+using int8_gemm::tma_load_2d;
+using int8_gemm::wgmma_commit_group;
+using int8_gemm::wgmma_fence;
+using int8_gemm::wgmma_wait_group;
+
+constexpr int kBlockM = 128;
+constexpr int kBlockN = 128;
+constexpr int kBlockK = 128;  // one 128-byte swizzle row of E4M3
+constexpr int kThreads = 384;
+constexpr int kStages = 6;
+constexpr uint32_t kABytes = kBlockM * kBlockK;
+constexpr uint32_t kBBytes = kBlockN * kBlockK;
+constexpr uint32_t kStageBytes = kABytes + kBBytes;
+constexpr int kMaxExperts = 1024;
+
+// Ring, barriers, the expert table (offsets and first tiles, [experts + 1] each) and the 1024
+// bytes lost to aligning the base.
+size_t smem_bytes(int64_t experts) {
+  return kStages * kStageBytes + 2 * kStages * 8 + 2 * sizeof(int32_t) * (experts + 1) + 1024;
+}
+
+struct GroupedParams {
+  const int32_t* expert_offsets;
+  const float* a_scale;
+  const float* w_scale;
+  uint16_t* d;
+  int experts;
+  int n;
+  int k;
+  int n_blocks;
+};
+
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a,
+                                 const __grid_constant__ CUtensorMap tmap_w, GroupedParams p) {
+#if LLMQ_INT8_GEMM_SM90A
+  constexpr int kConsumerWarps = 8;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t barriers = base + kStages * kStageBytes;
+  auto full_bar = [&](int s) { return barriers + 8u * static_cast<uint32_t>(s); };
+  auto empty_bar = [&](int s) { return barriers + 8u * static_cast<uint32_t>(kStages + s); };
+  auto stage_a = [&](int s) { return base + static_cast<uint32_t>(s) * kStageBytes; };
+  // The expert table lives after the barriers (generic pointers for ordinary loads and stores).
+  int32_t* offsets = reinterpret_cast<int32_t*>(smem_raw + (barriers + 16u * kStages - smem_u32(smem_raw)));
+  int32_t* first_tile = offsets + p.experts + 1;
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int thread_in_group = static_cast<int>(threadIdx.x) % 128;
+  for (int e = static_cast<int>(threadIdx.x); e <= p.experts; e += kThreads) offsets[e] = p.expert_offsets[e];
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&tmap_a);
+    prefetch_tensor_map(&tmap_w);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(full_bar(s), 1);
+      mbarrier_init(empty_bar(s), kConsumerWarps);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t run = 0;
+    for (int e = 0; e < p.experts; ++e) {
+      first_tile[e] = run;
+      run += (offsets[e + 1] - offsets[e] + kBlockM - 1) / kBlockM * p.n_blocks;
+    }
+    first_tile[p.experts] = run;
+  }
+  __syncthreads();
+  const int num_tiles = first_tile[p.experts];
+  // Tile -> (expert, M-block, N-block).
+  auto coords = [&](int tile, int* e, int* mb, int* nb) {
+    int lo = 0, hi = p.experts - 1;  // the last e with first_tile[e] <= tile
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (first_tile[mid] <= tile) lo = mid; else hi = mid - 1;
+    }
+    const int m_blocks = (offsets[lo + 1] - offsets[lo] + kBlockM - 1) / kBlockM;
+    const int local = tile - first_tile[lo];
+    *e = lo;
+    *mb = local % m_blocks;
+    *nb = local / m_blocks;
+  };
+  const int k_blocks = (p.k + kBlockK - 1) / kBlockK;
+
+  if (warpgroup == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (thread_in_group == 0) {
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int tile = static_cast<int>(blockIdx.x); tile < num_tiles; tile += static_cast<int>(gridDim.x)) {
+        int e, mb, nb;
+        coords(tile, &e, &mb, &nb);
+        const int a_row = offsets[e] + mb * kBlockM;
+        const int w_row = e * p.n + nb * kBlockN;
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          mbarrier_wait(empty_bar(stage), phase ^ 1u);
+          mbarrier_arrive_expect_tx(full_bar(stage), kStageBytes);
+          tma_load_2d(stage_a(stage), &tmap_a, full_bar(stage), kb * kBlockK, a_row);
+          tma_load_2d(stage_a(stage) + kABytes, &tmap_w, full_bar(stage), kb * kBlockK, w_row);
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int warp = thread_in_group / 32;
+    const int lane = thread_in_group % 32;
+    const uint32_t a_offset = static_cast<uint32_t>(consumer) * 64u * kBlockK;
+    int stage = 0;
+    uint32_t phase = 0;
+    float acc[kBlockN / 2];
+    float part[kBlockN / 2];
+    for (int tile = static_cast<int>(blockIdx.x); tile < num_tiles; tile += static_cast<int>(gridDim.x)) {
+      int e, mb, nb;
+      coords(tile, &e, &mb, &nb);
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.0f;
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        mbarrier_wait(full_bar(stage), phase);
+        const uint32_t a_tile = stage_a(stage) + a_offset;
+        const uint32_t b_tile = stage_a(stage) + kABytes;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockK / 32; ++kk)
+          wgmma_m64n128k32_e4m3(part, make_smem_desc_k_sw128(a_tile + 32u * kk),
+                                make_smem_desc_k_sw128(b_tile + 32u * kk), kk > 0 ? 1 : 0);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        fence_registers(part);
+        if (lane == 0) mbarrier_arrive(empty_bar(stage));
+#pragma unroll
+        for (int i = 0; i < kBlockN / 2; ++i) acc[i] += part[i];
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+      // acc[4j + 0, 1]: row r, columns 8j + 2t, +1; acc[4j + 2, 3]: row r + 8 (r = 16 warp +
+      // lane / 4, t = lane % 4), the wgmma D fragment layout.
+      const int rows_e = offsets[e + 1] - offsets[e];
+      const int r0 = mb * kBlockM + consumer * 64 + warp * 16 + lane / 4;
+      const int64_t prow0 = offsets[e] + r0;
+      const bool ok0 = r0 < rows_e, ok1 = r0 + 8 < rows_e;
+      const float sa0 = ok0 ? p.a_scale[prow0] : 0.0f;
+      const float sa1 = ok1 ? p.a_scale[prow0 + 8] : 0.0f;
+      const float* ws = p.w_scale + static_cast<int64_t>(e) * p.n;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        const int col = nb * kBlockN + 8 * j + 2 * (lane % 4);
+        if (col >= p.n) continue;
+        const bool two = col + 1 < p.n;
+        const float sb0 = ws[col], sb1 = two ? ws[col + 1] : 0.0f;
+        auto put = [&](int64_t row, float sa, float v0, float v1) {
+          const uint16_t b0 = __bfloat16_as_ushort(__float2bfloat16_rn(v0 * __fmul_rn(sa, sb0)));
+          uint16_t* dst = p.d + row * p.n + col;
+          if (two && (p.n % 2 == 0)) {
+            const uint16_t b1 = __bfloat16_as_ushort(__float2bfloat16_rn(v1 * __fmul_rn(sa, sb1)));
+            *reinterpret_cast<uint32_t*>(dst) = static_cast<uint32_t>(b0) | (static_cast<uint32_t>(b1) << 16);
+          } else {
+            dst[0] = b0;
+            if (two) dst[1] = __bfloat16_as_ushort(__float2bfloat16_rn(v1 * __fmul_rn(sa, sb1)));
+          }
+        };
+        if (ok0) put(prow0, sa0, acc[4 * j], acc[4 * j + 1]);
+        if (ok1) put(prow0 + 8, sa1, acc[4 * j + 2], acc[4 * j + 3]);
+      }
+    }
+  }
+#else
+  __trap();  // compiled for another target: the host launches this kernel only on sm_90
+#endif
+}
+
+int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+struct DeviceFacts {
+  int ordinal = 0, major = 0, minor = 0, sms = 0;
+};
+
+Status query_device(DeviceFacts* f) {
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&f->ordinal));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&f->major, cudaDevAttrComputeCapabilityMajor, f->ordinal));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&f->minor, cudaDevAttrComputeCapabilityMinor, f->ordinal));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&f->sms, cudaDevAttrMultiProcessorCount, f->ordinal));
+  return {};
+}
+
+Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_t stream) {
+  CUtensorMap map_a, map_w;
+  LLMQ_RETURN_IF_ERROR(int8_gemm::encode_int8_tensor_map(&map_a, g.a, g.rows, g.k, kBlockM, kBlockK));
+  LLMQ_RETURN_IF_ERROR(int8_gemm::encode_int8_tensor_map(&map_w, g.w, g.experts * g.n, g.k, kBlockN, kBlockK));
+  GroupedParams p;
+  p.expert_offsets = g.expert_offsets;
+  p.a_scale = g.a_scale;
+  p.w_scale = g.w_scale;
+  p.d = g.d;
+  p.experts = static_cast<int>(g.experts);
+  p.n = static_cast<int>(g.n);
+  p.k = static_cast<int>(g.k);
+  p.n_blocks = static_cast<int>(ceil_div(g.n, kBlockN));
+  const size_t smem = smem_bytes(g.experts);
+  static std::atomic<uint64_t> configured{0};  // one bit per device ordinal
+  const uint64_t bit = dev.ordinal < 64 ? uint64_t{1} << dev.ordinal : 0;
+  if (bit == 0 || (configured.load() & bit) == 0) {
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(moe_grouped_gemm_sm90_kernel,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(smem_bytes(kMaxExperts))));
+    configured.fetch_or(bit);
+  }
+  // Upper bound on tiles: each expert adds at most one partial M-block to ceil(rows / 128).
+  const int64_t max_tiles = (ceil_div(g.rows, kBlockM) + g.experts) * p.n_blocks;
+  const int grid = static_cast<int>(std::min<int64_t>(max_tiles, dev.sms));
+  moe_grouped_gemm_sm90_kernel<<<grid, kThreads, smem, stream>>>(map_a, map_w, p);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("moe_grouped_gemm_sm90_kernel");
+  return {};
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+Status check(const MoeGroupedGemm& g) {
+  constexpr int64_t kMax = (int64_t{1} << 31) - 1;
+  if (g.rows < 0 || g.rows > kMax) return invalid_argument("rows: must be in [0, 2^31), got " + std::to_string(g.rows));
+  if (g.experts < 1 || g.experts > kMaxExperts)
+    return invalid_argument("experts: must be in [1, " + std::to_string(kMaxExperts) + "], got " + std::to_string(g.experts));
+  if (g.n <= 0 || g.n * g.experts > kMax)
+    return invalid_argument("n: must be > 0 with experts x n < 2^31, got " + std::to_string(g.n));
+  if (g.k <= 0 || g.k % 16 != 0 || g.k > kMax)
+    return invalid_argument("k: must be a positive multiple of 16 (16-byte rows), got " + std::to_string(g.k));
+  if (g.max_rows_per_expert < 0) return invalid_argument("max_rows_per_expert: must be >= 0");
+  if (g.a_dtype != DType::kE4M3 && g.a_dtype != DType::kBF16)
+    return invalid_argument(std::string("a_dtype: must be e4m3 (W8A8) or bf16 (W8A16), got ") + dtype_name(g.a_dtype));
+  if (g.rows == 0) return {};
+  if (g.expert_offsets == nullptr) return invalid_argument("expert_offsets: null device pointer");
+  if (g.a == nullptr) return invalid_argument("a: null device pointer");
+  if (g.w == nullptr) return invalid_argument("w: null device pointer");
+  if (g.w_scale == nullptr) return invalid_argument("w_scale: null device pointer");
+  if (g.d == nullptr) return invalid_argument("d: null device pointer");
+  if (g.a_dtype == DType::kE4M3 && g.a_scale == nullptr) return invalid_argument("a_scale: null device pointer (W8A8)");
+  if (g.a_dtype == DType::kBF16 && g.a_scale != nullptr) return invalid_argument("a_scale: must be null for bf16 A");
+  if (g.a_rows != nullptr && g.a_rows_count <= 0)
+    return invalid_argument("a_rows_count: must be > 0 when a_rows is given");
+  if (!aligned16(g.a) || !aligned16(g.w)) return invalid_argument(std::string(aligned16(g.a) ? "w" : "a") + ": must be 16-byte aligned");
+  return {};
+}
+
+MoeGemmKernel pick(const MoeGroupedGemm& g, const DeviceFacts& dev) {
+  const bool wgmma_ok = dev.major == 9 && dev.minor == 0 && g.a_rows == nullptr && g.a_dtype == DType::kE4M3;
+  if (!wgmma_ok || g.max_rows_per_expert <= kMoeDecodeMaxRows) return MoeGemmKernel::kDecode;
+  return MoeGemmKernel::kWgmma;
+}
+
+}  // namespace moe
+
+Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemmKernel kernel) {
+  LLMQ_RETURN_IF_ERROR(moe::check(g));
+  if (g.rows == 0 || g.max_rows_per_expert == 0) return {};
+  moe::DeviceFacts dev;
+  LLMQ_RETURN_IF_ERROR(moe::query_device(&dev));
+  if (kernel == MoeGemmKernel::kAuto) kernel = moe::pick(g, dev);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (kernel == MoeGemmKernel::kWgmma) {
+    if (!(dev.major == 9 && dev.minor == 0))
+      return unsupported("kernel: the wgmma grouped GEMM needs an sm_90 GPU, this one is sm_" +
+                         std::to_string(dev.major) + std::to_string(dev.minor));
+    if (g.a_rows != nullptr) return invalid_argument("a_rows: the wgmma kernel reads contiguous rows (gather first)");
+    if (g.a_dtype != DType::kE4M3) return invalid_argument("a_dtype: the wgmma kernel takes e4m3 A");
+    return moe::launch_wgmma(g, dev, s);
+  }
+  return moe::decode_grouped_gemm(g, stream);
+}
+
+MoeGemmKernel cuda_moe_grouped_gemm_kernel(const MoeGroupedGemm& g) {
+  moe::DeviceFacts dev;
+  if (!moe::query_device(&dev).ok()) return MoeGemmKernel::kDecode;
+  return moe::pick(g, dev);
+}
+
+const char* moe_gemm_kernel_name(MoeGemmKernel kernel) {
+  switch (kernel) {
+    case MoeGemmKernel::kAuto: return "auto";
+    case MoeGemmKernel::kDecode: return "decode";
+    case MoeGemmKernel::kWgmma: return "wgmma";
+  }
+  return "unknown";
+}
+
+}  // namespace llmq
