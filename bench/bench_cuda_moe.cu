@@ -29,26 +29,6 @@ void check(const Status& st, const char* what) {
   }
 }
 
-// Median microseconds of `runs` timed calls of f, after warm-up, the GPU held by a spin kernel
-// while they are queued.
-template <typename F> double time_us(F&& f, int runs = 20) {
-  for (int i = 0; i < 3; ++i) f();
-  BENCH_CUDA(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(static_cast<size_t>(runs) + 1);
-  for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
-  spin<<<1, 1>>>(2'000'000);
-  BENCH_CUDA(cudaEventRecord(ev[0]));
-  for (int i = 0; i < runs; ++i) {
-    f();
-    BENCH_CUDA(cudaEventRecord(ev[static_cast<size_t>(i) + 1]));
-  }
-  BENCH_CUDA(cudaDeviceSynchronize());
-  std::vector<float> ms(static_cast<size_t>(runs));
-  for (int i = 0; i < runs; ++i) BENCH_CUDA(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], ev[i], ev[i + 1]));
-  for (auto& e : ev) BENCH_CUDA(cudaEventDestroy(e));
-  return median(ms) * 1e3;
-}
-
 std::vector<int64_t> parse_list(const std::string& s) {
   std::vector<int64_t> v;
   std::stringstream in(s);
@@ -142,9 +122,9 @@ int main(int argc, char** argv) {
       ps.out = y.p;
       check(cuda_moe_post_scale(ps, nullptr), "post scale");
     };
-    const double pe8 = time_us([&] { per_expert(true); });
-    const double d8 = time_us(dense);
-    const double pe16 = time_us([&] { per_expert(false); });
+    const double pe8 = queued_median_us([&] { per_expert(true); });
+    const double d8 = queued_median_us(dense);
+    const double pe16 = queued_median_us([&] { per_expert(false); });
     std::printf("%7lld | %11.1f us | %11.1f us | %12.1f us | %7.2fx | %7.2fx\n", static_cast<long long>(t), pe8, d8,
                 pe16, pe8 / d8, pe16 / d8);
     if (json.is_open())

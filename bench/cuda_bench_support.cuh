@@ -123,4 +123,26 @@ template <typename T> double median(std::vector<T> v) {
   return median_of_sorted(v);
 }
 
+// ---- timing
+
+// Median microseconds of `runs` calls of f() queued back to back behind a spin kernel (so launch
+// gaps do not count), after 3 warm-up calls; each call is bracketed by events.
+template <typename F> double queued_median_us(F&& f, int runs = 20) {
+  for (int i = 0; i < 3; ++i) f();
+  BENCH_CUDA(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(static_cast<size_t>(runs) + 1);
+  for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
+  spin<<<1, 1>>>(2'000'000);
+  BENCH_CUDA(cudaEventRecord(ev[0]));
+  for (int i = 0; i < runs; ++i) {
+    f();
+    BENCH_CUDA(cudaEventRecord(ev[static_cast<size_t>(i) + 1]));
+  }
+  BENCH_CUDA(cudaDeviceSynchronize());
+  std::vector<float> ms(static_cast<size_t>(runs));
+  for (int i = 0; i < runs; ++i) BENCH_CUDA(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], ev[i], ev[i + 1]));
+  for (auto& e : ev) BENCH_CUDA(cudaEventDestroy(e));
+  return median(ms) * 1e3;
+}
+
 }  // namespace llmq::bench

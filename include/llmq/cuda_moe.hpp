@@ -61,6 +61,7 @@ struct MoeRouteArgs {
   int32_t* expert_offsets = nullptr;  // [experts + 1]: expert e owns permuted rows [off[e], off[e+1])
   int32_t* sorted_slots = nullptr;    // [tokens * top_k]: the slot at each permuted row
   int32_t* slot_rows = nullptr;       // [tokens * top_k]: the permuted row of each slot
+  int32_t* row_tokens = nullptr;      // optional [tokens * top_k]: the token of each permuted row
 };
 Status cuda_moe_route(const MoeRouteArgs& args, CudaStream stream);
 

@@ -87,14 +87,39 @@ struct Params {
   int a_scale_step;  // 0: one scale for the tensor, 1: one per row
   int w_scale_step;
   int split_k;
-  // Grouped mode (MoE experts, src/moe/moe_decode_gemm.hpp); group_offsets null otherwise. Grid
-  // slice z = expert * group_chunks + chunk covers rows [off[e] + 16 chunk, +16) of the expert.
+  // Grouped mode (MoE experts, src/moe/moe_decode_gemm.hpp); group_offsets null otherwise. The
+  // experts' rows are cut into chunks of 16 (expert 0's chunks first); grid slice z takes chunk z,
+  // and slices past the last chunk leave.
   const int32_t* group_offsets;
   const int32_t* group_rows;      // A row of each permuted row, or null (A is permuted already)
   int64_t w_group_stride;         // bytes between experts' weights
   int64_t w_scale_group_stride;   // floats between experts' scales
-  int group_chunks;
+  int groups;                     // experts
 };
+
+// Grouped mode: the expert and first row of chunk `z`, found by warp 0 (a warp-wide scan of the
+// experts' chunk counts, 32 experts per step); *expert = -1 when z is past the last chunk.
+__device__ __forceinline__ void find_group_chunk(const Params& p, int z, int lane, int* expert, int64_t* begin) {
+  if (lane == 0) *expert = -1;
+  __syncwarp();
+  int base = 0;
+  for (int e0 = 0; e0 < p.groups && base <= z; e0 += 32) {
+    const int e = e0 + lane;
+    const int rows = e < p.groups ? p.group_offsets[e + 1] - p.group_offsets[e] : 0;
+    const int chunks = (rows + 15) / 16;
+    int incl = chunks;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    if (z >= base + incl - chunks && z < base + incl) {
+      *expert = e;
+      *begin = p.group_offsets[e] + 16 * static_cast<int64_t>(z - (base + incl - chunks));
+    }
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Device helpers
@@ -211,9 +236,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
   const int rank = static_cast<int>(blockIdx.y);  // K range within the cluster
   // Grouped mode: which expert and rows this CTA serves, read before anything else (the offsets
-  // come from the routing kernel, hence the programmatic-launch wait first). A CTA whose chunk is
-  // empty leaves at once: unrouted experts' weights are never read. Every CTA of a cluster has the
-  // same z, so a cluster leaves together.
+  // come from the routing kernel, hence the programmatic-launch wait first). A slice past the last
+  // chunk leaves at once, and no chunk belongs to an unrouted expert, whose weights are never read.
+  // Every CTA of a cluster has the same z, so a cluster leaves together.
   const bool grouped = p.group_offsets != nullptr;
   const uint8_t* w_base = p.w;
   const float* w_scale = p.w_scale;
@@ -222,10 +247,14 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
   int64_t group_begin = 0;
   if (grouped) {
     llmq::detail::pdl_wait();
-    const int e = static_cast<int>(blockIdx.z) / p.group_chunks, chunk = static_cast<int>(blockIdx.z) % p.group_chunks;
-    group_begin = p.group_offsets[e] + kTileN * chunk;
+    __shared__ int chunk_expert;
+    __shared__ int64_t chunk_begin;
+    if (warp == 0) find_group_chunk(p, static_cast<int>(blockIdx.z), lane, &chunk_expert, &chunk_begin);
+    __syncthreads();
+    const int e = chunk_expert;
+    if (e < 0) return;  // the whole CTA (and its cluster: same z) leaves
+    group_begin = chunk_begin;
     m_rows = min(kTileN, static_cast<int>(p.group_offsets[e + 1] - group_begin));
-    if (m_rows <= 0) return;
     w_base += e * p.w_group_stride;
     w_scale += e * p.w_scale_group_stride;
     d_base += group_begin * p.d_stride;
@@ -666,7 +695,7 @@ struct GroupLaunch {
   int64_t w_stride = 0;
   int64_t w_scale_stride = 0;
   int experts = 0;
-  int chunks = 0;
+  int slices = 0;  // grid z: at least the number of 16-row chunks any routing can make
 };
 
 Status launch(const DecodeGemmProblem& p, CudaStream stream, const DecodeGemmConfig& config, const GroupLaunch* group) {
@@ -700,8 +729,8 @@ Status launch(const DecodeGemmProblem& p, CudaStream stream, const DecodeGemmCon
     k.group_rows = group->rows;
     k.w_group_stride = group->w_stride;
     k.w_scale_group_stride = group->w_scale_stride;
-    k.group_chunks = group->chunks;
-    slices = static_cast<unsigned>(group->experts * group->chunks);
+    k.groups = group->experts;
+    slices = static_cast<unsigned>(group->slices);
   }
 
   // Row CTAs along x (up to 2^31 - 1), the cluster's K ranks along y, expert chunks along z.
@@ -732,8 +761,13 @@ Status cuda_decode_gemm(const DecodeGemmProblem& p, CudaStream stream, const Dec
 namespace moe {
 
 Status decode_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream) {
-  const int64_t chunks = (g.max_rows_per_expert + kMaxDecodeGemmM - 1) / kMaxDecodeGemmM;
-  if (chunks * g.experts > 65535)
+  // Chunks of 16 rows over all experts: sum of ceil(rows_e / 16) <= rows / 16 + (experts with
+  // rows), and no expert has more than max_rows_per_expert. The grid has one slice per possible
+  // chunk, so that CTAs of empty experts are never launched (at gpt-oss's 32 experts and 64 tokens
+  // the empty (expert, chunk) slices of a per-expert grid cost more than the GEMM).
+  const int64_t per_expert = (g.max_rows_per_expert + kMaxDecodeGemmM - 1) / kMaxDecodeGemmM;
+  const int64_t slices = std::min(per_expert * g.experts, g.rows / kMaxDecodeGemmM + std::min(g.experts, g.rows));
+  if (slices > 65535)
     return unsupported("max_rows_per_expert: " + std::to_string(g.max_rows_per_expert) + " rows x " +
                        std::to_string(g.experts) + " experts is past the decode kernel's grid (use the wgmma kernel)");
   DecodeGemmProblem p;
@@ -753,7 +787,7 @@ Status decode_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream) {
   group.w_stride = g.n * g.k;
   group.w_scale_stride = g.n;
   group.experts = static_cast<int>(g.experts);
-  group.chunks = static_cast<int>(chunks);
+  group.slices = static_cast<int>(slices);
   return decode_gemm::launch(p, stream, DecodeGemmConfig{}, &group);
 }
 

@@ -111,6 +111,7 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a) {
       for (int w = 0; w < warp; ++w) row += warp_count[w * E + e];
       a.sorted_slots[row] = static_cast<int32_t>(slot);
       a.slot_rows[slot] = row;
+      if (a.row_tokens != nullptr) a.row_tokens[row] = static_cast<int32_t>(slot / K);
     }
     __syncthreads();
     for (int x = tid; x < E; x += kThreads) {

@@ -191,6 +191,9 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
   ModelConfig c;
   LLMQ_RETURN_IF_ERROR(parse_hf_config(ckpt->config_json(), &c));
   LLMQ_RETURN_IF_ERROR(runtime::check_config(c));
+  if (c.is_moe())
+    return unsupported(dir + ": MoE checkpoints (" + c.model_type +
+                       ") load on the GPU through a QuantizedModel or synthetic shapes; streaming them is not there yet");
   Loader load{*ckpt};
   std::string label = precision;
   if (is_quantized_checkpoint(*ckpt)) {

@@ -29,7 +29,7 @@ int64_t GpuModel::Impl::bytes() const {
   int64_t b = embedding.bytes() + final_norm.bytes() + lm_head.bytes();
   for (const GpuLayer& l : layers)
     b += l.attn_norm.bytes() + l.ffn_norm.bytes() + l.qkv_bias.bytes() + l.qkv.bytes() + l.o.bytes() +
-         l.gate_up.bytes() + l.down.bytes();
+         l.gate_up.bytes() + l.down.bytes() + l.moe.bytes();
   return b;
 }
 
@@ -41,6 +41,9 @@ int GpuModel::device() const { return impl_->device; }
 int64_t GpuModel::weight_bytes() const { return impl_->bytes(); }
 
 namespace runtime {
+
+const char* const kMoeNeedsFp8 =
+    "MoE experts run in FP8 on the GPU (the grouped expert GEMMs are E4M3 x E4M3): use --precision fp8-dynamic";
 
 Status upload_f32(const Tensor& t, const std::string& what, DeviceAllocation* out) {
   if (t.dtype() != DType::kF32) return invalid_argument(what + ": expected f32, got " + t.view().describe());
@@ -232,15 +235,15 @@ Status select_device(int device) {
 std::string layer_name(int64_t l, const char* what) { return "layers." + std::to_string(l) + "." + what; }
 
 Status check_config(const ModelConfig& c) {
-  LLMQ_RETURN_IF_ERROR(c.validate());
-  if (c.is_moe()) return unsupported("the GPU runtime runs dense models; MoE (" + c.model_type + ") is not there yet");
-  return {};
+  return c.validate();
 }
 
 int64_t model_bytes(const ModelConfig& c, bool bf16_linears) {
   const int64_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
-  const int64_t per_layer = (q_dim + 2 * kv_dim) * c.dim + c.dim * q_dim + 3 * c.hidden_dim * c.dim;
-  return c.n_layers * per_layer * (bf16_linears ? 2 : 1) + 2 * c.vocab_size * c.dim * 2;
+  const int64_t experts = c.is_moe() ? c.n_experts : 1;
+  const int64_t per_layer = (q_dim + 2 * kv_dim) * c.dim + c.dim * q_dim + experts * 3 * c.hidden_dim * c.dim;
+  const int64_t router = c.is_moe() ? c.n_layers * c.n_experts * c.dim * 2 : 0;  // BF16 whatever the experts
+  return c.n_layers * per_layer * (bf16_linears ? 2 : 1) + router + 2 * c.vocab_size * c.dim * 2;
 }
 
 Status check_fits(const ModelConfig& c, bool bf16_linears, const std::string& precision) {
@@ -300,6 +303,7 @@ using namespace runtime;  // the helpers above, in this file
 
 Status GpuModel::from_float(const ModelWeights& w, DType linear_dtype, int device, std::unique_ptr<GpuModel>* out) {
   LLMQ_RETURN_IF_ERROR(check_config(w.config));
+  if (w.config.is_moe()) return unsupported(kMoeNeedsFp8);
   if (linear_dtype != DType::kF32 && linear_dtype != DType::kBF16)
     return invalid_argument(std::string("linear dtype: f32 or bf16, got ") + dtype_name(linear_dtype));
   LLMQ_RETURN_IF_ERROR(select_device(device));
@@ -360,18 +364,42 @@ Status GpuModel::from_quantized(const QuantizedModel& q, int device, std::unique
     LLMQ_RETURN_IF_ERROR(upload_f32(L.attn_norm, layer_name(i, "input_layernorm"), &gl.attn_norm));
     LLMQ_RETURN_IF_ERROR(upload_f32(L.ffn_norm, layer_name(i, "post_attention_layernorm"), &gl.ffn_norm));
     LLMQ_RETURN_IF_ERROR(bias_of({&L.q, &L.k, &L.v}, layer_name(i, "qkv.bias"), &gl.qkv_bias));
-    const QuantizedLinear *qq, *qk, *qv, *qo, *qg, *qu, *qd;
+    const QuantizedLinear *qq, *qk, *qv, *qo;
     LLMQ_RETURN_IF_ERROR(find(L.q, &qq));
     LLMQ_RETURN_IF_ERROR(find(L.k, &qk));
     LLMQ_RETURN_IF_ERROR(find(L.v, &qv));
     LLMQ_RETURN_IF_ERROR(find(L.o, &qo));
-    LLMQ_RETURN_IF_ERROR(find(L.mlp.gate, &qg));
-    LLMQ_RETURN_IF_ERROR(find(L.mlp.up, &qu));
-    LLMQ_RETURN_IF_ERROR(find(L.mlp.down, &qd));
     LLMQ_RETURN_IF_ERROR(quantized_linear(layer_name(i, "qkv"), {qq, qk, qv}, &gl.qkv));
     LLMQ_RETURN_IF_ERROR(quantized_linear(layer_name(i, "o_proj"), {qo}, &gl.o));
-    LLMQ_RETURN_IF_ERROR(quantized_linear(layer_name(i, "gate_up"), {qg, qu}, &gl.gate_up));
-    LLMQ_RETURN_IF_ERROR(quantized_linear(layer_name(i, "down_proj"), {qd}, &gl.down));
+    if (c.is_moe()) {
+      // The router stays BF16 (as vLLM keeps it); the experts are stacked expert-major, each
+      // expert's gate rows then its up rows, per-channel scales concatenated alike.
+      if (q.find(L.router.id.hf_name(c)) != nullptr)
+        return unsupported(L.router.id.hf_name(c) + ": a quantized router (the GPU runtime keeps routers BF16)");
+      gl.moe.experts = c.n_experts;
+      gl.moe.top_k = c.n_experts_per_token;
+      LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "router"), {&L.router}, DType::kBF16, &gl.moe.router));
+      std::vector<const QuantizedLinear*> gate_up, down;
+      for (const Expert& ex : L.experts) {
+        const QuantizedLinear *qg, *qu, *qd;
+        LLMQ_RETURN_IF_ERROR(find(ex.gate, &qg));
+        LLMQ_RETURN_IF_ERROR(find(ex.up, &qu));
+        LLMQ_RETURN_IF_ERROR(find(ex.down, &qd));
+        gate_up.insert(gate_up.end(), {qg, qu});
+        down.push_back(qd);
+      }
+      LLMQ_RETURN_IF_ERROR(quantized_linear(layer_name(i, "experts.gate_up"), gate_up, &gl.moe.gate_up));
+      LLMQ_RETURN_IF_ERROR(quantized_linear(layer_name(i, "experts.down"), down, &gl.moe.down));
+      LLMQ_RETURN_IF_ERROR(check_moe_linear(gl.moe.gate_up));
+      LLMQ_RETURN_IF_ERROR(check_moe_linear(gl.moe.down));
+    } else {
+      const QuantizedLinear *qg, *qu, *qd;
+      LLMQ_RETURN_IF_ERROR(find(L.mlp.gate, &qg));
+      LLMQ_RETURN_IF_ERROR(find(L.mlp.up, &qu));
+      LLMQ_RETURN_IF_ERROR(find(L.mlp.down, &qd));
+      LLMQ_RETURN_IF_ERROR(quantized_linear(layer_name(i, "gate_up"), {qg, qu}, &gl.gate_up));
+      LLMQ_RETURN_IF_ERROR(quantized_linear(layer_name(i, "down_proj"), {qd}, &gl.down));
+    }
     g.layers.push_back(std::move(gl));
   }
   *out = std::move(m);
@@ -438,6 +466,7 @@ Status GpuModel::synthetic(const ModelConfig& c, const std::string& precision, u
   }
   LLMQ_RETURN_IF_ERROR(select_device(device));
   LLMQ_RETURN_IF_ERROR(check_fits(c, plan.bf16, precision));
+  if (c.is_moe() && plan.bf16) return unsupported(kMoeNeedsFp8);
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;
   g.config = c;
@@ -462,8 +491,22 @@ Status GpuModel::synthetic(const ModelConfig& c, const std::string& precision, u
     }
     LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "qkv"), q_dim + 2 * kv_dim, c.dim, plan, ls + 3, &gl.qkv));
     LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "o_proj"), c.dim, q_dim, plan, ls + 4, &gl.o));
-    LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "gate_up"), 2 * c.hidden_dim, c.dim, plan, ls + 5, &gl.gate_up));
-    LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "down_proj"), c.dim, c.hidden_dim, plan, ls + 6, &gl.down));
+    if (c.is_moe()) {
+      // All experts of a layer as one stacked matrix: per-channel scales are per row, so quantizing
+      // the stack equals quantizing each expert.
+      gl.moe.experts = c.n_experts;
+      gl.moe.top_k = c.n_experts_per_token;
+      LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "router"), c.n_experts, c.dim, bf16_plan, ls + 7, &gl.moe.router));
+      LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "experts.gate_up"), c.n_experts * 2 * c.hidden_dim, c.dim, plan,
+                                            ls + 5, &gl.moe.gate_up));
+      LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "experts.down"), c.n_experts * c.dim, c.hidden_dim, plan, ls + 6,
+                                            &gl.moe.down));
+      LLMQ_RETURN_IF_ERROR(check_moe_linear(gl.moe.gate_up));
+      LLMQ_RETURN_IF_ERROR(check_moe_linear(gl.moe.down));
+    } else {
+      LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "gate_up"), 2 * c.hidden_dim, c.dim, plan, ls + 5, &gl.gate_up));
+      LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "down_proj"), c.dim, c.hidden_dim, plan, ls + 6, &gl.down));
+    }
     g.layers.push_back(std::move(gl));
   }
   LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());

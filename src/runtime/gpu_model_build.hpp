@@ -14,6 +14,9 @@
 
 namespace llmq::runtime {
 
+// Why a BF16 / F32 MoE model is refused on the GPU.
+extern const char* const kMoeNeedsFp8;
+
 Status select_device(int device);
 Status check_config(const ModelConfig& c);
 // Device bytes of the weights (linears BF16 or 8-bit, embeddings and lm_head BF16).

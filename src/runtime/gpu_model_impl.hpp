@@ -1,5 +1,6 @@
 // What GpuModel holds on the device (gpu_runtime.hpp): per layer the norm gains, the merged QKV and
-// gate/up linears, o_proj and down_proj; the embedding table, the final norm and lm_head.
+// gate/up linears, o_proj and down_proj (or, in MoE layers, the router and the stacked experts);
+// the embedding table, the final norm and lm_head.
 #pragma once
 
 #include <string>
@@ -8,6 +9,7 @@
 #include "llmq/gpu_runtime.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/linear.hpp"
+#include "runtime/moe_ffn.hpp"
 
 namespace llmq::runtime {
 
@@ -17,8 +19,9 @@ struct GpuLayer {
   DeviceAllocation qkv_bias;   // f32 [q_dim + 2 kv_dim] (Qwen2) or empty
   GpuLinear qkv;               // [q_dim + 2 kv_dim, dim]
   GpuLinear o;                 // [dim, q_dim]
-  GpuLinear gate_up;           // [2 hidden, dim]: gate rows, then up rows
-  GpuLinear down;              // [dim, hidden]
+  GpuLinear gate_up;           // [2 hidden, dim]: gate rows, then up rows (dense layers)
+  GpuLinear down;              // [dim, hidden] (dense layers)
+  GpuMoe moe;                  // MoE layers: router and experts (gate_up / down stay empty)
 };
 
 }  // namespace llmq::runtime

@@ -128,6 +128,7 @@ struct GpuRuntime::Impl {
   DeviceAllocation x;  // f32 [rows, dim]
   ActBuffers in_attn, in_o, in_mlp, in_down, in_lm;
   DeviceAllocation qkv_out, q_rot, attn_out, o_out, gu_out, down_out;  // bf16
+  runtime::MoeBuffers moe;  // MoE models only
   DeviceAllocation logits;  // f32 [lm_rows, vocab]
   DeviceAllocation kv_cache;  // [2, layers, slots, capacity, kv_dim], bf16 or e4m3
   DeviceAllocation kv_scales;  // f32 [2, layers, n_kv_heads]: K then V (e4m3 cache)
@@ -220,7 +221,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   const int64_t kv_bytes = 2 * c.n_layers * o.max_batch * o.max_context * kv_dim * (kv_fp8 ? 1 : 2);
   const int64_t act_bytes = rows * (c.dim * 4 + 4 * c.dim * 3 + qkv_n * 2 + 2 * q_dim * 2 + q_dim * 3 + c.dim * 4 +
                                     2 * c.hidden_dim * 2 + c.hidden_dim * 3) +
-                            lm_rows * c.vocab_size * 4;
+                            lm_rows * c.vocab_size * 4 + (c.is_moe() ? runtime::MoeBuffers::bytes_for(rows, c) : 0);
   int64_t free_b = 0, total_b = 0;
   LLMQ_RETURN_IF_ERROR(runtime::device_memory_info(&free_b, &total_b));
   if (kv_bytes + act_bytes > free_b)
@@ -253,6 +254,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * 2 * c.hidden_dim * 2, "gate_up output", &gu_out));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 2, "down_proj output", &down_out));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(lm_rows * c.vocab_size * 4, "logits", &logits));
+  if (c.is_moe()) LLMQ_RETURN_IF_ERROR(moe.allocate(rows, c));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kv_bytes, "KV cache", &kv_cache));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(kv_cache.get(), 0, static_cast<size_t>(kv_bytes)));
   if (kv_fp8) {
@@ -438,6 +440,23 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     RowOpArgs norm2 = norm;
     norm2.delta = o_out.as<uint16_t>();
     norm2.gain = L.ffn_norm.as<float>();
+    if (L.moe.active()) {
+      // The router reads the normalised rows in BF16, the experts their per-token E4M3 codes: the
+      // norm writes BF16, a copy pass quantizes it.
+      LLMQ_RETURN_IF_ERROR(produce(L.moe.router, norm2, in_mlp, &in, run(kStageNorm)));
+      runtime::MoeInput mi;
+      mi.x_bf16 = in.bf16;
+      RowOpArgs quant;
+      quant.fn = RowFn::kCopy;
+      quant.rows = T;
+      quant.n = c.dim;
+      quant.src = in.bf16;
+      LLMQ_RETURN_IF_ERROR(produce(L.moe.gate_up, quant, in_mlp, &in, run(kStageNorm)));
+      mi.x_codes = in.codes;
+      mi.x_scales = in.scales;
+      if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(runtime::moe_ffn(L.moe, moe, mi, T, down_out.as<uint16_t>(), lin));
+      continue;
+    }
     LLMQ_RETURN_IF_ERROR(produce(L.gate_up, norm2, in_mlp, &in, run(kStageNorm)));
     if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(run_linear(L.gate_up, in, T, gu_out.get(), LinearOut::kBF16, 2 * c.hidden_dim, lin));
 
@@ -825,6 +844,7 @@ int64_t GpuRuntime::kv_cache_bytes() const { return impl_->kv_cache.bytes(); }
 int64_t GpuRuntime::device_bytes() const {
   const Impl& g = *impl_;
   int64_t b = g.x.bytes() + g.in_attn.bytes() + g.in_o.bytes() + g.in_mlp.bytes() + g.in_down.bytes() + g.in_lm.bytes();
+  b += g.moe.bytes();
   for (const DeviceAllocation* a : {&g.qkv_out, &g.q_rot, &g.attn_out, &g.o_out, &g.gu_out, &g.down_out, &g.logits,
                                     &g.kv_cache, &g.cos_sin, &g.meta, &g.dec, &g.history, &g.gemm_workspace,
                                     &g.quant_workspace, &g.attn_workspace, &g.argmax_workspace})
@@ -836,8 +856,11 @@ std::vector<std::string> GpuRuntime::describe_linears(int64_t tokens) const {
   const Impl& g = *impl_;
   const GpuLayer& L = g.model->layers.front();
   std::vector<std::string> out;
-  for (const GpuLinear* l : {&L.qkv, &L.o, &L.gate_up, &L.down, &g.model->lm_head})
+  for (const GpuLinear* l : {&L.qkv, &L.o, &L.gate_up, &L.down, &g.model->lm_head}) {
+    if (l->parts.empty()) continue;  // gate_up / down of an MoE layer
     out.push_back(l->name + ": " + runtime::linear_path(*l, tokens, g.lin));
+  }
+  if (L.moe.active()) out.push_back(runtime::describe_moe(L.moe, tokens, g.lin));
   return out;
 }
 

@@ -5,7 +5,8 @@
 namespace llmq {
 
 std::vector<std::string> synthetic_model_names() {
-  return {"llama3-8b", "llama3-70b", "llama2-7b", "mistral-7b", "qwen2-7b", "tiny"};
+  return {"llama3-8b", "llama3-70b", "llama2-7b", "mistral-7b", "qwen2-7b", "mixtral-8x7b", "gpt-oss-20b", "tiny",
+          "tiny-moe"};
 }
 
 Status synthetic_model_config(const std::string& name, ModelConfig* out) {
@@ -39,6 +40,26 @@ Status synthetic_model_config(const std::string& name, ModelConfig* out) {
     c.attention_bias = true;
     c.norm_eps = 1e-6;
     c.max_seq_len = 32768;
+  } else if (name == "mixtral-8x7b") {
+    c.model_type = "mixtral";
+    c.dim = 4096, c.hidden_dim = 14336, c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 8, c.vocab_size = 32000;
+    c.n_experts = 8, c.n_experts_per_token = 2;
+    c.rope_theta = 1000000.0;
+    c.max_seq_len = 32768;
+  } else if (name == "gpt-oss-20b") {
+    // gpt-oss-20b's shapes (24 layers, 32 experts of 2880 -> 2880, top-4, 64 query heads of 64)
+    // with Mixtral's MoE arithmetic: llmq does not model its attention sinks, sliding windows,
+    // expert biases or clamped SwiGLU, which do not change what the expert GEMMs cost.
+    c.model_type = "mixtral";
+    c.dim = 2880, c.hidden_dim = 2880, c.n_layers = 24, c.n_heads = 64, c.n_kv_heads = 8, c.vocab_size = 201088;
+    c.n_experts = 32, c.n_experts_per_token = 4;
+    c.head_dim = 64;
+    c.rope_theta = 150000.0;
+  } else if (name == "tiny-moe") {
+    c.model_type = "mixtral";
+    c.dim = 256, c.hidden_dim = 512, c.n_layers = 2, c.n_heads = 8, c.n_kv_heads = 4, c.vocab_size = 512;
+    c.n_experts = 8, c.n_experts_per_token = 2;
+    c.max_seq_len = 4096;
   } else if (name == "tiny") {
     c.dim = 256, c.hidden_dim = 768, c.n_layers = 2, c.n_heads = 8, c.n_kv_heads = 4, c.vocab_size = 512;
     c.max_seq_len = 4096;
@@ -47,7 +68,7 @@ Status synthetic_model_config(const std::string& name, ModelConfig* out) {
     for (const std::string& n : synthetic_model_names()) known += (known.empty() ? "" : ", ") + n;
     return invalid_argument("synthetic model '" + name + "': known shapes are " + known);
   }
-  c.head_dim = c.dim / c.n_heads;
+  if (c.head_dim == 0) c.head_dim = c.dim / c.n_heads;
   *out = c;
   return c.validate();
 }

@@ -1,0 +1,203 @@
+// The sparse MoE expert GEMM (cuda_moe_grouped_gemm) at the issue's shapes and token counts, with
+// the dense path (every token through every expert) and the copy bandwidth in the same run; the
+// PyTorch peers (torch._scaled_grouped_mm, torch._grouped_mm, a BF16 per-expert loop) are timed by
+// bench/torch_moe_peers.py on the same routing in the same session (scripts/gpu-moe-bench).
+//
+// Routing: round-robin, token t to experts (t * top_k + s) % E, s < top_k (torch_moe_peers.py uses
+// the same), rows expert-major. The FP8 weights rotate through enough sets that the active experts'
+// bytes between two uses of one set exceed 2x L2. Per row: time, the active experts' weight bytes
+// over time and as a fraction of the measured copy bandwidth (bytes read + written per second,
+// cudaMemcpy device to device), TFLOPS over the routed rows.
+// Usage: bench_cuda_moe_sparse [--shape mixtral-8x7b|gpt-oss-20b|all] [--tokens 1,4,...]
+//                              [--json FILE] [--quick]
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "cuda_bench_support.cuh"
+#include "llmq/cuda_gemm.hpp"
+#include "llmq/cuda_moe.hpp"
+#include "llmq/gpu_runtime.hpp"
+
+using namespace llmq;
+using namespace llmq::bench;
+
+namespace {
+
+void check(const Status& st, const char* what) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, st.to_string().c_str());
+    std::exit(2);
+  }
+}
+
+struct MoeShape {
+  const char* name;
+  int64_t experts, top_k, k, n;
+};
+const MoeShape kShapes[] = {{"mixtral-8x7b", 8, 2, 4096, 14336}, {"gpt-oss-20b", 32, 4, 2880, 2880}};
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoll(item));
+  return v;
+}
+
+const char* env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shape_name = "all", json_path;
+  std::vector<int64_t> tokens_list = {1, 4, 16, 64, 512, 4096};
+  int runs = 20;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      runs = 10;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", a.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (a == "--shape") shape_name = v;
+    else if (a == "--tokens") tokens_list = parse_list(v);
+    else if (a == "--json") json_path = v;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  double copy_bps = 0;
+  check(measure_copy_bandwidth(0, int64_t{1} << 30, &copy_bps), "copy bandwidth");
+  std::printf("%s: copy bandwidth %.0f GB/s (read + written)\n", prop.name, copy_bps / 1e9);
+  std::ofstream json;
+  if (!json_path.empty()) json.open(json_path);
+  std::unique_ptr<CudaGemmRunner> runner;
+  check(CudaGemmRunner::create(0, &runner), "CudaGemmRunner::create");
+  const int64_t lt_bytes = kCublasLtWorkspaceBytes + (16 << 20);
+  DeviceMem lt_workspace(static_cast<size_t>(lt_bytes));
+
+  for (const MoeShape& s : kShapes) {
+    if (shape_name != "all" && shape_name != s.name) continue;
+    const int64_t E = s.experts, K = s.k, N = s.n;
+    const int64_t max_t = *std::max_element(tokens_list.begin(), tokens_list.end());
+    const int64_t max_p = max_t * s.top_k;
+    const int64_t w_bytes = E * N * K;
+    const int sets = sets_for(w_bytes / E * s.top_k, prop.l2CacheSize, 2);  // one token's experts: the smallest case
+    const int n_sets = std::min(sets, 4);
+    std::vector<DeviceMem> w, ws;
+    for (int i = 0; i < n_sets; ++i) {
+      w.emplace_back(static_cast<size_t>(w_bytes));
+      ws.emplace_back(static_cast<size_t>(E * N * 4));
+      fill_e4m3<<<grid_for(w_bytes), 256>>>(w.back().as<uint8_t>(), w_bytes, 10 + i);
+      fill_scales<<<grid_for(E * N), 256>>>(ws.back().as<float>(), E * N, 20 + i);
+    }
+    DeviceMem a(static_cast<size_t>(std::max(max_p, max_t) * K)), as(static_cast<size_t>(max_p * 4));
+    DeviceMem y(static_cast<size_t>(std::max(max_p, E * max_t) * N * 2)), off(static_cast<size_t>((E + 1) * 4));
+    fill_e4m3<<<grid_for(max_p * K), 256>>>(a.as<uint8_t>(), max_p * K, 3);
+    fill_scales<<<grid_for(max_p), 256>>>(as.as<float>(), max_p, 5);
+    BENCH_CUDA(cudaDeviceSynchronize());
+    std::printf("\n%s: %lld experts, top-%lld, K %lld -> N %lld, %d weight sets\n", s.name,
+                static_cast<long long>(E), static_cast<long long>(s.top_k), static_cast<long long>(K),
+                static_cast<long long>(N), n_sets);
+    std::printf("%6s | %6s | %-7s | %10s | %9s | %7s | %8s\n", "tokens", "active", "kernel", "us", "GB/s w", "of copy",
+                "TFLOPS");
+
+    for (const int64_t t : tokens_list) {
+      const int64_t P = t * s.top_k;
+      std::vector<int32_t> sizes(static_cast<size_t>(E), 0), offsets(static_cast<size_t>(E + 1), 0);
+      for (int64_t i = 0; i < P; ++i) ++sizes[static_cast<size_t>(i % E)];  // slot t*top_k+s -> expert (slot % E)
+      int64_t active = 0, max_rows = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        offsets[e + 1] = offsets[e] + sizes[e];
+        active += sizes[e] > 0;
+        max_rows = std::max<int64_t>(max_rows, sizes[e]);
+      }
+      BENCH_CUDA(cudaMemcpy(off.p, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
+      const double active_bytes = static_cast<double>(active) * N * K;
+      const double flops = 2.0 * static_cast<double>(P) * N * K;
+      auto emit = [&](const char* variant, double us) {
+        const double gbps = active_bytes / (us * 1e-6) / 1e9;
+        std::printf("%6lld | %6lld | %-7s | %10.1f | %9.0f | %6.1f%% | %8.1f\n", static_cast<long long>(t),
+                    static_cast<long long>(active), variant, us, gbps, 100.0 * gbps * 1e9 / copy_bps,
+                    flops / (us * 1e-6) / 1e12);
+        if (json.is_open())
+          json << nlohmann::json{{"bench", "moe_sparse"}, {"device", prop.name}, {"shape", s.name},
+                                 {"experts", E}, {"top_k", s.top_k}, {"k", K}, {"n", N}, {"tokens", t},
+                                 {"rows", P}, {"active_experts", active}, {"variant", variant}, {"us", us},
+                                 {"weight_gbps", gbps}, {"copy_gbps", copy_bps / 1e9},
+                                 {"fraction_of_copy", gbps * 1e9 / copy_bps},
+                                 {"tflops", flops / (us * 1e-6) / 1e12}, {"weight_sets", n_sets},
+                                 {"commit", env_or("LLMQ_COMMIT", "unknown")}}
+                      .dump()
+               << "\n";
+      };
+      int call = 0;
+      auto grouped = [&](MoeGemmKernel kernel) {
+        const int i = call++ % n_sets;
+        MoeGroupedGemm g;
+        g.rows = P;
+        g.experts = E;
+        g.n = N;
+        g.k = K;
+        g.max_rows_per_expert = t;
+        g.expert_offsets = off.as<int32_t>();
+        g.a = a.p;
+        g.a_scale = as.as<float>();
+        g.w = w[static_cast<size_t>(i)].p;
+        g.w_scale = ws[static_cast<size_t>(i)].as<float>();
+        g.d = y.as<uint16_t>();
+        check(cuda_moe_grouped_gemm(g, nullptr, kernel), "grouped gemm");
+      };
+      {
+        MoeGroupedGemm probe;
+        probe.max_rows_per_expert = t;
+        probe.a_dtype = DType::kE4M3;
+        const MoeGemmKernel pick = cuda_moe_grouped_gemm_kernel(probe);
+        emit(pick == MoeGemmKernel::kWgmma ? "auto=wg" : "auto=dec",
+             queued_median_us([&] { grouped(MoeGemmKernel::kAuto); }, runs));
+      }
+      if (max_rows <= 512) emit("decode", queued_median_us([&] { grouped(MoeGemmKernel::kDecode); }, runs));
+      if (prop.major == 9) emit("wgmma", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma); }, runs));
+      // The dense path: every token through every expert (one strided-batched GEMM + post-scale).
+      auto dense = [&] {
+        const int i = call++ % n_sets;
+        CudaGemmProblem p;
+        p.m = t;
+        p.n = N;
+        p.k = K;
+        p.batch = E;
+        p.a = {a.p, DType::kE4M3};
+        p.a.shared_across_batch = true;
+        p.b = {w[static_cast<size_t>(i)].p, DType::kE4M3};
+        p.d = y.p;
+        check(runner->run(p, lt_workspace.p, lt_bytes, nullptr), "dense gemm");
+        MoePostScale ps;
+        ps.experts = E;
+        ps.tokens = t;
+        ps.n_cols = N;
+        ps.y = y.p;
+        ps.y_dtype = DType::kBF16;
+        ps.token_scales = as.as<float>();
+        ps.expert_scales = ws[static_cast<size_t>(i)].as<float>();
+        ps.per_channel = true;
+        ps.out = y.p;
+        check(cuda_moe_post_scale(ps, nullptr), "post scale");
+      };
+      emit("dense", queued_median_us(dense, runs));
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,156 @@
+// The MoE feed-forward block of the GPU runtime (moe_ffn.hpp).
+#include <cuda_runtime.h>
+
+#include "llmq/cuda_moe.hpp"
+#include "runtime/moe_ffn.hpp"
+#include "runtime/row_kernels.hpp"
+
+namespace llmq::runtime {
+
+int64_t MoeBuffers::bytes_for(int64_t rows, const ModelConfig& c) {
+  const int64_t slots = rows * c.n_experts_per_token;
+  return rows * c.n_experts * 4 + slots * (2 * 4 + 3 * 4) + (c.n_experts + 1) * 4 + slots * (c.dim + 4) +
+         slots * 2 * c.hidden_dim * 2 + slots * (c.hidden_dim + 4) + slots * c.dim * 2;
+}
+
+Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c) {
+  const int64_t slots = rows * c.n_experts_per_token;
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.n_experts * 4, "router logits", &logits));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe top-k ids", &topk_ids));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe top-k weights", &topk_weights));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate((c.n_experts + 1) * 4, "moe expert offsets", &offsets));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe sorted slots", &sorted_slots));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe slot rows", &slot_rows));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe row tokens", &row_tokens));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.dim, "moe gathered activations", &perm_codes));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe gathered scales", &perm_scales));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 2 * c.hidden_dim * 2, "moe gate/up output", &gate_up_out));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.hidden_dim, "moe down input", &act_codes));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe down input scales", &act_scales));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.dim * 2, "moe down output", &down_out));
+  return {};
+}
+
+int64_t MoeBuffers::bytes() const {
+  int64_t b = 0;
+  for (const DeviceAllocation* a : {&logits, &topk_ids, &topk_weights, &offsets, &sorted_slots, &slot_rows, &row_tokens,
+                                    &perm_codes, &perm_scales, &gate_up_out, &act_codes, &act_scales, &down_out})
+    b += a->bytes();
+  return b;
+}
+
+Status check_moe_linear(const GpuLinear& l) {
+  if (l.parts.size() != 1 || l.parts[0].w_dtype != DType::kE4M3 || l.parts[0].scale_kind != WeightScale::kChannel)
+    return unsupported(l.name + ": MoE experts run in FP8 E4M3 with per-channel or per-tensor scales (fp8-dynamic)");
+  if (l.act != ActQuant::kPerToken || l.act_dtype != DType::kE4M3)
+    return unsupported(l.name + ": MoE experts take per-token dynamic E4M3 activations (fp8-dynamic)");
+  return {};
+}
+
+namespace {
+
+// The grouped GEMM of one expert linear over the step's permuted rows.
+MoeGroupedGemm grouped(const GpuMoe& moe, const GpuLinear& l, const MoeBuffers& buf, int64_t tokens) {
+  MoeGroupedGemm g;
+  g.rows = tokens * moe.top_k;
+  g.experts = moe.experts;
+  g.n = l.n / moe.experts;
+  g.k = l.k;
+  g.max_rows_per_expert = tokens;  // a token meets an expert at most once
+  g.expert_offsets = buf.offsets.as<int32_t>();
+  g.w = l.parts[0].w.get();
+  g.w_scale = l.parts[0].w_scale.as<float>();
+  return g;
+}
+
+bool decode_sized(int64_t tokens, const LinearContext& ctx) {
+  return tokens <= kMoeDecodeMaxRows || !(ctx.sm_major == 9 && ctx.sm_minor == 0);
+}
+
+}  // namespace
+
+Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t tokens, uint16_t* out,
+               const LinearContext& ctx) {
+  if (tokens == 0) return {};
+  const int64_t slots = tokens * moe.top_k, dim = moe.down.n / moe.experts, hidden = moe.down.k;
+  LinearInput rin;
+  rin.bf16 = x.x_bf16;
+  LLMQ_RETURN_IF_ERROR(run_linear(moe.router, rin, tokens, buf.logits.get(), LinearOut::kF32, moe.experts, ctx));
+
+  MoeRouteArgs r;
+  r.tokens = tokens;
+  r.experts = moe.experts;
+  r.top_k = moe.top_k;
+  r.logits = buf.logits.as<float>();
+  r.topk_ids = buf.topk_ids.as<int32_t>();
+  r.topk_weights = buf.topk_weights.as<float>();
+  r.expert_offsets = buf.offsets.as<int32_t>();
+  r.sorted_slots = buf.sorted_slots.as<int32_t>();
+  r.slot_rows = buf.slot_rows.as<int32_t>();
+  r.row_tokens = buf.row_tokens.as<int32_t>();
+  LLMQ_RETURN_IF_ERROR(cuda_moe_route(r, ctx.stream));
+
+  const bool decode = decode_sized(tokens, ctx);
+  const MoeGemmKernel kernel = decode ? MoeGemmKernel::kDecode : MoeGemmKernel::kWgmma;
+  MoeGroupedGemm g1 = grouped(moe, moe.gate_up, buf, tokens);
+  if (decode) {
+    // The token rows in place: no gather.
+    g1.a = x.x_codes;
+    g1.a_scale = x.x_scales;
+    g1.a_rows = buf.row_tokens.as<int32_t>();
+    g1.a_rows_count = tokens;
+  } else {
+    MoeGatherArgs ga;
+    ga.rows = slots;
+    ga.top_k = moe.top_k;
+    ga.k = dim;
+    ga.src_codes = x.x_codes;
+    ga.src_scales = x.x_scales;
+    ga.sorted_slots = buf.sorted_slots.as<int32_t>();
+    ga.dst_codes = buf.perm_codes.get();
+    ga.dst_scales = buf.perm_scales.as<float>();
+    LLMQ_RETURN_IF_ERROR(cuda_moe_gather(ga, ctx.stream));
+    g1.a = buf.perm_codes.get();
+    g1.a_scale = buf.perm_scales.as<float>();
+  }
+  g1.d = buf.gate_up_out.as<uint16_t>();
+  LLMQ_RETURN_IF_ERROR(cuda_moe_grouped_gemm(g1, ctx.stream, kernel));
+
+  RowOpArgs silu;
+  silu.fn = RowFn::kSiluMul;
+  silu.rows = slots;
+  silu.n = hidden;
+  silu.src = buf.gate_up_out.as<uint16_t>();
+  silu.out = RowOut::kCodesPerToken;
+  silu.codes = buf.act_codes.get();
+  silu.scales = buf.act_scales.as<float>();
+  silu.spec = moe.down.act_spec;
+  LLMQ_RETURN_IF_ERROR(row_op(silu, ctx.stream));
+
+  MoeGroupedGemm g2 = grouped(moe, moe.down, buf, tokens);
+  g2.a = buf.act_codes.get();
+  g2.a_scale = buf.act_scales.as<float>();
+  g2.d = buf.down_out.as<uint16_t>();
+  LLMQ_RETURN_IF_ERROR(cuda_moe_grouped_gemm(g2, ctx.stream, kernel));
+
+  MoeCombineArgs cb;
+  cb.tokens = tokens;
+  cb.top_k = moe.top_k;
+  cb.n = dim;
+  cb.y = buf.down_out.as<uint16_t>();
+  cb.topk_weights = buf.topk_weights.as<float>();
+  cb.slot_rows = buf.slot_rows.as<int32_t>();
+  cb.out = out;
+  return cuda_moe_combine(cb, ctx.stream);
+}
+
+std::string describe_moe(const GpuMoe& moe, int64_t tokens, const LinearContext& ctx) {
+  const bool decode = decode_sized(tokens, ctx);
+  const int launches = decode ? 6 : 7;
+  return "moe " + std::to_string(moe.experts) + " experts top-" + std::to_string(moe.top_k) + ": router " +
+         linear_path(moe.router, tokens, ctx) + ", route, " + (decode ? "" : "gather, ") + "grouped " +
+         (decode ? "decode-gemm" : "wgmma") + " gate/up, silu-quant, grouped " + (decode ? "decode-gemm" : "wgmma") +
+         " down, combine (" + std::to_string(launches) + " launches, + norm and quantize)";
+}
+
+}  // namespace llmq::runtime

@@ -1,0 +1,67 @@
+// The GPU runtime's Mixtral-style MoE feed-forward block (the sparse top-k path of
+// include/llmq/cuda_moe.hpp inside a forward pass):
+//   router GEMM (BF16 weights, F32 logits) -> cuda_moe_route (top-k, renormalised weights, the
+//   expert-major permutation) -> [prefill: cuda_moe_gather] -> grouped FP8 GEMM gate/up ->
+//   SiLU * up + per-row FP8 quantize (row_op) -> grouped FP8 GEMM down -> cuda_moe_combine.
+// No host sync anywhere, so a decode step with MoE layers is captured in one CUDA graph like a
+// dense one. At decode sizes (<= kMoeDecodeMaxRows tokens) the grouped GEMMs run the decode kernel
+// on the token rows in place (only routed experts' weights are read); above, the tokens are
+// gathered into expert order for the wgmma kernel. Experts are FP8 E4M3 with per-channel scales
+// (a per-expert per-tensor scale is expanded), activations per-token dynamic E4M3.
+// No CUDA headers here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "llmq/model.hpp"
+#include "runtime/device_memory.hpp"
+#include "runtime/linear.hpp"
+
+namespace llmq::runtime {
+
+struct GpuMoe {
+  int64_t experts = 0;  // 0: a dense layer
+  int64_t top_k = 0;
+  GpuLinear router;   // [experts, dim], BF16
+  GpuLinear gate_up;  // one part, E4M3 [experts * 2 hidden, dim]: expert e's gate rows, then its up rows
+  GpuLinear down;     // one part, E4M3 [experts * dim, hidden]
+  bool active() const { return experts > 0; }
+  int64_t bytes() const { return router.bytes() + gate_up.bytes() + down.bytes(); }
+};
+
+// The buffers one step of up to `rows` tokens needs (owned by the runtime).
+struct MoeBuffers {
+  DeviceAllocation logits;                       // f32 [rows, experts]
+  DeviceAllocation topk_ids, topk_weights;       // [rows * top_k]
+  DeviceAllocation offsets;                      // int32 [experts + 1]
+  DeviceAllocation sorted_slots, slot_rows, row_tokens;  // int32 [rows * top_k]
+  DeviceAllocation perm_codes, perm_scales;      // gathered activations [rows * top_k, dim], [rows * top_k]
+  DeviceAllocation gate_up_out;                  // bf16 [rows * top_k, 2 hidden]
+  DeviceAllocation act_codes, act_scales;        // SiLU * up, quantized [rows * top_k, hidden], [rows * top_k]
+  DeviceAllocation down_out;                     // bf16 [rows * top_k, dim]
+  Status allocate(int64_t rows, const ModelConfig& c);
+  int64_t bytes() const;
+  static int64_t bytes_for(int64_t rows, const ModelConfig& c);
+};
+
+// out (BF16 [tokens, dim]) = the MoE block applied to the normalised activations: x_bf16 [tokens,
+// dim] for the router, and their per-token E4M3 codes and scales for the experts.
+struct MoeInput {
+  const uint16_t* x_bf16 = nullptr;
+  const void* x_codes = nullptr;
+  const float* x_scales = nullptr;
+};
+Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t tokens, uint16_t* out,
+               const LinearContext& ctx);
+
+// The kernels a step of `tokens` tokens launches, e.g. "moe: router cublaslt-bf16, route, grouped
+// decode x2, silu-quant, combine (6 launches)".
+std::string describe_moe(const GpuMoe& moe, int64_t tokens, const LinearContext& ctx);
+
+// Checks an expert linear the MoE block can run: one E4M3 part with per-channel scales, per-token
+// E4M3 activations (errors name the linear).
+Status check_moe_linear(const GpuLinear& l);
+
+}  // namespace llmq::runtime
