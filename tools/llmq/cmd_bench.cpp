@@ -192,9 +192,13 @@ int run_e2e(const BenchArgs& a) {
     const std::string precision = model->precision();  // "checkpoint" becomes the stored scheme
     const ModelConfig& c = model->config();
     const int64_t kv_elements_per_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim;
-    // Weight bytes a decode step reads: everything but the embedding table (one row per token).
-    const double step_weight_bytes = static_cast<double>(model->weight_bytes() - c.vocab_size * c.dim * 2);
+    // Weight bytes a decode step reads: everything but the embedding table (one row per token), and
+    // of an MoE model's experts only those a step can route to: batch x top_k of them at most.
     const bool eight_bit = precision != "bf16" && precision != "f32";
+    const double all_weight_bytes = static_cast<double>(model->weight_bytes() - c.vocab_size * c.dim * 2);
+    const double expert_bytes = c.is_moe() ? static_cast<double>(c.n_layers * c.n_experts * 3 * c.hidden_dim * c.dim) *
+                                                 (eight_bit ? 1.0 : 2.0)
+                                           : 0.0;
     for (const std::string& kv_cache : a.kv_caches) {
       const int64_t kv_per_token = kv_elements_per_token * (kv_cache == "e4m3" ? 1 : 2);
       for (int64_t batch : a.batches) {
@@ -220,9 +224,13 @@ int run_e2e(const BenchArgs& a) {
           const double med = percentile(ms, 0.5), p90 = percentile(ms, 0.9);
           const double kv_bytes = static_cast<double>(batch) * static_cast<double>(ctx + a.warmup + a.steps / 2) *
                                   static_cast<double>(kv_per_token);
+          const double active_experts =
+              c.is_moe() ? static_cast<double>(std::min(c.n_experts, batch * c.n_experts_per_token)) / static_cast<double>(c.n_experts) : 1.0;
+          const double step_weight_bytes = all_weight_bytes - expert_bytes * (1.0 - active_experts);
           const double floor_ms = (step_weight_bytes + kv_bytes) / copy_bw * 1e3;
           emit({{"kind", "decode"}, {"precision", precision}, {"batch", batch}, {"context", ctx}, {"steps", a.steps},
                 {"tpot_ms_median", med}, {"tpot_ms_p90", p90}, {"tokens_per_s", static_cast<double>(batch) / med * 1e3},
+                {"active_expert_fraction", active_experts},
                 {"floor_ms", floor_ms}, {"weight_bytes", step_weight_bytes}, {"kv_bytes", kv_bytes},
                 {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"kv_cache", kv_cache}, {"step_ms", ms}});
           table.push_back(fmt::format("{:<20} | decode b={:<3} ctx={:<5} kv={} | {:8.3f} ms/step (p90 {:7.3f}) | {:8.0f} tok/s | floor {:6.3f} ms ({:4.2f}x) | {:5.1f} GB",
