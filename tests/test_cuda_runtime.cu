@@ -517,6 +517,62 @@ TEST(GpuRuntime, QuantizedCheckpointStreamedEqualsHostLoaded) {
 
 // Three sequences of different lengths in one prefill (one of them continuing an earlier prefill,
 // so its attention also reads older cache entries) equal each sequence run alone.
+// An MoE checkpoint streamed to the device: unquantized (BF16 safetensors, quantized there under
+// fp8-dynamic) and as llmq exports it quantized (compressed-tensors, read as stored), each against
+// the same model quantized or loaded on the host and uploaded: identical logits. BF16 experts are
+// refused with the reason.
+TEST(GpuRuntime, MoeCheckpointStreamedEqualsHostLoaded) {
+  LLMQ_REQUIRE_GPU();
+  testing::TempDir tmp("llmq-gpu-moe-ckpt");
+  DefaultModelOptions opt;
+  opt.hidden_dim = 256;
+  opt.n_layers = 2;
+  opt.n_experts = 4;
+  opt.n_experts_per_token = 2;
+  const ModelWeights w = make_default_model(opt);
+  const auto source = memory_weight_source(w);
+  Scheme scheme;
+  ASSERT_TRUE(find_scheme("fp8-dynamic", &scheme).ok());
+  const std::string float_dir = tmp.file("bf16"), quant_dir = tmp.file("fp8");
+  ExportOptions eo;
+  eo.unquantized = true;
+  eo.keep_dtype = DType::kBF16;
+  ExportSummary summary;
+  Status st = export_quantized(*source, scheme, nullptr, float_dir, eo, &summary);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  st = export_quantized(*source, scheme, nullptr, quant_dir, {}, &summary);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  const std::vector<int32_t> p = prompt(20, w.config.vocab_size, 9);
+  for (const bool stored : {false, true}) {
+    SCOPED_TRACE(stored ? "REPRO quantized checkpoint" : "REPRO bf16 checkpoint under fp8-dynamic");
+    std::unique_ptr<GpuModel> streamed, uploaded;
+    st = GpuModel::from_checkpoint(stored ? quant_dir : float_dir, stored ? "checkpoint" : "fp8-dynamic", 0, &streamed);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    QuantizedModel qm;
+    if (stored) {
+      ASSERT_TRUE(load_quantized_checkpoint(quant_dir, &qm).ok());
+    } else {
+      ModelWeights host;
+      ASSERT_TRUE(load_hf_model(float_dir, &host).ok());
+      ASSERT_TRUE(quantize_model(host, scheme, nullptr, {}, &qm).ok());
+    }
+    st = GpuModel::from_quantized(qm, 0, &uploaded);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_EQ(streamed->weight_bytes(), uploaded->weight_bytes());
+    const std::vector<float> a = prefill_logits(*streamed, p), b = prefill_logits(*uploaded, p);
+    ASSERT_EQ(a.size(), b.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] == b[i] ? 0 : 1;
+    std::printf("  moe %s checkpoint: streamed vs host-loaded logits: %zu of %zu differ\n", stored ? "fp8" : "bf16",
+                differ, a.size());
+    EXPECT_EQ(differ, 0u);
+  }
+  std::unique_ptr<GpuModel> bf16;
+  st = GpuModel::from_checkpoint(float_dir, "bf16", 0, &bf16);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
+  EXPECT_NE(st.message().find("fp8-dynamic"), std::string::npos) << st.to_string();
+}
+
 TEST(GpuRuntime, BatchedPrefillEqualsSingleSequences) {
   LLMQ_REQUIRE_GPU();
   const ModelWeights w = make_default_model();

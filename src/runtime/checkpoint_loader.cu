@@ -182,6 +182,36 @@ struct Loader {
   }
 };
 
+// An MoE layer: the router BF16 (refused when the checkpoint stores it quantized: the runtime keeps
+// routers BF16), the experts stacked as GpuMoe wants them (expert e's w1 and w3 rows for gate/up,
+// its w2 for down), each expert tensor quantized on its own, so a per-tensor scale stays per expert.
+Status load_moe(const Loader& load, const ModelConfig& c, int64_t l, runtime::GpuMoe* moe) {
+  auto weight = [&](LinearRole role, int64_t expert) { return LinearId{l, role, expert}.hf_name(c) + ".weight"; };
+  const std::string router = LinearId{l, LinearRole::kRouter, -1}.hf_name(c);
+  if (load.stored_quantized) {
+    QuantizedLinear ql;
+    bool quantized = false;
+    LLMQ_RETURN_IF_ERROR(read_quantized_linear(load.ckpt, router, false, &quantized, &ql));
+    if (quantized) return unsupported(load.ckpt.dir() + ": " + router + " is quantized (the GPU runtime keeps routers BF16)");
+  }
+  Loader bf16 = load;
+  bf16.bf16 = true;
+  bf16.stored_quantized = false;
+  moe->experts = c.n_experts;
+  moe->top_k = c.n_experts_per_token;
+  LLMQ_RETURN_IF_ERROR(bf16.linear(runtime::layer_name(l, "router"), {router + ".weight"}, &moe->router));
+  std::vector<std::string> gate_up, down;
+  for (int64_t e = 0; e < c.n_experts; ++e) {
+    gate_up.push_back(weight(LinearRole::kGate, e));
+    gate_up.push_back(weight(LinearRole::kUp, e));
+    down.push_back(weight(LinearRole::kDown, e));
+  }
+  LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "experts.gate_up"), gate_up, &moe->gate_up));
+  LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "experts.down"), down, &moe->down));
+  LLMQ_RETURN_IF_ERROR(runtime::check_moe_linear(moe->gate_up));
+  return runtime::check_moe_linear(moe->down);
+}
+
 }  // namespace
 
 Status GpuModel::from_checkpoint(const std::string& dir, const std::string& precision, int device,
@@ -191,9 +221,6 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
   ModelConfig c;
   LLMQ_RETURN_IF_ERROR(parse_hf_config(ckpt->config_json(), &c));
   LLMQ_RETURN_IF_ERROR(runtime::check_config(c));
-  if (c.is_moe())
-    return unsupported(dir + ": MoE checkpoints (" + c.model_type +
-                       ") load on the GPU through a QuantizedModel or synthetic shapes; streaming them is not there yet");
   Loader load{*ckpt};
   std::string label = precision;
   if (is_quantized_checkpoint(*ckpt)) {
@@ -215,6 +242,7 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
       return unsupported("--scheme " + precision + " on the GPU from a checkpoint: static, SmoothQuant and MSE schemes need "
                          "calibration statistics; quantize with `llmq quantize --stats` first, or use a dynamic scheme");
   }
+  if (c.is_moe() && load.bf16 && !load.stored_quantized) return unsupported(dir + ": " + runtime::kMoeNeedsFp8);
   LLMQ_RETURN_IF_ERROR(runtime::select_device(device));
   LLMQ_RETURN_IF_ERROR(runtime::check_fits(c, load.bf16 && !load.stored_quantized, label));
   std::unique_ptr<GpuModel> m(new GpuModel());
@@ -248,9 +276,13 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
                                      {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
                                      &gl.qkv));
     LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "o_proj"), {p + "self_attn.o_proj.weight"}, &gl.o));
-    LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "gate_up"), {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
-                                     &gl.gate_up));
-    LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "down_proj"), {p + "mlp.down_proj.weight"}, &gl.down));
+    if (c.is_moe()) {
+      LLMQ_RETURN_IF_ERROR(load_moe(load, c, l, &gl.moe));
+    } else {
+      LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "gate_up"), {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
+                                       &gl.gate_up));
+      LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "down_proj"), {p + "mlp.down_proj.weight"}, &gl.down));
+    }
     g.layers.push_back(std::move(gl));
   }
   LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
