@@ -97,14 +97,18 @@ int main(int argc, char** argv) {
     const int64_t w_bytes = E * N * K;
     const int sets = sets_for(w_bytes / E * s.top_k, prop.l2CacheSize, 2);  // one token's experts: the smallest case
     const int n_sets = std::min(sets, 4);
-    std::vector<DeviceMem> w, ws;
+    std::vector<DeviceMem> w, ws, w16;
     for (int i = 0; i < n_sets; ++i) {
       w.emplace_back(static_cast<size_t>(w_bytes));
       ws.emplace_back(static_cast<size_t>(E * N * 4));
+      w16.emplace_back(static_cast<size_t>(2 * w_bytes));
       fill_e4m3<<<grid_for(w_bytes), 256>>>(w.back().as<uint8_t>(), w_bytes, 10 + i);
       fill_scales<<<grid_for(E * N), 256>>>(ws.back().as<float>(), E * N, 20 + i);
+      fill_bf16<<<grid_for(w_bytes), 256>>>(w16.back().as<__nv_bfloat16>(), w_bytes, 30 + i);
     }
     DeviceMem a(static_cast<size_t>(std::max(max_p, max_t) * K)), as(static_cast<size_t>(max_p * 4));
+    DeviceMem a16(static_cast<size_t>(max_p * K * 2));
+    fill_bf16<<<grid_for(max_p * K), 256>>>(a16.as<__nv_bfloat16>(), max_p * K, 4);
     DeviceMem y(static_cast<size_t>(std::max(max_p, E * max_t) * N * 2)), off(static_cast<size_t>((E + 1) * 4));
     fill_e4m3<<<grid_for(max_p * K), 256>>>(a.as<uint8_t>(), max_p * K, 3);
     fill_scales<<<grid_for(max_p), 256>>>(as.as<float>(), max_p, 5);
@@ -129,7 +133,8 @@ int main(int argc, char** argv) {
       const double active_bytes = static_cast<double>(active) * N * K;
       const double flops = 2.0 * static_cast<double>(P) * N * K;
       auto emit = [&](const char* variant, double us) {
-        const double gbps = active_bytes / (us * 1e-6) / 1e9;
+        const bool bf16 = std::strncmp(variant, "bf16", 4) == 0;
+        const double gbps = active_bytes * (bf16 ? 2.0 : 1.0) / (us * 1e-6) / 1e9;
         std::printf("%6lld | %6lld | %-7s | %10.1f | %9.0f | %6.1f%% | %8.1f\n", static_cast<long long>(t),
                     static_cast<long long>(active), variant, us, gbps, 100.0 * gbps * 1e9 / copy_bps,
                     flops / (us * 1e-6) / 1e12);
@@ -145,7 +150,7 @@ int main(int argc, char** argv) {
                << "\n";
       };
       int call = 0;
-      auto grouped = [&](MoeGemmKernel kernel) {
+      auto grouped = [&](MoeGemmKernel kernel, bool bf16 = false) {
         const int i = call++ % n_sets;
         MoeGroupedGemm g;
         g.rows = P;
@@ -159,6 +164,14 @@ int main(int argc, char** argv) {
         g.w = w[static_cast<size_t>(i)].p;
         g.w_scale = ws[static_cast<size_t>(i)].as<float>();
         g.d = y.as<uint16_t>();
+        if (bf16) {  // BF16 experts: the baseline FP8 is measured against, same kernels
+          g.a = a16.p;
+          g.a_dtype = DType::kBF16;
+          g.a_scale = nullptr;
+          g.w = w16[static_cast<size_t>(i)].p;
+          g.w_dtype = DType::kBF16;
+          g.w_scale = nullptr;
+        }
         check(cuda_moe_grouped_gemm(g, nullptr, kernel), "grouped gemm");
       };
       {
@@ -169,6 +182,7 @@ int main(int argc, char** argv) {
         emit(pick == MoeGemmKernel::kWgmma ? "auto=wg" : "auto=dec",
              queued_median_us([&] { grouped(MoeGemmKernel::kAuto); }, runs));
       }
+      emit("bf16", queued_median_us([&] { grouped(MoeGemmKernel::kAuto, true); }, runs));
       if (max_rows <= 512) emit("decode", queued_median_us([&] { grouped(MoeGemmKernel::kDecode); }, runs));
       if (prop.major == 9) emit("wgmma", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma); }, runs));
       // The dense path: every token through every expert (one strided-batched GEMM + post-scale).

@@ -2,7 +2,7 @@
 """Joins bench_cuda_moe_sparse's JSON lines with torch_moe_peers.py's (same session, same routing)
 into one table per shape: llmq's sparse grouped GEMM (the kernel auto picks), the fraction of copy
 bandwidth its active expert weights stream at, and the ratios against torch._scaled_grouped_mm
-(FP8), torch._grouped_mm (BF16), the BF16 per-expert loop and llmq's dense path.
+(FP8), torch._grouped_mm (BF16), the BF16 per-expert loop and llmq's dense path and llmq's own BF16 experts.
 
 usage: moe_table.py LLMQ_JSONL TORCH_JSONL"""
 import json
@@ -28,7 +28,7 @@ def main():
         if r.get("bench") == "moe_grouped_peer" and "us" in r and "shape" in r:
             peers.setdefault((r["shape"], r["tokens"]), {})[r["peer"]] = r["us"]
     head = (f"{'shape':>13} {'tok':>5} | {'llmq us':>8} {'kernel':>8} {'%copy':>6} | {'vs torch fp8':>12} "
-            f"{'vs torch bf16':>13} {'vs bf16 loop':>12} | {'dense/sparse':>12}")
+            f"{'vs torch bf16':>13} {'vs bf16 loop':>12} | {'dense/sparse':>12} {'llmq bf16/fp8':>13}")
     print(head)
     for (shape, t), v in sorted(ours.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         auto = next((r for k, r in v.items() if k.startswith("auto")), None)
@@ -42,7 +42,7 @@ def main():
         dense = v.get("dense", {}).get("us")
         print(f"{shape:>13} {t:>5} | {auto['us']:8.1f} {auto['variant'][5:]:>8} {100 * auto['fraction_of_copy']:5.1f}% | "
               f"{ratio(p.get('torch_scaled_grouped_mm_fp8')):>12} {ratio(p.get('torch_grouped_mm_bf16')):>13} "
-              f"{ratio(p.get('bf16_per_expert_loop')):>12} | {ratio(dense):>12}")
+              f"{ratio(p.get('bf16_per_expert_loop')):>12} | {ratio(dense):>12} {ratio(v.get('bf16', {}).get('us')):>13}")
 
 
 if __name__ == "__main__":

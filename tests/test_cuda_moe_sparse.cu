@@ -271,6 +271,96 @@ TEST(CudaMoeSparse, GroupedGemmMatchesTheCpuReferenceOnSkewedRoutings) {
   }
 }
 
+// BF16 experts (the baseline FP8 is measured against) through both kernels: BF16 x BF16 products
+// summed in FP32, one BF16 rounding; the reference sums the same BF16 values in double.
+TEST(CudaMoeSparse, Bf16GroupedGemmMatchesTheCpuReference) {
+  LLMQ_REQUIRE_GPU();
+  const GemmCase cases[] = {{8, 1, 2, 512, 384}, {8, 16, 2, 320, 208}, {32, 40, 4, 320, 320}, {8, 200, 2, 512, 384}};
+  for (const GemmCase& c : cases) {
+    for (Skew skew : {Skew::kUniform, Skew::kEmpty}) {
+      const int64_t P = c.tokens * c.top_k, E = c.experts, K = c.k, N = c.n;
+      const std::vector<int64_t> sizes = group_sizes(P, E, skew, 6);
+      std::vector<int32_t> off(static_cast<size_t>(E + 1), 0);
+      for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + static_cast<int32_t>(sizes[e]);
+      std::vector<float> xf = synthetic_activations(c.tokens, K, 41);
+      std::vector<uint16_t> x(xf.size()), w(static_cast<size_t>(E * N * K));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16_bits(xf[i]);
+      for (int64_t e = 0; e < E; ++e) {
+        const std::vector<float> we = synthetic_weights(N, K, 200 + static_cast<uint64_t>(e));
+        for (int64_t i = 0; i < N * K; ++i) w[e * N * K + i] = float_to_bf16_bits(we[i] * static_cast<float>(1 << (e % 5)));
+      }
+      std::vector<int32_t> row_token(static_cast<size_t>(P));
+      std::vector<uint16_t> a_perm(static_cast<size_t>(P * K));
+      for (int64_t p = 0; p < P; ++p) {
+        row_token[p] = static_cast<int32_t>((p * 5 + 1) % c.tokens);
+        std::copy(&x[row_token[p] * K], &x[(row_token[p] + 1) * K], a_perm.begin() + p * K);
+      }
+      DeviceBuffer<uint16_t> d_x(x.size()), d_ap(a_perm.size()), d_w(w.size()), d_y(static_cast<size_t>(P * N));
+      DeviceBuffer<int32_t> d_off(off.size()), d_rt(row_token.size());
+      CUDA_ASSERT(d_x.upload(x));
+      CUDA_ASSERT(d_ap.upload(a_perm));
+      CUDA_ASSERT(d_w.upload(w));
+      CUDA_ASSERT(d_off.upload(off));
+      CUDA_ASSERT(d_rt.upload(row_token));
+      std::vector<std::pair<MoeGemmKernel, bool>> variants = {{MoeGemmKernel::kDecode, true}, {MoeGemmKernel::kDecode, false}};
+      CudaDeviceInfo info;
+      ASSERT_TRUE(query_cuda_device(0, &info).ok());
+      if (info.major == 9 && info.minor == 0) variants.push_back({MoeGemmKernel::kWgmma, false});
+      for (const auto& [kernel, in_place] : variants) {
+        SCOPED_TRACE(testing::repro(41, P, K, std::string("bf16 experts=") + std::to_string(E) + " n=" + std::to_string(N) +
+                                                  " " + skew_name(skew) + " kernel=" + moe_gemm_kernel_name(kernel) +
+                                                  (in_place ? " a_rows" : " gathered")));
+        CUDA_ASSERT(d_y.fill_bytes(0xFF));
+        MoeGroupedGemm g;
+        g.rows = P;
+        g.experts = E;
+        g.n = N;
+        g.k = K;
+        g.max_rows_per_expert = c.tokens;
+        g.expert_offsets = d_off.get();
+        g.a_dtype = DType::kBF16;
+        g.w_dtype = DType::kBF16;
+        if (in_place) {
+          g.a = d_x.get();
+          g.a_rows = d_rt.get();
+          g.a_rows_count = c.tokens;
+        } else {
+          g.a = d_ap.get();
+        }
+        g.w = d_w.get();
+        g.d = d_y.get();
+        const Status st = cuda_moe_grouped_gemm(g, nullptr, kernel);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        std::vector<uint16_t> y;
+        CUDA_ASSERT(d_y.download(&y));
+        double worst = 0;
+        for (int64_t e = 0; e < E; ++e) {
+          double diff = 0, norm = 0;
+          for (int64_t p = off[e]; p < off[e + 1]; ++p)
+            for (int64_t j = 0; j < N; ++j) {
+              double want = 0;
+              for (int64_t i = 0; i < K; ++i)
+                want += static_cast<double>(bf16_bits_to_float(a_perm[p * K + i])) * bf16_bits_to_float(w[(e * N + j) * K + i]);
+              const double got = bf16_bits_to_float(y[p * N + j]);
+              ASSERT_FALSE(std::isnan(got)) << "row " << p << " col " << j << " not written";
+              diff += (got - want) * (got - want);
+              norm += want * want;
+            }
+          if (norm == 0) continue;
+          const double err = std::sqrt(diff / norm);
+          EXPECT_LT(err, 4e-3) << "expert " << e;
+          worst = std::max(worst, err);
+        }
+        std::printf("  bf16 E=%lld tokens=%lld K=%lld N=%lld %-7s %-6s %-8s worst expert rel frobenius %.2e\n",
+                    static_cast<long long>(E), static_cast<long long>(c.tokens), static_cast<long long>(K),
+                    static_cast<long long>(N), skew_name(skew), moe_gemm_kernel_name(kernel), in_place ? "a_rows" : "gathered",
+                    worst);
+      }
+    }
+  }
+}
+
 TEST(CudaMoeSparse, GatherAndCombineAreExact) {
   LLMQ_REQUIRE_GPU();
   const int64_t tokens = 77, top_k = 3, k = 96, n_cols[] = {64, 13};

@@ -96,7 +96,8 @@ Status cuda_moe_combine(const MoeCombineArgs& args, CudaStream stream);
 // with r = a_rows[p] when a_rows is given (rows read in place: the decode kernel) or r = p.
 // W: E4M3 [experts, n, k] (nn.Linear layout per expert), per-channel scales (a per-tensor scale
 // is expanded by the caller). A: E4M3 with per-row scales (W8A8), or BF16 with a_scale null (W8A16,
-// decode kernel only).
+// decode kernel only). BF16 experts (w_dtype kBF16, A BF16, no scales) run both kernels too: the
+// BF16 baseline the FP8 experts are measured against.
 enum class MoeGemmKernel {
   kAuto,    // decode when max_rows_per_expert <= kMoeDecodeMaxRows, else wgmma (sm_90) or decode
   kDecode,  // the decode GEMM's streaming kernel, one grid slice per (expert, 16-row chunk):
@@ -120,8 +121,9 @@ struct MoeGroupedGemm {
   const int32_t* a_rows = nullptr; // [rows] or null
   int64_t a_rows_count = 0;        // rows of A when a_rows is given
   const float* a_scale = nullptr;  // [rows of A]; null for BF16 A
-  const void* w = nullptr;         // E4M3 [experts, n, k]
-  const float* w_scale = nullptr;  // [experts, n]
+  const void* w = nullptr;         // [experts, n, k]
+  DType w_dtype = DType::kE4M3;    // kE4M3, or kBF16 (BF16 experts: A BF16 too, no scales)
+  const float* w_scale = nullptr;  // [experts, n]; null for BF16 weights
   uint16_t* d = nullptr;           // BF16 [rows, n]
 };
 Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemmKernel kernel = MoeGemmKernel::kAuto);

@@ -221,7 +221,11 @@ __device__ __forceinline__ void mma_8bit(float (&c)[4], uint32_t a0, uint32_t a1
 // kM16: M > 8 (a second n8 tile of tokens 8..15); kTiles: 16-row tiles per CTA; kPrefetch:
 // .L2::256B on the weight loads.
 
-template <bool kInt8, bool kABf16, bool kM16, int kTiles, bool kPrefetch>
+// kW16 (with kInt8 = kABf16 = false): BF16 weights and BF16 activations, for MoE's BF16 experts.
+// The W8A8 data path runs unchanged on bytes (the host passes K, strides and offsets in bytes), and
+// each lane's 8 bytes per row and token become one mma.m16n8k16 bf16 instead of one k32 8-bit mma:
+// the same registers, two BF16 per 32-bit word; no scales.
+template <bool kInt8, bool kABf16, bool kM16, int kTiles, bool kPrefetch, bool kW16 = false>
 __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p) {
   using Acc = std::conditional_t<kInt8 && !kABf16, int32_t, float>;
   constexpr int kAElt = kABf16 ? 2 : 1;
@@ -366,8 +370,13 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
             for (int t = 0; t < kTiles; ++t) {
               const uint4 lo = b.w[u][t][0], hi = b.w[u][t][1];
               // Bytes 0-7: mma K {4q..4q+3, 16+4q..16+4q+3} of the first k32; bytes 8-15 of the second.
-              mma_8bit(acc[t][j][(u * 2) % kChains], lo.x, hi.x, lo.y, hi.y, x.x, x.y);
-              mma_8bit(acc[t][j][(u * 2 + 1) % kChains], lo.z, hi.z, lo.w, hi.w, x.z, x.w);
+              if constexpr (kW16) {
+                mma_bf16(acc[t][j][(u * 2) % kChains], lo.x, hi.x, lo.y, hi.y, x.x, x.y);
+                mma_bf16(acc[t][j][(u * 2 + 1) % kChains], lo.z, hi.z, lo.w, hi.w, x.z, x.w);
+              } else {
+                mma_8bit(acc[t][j][(u * 2) % kChains], lo.x, hi.x, lo.y, hi.y, x.x, x.y);
+                mma_8bit(acc[t][j][(u * 2 + 1) % kChains], lo.z, hi.z, lo.w, hi.w, x.z, x.w);
+              }
             }
           }
         }
@@ -393,9 +402,14 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
   // 0 + x turns a -0 product into the +0 the reference's zero-initialised accumulator gives.
   auto store = [&](int m, int64_t n, Acc v) {
     const float x = std::is_same_v<Acc, int32_t> ? __int2float_rn(static_cast<int>(v)) : static_cast<float>(v);
-    float scale = w_scale[n * p.w_scale_step];
-    if constexpr (!kABf16) scale = __fmul_rn(p.a_scale[a_row(m) * p.a_scale_step], scale);
-    float y = __fadd_rn(0.0f, __fmul_rn(x, scale));
+    float y;
+    if constexpr (kW16) {
+      y = __fadd_rn(0.0f, x);
+    } else {
+      float scale = w_scale[n * p.w_scale_step];
+      if constexpr (!kABf16) scale = __fmul_rn(p.a_scale[a_row(m) * p.a_scale_step], scale);
+      y = __fadd_rn(0.0f, __fmul_rn(x, scale));
+    }
     if (p.bias != nullptr) y = __fadd_rn(y, p.bias[n]);
     d_base[m * p.d_stride + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
   };
@@ -457,15 +471,16 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
 
 using KernelFn = void (*)(Params);
 
-template <bool kInt8, bool kABf16, bool kM16, bool kPrefetch>
+template <bool kInt8, bool kABf16, bool kM16, bool kPrefetch, bool kW16 = false>
 KernelFn kernel_for_tiles(int tiles) {
-  if (tiles == 4) return decode_gemm_kernel<kInt8, kABf16, kM16, 4, kPrefetch>;
-  if (tiles == 2) return decode_gemm_kernel<kInt8, kABf16, kM16, 2, kPrefetch>;
-  return decode_gemm_kernel<kInt8, kABf16, kM16, 1, kPrefetch>;
+  if (tiles == 4) return decode_gemm_kernel<kInt8, kABf16, kM16, 4, kPrefetch, kW16>;
+  if (tiles == 2) return decode_gemm_kernel<kInt8, kABf16, kM16, 2, kPrefetch, kW16>;
+  return decode_gemm_kernel<kInt8, kABf16, kM16, 1, kPrefetch, kW16>;
 }
 
 template <bool kM16, bool kPrefetch>
-KernelFn kernel_for(bool int8, bool a_bf16, int tiles) {
+KernelFn kernel_for(bool int8, bool a_bf16, bool w16, int tiles) {
+  if (w16) return kernel_for_tiles<false, false, kM16, kPrefetch, true>(tiles);
   if (int8)
     return a_bf16 ? kernel_for_tiles<true, true, kM16, kPrefetch>(tiles) : kernel_for_tiles<true, false, kM16, kPrefetch>(tiles);
   return a_bf16 ? kernel_for_tiles<false, true, kM16, kPrefetch>(tiles) : kernel_for_tiles<false, false, kM16, kPrefetch>(tiles);
@@ -473,9 +488,9 @@ KernelFn kernel_for(bool int8, bool a_bf16, int tiles) {
 
 // kM16: M > 8 (mma rows 8..15 carry tokens; else they are zero registers and A rows 8..15 are
 // never loaded).
-KernelFn select_kernel(bool int8, bool a_bf16, bool m16, int tiles, bool prefetch) {
-  if (m16) return prefetch ? kernel_for<true, true>(int8, a_bf16, tiles) : kernel_for<true, false>(int8, a_bf16, tiles);
-  return prefetch ? kernel_for<false, true>(int8, a_bf16, tiles) : kernel_for<false, false>(int8, a_bf16, tiles);
+KernelFn select_kernel(bool int8, bool a_bf16, bool m16, int tiles, bool prefetch, bool w16 = false) {
+  if (m16) return prefetch ? kernel_for<true, true>(int8, a_bf16, w16, tiles) : kernel_for<true, false>(int8, a_bf16, w16, tiles);
+  return prefetch ? kernel_for<false, true>(int8, a_bf16, w16, tiles) : kernel_for<false, false>(int8, a_bf16, w16, tiles);
 }
 
 struct DeviceFacts {
@@ -547,7 +562,8 @@ struct FullPlan {
 
 bool is_w8a16(const DecodeGemmProblem& p) { return p.a_dtype == DType::kBF16; }
 
-Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPlan* out) {
+// w16: the problem is the byte view of a BF16 x BF16 GEMM (see kW16).
+Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPlan* out, bool w16 = false) {
   if (cfg.split_k != 0 && cfg.split_k != 1 && cfg.split_k != 2 && cfg.split_k != 4 && cfg.split_k != 8)
     return invalid_argument("config.split_k: must be 0 (choose), 1, 2, 4 or 8, got " + std::to_string(cfg.split_k));
   if (cfg.tiles_per_cta != 0 && cfg.tiles_per_cta != 1 && cfg.tiles_per_cta != 2 && cfg.tiles_per_cta != 4)
@@ -569,7 +585,7 @@ Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPl
     int64_t best_waves = 0;
     for (const int t : {1, 2, 4}) {
       int per_sm = 0;
-      LLMQ_RETURN_IF_ERROR(ctas_per_sm(select_kernel(int8, a_bf16, p.m > 8, t, cfg.l2_prefetch), dev, &per_sm));
+      LLMQ_RETURN_IF_ERROR(ctas_per_sm(select_kernel(int8, a_bf16, p.m > 8, t, cfg.l2_prefetch, w16), dev, &per_sm));
       const int64_t waves = ceil_div(ceil_div(tiles, t), per_sm * int64_t{dev.sms});
       if (tiles_per_cta == 0 || waves < best_waves) {
         best_waves = waves;
@@ -577,11 +593,11 @@ Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPl
       }
     }
   }
-  const KernelFn fn = select_kernel(int8, a_bf16, p.m > 8, tiles_per_cta, cfg.l2_prefetch);
+  const KernelFn fn = select_kernel(int8, a_bf16, p.m > 8, tiles_per_cta, cfg.l2_prefetch, w16);
   int ptx_version = 0;
   int64_t smem = 0;
   LLMQ_RETURN_IF_ERROR(kernel_facts(fn, dev, &ptx_version, &smem));
-  if (!int8 && !a_bf16 && (dev.major * 10 + dev.minor < 89 || ptx_version < 89))
+  if (!w16 && !int8 && !a_bf16 && (dev.major * 10 + dev.minor < 89 || ptx_version < 89))
     return unsupported("a_dtype: FP8 x FP8 products need an sm_89+ GPU and code built for it (device sm_" +
                        std::to_string(dev.major) + std::to_string(dev.minor) + ", code compute_" +
                        std::to_string(ptx_version) + ")");
@@ -696,13 +712,14 @@ struct GroupLaunch {
   int64_t w_scale_stride = 0;
   int experts = 0;
   int slices = 0;  // grid z: at least the number of 16-row chunks any routing can make
+  bool w16 = false;  // BF16 x BF16, the problem in bytes (kW16)
 };
 
 Status launch(const DecodeGemmProblem& p, CudaStream stream, const DecodeGemmConfig& config, const GroupLaunch* group) {
   LLMQ_RETURN_IF_ERROR(cuda_decode_gemm_can_implement(p));
   if (p.m == 0 || p.n == 0) return {};
   FullPlan full;
-  LLMQ_RETURN_IF_ERROR(make_plan(p, config, &full));
+  LLMQ_RETURN_IF_ERROR(make_plan(p, config, &full, group != nullptr && group->w16));
   const DecodeGemmPlan& plan = full.plan;
   const bool w8a16 = is_w8a16(p);
 
@@ -786,6 +803,17 @@ Status decode_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream) {
   group.rows = g.a_rows;
   group.w_stride = g.n * g.k;
   group.w_scale_stride = g.n;
+  if (g.w_dtype == DType::kBF16) {
+    // BF16 x BF16 as its byte view (kW16): K and the weight stride in bytes, no scales (the kernel
+    // reads none; the W8A8 checks want pointers, so they get a valid device one).
+    p.k = 2 * g.k;
+    p.a_dtype = DType::kE4M3;
+    p.a_scale = reinterpret_cast<const float*>(g.expert_offsets);
+    p.w_scale = reinterpret_cast<const float*>(g.expert_offsets);
+    group.w_stride = 2 * g.n * g.k;
+    group.w_scale_stride = 0;
+    group.w16 = true;
+  }
   group.experts = static_cast<int>(g.experts);
   group.slices = static_cast<int>(slices);
   return decode_gemm::launch(p, stream, DecodeGemmConfig{}, &group);

@@ -74,6 +74,8 @@ struct GroupedParams {
   int n_blocks;
 };
 
+// kBf16: BF16 experts (A and W BF16, k counts bytes, no scales); else E4M3 with scales.
+template <bool kBf16>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a,
                                  const __grid_constant__ CUtensorMap tmap_w, GroupedParams p) {
@@ -170,9 +172,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t b_tile = stage_a(stage) + kABytes;
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBlockK / 32; ++kk)
-          wgmma_m64n128k32_e4m3(part, make_smem_desc_k_sw128(a_tile + 32u * kk),
-                                make_smem_desc_k_sw128(b_tile + 32u * kk), kk > 0 ? 1 : 0);
+        for (int kk = 0; kk < kBlockK / 32; ++kk) {
+          // 32 bytes of K per instruction: 32 E4M3 or 16 BF16.
+          if constexpr (kBf16)
+            wgmma_m64n128k16_bf16(part, make_smem_desc_k_sw128(a_tile + 32u * kk),
+                                  make_smem_desc_k_sw128(b_tile + 32u * kk), kk > 0 ? 1 : 0);
+          else
+            wgmma_m64n128k32_e4m3(part, make_smem_desc_k_sw128(a_tile + 32u * kk),
+                                  make_smem_desc_k_sw128(b_tile + 32u * kk), kk > 0 ? 1 : 0);
+        }
         wgmma_commit_group();
         wgmma_wait_group<0>();
         fence_registers(part);
@@ -190,15 +198,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r0 = mb * kBlockM + consumer * 64 + warp * 16 + lane / 4;
       const int64_t prow0 = offsets[e] + r0;
       const bool ok0 = r0 < rows_e, ok1 = r0 + 8 < rows_e;
-      const float sa0 = ok0 ? p.a_scale[prow0] : 0.0f;
-      const float sa1 = ok1 ? p.a_scale[prow0 + 8] : 0.0f;
-      const float* ws = p.w_scale + static_cast<int64_t>(e) * p.n;
+      const float sa0 = kBf16 ? 1.0f : (ok0 ? p.a_scale[prow0] : 0.0f);
+      const float sa1 = kBf16 ? 1.0f : (ok1 ? p.a_scale[prow0 + 8] : 0.0f);
+      const float* ws = kBf16 ? nullptr : p.w_scale + static_cast<int64_t>(e) * p.n;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
         const int col = nb * kBlockN + 8 * j + 2 * (lane % 4);
         if (col >= p.n) continue;
         const bool two = col + 1 < p.n;
-        const float sb0 = ws[col], sb1 = two ? ws[col + 1] : 0.0f;
+        const float sb0 = kBf16 ? 1.0f : ws[col], sb1 = kBf16 ? 1.0f : (two ? ws[col + 1] : 0.0f);
         auto put = [&](int64_t row, float sa, float v0, float v1) {
           const uint16_t b0 = __bfloat16_as_ushort(__float2bfloat16_rn(v0 * __fmul_rn(sa, sb0)));
           uint16_t* dst = p.d + row * p.n + col;
@@ -234,10 +242,13 @@ Status query_device(DeviceFacts* f) {
   return {};
 }
 
+template <bool kBf16>
 Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_t stream) {
+  // Rows as bytes: TMA copies them whatever the element type.
+  const int64_t k_bytes = g.k * (kBf16 ? 2 : 1);
   CUtensorMap map_a, map_w;
-  LLMQ_RETURN_IF_ERROR(int8_gemm::encode_int8_tensor_map(&map_a, g.a, g.rows, g.k, kBlockM, kBlockK));
-  LLMQ_RETURN_IF_ERROR(int8_gemm::encode_int8_tensor_map(&map_w, g.w, g.experts * g.n, g.k, kBlockN, kBlockK));
+  LLMQ_RETURN_IF_ERROR(int8_gemm::encode_int8_tensor_map(&map_a, g.a, g.rows, k_bytes, kBlockM, kBlockK));
+  LLMQ_RETURN_IF_ERROR(int8_gemm::encode_int8_tensor_map(&map_w, g.w, g.experts * g.n, k_bytes, kBlockN, kBlockK));
   GroupedParams p;
   p.expert_offsets = g.expert_offsets;
   p.a_scale = g.a_scale;
@@ -245,13 +256,13 @@ Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_
   p.d = g.d;
   p.experts = static_cast<int>(g.experts);
   p.n = static_cast<int>(g.n);
-  p.k = static_cast<int>(g.k);
+  p.k = static_cast<int>(k_bytes);
   p.n_blocks = static_cast<int>(ceil_div(g.n, kBlockN));
   const size_t smem = smem_bytes(g.experts);
   static std::atomic<uint64_t> configured{0};  // one bit per device ordinal
   const uint64_t bit = dev.ordinal < 64 ? uint64_t{1} << dev.ordinal : 0;
   if (bit == 0 || (configured.load() & bit) == 0) {
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(moe_grouped_gemm_sm90_kernel,
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(moe_grouped_gemm_sm90_kernel<kBf16>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(smem_bytes(kMaxExperts))));
     configured.fetch_or(bit);
@@ -259,7 +270,7 @@ Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_
   // Upper bound on tiles: each expert adds at most one partial M-block to ceil(rows / 128).
   const int64_t max_tiles = (ceil_div(g.rows, kBlockM) + g.experts) * p.n_blocks;
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, dev.sms));
-  moe_grouped_gemm_sm90_kernel<<<grid, kThreads, smem, stream>>>(map_a, map_w, p);
+  moe_grouped_gemm_sm90_kernel<kBf16><<<grid, kThreads, smem, stream>>>(map_a, map_w, p);
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("moe_grouped_gemm_sm90_kernel");
   return {};
 }
@@ -278,14 +289,20 @@ Status check(const MoeGroupedGemm& g) {
   if (g.max_rows_per_expert < 0) return invalid_argument("max_rows_per_expert: must be >= 0");
   if (g.a_dtype != DType::kE4M3 && g.a_dtype != DType::kBF16)
     return invalid_argument(std::string("a_dtype: must be e4m3 (W8A8) or bf16 (W8A16), got ") + dtype_name(g.a_dtype));
+  if (g.w_dtype != DType::kE4M3 && g.w_dtype != DType::kBF16)
+    return invalid_argument(std::string("w_dtype: must be e4m3 or bf16, got ") + dtype_name(g.w_dtype));
+  const bool bf16 = g.w_dtype == DType::kBF16;
+  if (bf16 && (g.a_dtype != DType::kBF16 || g.a_scale != nullptr || g.w_scale != nullptr))
+    return invalid_argument("w_dtype: BF16 experts take BF16 activations and no scales (a_scale and w_scale null)");
   if (g.rows == 0) return {};
   if (g.expert_offsets == nullptr) return invalid_argument("expert_offsets: null device pointer");
   if (g.a == nullptr) return invalid_argument("a: null device pointer");
   if (g.w == nullptr) return invalid_argument("w: null device pointer");
-  if (g.w_scale == nullptr) return invalid_argument("w_scale: null device pointer");
+  if (!bf16 && g.w_scale == nullptr) return invalid_argument("w_scale: null device pointer");
   if (g.d == nullptr) return invalid_argument("d: null device pointer");
   if (g.a_dtype == DType::kE4M3 && g.a_scale == nullptr) return invalid_argument("a_scale: null device pointer (W8A8)");
   if (g.a_dtype == DType::kBF16 && g.a_scale != nullptr) return invalid_argument("a_scale: must be null for bf16 A");
+  if (bf16 && g.k > (int64_t{1} << 30)) return invalid_argument("k: too large for BF16 rows in bytes");
   if (g.a_rows != nullptr && g.a_rows_count <= 0)
     return invalid_argument("a_rows_count: must be > 0 when a_rows is given");
   if (!aligned16(g.a) || !aligned16(g.w)) return invalid_argument(std::string(aligned16(g.a) ? "w" : "a") + ": must be 16-byte aligned");
@@ -293,7 +310,8 @@ Status check(const MoeGroupedGemm& g) {
 }
 
 MoeGemmKernel pick(const MoeGroupedGemm& g, const DeviceFacts& dev) {
-  const bool wgmma_ok = dev.major == 9 && dev.minor == 0 && g.a_rows == nullptr && g.a_dtype == DType::kE4M3;
+  const bool same_types = g.a_dtype == g.w_dtype;  // E4M3 x E4M3 or BF16 x BF16
+  const bool wgmma_ok = dev.major == 9 && dev.minor == 0 && g.a_rows == nullptr && same_types;
   if (!wgmma_ok || g.max_rows_per_expert <= kMoeDecodeMaxRows) return MoeGemmKernel::kDecode;
   return MoeGemmKernel::kWgmma;
 }
@@ -312,8 +330,8 @@ Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemm
       return unsupported("kernel: the wgmma grouped GEMM needs an sm_90 GPU, this one is sm_" +
                          std::to_string(dev.major) + std::to_string(dev.minor));
     if (g.a_rows != nullptr) return invalid_argument("a_rows: the wgmma kernel reads contiguous rows (gather first)");
-    if (g.a_dtype != DType::kE4M3) return invalid_argument("a_dtype: the wgmma kernel takes e4m3 A");
-    return moe::launch_wgmma(g, dev, s);
+    if (g.a_dtype != g.w_dtype) return invalid_argument("a_dtype: the wgmma kernel takes A in the weights' type (e4m3 or bf16)");
+    return g.w_dtype == DType::kBF16 ? moe::launch_wgmma<true>(g, dev, s) : moe::launch_wgmma<false>(g, dev, s);
   }
   return moe::decode_grouped_gemm(g, stream);
 }

@@ -242,7 +242,6 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
       return unsupported("--scheme " + precision + " on the GPU from a checkpoint: static, SmoothQuant and MSE schemes need "
                          "calibration statistics; quantize with `llmq quantize --stats` first, or use a dynamic scheme");
   }
-  if (c.is_moe() && load.bf16 && !load.stored_quantized) return unsupported(dir + ": " + runtime::kMoeNeedsFp8);
   LLMQ_RETURN_IF_ERROR(runtime::select_device(device));
   LLMQ_RETURN_IF_ERROR(runtime::check_fits(c, load.bf16 && !load.stored_quantized, label));
   std::unique_ptr<GpuModel> m(new GpuModel());

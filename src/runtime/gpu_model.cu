@@ -42,8 +42,8 @@ int64_t GpuModel::weight_bytes() const { return impl_->bytes(); }
 
 namespace runtime {
 
-const char* const kMoeNeedsFp8 =
-    "MoE experts run in FP8 on the GPU (the grouped expert GEMMs are E4M3 x E4M3): use --precision fp8-dynamic";
+const char* const kMoeNotF32 =
+    "MoE experts run in BF16 or FP8 on the GPU (the grouped expert GEMMs are BF16 x BF16 or E4M3 x E4M3), not F32";
 
 Status upload_f32(const Tensor& t, const std::string& what, DeviceAllocation* out) {
   if (t.dtype() != DType::kF32) return invalid_argument(what + ": expected f32, got " + t.view().describe());
@@ -303,7 +303,7 @@ using namespace runtime;  // the helpers above, in this file
 
 Status GpuModel::from_float(const ModelWeights& w, DType linear_dtype, int device, std::unique_ptr<GpuModel>* out) {
   LLMQ_RETURN_IF_ERROR(check_config(w.config));
-  if (w.config.is_moe()) return unsupported(kMoeNeedsFp8);
+  if (w.config.is_moe() && linear_dtype != DType::kBF16) return unsupported(kMoeNotF32);
   if (linear_dtype != DType::kF32 && linear_dtype != DType::kBF16)
     return invalid_argument(std::string("linear dtype: f32 or bf16, got ") + dtype_name(linear_dtype));
   LLMQ_RETURN_IF_ERROR(select_device(device));
@@ -326,8 +326,21 @@ Status GpuModel::from_float(const ModelWeights& w, DType linear_dtype, int devic
     LLMQ_RETURN_IF_ERROR(bias_of({&L.q, &L.k, &L.v}, layer_name(i, "qkv.bias"), &gl.qkv_bias));
     LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "qkv"), {&L.q, &L.k, &L.v}, linear_dtype, &gl.qkv));
     LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "o_proj"), {&L.o}, linear_dtype, &gl.o));
-    LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "gate_up"), {&L.mlp.gate, &L.mlp.up}, linear_dtype, &gl.gate_up));
-    LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "down_proj"), {&L.mlp.down}, linear_dtype, &gl.down));
+    if (w.config.is_moe()) {
+      gl.moe.experts = w.config.n_experts;
+      gl.moe.top_k = w.config.n_experts_per_token;
+      std::vector<const Linear*> gate_up, down;
+      for (const Expert& ex : L.experts) {
+        gate_up.insert(gate_up.end(), {&ex.gate, &ex.up});
+        down.push_back(&ex.down);
+      }
+      LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "router"), {&L.router}, DType::kBF16, &gl.moe.router));
+      LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "experts.gate_up"), gate_up, DType::kBF16, &gl.moe.gate_up));
+      LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "experts.down"), down, DType::kBF16, &gl.moe.down));
+    } else {
+      LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "gate_up"), {&L.mlp.gate, &L.mlp.up}, linear_dtype, &gl.gate_up));
+      LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "down_proj"), {&L.mlp.down}, linear_dtype, &gl.down));
+    }
     g.layers.push_back(std::move(gl));
   }
   *out = std::move(m);
@@ -466,7 +479,6 @@ Status GpuModel::synthetic(const ModelConfig& c, const std::string& precision, u
   }
   LLMQ_RETURN_IF_ERROR(select_device(device));
   LLMQ_RETURN_IF_ERROR(check_fits(c, plan.bf16, precision));
-  if (c.is_moe() && plan.bf16) return unsupported(kMoeNeedsFp8);
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;
   g.config = c;

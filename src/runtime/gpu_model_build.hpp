@@ -14,8 +14,8 @@
 
 namespace llmq::runtime {
 
-// Why a BF16 / F32 MoE model is refused on the GPU.
-extern const char* const kMoeNeedsFp8;
+// Why an F32 MoE model is refused on the GPU.
+extern const char* const kMoeNotF32;
 
 Status select_device(int device);
 Status check_config(const ModelConfig& c);

@@ -9,8 +9,8 @@ namespace llmq::runtime {
 
 int64_t MoeBuffers::bytes_for(int64_t rows, const ModelConfig& c) {
   const int64_t slots = rows * c.n_experts_per_token;
-  return rows * c.n_experts * 4 + slots * (2 * 4 + 3 * 4) + (c.n_experts + 1) * 4 + slots * (c.dim + 4) +
-         slots * 2 * c.hidden_dim * 2 + slots * (c.hidden_dim + 4) + slots * c.dim * 2;
+  return rows * c.n_experts * 4 + slots * (2 * 4 + 3 * 4) + (c.n_experts + 1) * 4 + slots * (c.dim * 2 + 4) +
+         slots * 2 * c.hidden_dim * 2 + slots * (c.hidden_dim * 2 + 4) + slots * c.dim * 2;
 }
 
 Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c) {
@@ -22,10 +22,10 @@ Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c) {
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe sorted slots", &sorted_slots));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe slot rows", &slot_rows));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe row tokens", &row_tokens));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.dim, "moe gathered activations", &perm_codes));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.dim * 2, "moe gathered activations", &perm_codes));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe gathered scales", &perm_scales));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 2 * c.hidden_dim * 2, "moe gate/up output", &gate_up_out));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.hidden_dim, "moe down input", &act_codes));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.hidden_dim * 2, "moe down input", &act_codes));  // BF16 or codes
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe down input scales", &act_scales));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.dim * 2, "moe down output", &down_out));
   return {};
@@ -40,8 +40,9 @@ int64_t MoeBuffers::bytes() const {
 }
 
 Status check_moe_linear(const GpuLinear& l) {
+  if (l.parts.size() == 1 && l.parts[0].w_dtype == DType::kBF16 && l.act == ActQuant::kNone) return {};
   if (l.parts.size() != 1 || l.parts[0].w_dtype != DType::kE4M3 || l.parts[0].scale_kind != WeightScale::kChannel)
-    return unsupported(l.name + ": MoE experts run in FP8 E4M3 with per-channel or per-tensor scales (fp8-dynamic)");
+    return unsupported(l.name + ": MoE experts run in BF16, or FP8 E4M3 with per-channel or per-tensor scales (fp8-dynamic)");
   if (l.act != ActQuant::kPerToken || l.act_dtype != DType::kE4M3)
     return unsupported(l.name + ": MoE experts take per-token dynamic E4M3 activations (fp8-dynamic)");
   return {};
@@ -59,7 +60,9 @@ MoeGroupedGemm grouped(const GpuMoe& moe, const GpuLinear& l, const MoeBuffers& 
   g.max_rows_per_expert = tokens;  // a token meets an expert at most once
   g.expert_offsets = buf.offsets.as<int32_t>();
   g.w = l.parts[0].w.get();
-  g.w_scale = l.parts[0].w_scale.as<float>();
+  g.w_dtype = l.parts[0].w_dtype;
+  g.w_scale = l.parts[0].w_scale.as<float>();  // null for BF16 experts
+  g.a_dtype = l.parts[0].w_dtype;
   return g;
 }
 
@@ -93,25 +96,26 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
   const bool decode = decode_sized(tokens, ctx);
   const MoeGemmKernel kernel = decode ? MoeGemmKernel::kDecode : MoeGemmKernel::kWgmma;
   MoeGroupedGemm g1 = grouped(moe, moe.gate_up, buf, tokens);
+  const bool bf16 = moe.bf16();
   if (decode) {
     // The token rows in place: no gather.
-    g1.a = x.x_codes;
-    g1.a_scale = x.x_scales;
+    g1.a = bf16 ? static_cast<const void*>(x.x_bf16) : x.x_codes;
+    g1.a_scale = bf16 ? nullptr : x.x_scales;
     g1.a_rows = buf.row_tokens.as<int32_t>();
     g1.a_rows_count = tokens;
   } else {
     MoeGatherArgs ga;
     ga.rows = slots;
     ga.top_k = moe.top_k;
-    ga.k = dim;
-    ga.src_codes = x.x_codes;
-    ga.src_scales = x.x_scales;
+    ga.k = bf16 ? 2 * dim : dim;  // bytes per row
+    ga.src_codes = bf16 ? static_cast<const void*>(x.x_bf16) : x.x_codes;
+    ga.src_scales = bf16 ? nullptr : x.x_scales;
     ga.sorted_slots = buf.sorted_slots.as<int32_t>();
     ga.dst_codes = buf.perm_codes.get();
-    ga.dst_scales = buf.perm_scales.as<float>();
+    ga.dst_scales = bf16 ? nullptr : buf.perm_scales.as<float>();
     LLMQ_RETURN_IF_ERROR(cuda_moe_gather(ga, ctx.stream));
     g1.a = buf.perm_codes.get();
-    g1.a_scale = buf.perm_scales.as<float>();
+    g1.a_scale = bf16 ? nullptr : buf.perm_scales.as<float>();
   }
   g1.d = buf.gate_up_out.as<uint16_t>();
   LLMQ_RETURN_IF_ERROR(cuda_moe_grouped_gemm(g1, ctx.stream, kernel));
@@ -121,15 +125,20 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
   silu.rows = slots;
   silu.n = hidden;
   silu.src = buf.gate_up_out.as<uint16_t>();
-  silu.out = RowOut::kCodesPerToken;
-  silu.codes = buf.act_codes.get();
-  silu.scales = buf.act_scales.as<float>();
-  silu.spec = moe.down.act_spec;
+  if (bf16) {
+    silu.out = RowOut::kBF16;
+    silu.out_bf16 = buf.act_codes.as<uint16_t>();
+  } else {
+    silu.out = RowOut::kCodesPerToken;
+    silu.codes = buf.act_codes.get();
+    silu.scales = buf.act_scales.as<float>();
+    silu.spec = moe.down.act_spec;
+  }
   LLMQ_RETURN_IF_ERROR(row_op(silu, ctx.stream));
 
   MoeGroupedGemm g2 = grouped(moe, moe.down, buf, tokens);
   g2.a = buf.act_codes.get();
-  g2.a_scale = buf.act_scales.as<float>();
+  g2.a_scale = bf16 ? nullptr : buf.act_scales.as<float>();
   g2.d = buf.down_out.as<uint16_t>();
   LLMQ_RETURN_IF_ERROR(cuda_moe_grouped_gemm(g2, ctx.stream, kernel));
 

@@ -7,7 +7,8 @@
 // dense one. At decode sizes (<= kMoeDecodeMaxRows tokens) the grouped GEMMs run the decode kernel
 // on the token rows in place (only routed experts' weights are read); above, the tokens are
 // gathered into expert order for the wgmma kernel. Experts are FP8 E4M3 with per-channel scales
-// (a per-expert per-tensor scale is expanded), activations per-token dynamic E4M3.
+// (a per-expert per-tensor scale is expanded) and per-token dynamic E4M3 activations, or BF16 (the
+// baseline: the same kernels on BF16 x BF16, no quantize passes).
 // No CUDA headers here.
 #pragma once
 
@@ -28,10 +29,12 @@ struct GpuMoe {
   GpuLinear gate_up;  // one part, E4M3 [experts * 2 hidden, dim]: expert e's gate rows, then its up rows
   GpuLinear down;     // one part, E4M3 [experts * dim, hidden]
   bool active() const { return experts > 0; }
+  bool bf16() const { return !gate_up.parts.empty() && gate_up.parts[0].w_dtype == DType::kBF16; }
   int64_t bytes() const { return router.bytes() + gate_up.bytes() + down.bytes(); }
 };
 
-// The buffers one step of up to `rows` tokens needs (owned by the runtime).
+// The buffers one step of up to `rows` tokens needs (owned by the runtime); activation buffers are
+// sized for BF16, so they serve both kinds of experts.
 struct MoeBuffers {
   DeviceAllocation logits;                       // f32 [rows, experts]
   DeviceAllocation topk_ids, topk_weights;       // [rows * top_k]
