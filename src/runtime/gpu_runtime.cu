@@ -441,19 +441,21 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     norm2.delta = o_out.as<uint16_t>();
     norm2.gain = L.ffn_norm.as<float>();
     if (L.moe.active()) {
-      // The router reads the normalised rows in BF16, the experts their per-token E4M3 codes: the
-      // norm writes BF16, a copy pass quantizes it.
-      LLMQ_RETURN_IF_ERROR(produce(L.moe.router, norm2, in_mlp, &in, run(kStageNorm)));
+      // The router reads the normalised rows in BF16; FP8 experts read their per-token E4M3 codes,
+      // written by the same pass.
+      RowOpArgs op = norm2;
+      op.out_bf16 = in_mlp.bf16.as<uint16_t>();
+      if (!L.moe.bf16()) {
+        op.out = RowOut::kCodesPerToken;
+        op.spec = L.moe.gate_up.act_spec;
+        op.codes = in_mlp.codes.get();
+        op.scales = in_mlp.scales.as<float>();
+      }
+      if (run(kStageNorm)) LLMQ_RETURN_IF_ERROR(runtime::row_op(op, stream));
       runtime::MoeInput mi;
-      mi.x_bf16 = in.bf16;
-      RowOpArgs quant;
-      quant.fn = RowFn::kCopy;
-      quant.rows = T;
-      quant.n = c.dim;
-      quant.src = in.bf16;
-      LLMQ_RETURN_IF_ERROR(produce(L.moe.gate_up, quant, in_mlp, &in, run(kStageNorm)));
-      mi.x_codes = in.codes;
-      mi.x_scales = in.scales;
+      mi.x_bf16 = in_mlp.bf16.as<uint16_t>();
+      mi.x_codes = in_mlp.codes.get();
+      mi.x_scales = in_mlp.scales.as<float>();
       if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(runtime::moe_ffn(L.moe, moe, mi, T, down_out.as<uint16_t>(), lin));
       continue;
     }

@@ -159,7 +159,7 @@ std::string describe_moe(const GpuMoe& moe, int64_t tokens, const LinearContext&
   return "moe " + std::to_string(moe.experts) + " experts top-" + std::to_string(moe.top_k) + ": router " +
          linear_path(moe.router, tokens, ctx) + ", route, " + (decode ? "" : "gather, ") + "grouped " +
          (decode ? "decode-gemm" : "wgmma") + " gate/up, silu-quant, grouped " + (decode ? "decode-gemm" : "wgmma") +
-         " down, combine (" + std::to_string(launches) + " launches, + norm and quantize)";
+         " down, combine (" + std::to_string(launches) + " launches, + the norm)";
 }
 
 }  // namespace llmq::runtime

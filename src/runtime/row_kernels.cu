@@ -177,6 +177,12 @@ __global__ void __launch_bounds__(1024) row_op_kernel(RowKernelArgs args) {
       Vec<V>::store_bf16(a.out_bf16 + r * n + j, v);
     }
   } else {
+    if (a.out_bf16 != nullptr)  // the BF16 values too (an MoE router reads them)
+      for (int64_t j = first; j < n; j += step) {
+        float v[V];
+        Vec<V>::load_f32(vals + j, v);
+        Vec<V>::store_bf16(a.out_bf16 + r * n + j, v);
+      }
     const bool int8 = a.spec.format == DType::kI8;
     float s;
     if constexpr (O == RowOut::kCodesPerToken) {
@@ -277,6 +283,10 @@ __global__ void __launch_bounds__(1024) row_op_registers_kernel(RowKernelArgs ar
     for (int c = 0; c < C; ++c)
       if (on[c]) Vec<8>::store_bf16(a.out_bf16 + r * n + at[c], v[c]);
   } else {
+    if (a.out_bf16 != nullptr)  // the BF16 values too (an MoE router reads them)
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (on[c]) Vec<8>::store_bf16(a.out_bf16 + r * n + at[c], v[c]);
     const bool int8 = a.spec.format == DType::kI8;
     float s;
     if constexpr (O == RowOut::kCodesPerToken) {

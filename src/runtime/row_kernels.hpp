@@ -39,7 +39,7 @@ struct RowOpArgs {
   const uint16_t* src = nullptr;
   // Output.
   RowOut out = RowOut::kBF16;
-  uint16_t* out_bf16 = nullptr;     // [rows, n]
+  uint16_t* out_bf16 = nullptr;     // [rows, n]; with a codes output, when set, the BF16 values too
   void* codes = nullptr;            // [rows, n] e4m3 or int8
   float* scales = nullptr;          // [rows]
   QuantSpec spec;                   // format and scale rules (kCodesPerToken)
