@@ -361,6 +361,96 @@ TEST(CudaMoeSparse, Bf16GroupedGemmMatchesTheCpuReference) {
   }
 }
 
+// DeepSeek-style block scales: 1x128 activation blocks x 128x128 weight blocks per expert, applied
+// per K block by the wgmma kernel (gathered rows), against the CPU reference summing block by block
+// in double. K not a multiple of 128 (a partial last block) included.
+TEST(CudaMoeSparse, BlockScaledGroupedGemmMatchesTheCpuReference) {
+  LLMQ_REQUIRE_GPU();
+  CudaDeviceInfo info;
+  ASSERT_TRUE(query_cuda_device(0, &info).ok());
+  if (!(info.major == 9 && info.minor == 0)) GTEST_SKIP() << "SKIPPED: block-scaled experts run the sm_90 wgmma kernel";
+  const GemmCase cases[] = {{8, 1, 2, 512, 256}, {8, 37, 2, 448, 384}, {4, 300, 2, 384, 128}};
+  for (const GemmCase& c : cases) {
+    for (Skew skew : {Skew::kUniform, Skew::kEmpty, Skew::kHot}) {
+      const int64_t P = c.tokens * c.top_k, E = c.experts, K = c.k, N = c.n, KB = (K + 127) / 128;
+      std::vector<int64_t> sizes = group_sizes(P, E, skew, 7);
+      std::vector<int32_t> off(static_cast<size_t>(E + 1), 0);
+      for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + static_cast<int32_t>(sizes[e]);
+      std::vector<float> x = synthetic_activations(P, K, 51);
+      QuantizedTensor qx;
+      ASSERT_TRUE(quantize(TensorView{x.data(), DType::kF32, {P, K}}, QuantSpec::per_block(DType::kE4M3, 1, 128), &qx).ok());
+      const std::vector<uint8_t> a(qx.data.data_as<uint8_t>(), qx.data.data_as<uint8_t>() + P * K);
+      const std::vector<float> as(qx.scales.scales.data_as<float>(), qx.scales.scales.data_as<float>() + P * KB);
+      std::vector<uint8_t> w;
+      std::vector<float> ws;
+      for (int64_t e = 0; e < E; ++e) {
+        std::vector<float> we = synthetic_weights(N, K, 300 + static_cast<uint64_t>(e));
+        for (float& v : we) v *= static_cast<float>(1 << (e % 5));
+        QuantizedTensor qw;
+        ASSERT_TRUE(quantize(TensorView{we.data(), DType::kF32, {N, K}}, QuantSpec::per_block(DType::kE4M3, 128, 128), &qw).ok());
+        w.insert(w.end(), qw.data.data_as<uint8_t>(), qw.data.data_as<uint8_t>() + N * K);
+        ws.insert(ws.end(), qw.scales.scales.data_as<float>(), qw.scales.scales.data_as<float>() + (N / 128) * KB);
+      }
+      DeviceBuffer<uint8_t> d_a(a.size()), d_w(w.size());
+      DeviceBuffer<float> d_as(as.size()), d_ws(ws.size());
+      DeviceBuffer<int32_t> d_off(off.size());
+      DeviceBuffer<uint16_t> d_y(static_cast<size_t>(P * N));
+      CUDA_ASSERT(d_a.upload(a));
+      CUDA_ASSERT(d_w.upload(w));
+      CUDA_ASSERT(d_as.upload(as));
+      CUDA_ASSERT(d_ws.upload(ws));
+      CUDA_ASSERT(d_off.upload(off));
+      CUDA_ASSERT(d_y.fill_bytes(0xFF));
+      SCOPED_TRACE(testing::repro(51, P, K, std::string("block experts=") + std::to_string(E) + " n=" + std::to_string(N) + " " +
+                                                skew_name(skew)));
+      MoeGroupedGemm g;
+      g.rows = P;
+      g.experts = E;
+      g.n = N;
+      g.k = K;
+      g.max_rows_per_expert = c.tokens;
+      g.expert_offsets = d_off.get();
+      g.a = d_a.get();
+      g.a_scale = d_as.get();
+      g.w = d_w.get();
+      g.w_scale = d_ws.get();
+      g.block_scales = true;
+      g.d = d_y.get();
+      EXPECT_EQ(cuda_moe_grouped_gemm_kernel(g), MoeGemmKernel::kWgmma);
+      const Status st = cuda_moe_grouped_gemm(g, nullptr);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      std::vector<uint16_t> y;
+      CUDA_ASSERT(d_y.download(&y));
+      double worst = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        double diff = 0, norm = 0;
+        for (int64_t p = off[e]; p < off[e + 1]; ++p)
+          for (int64_t j = 0; j < N; ++j) {
+            double want = 0;
+            for (int64_t kb = 0; kb < KB; ++kb) {
+              double part = 0;
+              for (int64_t i = kb * 128; i < std::min(K, kb * 128 + 128); ++i)
+                part += static_cast<double>(fp8_to_float(a[p * K + i], DType::kE4M3)) *
+                        fp8_to_float(w[(e * N + j) * K + i], DType::kE4M3);
+              want += part * as[p * KB + kb] * ws[(e * (N / 128) + j / 128) * KB + kb];
+            }
+            const double got = bf16_bits_to_float(y[p * N + j]);
+            ASSERT_FALSE(std::isnan(got)) << "row " << p << " col " << j << " not written";
+            diff += (got - want) * (got - want);
+            norm += want * want;
+          }
+        if (norm == 0) continue;
+        const double err = std::sqrt(diff / norm);
+        EXPECT_LT(err, 4e-3) << "expert " << e;
+        worst = std::max(worst, err);
+      }
+      std::printf("  block E=%lld tokens=%lld K=%lld N=%lld %-7s worst expert rel frobenius %.2e\n", static_cast<long long>(E),
+                  static_cast<long long>(c.tokens), static_cast<long long>(K), static_cast<long long>(N), skew_name(skew), worst);
+    }
+  }
+}
+
 TEST(CudaMoeSparse, GatherAndCombineAreExact) {
   LLMQ_REQUIRE_GPU();
   const int64_t tokens = 77, top_k = 3, k = 96, n_cols[] = {64, 13};

@@ -315,6 +315,20 @@ TEST(GpuRuntime, MoeModelMatchesCpuReference) {
   Transformer cpu_float(w);
   check_scheme(*gm, &cpu, &cpu_float, "moe 8x top-2 fp8-dynamic (decode kernel)");
   {
+    // 128x128 weight blocks and 1x128 activation blocks: the wgmma kernel at every size.
+    CudaDeviceInfo info;
+    ASSERT_TRUE(query_cuda_device(0, &info).ok());
+    Scheme block;
+    ASSERT_TRUE(find_scheme("fp8-block", &block).ok());
+    QuantizedModel qb;
+    ASSERT_TRUE(quantize_model(w, block, nullptr, {}, &qb).ok());
+    std::unique_ptr<GpuModel> gb;
+    ASSERT_TRUE(GpuModel::from_quantized(qb, 0, &gb).ok());
+    QuantizedLinearBackend block_backend(qb);
+    Transformer cpu_block(qb.weights, &block_backend);
+    if (info.major == 9 && info.minor == 0) check_scheme(*gb, &cpu_block, &cpu_float, "moe 8x top-2 fp8-block (wgmma kernel)");
+  }
+  {
     // BF16 experts against the float model: BF16 rounding only, except rows whose routing flips.
     std::unique_ptr<GpuModel> bf16;
     ASSERT_TRUE(GpuModel::from_float(w, DType::kBF16, 0, &bf16).ok());
@@ -580,6 +594,25 @@ TEST(GpuRuntime, MoeCheckpointStreamedEqualsHostLoaded) {
     for (size_t i = 0; i < a.size(); ++i) differ += a[i] == b[i] ? 0 : 1;
     std::printf("  moe %s checkpoint: streamed vs host-loaded logits: %zu of %zu differ\n", stored ? "fp8" : "bf16",
                 differ, a.size());
+    EXPECT_EQ(differ, 0u);
+  }
+  {
+    // Block-scaled experts quantized on the device vs on the host (128x128 weight blocks).
+    Scheme block;
+    ASSERT_TRUE(find_scheme("fp8-block", &block).ok());
+    std::unique_ptr<GpuModel> streamed, uploaded;
+    st = GpuModel::from_checkpoint(float_dir, "fp8-block", 0, &streamed);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ModelWeights host;
+    ASSERT_TRUE(load_hf_model(float_dir, &host).ok());
+    QuantizedModel qm;
+    ASSERT_TRUE(quantize_model(host, block, nullptr, {}, &qm).ok());
+    st = GpuModel::from_quantized(qm, 0, &uploaded);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    const std::vector<float> a = prefill_logits(*streamed, p), b = prefill_logits(*uploaded, p);
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] == b[i] ? 0 : 1;
+    std::printf("  moe bf16 checkpoint under fp8-block: streamed vs host-loaded logits: %zu of %zu differ\n", differ, a.size());
     EXPECT_EQ(differ, 0u);
   }
   // BF16 experts: the checkpoint as stored vs the host-loaded float model uploaded as BF16.

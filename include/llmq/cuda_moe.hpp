@@ -72,6 +72,7 @@ struct MoeGatherArgs {
   int64_t k = 0;     // bytes per row, a multiple of 16
   const void* src_codes = nullptr;
   const float* src_scales = nullptr;
+  int64_t scales_per_row = 1;  // ceil(k / 128) for 1x128 block scales
   const int32_t* sorted_slots = nullptr;
   void* dst_codes = nullptr;
   float* dst_scales = nullptr;
@@ -124,6 +125,10 @@ struct MoeGroupedGemm {
   const void* w = nullptr;         // [experts, n, k]
   DType w_dtype = DType::kE4M3;    // kE4M3, or kBF16 (BF16 experts: A BF16 too, no scales)
   const float* w_scale = nullptr;  // [experts, n]; null for BF16 weights
+  // 128x128 weight blocks and 1x128 activation blocks (DeepSeek-style fp8-block): w_scale is
+  // [experts, n / 128, ceil(k / 128)] (n a multiple of 128), a_scale [rows, ceil(k / 128)]; the
+  // wgmma kernel applies them per K block, so A must be gathered (no a_rows) on an sm_90 GPU.
+  bool block_scales = false;
   uint16_t* d = nullptr;           // BF16 [rows, n]
 };
 Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemmKernel kernel = MoeGemmKernel::kAuto);

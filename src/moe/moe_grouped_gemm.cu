@@ -72,10 +72,13 @@ struct GroupedParams {
   int n;
   int k;
   int n_blocks;
+  int scale_k_blocks;  // kBlock: 128-wide K blocks of the scale grids (ceil(k / 128))
 };
 
-// kBf16: BF16 experts (A and W BF16, k counts bytes, no scales); else E4M3 with scales.
-template <bool kBf16>
+// kBf16: BF16 experts (A and W BF16, k counts bytes, no scales); else E4M3 with scales: per row x
+// per channel in the epilogue, or (kBlock) 1x128 activation blocks x 128x128 weight blocks applied
+// at each K block's promotion (a 128 x 128 tile is one weight block: n % 128 == 0).
+template <bool kBf16, bool kBlock = false>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a,
                                  const __grid_constant__ CUtensorMap tmap_w, GroupedParams p) {
@@ -190,6 +193,47 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait_group<0>();
         fence_registers(acc);
         if (lane == 0) mbarrier_arrive(empty_bar(prev_stage));
+      } else if constexpr (kBlock) {
+        // Block scales: K block kb's partial sums times a_scale[row, kb] * w_scale[expert's
+        // 128-row block nb, kb], added in FP32. The scales are requested before the block's wgmma
+        // so their latency hides behind it.
+        const int rows_e = offsets[e + 1] - offsets[e];
+        const int r0 = mb * kBlockM + consumer * 64 + warp * 16 + lane / 4;
+        const int64_t prow0 = offsets[e] + r0;
+        const bool ok0 = r0 < rows_e, ok1 = r0 + 8 < rows_e;
+        const float* sa0p = p.a_scale + prow0 * p.scale_k_blocks;
+        const float* sa1p = sa0p + 8 * p.scale_k_blocks;
+        const float* swp = p.w_scale + (static_cast<int64_t>(e) * p.n_blocks + nb) * p.scale_k_blocks;
+#pragma unroll
+        for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.0f;
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          const float sw = swp[kb];
+          const float sa0 = ok0 ? sa0p[kb] : 0.0f, sa1 = ok1 ? sa1p[kb] : 0.0f;
+          mbarrier_wait(full_bar(stage), phase);
+          const uint32_t a_tile = stage_a(stage) + a_offset;
+          const uint32_t b_tile = stage_a(stage) + kABytes;
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kBlockK / 32; ++kk)
+            wgmma_m64n128k32_e4m3(part, make_smem_desc_k_sw128(a_tile + 32u * kk),
+                                  make_smem_desc_k_sw128(b_tile + 32u * kk), kk > 0 ? 1 : 0);
+          wgmma_commit_group();
+          wgmma_wait_group<0>();
+          fence_registers(part);
+          if (lane == 0) mbarrier_arrive(empty_bar(stage));
+          const float f0 = __fmul_rn(sa0, sw), f1 = __fmul_rn(sa1, sw);
+#pragma unroll
+          for (int j = 0; j < kBlockN / 8; ++j) {
+            acc[4 * j] += part[4 * j] * f0;
+            acc[4 * j + 1] += part[4 * j + 1] * f0;
+            acc[4 * j + 2] += part[4 * j + 2] * f1;
+            acc[4 * j + 3] += part[4 * j + 3] * f1;
+          }
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
       } else {
         // FP8: each K block accumulated fresh in `part`, waited for, and added to acc in FP32.
         // (Measured on an H200: keeping a block in flight between promotions, or promoting every
@@ -223,15 +267,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r0 = mb * kBlockM + consumer * 64 + warp * 16 + lane / 4;
       const int64_t prow0 = offsets[e] + r0;
       const bool ok0 = r0 < rows_e, ok1 = r0 + 8 < rows_e;
-      const float sa0 = kBf16 ? 1.0f : (ok0 ? p.a_scale[prow0] : 0.0f);
-      const float sa1 = kBf16 ? 1.0f : (ok1 ? p.a_scale[prow0 + 8] : 0.0f);
-      const float* ws = kBf16 ? nullptr : p.w_scale + static_cast<int64_t>(e) * p.n;
+      constexpr bool kUnscaled = kBf16 || kBlock;  // scales already applied (block) or none (BF16)
+      const float sa0 = kUnscaled ? 1.0f : (ok0 ? p.a_scale[prow0] : 0.0f);
+      const float sa1 = kUnscaled ? 1.0f : (ok1 ? p.a_scale[prow0 + 8] : 0.0f);
+      const float* ws = kUnscaled ? nullptr : p.w_scale + static_cast<int64_t>(e) * p.n;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
         const int col = nb * kBlockN + 8 * j + 2 * (lane % 4);
         if (col >= p.n) continue;
         const bool two = col + 1 < p.n;
-        const float sb0 = kBf16 ? 1.0f : ws[col], sb1 = kBf16 ? 1.0f : (two ? ws[col + 1] : 0.0f);
+        const float sb0 = kUnscaled ? 1.0f : ws[col], sb1 = kUnscaled ? 1.0f : (two ? ws[col + 1] : 0.0f);
         auto put = [&](int64_t row, float sa, float v0, float v1) {
           const uint16_t b0 = __bfloat16_as_ushort(__float2bfloat16_rn(v0 * __fmul_rn(sa, sb0)));
           uint16_t* dst = p.d + row * p.n + col;
@@ -267,7 +312,7 @@ Status query_device(DeviceFacts* f) {
   return {};
 }
 
-template <bool kBf16>
+template <bool kBf16, bool kBlock = false>
 Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_t stream) {
   // Rows as bytes: TMA copies them whatever the element type.
   const int64_t k_bytes = g.k * (kBf16 ? 2 : 1);
@@ -283,11 +328,12 @@ Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_
   p.n = static_cast<int>(g.n);
   p.k = static_cast<int>(k_bytes);
   p.n_blocks = static_cast<int>(ceil_div(g.n, kBlockN));
+  p.scale_k_blocks = static_cast<int>(ceil_div(g.k, 128));
   const size_t smem = smem_bytes(g.experts);
   static std::atomic<uint64_t> configured{0};  // one bit per device ordinal
   const uint64_t bit = dev.ordinal < 64 ? uint64_t{1} << dev.ordinal : 0;
   if (bit == 0 || (configured.load() & bit) == 0) {
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(moe_grouped_gemm_sm90_kernel<kBf16>,
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(moe_grouped_gemm_sm90_kernel<kBf16, kBlock>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(smem_bytes(kMaxExperts))));
     configured.fetch_or(bit);
@@ -295,7 +341,7 @@ Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_
   // Upper bound on tiles: each expert adds at most one partial M-block to ceil(rows / 128).
   const int64_t max_tiles = (ceil_div(g.rows, kBlockM) + g.experts) * p.n_blocks;
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, dev.sms));
-  moe_grouped_gemm_sm90_kernel<kBf16><<<grid, kThreads, smem, stream>>>(map_a, map_w, p);
+  moe_grouped_gemm_sm90_kernel<kBf16, kBlock><<<grid, kThreads, smem, stream>>>(map_a, map_w, p);
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("moe_grouped_gemm_sm90_kernel");
   return {};
 }
@@ -328,6 +374,12 @@ Status check(const MoeGroupedGemm& g) {
   if (g.a_dtype == DType::kE4M3 && g.a_scale == nullptr) return invalid_argument("a_scale: null device pointer (W8A8)");
   if (g.a_dtype == DType::kBF16 && g.a_scale != nullptr) return invalid_argument("a_scale: must be null for bf16 A");
   if (bf16 && g.k > (int64_t{1} << 30)) return invalid_argument("k: too large for BF16 rows in bytes");
+  if (g.block_scales) {
+    if (bf16 || g.a_dtype != DType::kE4M3) return invalid_argument("block_scales: FP8 (e4m3) experts and activations only");
+    if (g.n % 128 != 0)
+      return invalid_argument("n: block-scaled experts need whole 128-row weight blocks per expert, got n = " + std::to_string(g.n));
+    if (g.a_rows != nullptr) return invalid_argument("a_rows: block-scaled experts read gathered rows (the wgmma kernel)");
+  }
   if (g.a_rows != nullptr && g.a_rows_count <= 0)
     return invalid_argument("a_rows_count: must be > 0 when a_rows is given");
   if (!aligned16(g.a) || !aligned16(g.w)) return invalid_argument(std::string(aligned16(g.a) ? "w" : "a") + ": must be 16-byte aligned");
@@ -337,6 +389,7 @@ Status check(const MoeGroupedGemm& g) {
 MoeGemmKernel pick(const MoeGroupedGemm& g, const DeviceFacts& dev) {
   const bool same_types = g.a_dtype == g.w_dtype;  // E4M3 x E4M3 or BF16 x BF16
   const bool wgmma_ok = dev.major == 9 && dev.minor == 0 && g.a_rows == nullptr && same_types;
+  if (g.block_scales) return MoeGemmKernel::kWgmma;  // the decode kernel takes per-channel scales only
   if (!wgmma_ok || g.max_rows_per_expert <= kMoeDecodeMaxRows) return MoeGemmKernel::kDecode;
   return MoeGemmKernel::kWgmma;
 }
@@ -356,8 +409,11 @@ Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemm
                          std::to_string(dev.major) + std::to_string(dev.minor));
     if (g.a_rows != nullptr) return invalid_argument("a_rows: the wgmma kernel reads contiguous rows (gather first)");
     if (g.a_dtype != g.w_dtype) return invalid_argument("a_dtype: the wgmma kernel takes A in the weights' type (e4m3 or bf16)");
+    if (g.block_scales) return moe::launch_wgmma<false, true>(g, dev, s);
     return g.w_dtype == DType::kBF16 ? moe::launch_wgmma<true>(g, dev, s) : moe::launch_wgmma<false>(g, dev, s);
   }
+  if (g.block_scales)
+    return unsupported("block_scales: block-scaled experts run the wgmma kernel (sm_90), not the decode kernel");
   return moe::decode_grouped_gemm(g, stream);
 }
 

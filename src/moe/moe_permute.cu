@@ -20,7 +20,9 @@ __global__ void moe_gather_kernel(MoeGatherArgs a) {
   const uint4* s = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.src_codes) + src * a.k);
   uint4* d = reinterpret_cast<uint4*>(static_cast<uint8_t*>(a.dst_codes) + p * a.k);
   for (int64_t i = threadIdx.x; i < a.k / 16; i += blockDim.x) d[i] = s[i];
-  if (threadIdx.x == 0 && a.src_scales != nullptr) a.dst_scales[p] = a.src_scales[src];
+  if (a.src_scales != nullptr)
+    for (int64_t i = threadIdx.x; i < a.scales_per_row; i += blockDim.x)
+      a.dst_scales[p * a.scales_per_row + i] = a.src_scales[src * a.scales_per_row + i];
 }
 
 // Eight columns per thread (n % 8 == 0) or one.
@@ -73,6 +75,7 @@ Status cuda_moe_gather(const MoeGatherArgs& a, CudaStream stream) {
   if (a.src_codes == nullptr || a.dst_codes == nullptr || a.sorted_slots == nullptr)
     return invalid_argument(std::string(a.src_codes == nullptr ? "src_codes" : a.dst_codes == nullptr ? "dst_codes" : "sorted_slots") +
                             ": null device pointer");
+  if (a.scales_per_row < 1) return invalid_argument("scales_per_row: must be >= 1, got " + std::to_string(a.scales_per_row));
   if ((a.src_scales == nullptr) != (a.dst_scales == nullptr))
     return invalid_argument("src_scales, dst_scales: give both or neither");
   if (!aligned16(a.src_codes) || !aligned16(a.dst_codes))

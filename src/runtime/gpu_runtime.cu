@@ -221,7 +221,8 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   const int64_t kv_bytes = 2 * c.n_layers * o.max_batch * o.max_context * kv_dim * (kv_fp8 ? 1 : 2);
   const int64_t act_bytes = rows * (c.dim * 4 + 4 * c.dim * 3 + qkv_n * 2 + 2 * q_dim * 2 + q_dim * 3 + c.dim * 4 +
                                     2 * c.hidden_dim * 2 + c.hidden_dim * 3) +
-                            lm_rows * c.vocab_size * 4 + (c.is_moe() ? runtime::MoeBuffers::bytes_for(rows, c) : 0);
+                            lm_rows * c.vocab_size * 4 +
+                            (c.is_moe() ? runtime::MoeBuffers::bytes_for(rows, c, model->layers.front().moe.block()) : 0);
   int64_t free_b = 0, total_b = 0;
   LLMQ_RETURN_IF_ERROR(runtime::device_memory_info(&free_b, &total_b));
   if (kv_bytes + act_bytes > free_b)
@@ -254,7 +255,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * 2 * c.hidden_dim * 2, "gate_up output", &gu_out));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 2, "down_proj output", &down_out));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(lm_rows * c.vocab_size * 4, "logits", &logits));
-  if (c.is_moe()) LLMQ_RETURN_IF_ERROR(moe.allocate(rows, c));
+  if (c.is_moe()) LLMQ_RETURN_IF_ERROR(moe.allocate(rows, c, model->layers.front().moe.block()));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kv_bytes, "KV cache", &kv_cache));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(kv_cache.get(), 0, static_cast<size_t>(kv_bytes)));
   if (kv_fp8) {
@@ -445,13 +446,16 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       // written by the same pass.
       RowOpArgs op = norm2;
       op.out_bf16 = in_mlp.bf16.as<uint16_t>();
-      if (!L.moe.bf16()) {
+      if (L.moe.block()) {
+        // 1x128 blocks: the norm writes BF16 (the router's input), produce quantizes it.
+        LLMQ_RETURN_IF_ERROR(produce(L.moe.gate_up, norm2, in_mlp, &in, run(kStageNorm)));
+      } else if (!L.moe.bf16()) {
         op.out = RowOut::kCodesPerToken;
         op.spec = L.moe.gate_up.act_spec;
         op.codes = in_mlp.codes.get();
         op.scales = in_mlp.scales.as<float>();
       }
-      if (run(kStageNorm)) LLMQ_RETURN_IF_ERROR(runtime::row_op(op, stream));
+      if (run(kStageNorm) && !L.moe.block()) LLMQ_RETURN_IF_ERROR(runtime::row_op(op, stream));
       runtime::MoeInput mi;
       mi.x_bf16 = in_mlp.bf16.as<uint16_t>();
       mi.x_codes = in_mlp.codes.get();

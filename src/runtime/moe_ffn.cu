@@ -2,18 +2,25 @@
 #include <cuda_runtime.h>
 
 #include "llmq/cuda_moe.hpp"
+#include "llmq/cuda_quantize.hpp"
 #include "runtime/moe_ffn.hpp"
 #include "runtime/row_kernels.hpp"
 
 namespace llmq::runtime {
 
-int64_t MoeBuffers::bytes_for(int64_t rows, const ModelConfig& c) {
+namespace {
+int64_t blocks128(int64_t n) { return (n + 127) / 128; }
+}  // namespace
+
+int64_t MoeBuffers::bytes_for(int64_t rows, const ModelConfig& c, bool block) {
   const int64_t slots = rows * c.n_experts_per_token;
-  return rows * c.n_experts * 4 + slots * (2 * 4 + 3 * 4) + (c.n_experts + 1) * 4 + slots * (c.dim * 2 + 4) +
-         slots * 2 * c.hidden_dim * 2 + slots * (c.hidden_dim * 2 + 4) + slots * c.dim * 2;
+  return rows * c.n_experts * 4 + slots * (2 * 4 + 3 * 4) + (c.n_experts + 1) * 4 +
+         slots * (c.dim * 2 + 4 * blocks128(c.dim)) + slots * 2 * c.hidden_dim * 2 +
+         slots * (c.hidden_dim * 2 + 4 * blocks128(c.hidden_dim)) + (block ? slots * c.hidden_dim * 2 : 0) +
+         slots * c.dim * 2;
 }
 
-Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c) {
+Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c, bool block) {
   const int64_t slots = rows * c.n_experts_per_token;
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.n_experts * 4, "router logits", &logits));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe top-k ids", &topk_ids));
@@ -23,10 +30,11 @@ Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c) {
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe slot rows", &slot_rows));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe row tokens", &row_tokens));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.dim * 2, "moe gathered activations", &perm_codes));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe gathered scales", &perm_scales));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * blocks128(c.dim) * 4, "moe gathered scales", &perm_scales));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 2 * c.hidden_dim * 2, "moe gate/up output", &gate_up_out));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.hidden_dim * 2, "moe down input", &act_codes));  // BF16 or codes
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe down input scales", &act_scales));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * blocks128(c.hidden_dim) * 4, "moe down input scales", &act_scales));
+  if (block) LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.hidden_dim * 2, "moe down input (bf16)", &act_bf16));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.dim * 2, "moe down output", &down_out));
   return {};
 }
@@ -34,13 +42,16 @@ Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c) {
 int64_t MoeBuffers::bytes() const {
   int64_t b = 0;
   for (const DeviceAllocation* a : {&logits, &topk_ids, &topk_weights, &offsets, &sorted_slots, &slot_rows, &row_tokens,
-                                    &perm_codes, &perm_scales, &gate_up_out, &act_codes, &act_scales, &down_out})
+                                    &perm_codes, &perm_scales, &gate_up_out, &act_codes, &act_scales, &act_bf16, &down_out})
     b += a->bytes();
   return b;
 }
 
 Status check_moe_linear(const GpuLinear& l) {
   if (l.parts.size() == 1 && l.parts[0].w_dtype == DType::kBF16 && l.act == ActQuant::kNone) return {};
+  if (l.parts.size() == 1 && l.parts[0].w_dtype == DType::kE4M3 && l.parts[0].scale_kind == WeightScale::kBlock128 &&
+      l.act == ActQuant::kBlock1x128 && l.act_dtype == DType::kE4M3)
+    return {};
   if (l.parts.size() != 1 || l.parts[0].w_dtype != DType::kE4M3 || l.parts[0].scale_kind != WeightScale::kChannel)
     return unsupported(l.name + ": MoE experts run in BF16, or FP8 E4M3 with per-channel or per-tensor scales (fp8-dynamic)");
   if (l.act != ActQuant::kPerToken || l.act_dtype != DType::kE4M3)
@@ -63,11 +74,23 @@ MoeGroupedGemm grouped(const GpuMoe& moe, const GpuLinear& l, const MoeBuffers& 
   g.w_dtype = l.parts[0].w_dtype;
   g.w_scale = l.parts[0].w_scale.as<float>();  // null for BF16 experts
   g.a_dtype = l.parts[0].w_dtype;
+  g.block_scales = l.parts[0].scale_kind == WeightScale::kBlock128;
   return g;
 }
 
 bool decode_sized(int64_t tokens, const LinearContext& ctx) {
   return tokens <= kMoeDecodeMaxRows || !(ctx.sm_major == 9 && ctx.sm_minor == 0);
+}
+
+// 1x128 E4M3 codes and scales of BF16 rows [rows, n] (block experts' activations).
+Status quantize_1x128(const void* bf16, int64_t rows, int64_t n, const QuantSpec& spec, void* codes, float* scales,
+                      CudaStream stream) {
+  TensorView xv{const_cast<void*>(bf16), DType::kBF16, {rows, n}, {}, Device::kCuda};
+  TensorView qv{codes, spec.format, {rows, n}, {}, Device::kCuda};
+  TensorView sv{scales, DType::kF32, {rows, (n + 127) / 128}, {}, Device::kCuda};
+  CudaQuantizeOptions qo;
+  qo.stream = stream;
+  return cuda_quantize(xv, spec, qv, sv, qo);
 }
 
 }  // namespace
@@ -93,7 +116,8 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
   r.row_tokens = buf.row_tokens.as<int32_t>();
   LLMQ_RETURN_IF_ERROR(cuda_moe_route(r, ctx.stream));
 
-  const bool decode = decode_sized(tokens, ctx);
+  const bool block = moe.block();
+  const bool decode = decode_sized(tokens, ctx) && !block;
   const MoeGemmKernel kernel = decode ? MoeGemmKernel::kDecode : MoeGemmKernel::kWgmma;
   MoeGroupedGemm g1 = grouped(moe, moe.gate_up, buf, tokens);
   const bool bf16 = moe.bf16();
@@ -110,6 +134,7 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
     ga.k = bf16 ? 2 * dim : dim;  // bytes per row
     ga.src_codes = bf16 ? static_cast<const void*>(x.x_bf16) : x.x_codes;
     ga.src_scales = bf16 ? nullptr : x.x_scales;
+    ga.scales_per_row = block ? (dim + 127) / 128 : 1;
     ga.sorted_slots = buf.sorted_slots.as<int32_t>();
     ga.dst_codes = buf.perm_codes.get();
     ga.dst_scales = bf16 ? nullptr : buf.perm_scales.as<float>();
@@ -128,6 +153,9 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
   if (bf16) {
     silu.out = RowOut::kBF16;
     silu.out_bf16 = buf.act_codes.as<uint16_t>();
+  } else if (block) {
+    silu.out = RowOut::kBF16;  // then quantized in 1x128 blocks below
+    silu.out_bf16 = buf.act_bf16.as<uint16_t>();
   } else {
     silu.out = RowOut::kCodesPerToken;
     silu.codes = buf.act_codes.get();
@@ -135,6 +163,9 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
     silu.spec = moe.down.act_spec;
   }
   LLMQ_RETURN_IF_ERROR(row_op(silu, ctx.stream));
+  if (block)
+    LLMQ_RETURN_IF_ERROR(quantize_1x128(buf.act_bf16.get(), slots, hidden, moe.down.act_spec, buf.act_codes.get(),
+                                        buf.act_scales.as<float>(), ctx.stream));
 
   MoeGroupedGemm g2 = grouped(moe, moe.down, buf, tokens);
   g2.a = buf.act_codes.get();
@@ -154,8 +185,8 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
 }
 
 std::string describe_moe(const GpuMoe& moe, int64_t tokens, const LinearContext& ctx) {
-  const bool decode = decode_sized(tokens, ctx);
-  const int launches = decode ? 6 : 7;
+  const bool decode = decode_sized(tokens, ctx) && !moe.block();
+  const int launches = (decode ? 6 : 7) + (moe.block() ? 1 : 0);  // block: SiLU, then a 1x128 quantize
   return "moe " + std::to_string(moe.experts) + " experts top-" + std::to_string(moe.top_k) + ": router " +
          linear_path(moe.router, tokens, ctx) + ", route, " + (decode ? "" : "gather, ") + "grouped " +
          (decode ? "decode-gemm" : "wgmma") + " gate/up, silu-quant, grouped " + (decode ? "decode-gemm" : "wgmma") +

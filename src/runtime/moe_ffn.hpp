@@ -30,6 +30,8 @@ struct GpuMoe {
   GpuLinear down;     // one part, E4M3 [experts * dim, hidden]
   bool active() const { return experts > 0; }
   bool bf16() const { return !gate_up.parts.empty() && gate_up.parts[0].w_dtype == DType::kBF16; }
+  // 128x128 weight blocks with 1x128 activation blocks (fp8-block): the wgmma kernel at every size.
+  bool block() const { return !gate_up.parts.empty() && gate_up.parts[0].scale_kind == WeightScale::kBlock128; }
   int64_t bytes() const { return router.bytes() + gate_up.bytes() + down.bytes(); }
 };
 
@@ -42,11 +44,12 @@ struct MoeBuffers {
   DeviceAllocation sorted_slots, slot_rows, row_tokens;  // int32 [rows * top_k]
   DeviceAllocation perm_codes, perm_scales;      // gathered activations [rows * top_k, dim], [rows * top_k]
   DeviceAllocation gate_up_out;                  // bf16 [rows * top_k, 2 hidden]
-  DeviceAllocation act_codes, act_scales;        // SiLU * up, quantized [rows * top_k, hidden], [rows * top_k]
+  DeviceAllocation act_codes, act_scales;        // SiLU * up, quantized [rows * top_k, hidden], [rows * top_k, hidden / 128]
+  DeviceAllocation act_bf16;                     // block experts: SiLU * up in BF16 before its 1x128 quantize
   DeviceAllocation down_out;                     // bf16 [rows * top_k, dim]
-  Status allocate(int64_t rows, const ModelConfig& c);
+  Status allocate(int64_t rows, const ModelConfig& c, bool block);
   int64_t bytes() const;
-  static int64_t bytes_for(int64_t rows, const ModelConfig& c);
+  static int64_t bytes_for(int64_t rows, const ModelConfig& c, bool block);
 };
 
 // out (BF16 [tokens, dim]) = the MoE block applied to the normalised activations: x_bf16 [tokens,
