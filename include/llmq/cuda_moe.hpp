@@ -126,8 +126,8 @@ struct MoeGroupedGemm {
   DType w_dtype = DType::kE4M3;    // kE4M3, or kBF16 (BF16 experts: A BF16 too, no scales)
   const float* w_scale = nullptr;  // [experts, n]; null for BF16 weights
   // 128x128 weight blocks and 1x128 activation blocks (DeepSeek-style fp8-block): w_scale is
-  // [experts, n / 128, ceil(k / 128)] (n a multiple of 128), a_scale [rows, ceil(k / 128)]; the
-  // wgmma kernel applies them per K block, so A must be gathered (no a_rows) on an sm_90 GPU.
+  // [experts, n / 128, ceil(k / 128)] (n a multiple of 128), a_scale [rows of A, ceil(k / 128)];
+  // both kernels apply them per K block (the wgmma kernel per 128, the decode kernel per 64).
   bool block_scales = false;
   uint16_t* d = nullptr;           // BF16 [rows, n]
 };

@@ -96,6 +96,7 @@ struct Params {
   int64_t w_group_stride;         // bytes between experts' weights
   int64_t w_scale_group_stride;   // floats between experts' scales
   int groups;                     // experts
+  int scale_k_blocks;             // kBlock: ceil(K / 128), the scale grids' width
 };
 
 // Grouped mode: the expert and first row of chunk `z`, found by warp 0 (a warp-wide scan of the
@@ -226,7 +227,10 @@ __device__ __forceinline__ void mma_8bit(float (&c)[4], uint32_t a0, uint32_t a1
 // The W8A8 data path runs unchanged on bytes (the host passes K, strides and offsets in bytes), and
 // each lane's 8 bytes per row and token become one mma.m16n8k16 bf16 instead of one k32 8-bit mma:
 // the same registers, two BF16 per 32-bit word; no scales.
-template <bool kInt8, bool kABf16, bool kM16, int kTiles, bool kPrefetch, bool kW16 = false>
+// kBlock (E4M3 W8A8 only): 128x128 weight-block scales w_scale[row / 128, k / 128] and 1x128
+// activation-block scales a_scale[token, k / 128]; each 64-wide K step's products are taken fresh
+// and added times both scales of their K block (a 16-row tile lies in one 128-row block).
+template <bool kInt8, bool kABf16, bool kM16, int kTiles, bool kPrefetch, bool kW16 = false, bool kBlock = false>
 __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p) {
   using Acc = std::conditional_t<kInt8 && !kABf16, int32_t, float>;
   constexpr int kAElt = kABf16 ? 2 : 1;
@@ -293,6 +297,17 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
   const uint8_t* arow0 = p.a + (has0 ? a_row(g) : 0) * p.a_stride + q * 16 * kAElt;
   const uint8_t* arow1 = p.a + (has1 ? a_row(g + 8) : 0) * p.a_stride + q * 16 * kAElt;
   const uint4 zero = make_uint4(0, 0, 0, 0);
+  // kBlock: this lane's tokens (mma columns 2q, 2q + 1 of each token tile) and their scale rows.
+  const float* sa_row[kTokenTiles][2] = {};
+  if constexpr (kBlock) {
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int tok = 8 * j + 2 * q + c;
+        sa_row[j][c] = tok < m_rows ? p.a_scale + a_row(tok) * p.scale_k_blocks : nullptr;
+      }
+  }
 
   // kChains independent accumulators per (tile, token tile), used in turn by consecutive mma, so
   // that a warp with one tile does not wait for each mma before the next.
@@ -374,6 +389,18 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
               if constexpr (kW16) {
                 mma_bf16(acc[t][j][(u * 2) % kChains], lo.x, hi.x, lo.y, hi.y, x.x, x.y);
                 mma_bf16(acc[t][j][(u * 2 + 1) % kChains], lo.z, hi.z, lo.w, hi.w, x.z, x.w);
+              } else if constexpr (kBlock) {
+                float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_8bit(part, lo.x, hi.x, lo.y, hi.y, x.x, x.y);
+                mma_8bit(part, lo.z, hi.z, lo.w, hi.w, x.z, x.w);
+                const int64_t kb = (k_begin + static_cast<int64_t>(s0 + u) * kStepK) / 128;
+                const float sw = w_scale[((row0 + t * kTileN) / 128) * p.scale_k_blocks + kb];
+                const float f0 = sa_row[j][0] != nullptr ? __fmul_rn(sa_row[j][0][kb], sw) : 0.0f;
+                const float f1 = sa_row[j][1] != nullptr ? __fmul_rn(sa_row[j][1][kb], sw) : 0.0f;
+                acc[t][j][0][0] += part[0] * f0;
+                acc[t][j][0][1] += part[1] * f1;
+                acc[t][j][0][2] += part[2] * f0;
+                acc[t][j][0][3] += part[3] * f1;
               } else {
                 mma_8bit(acc[t][j][(u * 2) % kChains], lo.x, hi.x, lo.y, hi.y, x.x, x.y);
                 mma_8bit(acc[t][j][(u * 2 + 1) % kChains], lo.z, hi.z, lo.w, hi.w, x.z, x.w);
@@ -404,8 +431,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
   auto store = [&](int m, int64_t n, Acc v) {
     const float x = std::is_same_v<Acc, int32_t> ? __int2float_rn(static_cast<int>(v)) : static_cast<float>(v);
     float y;
-    if constexpr (kW16) {
-      y = __fadd_rn(0.0f, x);
+    if constexpr (kW16 || kBlock) {
+      y = __fadd_rn(0.0f, x);  // BF16: no scales; blocks: applied per K step
     } else {
       float scale = w_scale[n * p.w_scale_step];
       if constexpr (!kABf16) scale = __fmul_rn(p.a_scale[a_row(m) * p.a_scale_step], scale);
@@ -472,16 +499,17 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
 
 using KernelFn = void (*)(Params);
 
-template <bool kInt8, bool kABf16, bool kM16, bool kPrefetch, bool kW16 = false>
+template <bool kInt8, bool kABf16, bool kM16, bool kPrefetch, bool kW16 = false, bool kBlock = false>
 KernelFn kernel_for_tiles(int tiles) {
-  if (tiles == 4) return decode_gemm_kernel<kInt8, kABf16, kM16, 4, kPrefetch, kW16>;
-  if (tiles == 2) return decode_gemm_kernel<kInt8, kABf16, kM16, 2, kPrefetch, kW16>;
-  return decode_gemm_kernel<kInt8, kABf16, kM16, 1, kPrefetch, kW16>;
+  if (tiles == 4) return decode_gemm_kernel<kInt8, kABf16, kM16, 4, kPrefetch, kW16, kBlock>;
+  if (tiles == 2) return decode_gemm_kernel<kInt8, kABf16, kM16, 2, kPrefetch, kW16, kBlock>;
+  return decode_gemm_kernel<kInt8, kABf16, kM16, 1, kPrefetch, kW16, kBlock>;
 }
 
 template <bool kM16, bool kPrefetch>
-KernelFn kernel_for(bool int8, bool a_bf16, bool w16, int tiles) {
+KernelFn kernel_for(bool int8, bool a_bf16, bool w16, bool block, int tiles) {
   if (w16) return kernel_for_tiles<false, false, kM16, kPrefetch, true>(tiles);
+  if (block) return kernel_for_tiles<false, false, kM16, kPrefetch, false, true>(tiles);
   if (int8)
     return a_bf16 ? kernel_for_tiles<true, true, kM16, kPrefetch>(tiles) : kernel_for_tiles<true, false, kM16, kPrefetch>(tiles);
   return a_bf16 ? kernel_for_tiles<false, true, kM16, kPrefetch>(tiles) : kernel_for_tiles<false, false, kM16, kPrefetch>(tiles);
@@ -489,9 +517,10 @@ KernelFn kernel_for(bool int8, bool a_bf16, bool w16, int tiles) {
 
 // kM16: M > 8 (mma rows 8..15 carry tokens; else they are zero registers and A rows 8..15 are
 // never loaded).
-KernelFn select_kernel(bool int8, bool a_bf16, bool m16, int tiles, bool prefetch, bool w16 = false) {
-  if (m16) return prefetch ? kernel_for<true, true>(int8, a_bf16, w16, tiles) : kernel_for<true, false>(int8, a_bf16, w16, tiles);
-  return prefetch ? kernel_for<false, true>(int8, a_bf16, w16, tiles) : kernel_for<false, false>(int8, a_bf16, w16, tiles);
+KernelFn select_kernel(bool int8, bool a_bf16, bool m16, int tiles, bool prefetch, bool w16 = false, bool block = false) {
+  if (m16)
+    return prefetch ? kernel_for<true, true>(int8, a_bf16, w16, block, tiles) : kernel_for<true, false>(int8, a_bf16, w16, block, tiles);
+  return prefetch ? kernel_for<false, true>(int8, a_bf16, w16, block, tiles) : kernel_for<false, false>(int8, a_bf16, w16, block, tiles);
 }
 
 struct DeviceFacts {
@@ -566,7 +595,7 @@ bool is_w8a16(const DecodeGemmProblem& p) { return p.a_dtype == DType::kBF16; }
 // w16: the problem is the byte view of a BF16 x BF16 GEMM (see kW16). slices: grouped mode's
 // grid slices expected to hold rows (each a copy of the N-range's CTAs), for the wave count.
 Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPlan* out, bool w16 = false,
-                 int64_t slices = 1) {
+                 int64_t slices = 1, bool block = false) {
   if (cfg.split_k != 0 && cfg.split_k != 1 && cfg.split_k != 2 && cfg.split_k != 4 && cfg.split_k != 8)
     return invalid_argument("config.split_k: must be 0 (choose), 1, 2, 4 or 8, got " + std::to_string(cfg.split_k));
   if (cfg.tiles_per_cta != 0 && cfg.tiles_per_cta != 1 && cfg.tiles_per_cta != 2 && cfg.tiles_per_cta != 4)
@@ -588,7 +617,7 @@ Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPl
     int64_t best_waves = 0;
     for (const int t : {1, 2, 4}) {
       int per_sm = 0;
-      LLMQ_RETURN_IF_ERROR(ctas_per_sm(select_kernel(int8, a_bf16, p.m > 8, t, cfg.l2_prefetch, w16), dev, &per_sm));
+      LLMQ_RETURN_IF_ERROR(ctas_per_sm(select_kernel(int8, a_bf16, p.m > 8, t, cfg.l2_prefetch, w16, block), dev, &per_sm));
       const int64_t waves = ceil_div(ceil_div(tiles, t) * slices, per_sm * int64_t{dev.sms});
       if (tiles_per_cta == 0 || waves < best_waves) {
         best_waves = waves;
@@ -596,7 +625,7 @@ Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPl
       }
     }
   }
-  const KernelFn fn = select_kernel(int8, a_bf16, p.m > 8, tiles_per_cta, cfg.l2_prefetch, w16);
+  const KernelFn fn = select_kernel(int8, a_bf16, p.m > 8, tiles_per_cta, cfg.l2_prefetch, w16, block);
   int ptx_version = 0;
   int64_t smem = 0;
   LLMQ_RETURN_IF_ERROR(kernel_facts(fn, dev, &ptx_version, &smem));
@@ -717,6 +746,8 @@ struct GroupLaunch {
   int slices = 0;  // grid z: at least the number of 16-row chunks any routing can make
   int64_t busy_slices = 1;  // of which at least this many hold rows (plans the waves)
   bool w16 = false;  // BF16 x BF16, the problem in bytes (kW16)
+  bool block = false;  // 128x128 / 1x128 block scales (kBlock)
+  int scale_k_blocks = 0;
 };
 
 Status launch(const DecodeGemmProblem& p, CudaStream stream, const DecodeGemmConfig& config, const GroupLaunch* group) {
@@ -724,7 +755,7 @@ Status launch(const DecodeGemmProblem& p, CudaStream stream, const DecodeGemmCon
   if (p.m == 0 || p.n == 0) return {};
   FullPlan full;
   LLMQ_RETURN_IF_ERROR(make_plan(p, config, &full, group != nullptr && group->w16,
-                                 group != nullptr ? group->busy_slices : 1));
+                                 group != nullptr ? group->busy_slices : 1, group != nullptr && group->block));
   const DecodeGemmPlan& plan = full.plan;
   const bool w8a16 = is_w8a16(p);
 
@@ -752,6 +783,7 @@ Status launch(const DecodeGemmProblem& p, CudaStream stream, const DecodeGemmCon
     k.w_group_stride = group->w_stride;
     k.w_scale_group_stride = group->w_scale_stride;
     k.groups = group->experts;
+    k.scale_k_blocks = group->scale_k_blocks;
     slices = static_cast<unsigned>(group->slices);
   }
 
@@ -818,6 +850,12 @@ Status decode_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream) {
     group.w_stride = 2 * g.n * g.k;
     group.w_scale_stride = 0;
     group.w16 = true;
+  }
+  if (g.block_scales) {
+    // Block scales: the grids [n / 128, ceil(k / 128)] per expert, [rows of A, ceil(k / 128)].
+    group.block = true;
+    group.scale_k_blocks = static_cast<int>((g.k + 127) / 128);
+    group.w_scale_stride = (g.n / 128) * group.scale_k_blocks;
   }
   group.experts = static_cast<int>(g.experts);
   group.slices = static_cast<int>(slices);

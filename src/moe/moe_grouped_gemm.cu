@@ -378,7 +378,6 @@ Status check(const MoeGroupedGemm& g) {
     if (bf16 || g.a_dtype != DType::kE4M3) return invalid_argument("block_scales: FP8 (e4m3) experts and activations only");
     if (g.n % 128 != 0)
       return invalid_argument("n: block-scaled experts need whole 128-row weight blocks per expert, got n = " + std::to_string(g.n));
-    if (g.a_rows != nullptr) return invalid_argument("a_rows: block-scaled experts read gathered rows (the wgmma kernel)");
   }
   if (g.a_rows != nullptr && g.a_rows_count <= 0)
     return invalid_argument("a_rows_count: must be > 0 when a_rows is given");
@@ -389,7 +388,6 @@ Status check(const MoeGroupedGemm& g) {
 MoeGemmKernel pick(const MoeGroupedGemm& g, const DeviceFacts& dev) {
   const bool same_types = g.a_dtype == g.w_dtype;  // E4M3 x E4M3 or BF16 x BF16
   const bool wgmma_ok = dev.major == 9 && dev.minor == 0 && g.a_rows == nullptr && same_types;
-  if (g.block_scales) return MoeGemmKernel::kWgmma;  // the decode kernel takes per-channel scales only
   if (!wgmma_ok || g.max_rows_per_expert <= kMoeDecodeMaxRows) return MoeGemmKernel::kDecode;
   return MoeGemmKernel::kWgmma;
 }
@@ -409,11 +407,9 @@ Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemm
                          std::to_string(dev.major) + std::to_string(dev.minor));
     if (g.a_rows != nullptr) return invalid_argument("a_rows: the wgmma kernel reads contiguous rows (gather first)");
     if (g.a_dtype != g.w_dtype) return invalid_argument("a_dtype: the wgmma kernel takes A in the weights' type (e4m3 or bf16)");
-    if (g.block_scales) return moe::launch_wgmma<false, true>(g, dev, s);
+    if (g.block_scales) return moe::launch_wgmma<false, true>(g, dev, s);  // a_rows refused above
     return g.w_dtype == DType::kBF16 ? moe::launch_wgmma<true>(g, dev, s) : moe::launch_wgmma<false>(g, dev, s);
   }
-  if (g.block_scales)
-    return unsupported("block_scales: block-scaled experts run the wgmma kernel (sm_90), not the decode kernel");
   return moe::decode_grouped_gemm(g, stream);
 }
 

@@ -117,7 +117,7 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
   LLMQ_RETURN_IF_ERROR(cuda_moe_route(r, ctx.stream));
 
   const bool block = moe.block();
-  const bool decode = decode_sized(tokens, ctx) && !block;
+  const bool decode = decode_sized(tokens, ctx);
   const MoeGemmKernel kernel = decode ? MoeGemmKernel::kDecode : MoeGemmKernel::kWgmma;
   MoeGroupedGemm g1 = grouped(moe, moe.gate_up, buf, tokens);
   const bool bf16 = moe.bf16();
@@ -185,7 +185,7 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
 }
 
 std::string describe_moe(const GpuMoe& moe, int64_t tokens, const LinearContext& ctx) {
-  const bool decode = decode_sized(tokens, ctx) && !moe.block();
+  const bool decode = decode_sized(tokens, ctx);
   const int launches = (decode ? 6 : 7) + (moe.block() ? 1 : 0);  // block: SiLU, then a 1x128 quantize
   return "moe " + std::to_string(moe.experts) + " experts top-" + std::to_string(moe.top_k) + ": router " +
          linear_path(moe.router, tokens, ctx) + ", route, " + (decode ? "" : "gather, ") + "grouped " +

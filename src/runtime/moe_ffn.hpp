@@ -30,7 +30,7 @@ struct GpuMoe {
   GpuLinear down;     // one part, E4M3 [experts * dim, hidden]
   bool active() const { return experts > 0; }
   bool bf16() const { return !gate_up.parts.empty() && gate_up.parts[0].w_dtype == DType::kBF16; }
-  // 128x128 weight blocks with 1x128 activation blocks (fp8-block): the wgmma kernel at every size.
+  // 128x128 weight blocks with 1x128 activation blocks (fp8-block).
   bool block() const { return !gate_up.parts.empty() && gate_up.parts[0].scale_kind == WeightScale::kBlock128; }
   int64_t bytes() const { return router.bytes() + gate_up.bytes() + down.bytes(); }
 };
