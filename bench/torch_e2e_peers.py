@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end PyTorch peers of llmq's GPU runtime: a Llama-family model (real shapes, random seeded
 weights, BF16, built directly on the GPU with transformers' LlamaForCausalLM and SDPA attention)
-run three ways:
+or a Mixtral-family MoE model (--model mixtral-8x7b / tiny-moe: transformers' MixtralForCausalLM, same
+recipe, top-2 of 8 experts, rope theta 1e6, no llama3 rope scaling) run three ways:
 
   eager-bf16    transformers' eager forward with a DynamicCache (what model.generate does by default)
   compile-bf16  the gpt-fast recipe: StaticCache, decode step torch.compile'd (fullgraph, dynamic=False)
@@ -10,6 +11,17 @@ run three ways:
                 per-output-channel scales and per-token activation scales, torch._scaled_mm row-wise;
                 lm_head and the embeddings stay BF16
 
+MoE models (mixtral-8x7b, tiny-moe): eager-bf16 and compile-bf16 run as above, with transformers' own MoE
+block (router + experts) and its default experts implementation ("grouped_mm" in transformers 5.x;
+--experts-impl overrides it). If torch.compile(fullgraph=True) fails on the MoE block the step is compiled
+with fullgraph=False and the rows say "fullgraph": false; if the CUDA graph of the step cannot be captured
+the decode rows are reported as skipped with the capture error (not timed without a graph as for Llama).
+compile-fp8 is skipped for MoE when the experts are fused 3-D parameters (transformers 5.x: one
+gate_up_proj [E, 2I, H] and one down_proj [E, H, I] per layer), since this peer only replaces nn.Linear;
+with per-expert nn.Linear experts (transformers 4.x) they are quantized like the rest, the router stays BF16.
+Random weights give a near-uniform routing. Mixtral-8x7B in BF16 is ~93.4 GB (87 GiB) of weights: it is
+built directly on the GPU in BF16 (no FP32 copy) and needs an H200-class GPU; each peer builds it anew.
+
 Measured (JSON lines to --json, one object per measurement, a table on stdout at the end):
   decode   batch x context: the cache is filled by a (chunked, untimed) prefill of `context` random
            tokens, then --steps greedy steps (argmax fed back on the device) are timed one by one with
@@ -17,14 +29,19 @@ Measured (JSON lines to --json, one object per measurement, a table on stdout at
   prefill  batch 1: time to first token (forward over the prompt, lm_head on the last token only,
            argmax), median of several runs; MFU = 2 * params_without_embeddings * tokens / time / peak
            (plus lm_head for one token), and a second figure that adds causal attention FLOPs
-           (4 * layers * seq^2 * hidden / 2). Compiled peers prefill eagerly unless --compile-prefill.
+           (4 * layers * seq^2 * hidden / 2). For MoE models the parameter count is the active one per
+           token: non-expert parameters (attention, router, norms) + top_k/num_experts of the expert
+           parameters (active_params_without_embeddings). Compiled peers prefill eagerly unless
+           --compile-prefill.
   memory   torch.cuda.max_memory_allocated over each peer's measurements.
 Compile time and CUDA-graph capture are outside the timed region and reported separately. Decode
 combinations that do not fit are reported as skipped (out of memory) with the KV-cache bytes.
 
-usage: torch_e2e_peers.py [--model llama3-8b|tiny] [--peer P] [--quick] [--json FILE] [--time-budget S]"""
+usage: torch_e2e_peers.py [--model llama3-8b|tiny|mixtral-8x7b|tiny-moe] [--peer P [--peer P ...]] [--quick]
+                         [--json FILE] [--time-budget S] [--experts-impl eager|grouped_mm|batched_mm]"""
 import argparse
 import contextlib
+import copy
 import datetime
 import gc
 import inspect
@@ -43,6 +60,13 @@ SHAPES = {
                       num_key_value_heads=8, vocab_size=128256),
     "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=8,
                  num_key_value_heads=4, vocab_size=512),
+    # MoE (MixtralForCausalLM): default rope with theta 1e6, no llama3 scaling, no sliding window
+    "mixtral-8x7b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=32000, num_local_experts=8, num_experts_per_tok=2,
+                         rope_theta=1e6, max_position_embeddings=32768),
+    "tiny-moe": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+                     num_key_value_heads=4, vocab_size=512, num_local_experts=8, num_experts_per_tok=2,
+                     rope_theta=1e6, max_position_embeddings=32768),
 }
 ROPE_THETA = 500000.0
 LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -50,6 +74,15 @@ LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_fre
 FP8, FP8_MAX = torch.float8_e4m3fn, 448.0
 GiB = 1 << 30
 T0 = time.time()
+FUSED_EXPERTS_REASON = "fused expert parameters: no FP8 replacement in this peer"
+
+
+def is_moe(name):
+    return "num_local_experts" in SHAPES[name]
+
+
+def cfg_is_moe(cfg):
+    return bool(getattr(cfg, "num_local_experts", None))
 
 
 def log(msg):
@@ -85,6 +118,8 @@ def rope_of(cfg):  # 5.x converts either form into `rope_parameters`; 4.x keeps 
 def make_config(name):
     """LlamaConfig across versions: transformers 5 takes `rope_parameters` (theta inside), 4.x takes
     `rope_theta` + `rope_scaling`. The form taken is checked, not assumed."""
+    if is_moe(name):
+        return make_moe_config(name)
     import transformers
     from transformers import LlamaConfig
     base = dict(SHAPES[name], max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
@@ -111,6 +146,54 @@ def make_config(name):
     raise RuntimeError("LlamaConfig: " + "; ".join(errors))
 
 
+def make_moe_config(name):
+    """MixtralConfig across versions, as make_config: 5.x takes rope_parameters=dict(rope_type="default",
+    rope_theta=...), 4.x takes rope_theta. Checked: theta, default rope (no scaling), the shape fields
+    (experts, top-k included) and no sliding window."""
+    import transformers
+    from transformers import MixtralConfig
+    shape = dict(SHAPES[name])
+    theta = shape.pop("rope_theta")
+    base = dict(shape, rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu", use_cache=True,
+                sliding_window=None, router_jitter_noise=0.0, output_router_logits=False)
+    new_api = "rope_parameters" in inspect.signature(MixtralConfig.__init__).parameters or \
+        int(transformers.__version__.split(".")[0]) >= 5
+    forms = [dict(rope_parameters=dict(rope_type="default", rope_theta=theta))] if new_api else []
+    forms.append(dict(rope_theta=theta))
+    errors = []
+    for extra in forms:
+        try:
+            cfg = MixtralConfig(**base, **extra)
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+            continue
+        r = rope_of(cfg)
+        wrong = {k: getattr(cfg, k, None) for k, v in shape.items() if getattr(cfg, k, None) != v}
+        if getattr(cfg, "sliding_window", None) is not None:
+            wrong["sliding_window"] = cfg.sliding_window
+        if r.get("rope_theta") == theta and (r.get("rope_type") or r.get("type") or "default") == "default" \
+                and not wrong:
+            try:
+                cfg._attn_implementation = "sdpa"
+            except Exception:
+                pass
+            return cfg, r
+        errors.append(f"not taken: rope {r}, fields {wrong}")
+    raise RuntimeError("MixtralConfig: " + "; ".join(errors))
+
+
+def shape_fields(cfg, rope, name):  # the SHAPES entry as the config holds it (theta lives in the rope dict)
+    return {k: (rope.get("rope_theta") if k == "rope_theta" else getattr(cfg, k, None)) for k in SHAPES[name]}
+
+
+def model_class(cfg):
+    if cfg_is_moe(cfg):
+        from transformers import MixtralForCausalLM
+        return MixtralForCausalLM
+    from transformers import LlamaForCausalLM
+    return LlamaForCausalLM
+
+
 def get_base(model):
     base = getattr(model, "model", None)
     if isinstance(base, nn.Module) and hasattr(base, "layers"):
@@ -118,15 +201,16 @@ def get_base(model):
     return model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
 
 
-def build_model(cfg, seed):
-    """Parameters created on the GPU in BF16 (no CPU init), then re-initialised with a seed:
-    normal(0, 0.02) for matrices, 1 for the RMSNorm weights."""
-    from transformers import LlamaForCausalLM
+def build_model(cfg, seed, experts_impl=None):
+    """Parameters created on the GPU in BF16 (no CPU init, no FP32 copy), then re-initialised in place with
+    a seed: normal(0, 0.02) for matrices (MoE: the router weight [E, H] and the fused 3-D expert tensors
+    too), 1 for the RMSNorm weights."""
+    cls = model_class(cfg)
     prev = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device("cuda"), torch.no_grad():
-            model = LlamaForCausalLM(cfg)
+            model = cls(cfg)
     finally:
         torch.set_default_dtype(prev)
     if hasattr(model, "set_attn_implementation"):
@@ -134,6 +218,13 @@ def build_model(cfg, seed):
             model.set_attn_implementation("sdpa")
         except Exception:
             pass
+    if experts_impl is not None and cfg_is_moe(cfg):
+        if not hasattr(model, "set_experts_implementation"):
+            raise RuntimeError(f"--experts-impl {experts_impl}: this transformers has no set_experts_implementation")
+        model.set_experts_implementation(experts_impl)
+        got = getattr(model.config, "_experts_implementation", None)
+        if got != experts_impl:
+            raise RuntimeError(f"--experts-impl {experts_impl} not taken (model uses {got})")
     model.eval().requires_grad_(False)
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -150,9 +241,46 @@ def build_model(cfg, seed):
 def param_counts(cfg):
     h, i, hd = cfg.hidden_size, cfg.intermediate_size, cfg.hidden_size // cfg.num_attention_heads
     kv = cfg.num_key_value_heads * hd
-    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
-    return dict(params_without_embeddings=cfg.num_hidden_layers * per_layer + h,
+    if not cfg_is_moe(cfg):
+        per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+        return dict(params_without_embeddings=cfg.num_hidden_layers * per_layer + h,
+                    embedding_params=cfg.vocab_size * h, lm_head_params=cfg.vocab_size * h)
+    # MoE (Mixtral): per layer, every token goes through attention (q, o: h*h each; k, v: h*kv each), the
+    # router (E*h) and the two RMSNorms (2h); of the E experts (3*h*i each: gate, up, down) only the top_k
+    # selected ones. Active parameters per token = non-expert + top_k/E of the expert parameters; that
+    # count (not the total) is what the prefill FLOPs and the MFU figures use: 2 * active * tokens.
+    E, k, L = cfg.num_local_experts, cfg.num_experts_per_tok, cfg.num_hidden_layers
+    dense = 2 * h * h + 2 * h * kv + E * h + 2 * h
+    expert = 3 * h * i
+    return dict(params_without_embeddings=L * (dense + E * expert) + h,
+                active_params_without_embeddings=L * (dense + k * expert) + h,
+                expert_params=L * E * expert, active_expert_params=L * k * expert,
+                num_experts=E, experts_per_token=k,
                 embedding_params=cfg.vocab_size * h, lm_head_params=cfg.vocab_size * h)
+
+
+def flops_params(counts):  # parameters one token goes through (MoE: the active ones)
+    return counts.get("active_params_without_embeddings", counts["params_without_embeddings"])
+
+
+def param_numel(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def fused_expert_params(cfg):
+    """Names of the 3-D (all experts in one tensor) parameters of a decoder layer, found on a copy of the
+    model built on the meta device (no memory). transformers 5.x Mixtral: mlp.experts.gate_up_proj and
+    mlp.experts.down_proj; 4.x: none (one nn.Linear w1/w2/w3 per expert)."""
+    try:
+        with torch.device("meta"), torch.no_grad():
+            m = model_class(cfg)(copy.deepcopy(cfg))
+        names = [n for n, p in get_base(m).layers[0].named_parameters() if p.dim() >= 3]
+        del m
+        return names
+    except Exception as e:
+        log(f"meta build to inspect the experts failed ({type(e).__name__}: {str(e)[:200]}); by module contents")
+        import transformers.models.mixtral.modeling_mixtral as mm
+        return ["mlp.experts (MixtralExperts)"] if hasattr(mm, "MixtralExperts") else []
 
 
 def tensor_bytes(model):
@@ -207,8 +335,8 @@ def _quantize_layer(layer):  # a function, so no loop variable outlives it holdi
     n = 0
     for parent in list(layer.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, FP8Linear(child))
+            if isinstance(child, nn.Linear) and child.in_features % 16 == 0 and child.out_features % 16 == 0:
+                setattr(parent, name, FP8Linear(child))  # (_scaled_mm needs multiples of 16: a router stays BF16)
                 n += 1
     return n
 
@@ -326,6 +454,8 @@ def measure_decode(P, B, ctx, args):
     cfg, W = P["cfg"], args.warmup
     if P.get("compile_failed"):
         raise Skip("compile failed earlier", compile_error=P["compile_failed"])
+    if P.get("capture_failed"):
+        raise Skip("CUDA graph capture failed earlier", capture_error=P["capture_failed"])
     max_len = decode_len(ctx, args)
     need, free = kv_bytes(cfg, B, max_len), torch.cuda.mem_get_info()[0]
     if need + 3 * GiB > free:
@@ -395,6 +525,10 @@ def measure_decode(P, B, ctx, args):
                 row.update(cuda_graph="none (capture failed)", capture_error=f"{type(e).__name__}: {str(e)[:400]}")
                 log("CUDA graph capture failed: " + row["capture_error"][:300])
                 torch.cuda.synchronize()
+                if P.get("moe"):  # MoE: reported as skipped (with why), not timed without a graph
+                    P["capture_failed"] = row["capture_error"]
+                    raise Skip("CUDA graph capture failed", capture_error=row["capture_error"],
+                               compile_s=row["compile_s"], fullgraph=row.get("fullgraph"), kv_cache_bytes=need)
     else:
         for _ in range(W):
             one()
@@ -443,7 +577,7 @@ def measure_prefill(P, L, args):
     times = [run() for _ in range(args.prefill_runs)]
     med = statistics.median(times)
     h, layers = cfg.hidden_size, cfg.num_hidden_layers
-    flops = 2 * P["counts"]["params_without_embeddings"] * L + 2 * P["counts"]["lm_head_params"]
+    flops = 2 * flops_params(P["counts"]) * L + 2 * P["counts"]["lm_head_params"]  # MoE: active parameters
     attn = 4 * layers * L * L * h // 2
     peak = P["peak_flops"]
     row.update(batch=1, runs=len(times), ttft_ms=med, ttft_p90_ms=p90(times), min_ms=min(times),
@@ -451,6 +585,8 @@ def measure_prefill(P, L, args):
                static_cache_len=cache_len if P["static"] else None,
                mfu=flops / (med / 1e3) / peak if peak else None,
                mfu_with_attention=(flops + attn) / (med / 1e3) / peak if peak else None)
+    if P.get("moe"):
+        row["flops_params"] = flops_params(P["counts"])
     return row
 
 
@@ -470,10 +606,26 @@ def run_peer(peer, args, cfg, rope, emit, deadline, share_end, grad_ctx):
         for kind, params in plan:
             emit(peer=peer, kind=kind, skipped="time budget", **params)
         return True
-    log(f"{peer}: building {args.model}")
+    moe = cfg_is_moe(cfg)
+    if moe and peer == "compile-fp8":
+        fused = fused_expert_params(cfg)
+        if fused:
+            emit(peer=peer, kind="info", skipped=FUSED_EXPERTS_REASON, fused_expert_params=fused)
+            for kind, params in plan:
+                emit(peer=peer, kind=kind, skipped=FUSED_EXPERTS_REASON, **params)
+            return True
+    counts = param_counts(cfg)
+    need = 2 * (counts["params_without_embeddings"] + counts["embedding_params"] + counts["lm_head_params"])
+    free = torch.cuda.mem_get_info()[0]
+    if need + 2 * GiB > free:  # BF16 weights alone do not fit: say so rather than fail half-way
+        emit(peer=peer, kind="info", skipped="out of memory (weights, estimated)", weights_bytes=need, free_bytes=free)
+        for kind, params in plan:
+            emit(peer=peer, kind=kind, skipped="out of memory (weights, estimated)", **params)
+        return True
+    log(f"{peer}: building {args.model} (BF16 weights {need / GiB:.1f} GiB, free {free / GiB:.1f} GiB)")
     torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    model = build_model(cfg, args.seed)
+    model = build_model(cfg, args.seed, args.experts_impl)
     torch.cuda.synchronize()
     build_s, quant_s, n_fp8 = time.perf_counter() - t, None, 0
     if peer == "compile-fp8":
@@ -485,13 +637,19 @@ def run_peer(peer, args, cfg, rope, emit, deadline, share_end, grad_ctx):
     compiled = peer != "eager-bf16"
     peak = (args.peak_fp8 or peak_flops(emit.device, True)) if peer == "compile-fp8" else \
         (args.peak_bf16 or peak_flops(emit.device, False))
-    P = dict(cfg=cfg, fwd=fwd, static=compiled, compiled=compiled, counts=param_counts(cfg), peak_flops=peak)
-    emit(peer=peer, kind="info", build_s=build_s, quantize_s=quant_s, fp8_linears=n_fp8,
+    P = dict(cfg=cfg, fwd=fwd, static=compiled, compiled=compiled, counts=counts, peak_flops=peak, moe=moe)
+    moe_info = {}
+    if moe:  # the experts implementation in use, and the parameter count checked against the model built
+        numel = param_numel(model) if peer != "compile-fp8" else None
+        moe_info = dict(experts_implementation=getattr(model.config, "_experts_implementation", None),
+                        params_total=numel, params_formula=need // 2,
+                        param_count_ok=None if numel is None else numel == need // 2)
+    emit(peer=peer, kind="info", build_s=build_s, quantize_s=quant_s, fp8_linears=n_fp8, **moe_info,
          weights_bytes=tensor_bytes(model), attn_implementation=getattr(model.config, "_attn_implementation", None),
          rope=rope, cache="static" if compiled else "dynamic", pass_cache_position=pass_cpos,
          compile_mode=args.compile_mode if compiled else None, grad_mode=args.grad_mode,
          prefill_mode="compiled" if compiled and args.compile_prefill else "eager",
-         peak_flops=P["peak_flops"], **P["counts"], **{k: getattr(cfg, k) for k in SHAPES[args.model]})
+         peak_flops=P["peak_flops"], **P["counts"], **shape_fields(cfg, rope, args.model))
     build_peak, peer_peak, fatal, first = torch.cuda.max_memory_allocated(), 0, False, True
     for kind, params in plan:
         now = time.time()
@@ -559,6 +717,7 @@ def table(rows):
                   f"weights {r['weights_bytes'] / GiB:.2f} GiB", flush=True)
         elif r["kind"] == "decode":
             note = f"compile {r['compile_s']:.0f}s, graph {r['cuda_graph']}" if r.get("compile_s") else ""
+            note += ", fullgraph=False" if r.get("fullgraph") is False else ""
             note += "" if r.get("positions_ok") else " POSITIONS MISMATCH"
             print(f"{r['peer']:13} decode   {shape:18} {r['median_ms']:10.3f} {r['p90_ms']:8.3f} "
                   f"{r['tokens_per_s']:10.1f}  {note}", flush=True)
@@ -571,7 +730,8 @@ def table(rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(SHAPES), default="llama3-8b")
-    ap.add_argument("--peer", choices=("all",) + PEERS, default="all")
+    ap.add_argument("--peer", action="append", choices=("all",) + PEERS, default=None,
+                    help="repeatable (--peer eager-bf16 --peer compile-bf16); default all")
     ap.add_argument("--decode-batches", type=ints, default=[1, 8, 64])
     ap.add_argument("--contexts", type=ints, default=[512, 8192])
     ap.add_argument("--prefill", type=ints, default=[512, 2048, 8192])
@@ -590,6 +750,9 @@ def main():
     ap.add_argument("--fill-tokens", type=int, default=16384, help="tokens per chunk of the untimed cache fill")
     ap.add_argument("--peak-bf16", type=float, default=None)
     ap.add_argument("--peak-fp8", type=float, default=None)
+    ap.add_argument("--experts-impl", default=None,
+                    help="MoE models: transformers experts implementation (eager, grouped_mm, batched_mm); "
+                         "default: transformers' own default (grouped_mm in 5.x)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.quick:
@@ -634,7 +797,8 @@ def main():
     emit(peer=None, kind="info", args=vars(args), cuda=torch.version.cuda,
          total_memory_bytes=torch.cuda.get_device_properties(0).total_memory)
     grad_ctx = torch.inference_mode if args.grad_mode == "inference" else torch.no_grad
-    peers = PEERS if args.peer == "all" else (args.peer,)
+    chosen = args.peer or ["all"]
+    peers = PEERS if "all" in chosen else tuple(p for p in PEERS if p in chosen)
     deadline = T0 + args.time_budget
     for i, peer in enumerate(peers):
         now = time.time()
