@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   llmq::cli::add_run_command(app, &commands);
   llmq::cli::add_calibrate_command(app, &commands);
   llmq::cli::add_quantize_command(app, &commands);
+  llmq::cli::add_attention_command(app, &commands);
   llmq::cli::add_eval_command(app, &commands);
   llmq::cli::add_schemes_command(app, &commands);
   llmq::cli::add_logits_command(app, &commands);

@@ -1,0 +1,138 @@
+// `llmq attention-accuracy`: the INT-FlashAttention paper's accuracy tables, reproduced with llmq's
+// CPU specification of 8-bit attention (quant_attention.hpp) and extended: Q, K, V drawn from N(0,1)
+// or U(-0.5, 0.5) (or with 0.1% N(0, 100) outliers, or a K channel offset), every variant against
+// the float result, MRE over the whole output plus relative L1, cosine and RMSE.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "llmq/quant_attention.hpp"
+
+namespace llmq::cli {
+namespace {
+
+struct AttentionArgs {
+  std::vector<int64_t> lengths = {1024, 2048, 4096};
+  std::vector<std::string> dists = {"normal", "uniform"};
+  int64_t heads = 1;
+  int64_t head_dim = 128;
+  bool causal = false;
+  int threads = 0;
+  uint64_t seed = 1;
+  std::string json_path;
+};
+
+// One input set: the paper's distributions and two harder ones.
+void fill(const std::string& dist, std::mt19937_64& rng, std::vector<float>* x, bool is_k, int64_t d) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> unif(-0.5f, 0.5f), coin(0.0f, 1.0f);
+  for (size_t i = 0; i < x->size(); ++i) {
+    float v = dist == "uniform" ? unif(rng) : normal(rng);
+    if (dist == "outliers" && coin(rng) < 1e-3f) v *= 100.0f;  // FA3's test: 0.1% of entries N(0, 100)
+    if (dist == "k-offset" && is_k && static_cast<int64_t>(i) % d == 3) v += 20.0f;
+    (*x)[i] = v;
+  }
+}
+
+struct Row {
+  const char* name;
+  AttentionVariant variant;
+  QkScaling qk;
+  VScaling vs;
+  int p_max;
+  bool smooth_k;
+};
+
+int run_accuracy(const AttentionArgs& a) {
+  const Row rows[] = {
+      {"fp8 (FA3: per-tensor)", AttentionVariant::kFp8, QkScaling::kPerTensor, VScaling::kPerTensor, 127, false},
+      {"fp8 per-token Q/K", AttentionVariant::kFp8, QkScaling::kPerToken, VScaling::kPerTensor, 127, false},
+      {"half-int8 (bf16 V, P)", AttentionVariant::kHalfInt8, QkScaling::kPerToken, VScaling::kPerTensor, 127, false},
+      {"int8 (paper: V per tensor)", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerTensor, 127, false},
+      {"int8 V per channel", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerChannel, 127, false},
+      {"int8 V per block", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 127, false},
+      {"int8 V per block, P<=255", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, false},
+      {"int8 block, P<=255, smooth K", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, true},
+      {"bf16", AttentionVariant::kBf16, QkScaling::kPerToken, VScaling::kPerTensor, 127, false},
+  };
+  std::ofstream json;
+  if (!a.json_path.empty()) {
+    json.open(a.json_path, std::ios::app);
+    if (!json) return fail(Status(StatusCode::kIoError, "--json: cannot open " + a.json_path));
+  }
+  fmt::print("8-bit attention vs float (CPU specification), heads {}, head_dim {}, {}\n", a.heads, a.head_dim,
+             a.causal ? "causal" : "non-causal");
+  fmt::print("{:<9} {:>6} | {:<30} | {:>8} {:>8} {:>10} {:>9}\n", "inputs", "tokens", "variant", "MRE", "rel L1",
+             "cosine", "RMSE");
+  for (const std::string& dist : a.dists) {
+    for (int64_t n : a.lengths) {
+      AttentionProblem p;
+      p.q_len = n;
+      p.kv_len = n;
+      p.heads = a.heads;
+      p.kv_heads = a.heads;
+      p.head_dim = a.head_dim;
+      p.causal = a.causal;
+      std::mt19937_64 rng(a.seed);
+      std::vector<float> q(static_cast<size_t>(n * a.heads * a.head_dim)), k(q.size()), v(q.size());
+      fill(dist, rng, &q, false, a.head_dim);
+      fill(dist, rng, &k, true, a.head_dim);
+      fill(dist, rng, &v, false, a.head_dim);
+      std::vector<float> want(q.size()), got(q.size());
+      QuantAttentionOptions fo;
+      fo.variant = AttentionVariant::kFloat;
+      if (Status st = quant_attention_reference(p, fo, q.data(), k.data(), v.data(), want.data(), a.threads); !st.ok())
+        return fail(st);
+      for (const Row& r : rows) {
+        QuantAttentionOptions o;
+        o.variant = r.variant;
+        o.qk_scaling = r.qk;
+        o.v_scaling = r.vs;
+        o.p_max = r.p_max;
+        o.smooth_k = r.smooth_k;
+        if (Status st = quant_attention_reference(p, o, q.data(), k.data(), v.data(), got.data(), a.threads); !st.ok())
+          return fail(st);
+        const AttentionError e = attention_error(got.data(), want.data(), static_cast<int64_t>(got.size()));
+        fmt::print("{:<9} {:>6} | {:<30} | {:7.3f}% {:7.3f}% {:10.6f} {:9.2e}\n", dist, n, r.name, 100 * e.mre,
+                   100 * e.rel_l1, e.cosine, e.rmse);
+        if (json)
+          json << nlohmann::json{{"bench", "attention_accuracy"}, {"inputs", dist}, {"tokens", n}, {"heads", a.heads},
+                                 {"head_dim", a.head_dim}, {"causal", a.causal}, {"variant", r.name},
+                                 {"mre", e.mre}, {"mre_excluded", e.mre_excluded}, {"rel_l1", e.rel_l1},
+                                 {"cosine", e.cosine}, {"rmse", e.rmse}, {"max_abs", e.max_abs}, {"seed", a.seed}}
+                      .dump()
+               << "\n";
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_attention_command(CLI::App& app, std::vector<Command>* commands) {
+  auto args = std::make_shared<AttentionArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "attention-accuracy",
+      "8-bit attention (FP8, half-INT8, full-INT8 and llmq's variants) against float on the INT-FlashAttention "
+      "paper's inputs, by the CPU specification");
+  cmd->add_option("--lengths", args->lengths, "sequence lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--inputs", args->dists, "normal, uniform (the paper's), outliers (0.1% N(0,100)), k-offset")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"normal", "uniform", "outliers", "k-offset"}));
+  cmd->add_option("--heads", args->heads, "attention heads")->check(CLI::Range(1, 256));
+  cmd->add_option("--head-dim", args->head_dim, "head dimension")->check(CLI::Range(2, 512));
+  cmd->add_flag("--causal", args->causal, "causal mask (the paper's tables are non-causal)");
+  cmd->add_option("--threads", args->threads, "CPU threads (0: all)");
+  cmd->add_option("--seed", args->seed, "seed of the inputs");
+  cmd->add_option("--json", args->json_path, "append JSON lines here");
+  commands->push_back({cmd, [args] { return run_accuracy(*args); }});
+}
+
+}  // namespace llmq::cli
