@@ -37,6 +37,11 @@ struct QuantAttentionOptions {
   bool smooth_k = false;    // subtract K's per-channel mean over the KV tokens (per KV head) first:
                             // every score of a query row shifts by the same q . mean, softmax does not
   int p_max = 127;          // full-INT8 P levels: 127 (the paper, signed P) or 255 (unsigned P x signed V)
+  // Full-INT8 P against the tile's own row maximum instead of the running one: P = round(p_max *
+  // 2^(s - m_tile)) and the tile's P*V and row sum carry 2^(m_tile - m). A tile whose scores all lie
+  // below the running maximum then still gets all p_max levels (the paper's P flushes every value
+  // under 1/(2 p_max) of the running maximum to 0).
+  bool p_tile_max = false;
   float p_offset = 8.0f;    // FP8 P: 2^p_offset is P's largest value (<= 448, E4M3's maximum)
   int64_t block_kv = 64;    // KV tile: the online-softmax step, P's quantization unit and the V block
 };

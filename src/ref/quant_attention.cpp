@@ -172,10 +172,15 @@ void attend_rows(const AttentionProblem& p, const QuantAttentionOptions& o, cons
       }
       const float m_new = std::max(m, tile_max);
       const float alpha = std::exp2(m - m_new);  // 0 on the first tile (m = -inf)
+      // The reference P is taken against m_ref: the running maximum, or the tile's own (then the
+      // tile's contributions carry 2^(m_ref - m_new) <= 1).
+      const bool tile_ref = o.p_tile_max && var == AttentionVariant::kFullInt8;
+      const float m_ref = tile_ref ? tile_max : m_new;
+      const float carry = tile_ref ? std::exp2(tile_max - m_new) : 1.0f;
       float tile_l = 0.0f;
       std::vector<double> pv(static_cast<size_t>(d), 0.0);  // integer-exact for INT8 P*V
       for (int64_t t = t0; t < t1; ++t) {
-        const float e = std::exp2(s[t - t0] - m_new);
+        const float e = std::exp2(s[t - t0] - m_ref);
         float pq;
         switch (var) {
           case AttentionVariant::kFullInt8: pq = std::nearbyint(static_cast<float>(o.p_max) * e); break;
@@ -189,7 +194,7 @@ void attend_rows(const AttentionProblem& p, const QuantAttentionOptions& o, cons
         const float* vv = &in.v.value[t * width + hk * d];
         for (int64_t c = 0; c < d; ++c) pv[c] += static_cast<double>(pq) * vv[c];
       }
-      l = l * alpha + tile_l;
+      l = l * alpha + tile_l * carry;
       for (int64_t c = 0; c < d; ++c) {
         float sv = 1.0f;
         if (!in.v.scale.empty()) {
@@ -200,7 +205,7 @@ void attend_rows(const AttentionProblem& p, const QuantAttentionOptions& o, cons
             case VScaling::kPerBlock: sv = in.v.scale[static_cast<size_t>((t0 / o.block_kv) * width + col)]; break;
           }
         }
-        o_row[c] = o_row[c] * alpha + static_cast<float>(pv[c]) * sv;
+        o_row[c] = o_row[c] * alpha + static_cast<float>(pv[c]) * (sv * carry);
       }
       m = m_new;
     }

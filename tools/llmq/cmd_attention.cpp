@@ -47,6 +47,7 @@ struct Row {
   VScaling vs;
   int p_max;
   bool smooth_k;
+  bool p_tile_max = false;
 };
 
 int run_accuracy(const AttentionArgs& a) {
@@ -59,6 +60,8 @@ int run_accuracy(const AttentionArgs& a) {
       {"int8 V per block", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 127, false},
       {"int8 V per block, P<=255", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, false},
       {"int8 block, P<=255, smooth K", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, true},
+      {"int8 block, P<=255 tile max", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, false, true},
+      {"int8 llmq (+ smooth K)", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, true, true},
       {"bf16", AttentionVariant::kBf16, QkScaling::kPerToken, VScaling::kPerTensor, 127, false},
   };
   std::ofstream json;
@@ -96,6 +99,7 @@ int run_accuracy(const AttentionArgs& a) {
         o.v_scaling = r.vs;
         o.p_max = r.p_max;
         o.smooth_k = r.smooth_k;
+        o.p_tile_max = r.p_tile_max;
         if (Status st = quant_attention_reference(p, o, q.data(), k.data(), v.data(), got.data(), a.threads); !st.ok())
           return fail(st);
         const AttentionError e = attention_error(got.data(), want.data(), static_cast<int64_t>(got.size()));
