@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_bench_support.cuh"
+#include "llmq/cuda_attention_int8.hpp"
 #include "runtime/attention.hpp"
 
 namespace {
@@ -109,6 +110,36 @@ void bench_prefill(int64_t n, bool causal, llmq::runtime::PrefillKernel kernel, 
               e4m3 ? "  e4m3" : "");
 }
 
+// The half-INT8 kernel (llmq/cuda_attention_int8.hpp) on the same shapes: INT8 Q, K with per-token
+// scales, BF16 V; FLOPs counted as for the BF16 kernel.
+void bench_half_int8(int64_t n, bool causal, int iters) {
+  const int64_t q_elems = n * kHeads * kHeadDim, kv_elems = n * kKvHeads * kHeadDim;
+  DeviceMem q(q_elems), k(kv_elems), v(kv_elems * 2), qs(n * kHeads * 4), ks(n * kKvHeads * 4), out(q_elems * 2);
+  llmq::bench::fill_e4m3<<<llmq::bench::grid_for(q_elems), 256>>>(q.as<uint8_t>(), q_elems, 11);  // any non-zero bytes
+  llmq::bench::fill_e4m3<<<llmq::bench::grid_for(kv_elems), 256>>>(k.as<uint8_t>(), kv_elems, 12);
+  llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(v.as<__nv_bfloat16>(), kv_elems, 13);
+  llmq::bench::fill_scales<<<llmq::bench::grid_for(n * kHeads), 256>>>(qs.as<float>(), n * kHeads, 14);
+  llmq::bench::fill_scales<<<llmq::bench::grid_for(n * kKvHeads), 256>>>(ks.as<float>(), n * kKvHeads, 15);
+  llmq::HalfInt8AttentionArgs a;
+  a.q_len = n;
+  a.kv_len = n;
+  a.heads = kHeads;
+  a.kv_heads = kKvHeads;
+  a.head_dim = kHeadDim;
+  a.causal = causal;
+  a.q = q.as<int8_t>();
+  a.q_scale = qs.as<float>();
+  a.k = k.as<int8_t>();
+  a.k_scale = ks.as<float>();
+  a.v = v.as<uint16_t>();
+  a.out = out.as<uint16_t>();
+  const double ms = time_ms(iters, [&] { check(llmq::cuda_half_int8_attention(a, nullptr)); });
+  const double pairs = causal ? 0.5 * static_cast<double>(n) * static_cast<double>(n + 1) : static_cast<double>(n) * n;
+  const double tops = 4.0 * pairs * kHeadDim * kHeads / (ms * 1e-3) / 1e12;
+  std::printf("prefill  n=%-5lld %-6s half-int8  %8.3f ms  %7.1f TOP/s\n", static_cast<long long>(n),
+              causal ? "causal" : "full", ms, tops);
+}
+
 void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
   const int64_t q_elems = batch * kHeads * kHeadDim, kv_elems = batch * kv_len * kKvHeads * kHeadDim;
   const int64_t kv_bytes = e4m3 ? 0 : kv_elems * 2;  // the BF16 cache (none for E4M3)
@@ -159,7 +190,10 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs; heads %lld/%lld, head_dim %lld\n", prop.name, prop.multiProcessorCount,
               static_cast<long long>(kHeads), static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim));
   for (int64_t n : {2048, 4096, 8192})
-    for (bool causal : {false, true}) bench_prefill(n, causal, llmq::runtime::PrefillKernel::kAuto, iters);
+    for (bool causal : {false, true}) {
+      bench_prefill(n, causal, llmq::runtime::PrefillKernel::kAuto, iters);
+      bench_half_int8(n, causal, iters);
+    }
   bench_prefill(2048, true, llmq::runtime::PrefillKernel::kCudaCore, 3);
   for (int64_t n : {2048, 8192}) bench_prefill(n, true, llmq::runtime::PrefillKernel::kAuto, iters, true);
   for (int64_t batch : {1, 8})
