@@ -1,7 +1,8 @@
 // 8-bit flash attention on CUDA (issue 10): the forward pass of grouped-query attention with INT8
 // Q and K, held to the CPU specification in quant_attention.hpp. First kernel: half-INT8 (INT8 Q, K
 // with per-token scales; BF16 V and P), mma.sync on sm_80+: S = Q K^T as INT8 products summed
-// exactly in INT32, one multiply per score by sq * sk, then the BF16 flash-attention P V.
+// exactly in INT32, one multiply per score by sq * sk, then the BF16 flash-attention P V. Second:
+// full-INT8 (INT8 V too, P as unsigned 8-bit), see cuda_full_int8_attention.
 // All pointers are device pointers; no CUDA headers here.
 #pragma once
 
@@ -29,5 +30,15 @@ struct HalfInt8AttentionArgs {
 };
 
 Status cuda_half_int8_attention(const HalfInt8AttentionArgs& a, CudaStream stream);
+
+// Full-INT8 (llmq's variant of the specification: QuantAttentionOptions{kFullInt8, V kPerBlock,
+// p_max 255, p_tile_max, block_kv 64}): INT8 V with one scale per (64-key tile, channel), P in
+// [0, 255] against the tile's row maximum, P V as u8 x s8 products summed exactly in INT32.
+struct FullInt8AttentionArgs {
+  HalfInt8AttentionArgs qk;        // q_len .. q_scale, k, k_scale, out as above; qk.v unused
+  const int8_t* v = nullptr;       // [kv_len, kv_heads, head_dim]
+  const float* v_scale = nullptr;  // [kv_heads, ceil(kv_len / 64), head_dim]
+};
+Status cuda_full_int8_attention(const FullInt8AttentionArgs& a, CudaStream stream);
 
 }  // namespace llmq

@@ -1,0 +1,369 @@
+// cuda_half_int8_attention and cuda_full_int8_attention (include/llmq/cuda_attention_int8.hpp): the
+// runtime's mma.sync flash attention (runtime/attention_prefill.cu) with S = Q K^T in INT8. A CTA of
+// 4 warps takes 64 queries of one head, each warp 16 rows whose INT8 Q fragments stay in registers;
+// 64-key tiles of INT8 K, their scales and V stream through shared memory with cp.async, double
+// buffered. S is mma.sync m16n8k32 s8 -> s32 (exact), turned into scores by acc * sq[row] * sk[key].
+//   half-INT8: the BF16 kernel's online softmax, P (BF16; the row sum taken from the BF16 P, as the
+//     specification does) and P V (m16n8k16 BF16): the S accumulators' layout is the same for k32
+//     INT8 and k16 BF16 products, so P goes to P V from registers unchanged.
+//   full-INT8: P = rint(255 * 2^(s - m_tile)) unsigned against the tile's row maximum, V INT8 with
+//     a scale per (tile, channel), P V as u8 x s8 m16n8k32 in INT32 (full_int8_pv_step); V is
+//     transposed into shared memory in the key order the P fragments need (transpose_v_tile).
+// Shared memory at d = 128: half 48 KB (Q, 2 K, 2 BF16 V, key scales); full 57 KB (Q, 2 K, 2 raw
+// INT8 V, key and V scales, the transposed V).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "cuda/cuda_check.cuh"
+#include "llmq/cuda_attention_int8.hpp"
+#include "attention/int8_mma.cuh"
+#include "runtime/attention_mma.cuh"
+
+namespace llmq {
+namespace {
+
+using namespace runtime::attn;
+using namespace attention;
+
+struct Params {
+  HalfInt8AttentionArgs a;
+  const int8_t* v8;       // full-INT8 V
+  const float* v_scale;   // [kv_heads, ceil(kv_len / 64), head_dim]
+};
+
+// Full-INT8 P V. P (unsigned, 0..255) goes to the k32 mma's A operand from the S accumulators,
+// whose C layout gives lane (g, t) keys {2t, 2t+1, 8+2t, 9+2t} (and + 16) of each 32-key step where
+// the A fragment wants K positions {4t..4t+3} (and + 16): so mma position kappa of a 32-key group
+// stands for physical key pi(kappa), and V is written transposed into shared memory in that order,
+// Vt[channel][kappa] = V[pi(kappa)][channel]: the B fragment then reads 4 contiguous bytes.
+// kappa of physical key p in [0, 32): 16 (p / 16) + 4 ((p % 8) / 2) + 2 ((p % 16) / 8) + p % 2, so
+// kappa quad q holds keys 16 (q / 4) + 2 (q % 4) + {0, 1, 8, 9} (transpose_v_tile).
+
+// Raw INT8 V tile [64 keys][kHeadDim] (unswizzled, generic pointer) -> Vt [kHeadDim][64] in the
+// kappa order, 16-byte chunks XOR-swizzled as a 64-byte-row tile (TileLayout<32>). A work item is
+// 4 consecutive kappa (physical keys {2q, 2q+1, 8+2q, 9+2q} of a 16-key half) x 4 channels: four
+// word loads, a 4x4 byte transpose in registers (prmt), four word stores. Consecutive threads take
+// consecutive channel quads, so the loads are contiguous rows.
+template <int kHeadDim>
+__device__ __forceinline__ void transpose_v_tile(const unsigned char* raw, unsigned char* vt) {
+  using LT = TileLayout<32>;
+  constexpr int kQuads = kHeadDim / 4;
+  for (int idx = threadIdx.x; idx < (kBlockKv / 4) * kQuads; idx += kThreads) {
+    const int c4 = (idx % kQuads) * 4, kq = idx / kQuads;  // kappa quad: kappa = 4 kq .. 4 kq + 3
+    const int base = (kq / 4) * 16 + 2 * (kq % 4);        // physical keys base, base+1, base+8, base+9
+    const uint32_t w0 = *reinterpret_cast<const uint32_t*>(raw + (base + 0) * kHeadDim + c4);
+    const uint32_t w1 = *reinterpret_cast<const uint32_t*>(raw + (base + 1) * kHeadDim + c4);
+    const uint32_t w2 = *reinterpret_cast<const uint32_t*>(raw + (base + 8) * kHeadDim + c4);
+    const uint32_t w3 = *reinterpret_cast<const uint32_t*>(raw + (base + 9) * kHeadDim + c4);
+    const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+    const uint32_t lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+    const uint32_t out[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                             __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+    const int kappa = 4 * kq;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      *reinterpret_cast<uint32_t*>(vt + LT::offset_bytes(c4 + j, kappa / 16) + kappa % 16) = out[j];
+  }
+}
+
+// The online softmax of one key tile with P against the tile's own row maximum (the
+// specification's p_tile_max): P = rint(255 * 2^((s - m_tile) * scale_log2)) as an unsigned byte;
+// the tile's row sum and P V (u8 x s8 -> INT32, exact) enter the running ones times
+// carry = 2^((m_tile - m) * scale_log2) and V's per-(tile, channel) scale.
+template <int kHeadDim>
+__device__ __forceinline__ void full_int8_pv_step(float (&s)[kBlockKv / 8][4], float (&row_max)[2], float (&row_sum)[2],
+                                                  float (&o_acc)[kHeadDim / 8][4], float scale_log2, uint32_t vt_tile,
+                                                  const float* v_scale, int lane) {
+  constexpr int kKeyTiles = kBlockKv / 8, kDimTiles = kHeadDim / 8;
+  using LT = TileLayout<32>;
+  const int t = lane % 4;
+  float corr[2], carry[2];
+  uint32_t p_int[kKeyTiles][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mt = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) mt = fmaxf(mt, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    const float m = fmaxf(row_max[r], mt);
+    const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+    const float mt_scaled = mt == -INFINITY ? 0.f : mt * scale_log2;
+    corr[r] = fast_exp2(__fmaf_rn(row_max[r], scale_log2, -m_scaled));
+    carry[r] = mt == -INFINITY ? 0.f : fast_exp2(mt_scaled - m_scaled);
+    row_max[r] = m;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+      for (int e = 2 * r; e < 2 * r + 2; ++e) {
+        const float p = rintf(255.f * fast_exp2(__fmaf_rn(s[n][e], scale_log2, -mt_scaled)));
+        p_int[n][e] = static_cast<uint32_t>(p);
+        sum += p;
+      }
+    row_sum[r] = __fmaf_rn(row_sum[r], corr[r], sum * carry[r]);
+  }
+  // P V per 32-key step kk: A registers in the kappa order (see transpose_v_tile).
+  int32_t pv[kDimTiles][4];
+#pragma unroll
+  for (int d = 0; d < kDimTiles; ++d) pv[d][0] = pv[d][1] = pv[d][2] = pv[d][3] = 0;
+#pragma unroll
+  for (int kk = 0; kk < kBlockKv / 32; ++kk) {
+    const auto pack = [&](int n, int e) {  // keys 2t, 2t+1 of n-tile n and of n-tile n + 1, row of e
+      return p_int[n][e] | (p_int[n][e + 1] << 8) | (p_int[n + 1][e] << 16) | (p_int[n + 1][e + 1] << 24);
+    };
+    const uint32_t a_frag[4] = {pack(4 * kk, 0), pack(4 * kk, 2), pack(4 * kk + 2, 0), pack(4 * kk + 2, 2)};
+#pragma unroll
+    for (int dp = 0; dp < kDimTiles / 2; ++dp) {
+      // Matrices: channels dp*16 + 0-7 / 8-15 (lane / 16) x kappa chunk 2kk / 2kk+1 ((lane / 8) % 2).
+      uint32_t vb[4];
+      ldmatrix_x4(vb, vt_tile + LT::offset_bytes(dp * 16 + (lane % 8) + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
+      mma_u8s8_16832(pv[2 * dp], a_frag, vb[0], vb[1]);
+      mma_u8s8_16832(pv[2 * dp + 1], a_frag, vb[2], vb[3]);
+    }
+  }
+#pragma unroll
+  for (int d = 0; d < kDimTiles; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float sv = v_scale[d * 8 + 2 * t + (e & 1)];
+      o_acc[d][e] = __fmaf_rn(o_acc[d][e], corr[e / 2], static_cast<float>(pv[d][e]) * (sv * carry[e / 2]));
+    }
+}
+
+template <int kHeadDim, bool kFull>
+__global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm, float scale_log2) {
+  const HalfInt8AttentionArgs& a = prm.a;
+  using LQ = TileLayout<kHeadDim / 2>;  // an INT8 row of kHeadDim bytes: the layout of kHeadDim / 2 BF16
+  constexpr int kKSteps = kHeadDim / 32;   // k32 steps of S = Q K^T
+  constexpr int kDimTiles = kHeadDim / 8;  // n-tiles of O
+  constexpr int kKeyTiles = kBlockKv / 8;  // n-tiles of S
+  constexpr int kQkBytes = kBlockKv * kHeadDim;
+  constexpr int kVBytes = kBlockKv * kHeadDim * (kFull ? 1 : 2);  // a V stage: BF16, or raw INT8
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t q_tile = smem_addr(smem);
+  const auto k_tile = [&](int stage) { return q_tile + (1 + stage) * kQkBytes; };
+  const auto v_tile = [&](int stage) { return q_tile + 3 * kQkBytes + stage * kVBytes; };
+  const auto ks_tile = [&](int stage) { return q_tile + 3 * kQkBytes + 2 * kVBytes + stage * kBlockKv * 4; };
+  const float* key_scales = reinterpret_cast<const float*>(smem + 3 * kQkBytes + 2 * kVBytes);
+  // Full-INT8 only: V's scales per stage, then the transposed V tile.
+  constexpr int kVsOffset = 3 * kQkBytes + 2 * kVBytes + 2 * kBlockKv * 4;
+  const auto vs_tile = [&](int stage) { return q_tile + kVsOffset + stage * kHeadDim * 4; };
+  const float* v_scales = reinterpret_cast<const float*>(smem + kVsOffset);
+  constexpr int kVtOffset = kVsOffset + 2 * kHeadDim * 4;
+  unsigned char* vt = smem + kVtOffset;
+
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late, causal) query blocks first
+  const int head = blockIdx.y;
+  const int kv_head = head / static_cast<int>(a.heads / a.kv_heads);
+  const int q_len = static_cast<int>(a.q_len), kv_len = static_cast<int>(a.kv_len);
+  const int q0 = m_block * kBlockQ;
+  if (q0 >= q_len) return;
+  const int q_rows = min(kBlockQ, q_len - q0);
+  const int pos0 = kv_len - q_len + q0;
+  const int key_end = a.causal ? min(kv_len, pos0 + q_rows) : kv_len;
+  const int n_tiles = key_end > 0 ? (key_end + kBlockKv - 1) / kBlockKv : 0;
+
+  const int64_t q_stride = a.heads * kHeadDim, kv_stride = a.kv_heads * kHeadDim;  // elements
+  // INT8 rows are moved as BF16-sized pairs: strides and bases in 2-byte units.
+  const uint16_t* q_base = reinterpret_cast<const uint16_t*>(a.q + (q0 * q_stride + static_cast<int64_t>(head) * kHeadDim));
+  const uint16_t* k_base = reinterpret_cast<const uint16_t*>(a.k + static_cast<int64_t>(kv_head) * kHeadDim);
+  const float* k_scale = a.k_scale + static_cast<int64_t>(kv_head) * kv_len;
+  const int kv_tiles = (kv_len + kBlockKv - 1) / kBlockKv;
+  const auto load_kv = [&](int j, int stage) {
+    load_tile_async<kHeadDim / 2>(k_tile(stage), k_base, kv_stride / 2, j * kBlockKv, key_end);
+    if constexpr (kFull) {
+      // Raw rows of kHeadDim bytes, 16 at a time; rows past key_end are zeros.
+      const int8_t* v8 = prm.v8 + static_cast<int64_t>(kv_head) * kHeadDim;
+      for (int idx = threadIdx.x; idx < kBlockKv * kHeadDim / 16; idx += kThreads) {
+        const int row = idx / (kHeadDim / 16), piece = idx % (kHeadDim / 16);
+        const bool valid = j * kBlockKv + row < key_end;
+        cp_async_16(v_tile(stage) + idx * 16, v8 + (valid ? (j * kBlockKv + row) * kv_stride : 0) + piece * 16,
+                    valid ? 16 : 0);
+      }
+      if (threadIdx.x < kHeadDim)
+        cp_async_4(vs_tile(stage) + threadIdx.x * 4,
+                   prm.v_scale + (static_cast<int64_t>(kv_head) * kv_tiles + j) * kHeadDim + threadIdx.x, 4);
+    } else {
+      load_tile_async<kHeadDim>(v_tile(stage), a.v + static_cast<int64_t>(kv_head) * kHeadDim, kv_stride, j * kBlockKv,
+                                key_end);
+    }
+    if (threadIdx.x < kBlockKv) {
+      const int key = j * kBlockKv + static_cast<int>(threadIdx.x);
+      const bool valid = key < key_end;
+      cp_async_4(ks_tile(stage) + threadIdx.x * 4, k_scale + (valid ? key : 0), valid ? 4 : 0);
+    }
+  };
+
+  load_tile_async<kHeadDim / 2>(q_tile, q_base, q_stride / 2, 0, q_rows);
+  if (n_tiles > 0) load_kv(n_tiles - 1, 0);
+  cp_async_commit();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row_lo = warp * 16 + g;
+  const int pos_row[2] = {pos0 + row_lo, pos0 + row_lo + 8};
+  float q_scale[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_lo + 8 * r;
+    q_scale[r] = row < q_rows ? a.q_scale[static_cast<int64_t>(head) * q_len + q0 + row] : 0.f;
+  }
+
+  float o_acc[kDimTiles][4];
+#pragma unroll
+  for (int i = 0; i < kDimTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+  uint32_t q_frag[kKSteps][4];
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int j = n_tiles - 1 - it;
+    const int stage = it & 1;
+    if (it + 1 < n_tiles) {
+      load_kv(j - 1, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if constexpr (kFull) {
+      // The previous tile's readers of Vt passed the barrier that ended the last iteration.
+      transpose_v_tile<kHeadDim>(smem + 3 * kQkBytes + stage * kVBytes, vt);
+      __syncthreads();
+    }
+    if (it == 0) {
+      // ldmatrix.x4 quads: rows 0-7 / 8-15 of the warp's 16, 16-byte chunk 2ks / 2ks+1 -> a0..a3
+      // of m16n8k32 (a0: row g, K 4t..4t+3; a1: row g + 8; a2, a3: K 16 + 4t..).
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)
+        ldmatrix_x4(q_frag[ks], q_tile + LQ::offset_bytes(warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2), 2 * ks + lane / 16));
+    }
+
+    // S = Q K^T in INT32 (16 x 64 per warp), then scores acc * sq * sk.
+    int32_t sacc[kKeyTiles][4];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int np = 0; np < kKeyTiles / 2; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, k_tile(stage) + LQ::offset_bytes(np * 16 + (lane % 8) + 8 * (lane / 16), 2 * ks + (lane / 8) % 2));
+        mma_s8_16832(sacc[2 * np], q_frag[ks], kb[0], kb[1]);
+        mma_s8_16832(sacc[2 * np + 1], q_frag[ks], kb[2], kb[3]);
+      }
+    }
+    const float* sk = key_scales + stage * kBlockKv;
+    float s[kKeyTiles][4];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = static_cast<float>(sacc[n][e]) * (q_scale[e / 2] * sk[n * 8 + 2 * t + (e & 1)]);
+
+    const int key0 = j * kBlockKv;
+    const bool needs_mask = key0 + kBlockKv > kv_len || (a.causal && key0 + kBlockKv - 1 > pos0);
+    if (needs_mask) {
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + n * 8 + 2 * t + (e & 1);
+          const int limit = a.causal ? min(kv_len, pos_row[e / 2] + 1) : kv_len;
+          if (key >= limit) s[n][e] = -INFINITY;
+        }
+    }
+
+    if constexpr (kFull) {
+      full_int8_pv_step<kHeadDim>(s, row_max, row_sum, o_acc, scale_log2, smem_addr(vt), v_scales + stage * kHeadDim, lane);
+    } else {
+      softmax_pv_step<kHeadDim, true>(s, row_max, row_sum, o_acc, scale_log2, v_tile(stage), lane);
+    }
+    __syncthreads();
+  }
+  if (n_tiles == 0) cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int row = row_lo + 8 * r;
+    if (row < q_rows) {
+      uint16_t* out_row = a.out + (q0 + row) * q_stride + static_cast<int64_t>(head) * kHeadDim;
+#pragma unroll
+      for (int d = 0; d < kDimTiles; ++d)
+        *reinterpret_cast<uint32_t*>(out_row + d * 8 + 2 * t) = pack_bf16x2(o_acc[d][2 * r] * inv, o_acc[d][2 * r + 1] * inv);
+    }
+  }
+}
+
+template <int kHeadDim, bool kFull> constexpr int smem_bytes() {
+  const int qk = 3 * kBlockKv * kHeadDim, scales = 2 * kBlockKv * 4;
+  return kFull ? qk + 2 * kBlockKv * kHeadDim + scales + 2 * kHeadDim * 4 + kHeadDim * kBlockKv
+               : qk + 2 * kBlockKv * kHeadDim * 2 + scales;
+}
+
+template <int kHeadDim, bool kFull>
+Status launch(const Params& p, float scale_log2, cudaStream_t stream) {
+  const auto kernel = int8_attention_kernel<kHeadDim, kFull>;
+  constexpr int bytes = smem_bytes<kHeadDim, kFull>();
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  const dim3 grid(static_cast<unsigned>((p.a.q_len + kBlockQ - 1) / kBlockQ), static_cast<unsigned>(p.a.heads));
+  kernel<<<grid, kThreads, bytes, stream>>>(p, scale_log2);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("int8_attention_kernel");
+  return {};
+}
+
+bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+// Shapes and the Q/K side, common to both variants.
+Status check_qk(const HalfInt8AttentionArgs& a) {
+  if (a.q_len < 0 || a.kv_len < 0 || a.q_len > a.kv_len)
+    return invalid_argument("q_len, kv_len: need 0 <= q_len <= kv_len, got " + std::to_string(a.q_len) + ", " +
+                            std::to_string(a.kv_len));
+  if (a.kv_len > (int64_t{1} << 30) || a.heads > 65535) return invalid_argument("kv_len, heads: too large for one launch");
+  if (a.heads <= 0 || a.kv_heads <= 0 || a.heads % a.kv_heads != 0)
+    return invalid_argument("heads, kv_heads: heads must be a positive multiple of kv_heads");
+  if (a.head_dim != 64 && a.head_dim != 128)
+    return unsupported("head_dim: the INT8 attention kernels take 64 or 128, got " + std::to_string(a.head_dim));
+  if (a.q_len == 0) return {};
+  if (a.q == nullptr || a.q_scale == nullptr || a.k == nullptr || a.k_scale == nullptr || a.out == nullptr)
+    return invalid_argument("q, q_scale, k, k_scale, out: null device pointer");
+  if (!aligned(a.q, 16) || !aligned(a.k, 16) || !aligned(a.out, 16) || !aligned(a.k_scale, 4))
+    return invalid_argument("q, k, out: must be 16-byte aligned");
+  return {};
+}
+
+Status run(const Params& p, bool full, CudaStream stream) {
+  const HalfInt8AttentionArgs& a = p.a;
+  const float scale = a.softmax_scale > 0.f ? a.softmax_scale : 1.f / std::sqrt(static_cast<float>(a.head_dim));
+  const float scale_log2 = scale * kLog2e;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (full) return a.head_dim == 64 ? launch<64, true>(p, scale_log2, s) : launch<128, true>(p, scale_log2, s);
+  return a.head_dim == 64 ? launch<64, false>(p, scale_log2, s) : launch<128, false>(p, scale_log2, s);
+}
+
+}  // namespace
+
+Status cuda_half_int8_attention(const HalfInt8AttentionArgs& a, CudaStream stream) {
+  LLMQ_RETURN_IF_ERROR(check_qk(a));
+  if (a.q_len == 0) return {};
+  if (a.v == nullptr || !aligned(a.v, 16)) return invalid_argument("v: null or not 16-byte aligned");
+  return run(Params{a, nullptr, nullptr}, false, stream);
+}
+
+Status cuda_full_int8_attention(const FullInt8AttentionArgs& f, CudaStream stream) {
+  LLMQ_RETURN_IF_ERROR(check_qk(f.qk));
+  if (f.qk.q_len == 0) return {};
+  if (f.v == nullptr || f.v_scale == nullptr) return invalid_argument("v, v_scale: null device pointer");
+  if (!aligned(f.v, 16) || !aligned(f.v_scale, 4)) return invalid_argument("v: must be 16-byte aligned");
+  return run(Params{f.qk, f.v, f.v_scale}, true, stream);
+}
+
+}  // namespace llmq
