@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -110,6 +111,61 @@ TEST(CudaMoeSparse, RoutingMatchesTheCpuRuleAndPermutesStably) {
         ASSERT_EQ(rows[slot], r) << "slot " << slot;
       }
     if (c.hot_bias > 0) ASSERT_EQ(count[3], c.tokens) << "the hot expert takes every token";
+  }
+}
+
+// Router logits that overflowed (NaN, +-Inf) must still route every token to k distinct valid
+// experts with finite weights summing to 1: an out-of-range id would write outside the permutation.
+TEST(CudaMoeSparse, NonFiniteRouterLogitsStillRouteValidly) {
+  LLMQ_REQUIRE_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const int64_t E = 8;
+  for (const int64_t K : {int64_t{2}, int64_t{3}}) {
+    std::vector<float> logits = synthetic_activations(6, E, 23);
+    logits[0 * E + 0] = nan;                                  // one NaN
+    for (int64_t e = 0; e < E; ++e) logits[1 * E + e] = nan;  // all NaN
+    logits[2 * E + 5] = inf;                                  // one +inf
+    for (int64_t e = 0; e < E; ++e) logits[3 * E + e] = -inf;  // all -inf
+    logits[4 * E + 1] = inf;
+    logits[4 * E + 6] = inf;                                  // two +inf
+    const int64_t T = 6, slots = T * K;
+    DeviceBuffer<float> d_logits(logits.size()), d_w(slots);
+    DeviceBuffer<int32_t> d_ids(slots), d_off(E + 1), d_sorted(slots), d_rows(slots);
+    CUDA_ASSERT(d_logits.upload(logits));
+    MoeRouteArgs a;
+    a.tokens = T;
+    a.experts = E;
+    a.top_k = K;
+    a.logits = d_logits.get();
+    a.topk_ids = d_ids.get();
+    a.topk_weights = d_w.get();
+    a.expert_offsets = d_off.get();
+    a.sorted_slots = d_sorted.get();
+    a.slot_rows = d_rows.get();
+    ASSERT_TRUE(cuda_moe_route(a, nullptr).ok());
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    std::vector<int32_t> ids, off;
+    std::vector<float> w;
+    CUDA_ASSERT(d_ids.download(&ids));
+    CUDA_ASSERT(d_w.download(&w));
+    CUDA_ASSERT(d_off.download(&off));
+    for (int64_t t = 0; t < T; ++t) {
+      float total = 0.0f;
+      for (int64_t s = 0; s < K; ++s) {
+        const int32_t id = ids[t * K + s];
+        ASSERT_GE(id, 0) << "token " << t;
+        ASSERT_LT(id, E) << "token " << t;
+        if (s > 0) ASSERT_GT(id, ids[t * K + s - 1]) << "token " << t << ": ids distinct and ascending";
+        ASSERT_TRUE(std::isfinite(w[t * K + s])) << "token " << t;
+        total += w[t * K + s];
+      }
+      EXPECT_NEAR(total, 1.0f, 1e-5f) << "token " << t;
+    }
+    EXPECT_EQ(off[E], slots);
+    if (K == 2) {  // two +inf logits share the probability and are both picked
+      EXPECT_EQ(ids[4 * K + 0], 1);
+      EXPECT_EQ(ids[4 * K + 1], 6);
+    }
   }
 }
 

@@ -816,16 +816,16 @@ namespace moe {
 
 Status decode_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream) {
   // Chunks of 16 rows over all experts: sum of ceil(rows_e / 16) <= rows / 16 + (experts with
-  // rows), and no expert has more than max_rows_per_expert. The grid has one slice per possible
+  // rows). The grid has one slice per possible
   // chunk, so that CTAs of empty experts are never launched (at gpt-oss's 32 experts and 64 tokens
   // the empty (expert, chunk) slices of a per-expert grid cost more than the GEMM).
-  const int64_t per_expert = (g.max_rows_per_expert + kMaxDecodeGemmM - 1) / kMaxDecodeGemmM;
-  const int64_t slices = std::min(per_expert * g.experts, g.rows / kMaxDecodeGemmM + std::min(g.experts, g.rows));
+  // Both bounds come from `rows` (always valid), not from max_rows_per_expert (a caller's promise).
+  const int64_t slices = g.rows / kMaxDecodeGemmM + std::min(g.experts, g.rows);
   if (slices > 65535)
     return unsupported("max_rows_per_expert: " + std::to_string(g.max_rows_per_expert) + " rows x " +
                        std::to_string(g.experts) + " experts is past the decode kernel's grid (use the wgmma kernel)");
   DecodeGemmProblem p;
-  p.m = std::min(g.max_rows_per_expert, kMaxDecodeGemmM);  // picks the kernel variant; rows come from offsets
+  p.m = std::min(g.rows, kMaxDecodeGemmM);  // picks the variant (> 8: 16-row chunks); rows come from offsets
   p.n = g.n;
   p.k = g.k;
   p.a = g.a;

@@ -373,7 +373,8 @@ Status check(const MoeGroupedGemm& g) {
   if (g.d == nullptr) return invalid_argument("d: null device pointer");
   if (g.a_dtype == DType::kE4M3 && g.a_scale == nullptr) return invalid_argument("a_scale: null device pointer (W8A8)");
   if (g.a_dtype == DType::kBF16 && g.a_scale != nullptr) return invalid_argument("a_scale: must be null for bf16 A");
-  if (bf16 && g.k > (int64_t{1} << 30)) return invalid_argument("k: too large for BF16 rows in bytes");
+  if (bf16 && 2 * g.k > kMax) return invalid_argument("k: too large for BF16 rows in bytes");
+  if (reinterpret_cast<uintptr_t>(g.d) % 4 != 0) return invalid_argument("d: must be 4-byte aligned (paired BF16 stores)");
   if (g.block_scales) {
     if (bf16 || g.a_dtype != DType::kE4M3) return invalid_argument("block_scales: FP8 (e4m3) experts and activations only");
     if (g.n % 128 != 0)

@@ -2,7 +2,8 @@
 // no host sync. The whole batch's slots (tokens x top_k, at most a prefill chunk's worth) fit one
 // CTA's work comfortably, and one CTA needs no grid-wide scan: counts, offsets and ranks are
 // computed in shared memory.
-//   1. thread per token: softmax over the experts (as the CPU reference: max, exp, sum, divide),
+//   1. thread per token: softmax over the experts (as the CPU reference: max, exp, sum, divide;
+//      non-finite logits get defined, valid picks),
 //      the top_k by probability (ties to the lower id) found by k passes of "next largest", their
 //      ids sorted ascending and weights renormalised;
 //   2. counts per expert (shared atomics), exclusive scan -> expert_offsets;
@@ -41,10 +42,20 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a) {
   // 1. Top-k per token.
   for (int64_t t = tid; t < a.tokens; t += kThreads) {
     const float* l = a.logits + t * ld;
-    float mx = l[0];
-    for (int e = 1; e < E; ++e) mx = l[e] > mx ? l[e] : mx;
+    // Finite logits behave as the CPU reference. Non-finite rows still give k distinct valid
+    // experts (an overflowed hidden state must not turn into out-of-bounds writes): NaN counts as
+    // -inf; a +inf logit takes all the probability (shared among the +inf ones); a row with no
+    // finite logit and no +inf is uniform.
+    const auto logit = [&](int e) { return isnan(l[e]) ? -INFINITY : l[e]; };
+    float mx = -INFINITY;
+    for (int e = 0; e < E; ++e) mx = fmaxf(mx, logit(e));
+    const auto weight = [&](int e) {
+      const float v = logit(e);
+      if (isinf(mx)) return mx > 0.0f ? (v == mx ? 1.0f : 0.0f) : 1.0f;
+      return expf(v - mx);
+    };
     float sum = 0.0f;
-    for (int e = 0; e < E; ++e) sum += expf(l[e] - mx);
+    for (int e = 0; e < E; ++e) sum += weight(e);
     int ids[kMaxTopK];
     float probs[kMaxTopK];
     float prev_p = 0.0f;
@@ -54,12 +65,21 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a) {
       float best_p = -1.0f;
       int best = -1;
       for (int e = 0; e < E; ++e) {
-        const float p = expf(l[e] - mx) / sum;
+        const float p = weight(e) / sum;
         const bool after = prev_id < 0 || p < prev_p || (p == prev_p && e > prev_id);
         if (after && (p > best_p || best < 0)) {  // strict >: the lower id wins a tie
           best_p = p;
           best = e;
         }
+      }
+      if (best < 0) {  // unreachable with the weights above; kept so that an id is always valid
+        best = 0;
+        for (bool taken = true; taken && best < E; ) {
+          taken = false;
+          for (int i = 0; i < s; ++i) taken = taken || ids[i] == best;
+          if (taken) ++best;
+        }
+        best_p = 0.0f;
       }
       ids[s] = best;
       probs[s] = best_p;
@@ -76,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a) {
     for (int s = 0; s < K; ++s) total += probs[s];
     for (int s = 0; s < K; ++s) {
       a.topk_ids[t * K + s] = ids[s];
-      a.topk_weights[t * K + s] = probs[s] / total;
+      a.topk_weights[t * K + s] = total > 0.0f ? probs[s] / total : 1.0f / static_cast<float>(K);
       atomicAdd(&count[ids[s]], 1);
     }
   }

@@ -265,7 +265,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
 
   size_t qws = 0;
   for (const GpuLayer& L : model->layers)
-    for (const GpuLinear* l : {&L.qkv, &L.o, &L.gate_up, &L.down})
+    for (const GpuLinear* l : {&L.qkv, &L.o, &L.gate_up, &L.down, &L.moe.gate_up})
       if (l->act == ActQuant::kDynamicTensor || l->act == ActQuant::kBlock1x128)
         qws = std::max(qws, cuda_quantize_workspace_bytes(rows, l->k, l->act_spec));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(static_cast<int64_t>(qws), "quantize workspace", &quant_workspace));

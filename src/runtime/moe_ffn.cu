@@ -1,6 +1,8 @@
 // The MoE feed-forward block of the GPU runtime (moe_ffn.hpp).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "llmq/cuda_moe.hpp"
 #include "llmq/cuda_quantize.hpp"
 #include "runtime/moe_ffn.hpp"
@@ -34,7 +36,12 @@ Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c, bool block) {
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 2 * c.hidden_dim * 2, "moe gate/up output", &gate_up_out));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.hidden_dim * 2, "moe down input", &act_codes));  // BF16 or codes
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * blocks128(c.hidden_dim) * 4, "moe down input scales", &act_scales));
-  if (block) LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.hidden_dim * 2, "moe down input (bf16)", &act_bf16));
+  if (block) {
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.hidden_dim * 2, "moe down input (bf16)", &act_bf16));
+    const size_t ws = cuda_quantize_workspace_bytes(slots, c.hidden_dim, QuantSpec::per_block(DType::kE4M3, 1, 128));
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(static_cast<int64_t>(std::max<size_t>(ws, 16)), "moe quantize workspace",
+                                                    &quant_workspace));
+  }
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.dim * 2, "moe down output", &down_out));
   return {};
 }
@@ -42,7 +49,8 @@ Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c, bool block) {
 int64_t MoeBuffers::bytes() const {
   int64_t b = 0;
   for (const DeviceAllocation* a : {&logits, &topk_ids, &topk_weights, &offsets, &sorted_slots, &slot_rows, &row_tokens,
-                                    &perm_codes, &perm_scales, &gate_up_out, &act_codes, &act_scales, &act_bf16, &down_out})
+                                    &perm_codes, &perm_scales, &gate_up_out, &act_codes, &act_scales, &act_bf16,
+                                    &quant_workspace, &down_out})
     b += a->bytes();
   return b;
 }
@@ -84,12 +92,14 @@ bool decode_sized(int64_t tokens, const LinearContext& ctx) {
 
 // 1x128 E4M3 codes and scales of BF16 rows [rows, n] (block experts' activations).
 Status quantize_1x128(const void* bf16, int64_t rows, int64_t n, const QuantSpec& spec, void* codes, float* scales,
-                      CudaStream stream) {
+                      const DeviceAllocation& workspace, CudaStream stream) {
   TensorView xv{const_cast<void*>(bf16), DType::kBF16, {rows, n}, {}, Device::kCuda};
   TensorView qv{codes, spec.format, {rows, n}, {}, Device::kCuda};
   TensorView sv{scales, DType::kF32, {rows, (n + 127) / 128}, {}, Device::kCuda};
   CudaQuantizeOptions qo;
   qo.stream = stream;
+  qo.workspace = workspace.get();
+  qo.workspace_bytes = static_cast<size_t>(workspace.bytes());
   return cuda_quantize(xv, spec, qv, sv, qo);
 }
 
@@ -165,7 +175,7 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
   LLMQ_RETURN_IF_ERROR(row_op(silu, ctx.stream));
   if (block)
     LLMQ_RETURN_IF_ERROR(quantize_1x128(buf.act_bf16.get(), slots, hidden, moe.down.act_spec, buf.act_codes.get(),
-                                        buf.act_scales.as<float>(), ctx.stream));
+                                        buf.act_scales.as<float>(), buf.quant_workspace, ctx.stream));
 
   MoeGroupedGemm g2 = grouped(moe, moe.down, buf, tokens);
   g2.a = buf.act_codes.get();

@@ -46,6 +46,7 @@ struct MoeBuffers {
   DeviceAllocation gate_up_out;                  // bf16 [rows * top_k, 2 hidden]
   DeviceAllocation act_codes, act_scales;        // SiLU * up, quantized [rows * top_k, hidden], [rows * top_k, hidden / 128]
   DeviceAllocation act_bf16;                     // block experts: SiLU * up in BF16 before its 1x128 quantize
+  DeviceAllocation quant_workspace;              // block experts: cuda_quantize's scratch (one-block rows)
   DeviceAllocation down_out;                     // bf16 [rows * top_k, dim]
   Status allocate(int64_t rows, const ModelConfig& c, bool block);
   int64_t bytes() const;
