@@ -50,6 +50,36 @@ void host_route(const float* logits, int64_t experts, int64_t top_k, int32_t* id
   }
 }
 
+// cuda_moe_route on host logits [tokens, experts]; every output downloaded.
+struct Routed {
+  std::vector<int32_t> ids, offsets, sorted, rows;
+  std::vector<float> weights;
+};
+::testing::AssertionResult route_on_device(const std::vector<float>& logits, int64_t tokens, int64_t experts,
+                                           int64_t top_k, Routed* out) {
+  const int64_t slots = tokens * top_k;
+  DeviceBuffer<float> d_logits(logits.size()), d_w(slots);
+  DeviceBuffer<int32_t> d_ids(slots), d_off(experts + 1), d_sorted(slots), d_rows(slots);
+  if (d_logits.upload(logits) != cudaSuccess) return ::testing::AssertionFailure() << "upload";
+  MoeRouteArgs a;
+  a.tokens = tokens;
+  a.experts = experts;
+  a.top_k = top_k;
+  a.logits = d_logits.get();
+  a.topk_ids = d_ids.get();
+  a.topk_weights = d_w.get();
+  a.expert_offsets = d_off.get();
+  a.sorted_slots = d_sorted.get();
+  a.slot_rows = d_rows.get();
+  const Status st = cuda_moe_route(a, nullptr);
+  if (!st.ok()) return ::testing::AssertionFailure() << st.to_string();
+  if (cudaDeviceSynchronize() != cudaSuccess || d_ids.download(&out->ids) != cudaSuccess ||
+      d_w.download(&out->weights) != cudaSuccess || d_off.download(&out->offsets) != cudaSuccess ||
+      d_sorted.download(&out->sorted) != cudaSuccess || d_rows.download(&out->rows) != cudaSuccess)
+    return ::testing::AssertionFailure() << "CUDA error running or downloading the routing";
+  return ::testing::AssertionSuccess();
+}
+
 struct RouteCase {
   int64_t tokens, experts, top_k;
   float hot_bias;  // added to expert 3's logits: a large value sends every token there
@@ -63,30 +93,10 @@ TEST(CudaMoeSparse, RoutingMatchesTheCpuRuleAndPermutesStably) {
     SCOPED_TRACE(testing::repro(21, c.tokens, c.experts, "top_k=" + std::to_string(c.top_k)));
     std::vector<float> logits = synthetic_activations(c.tokens, c.experts, 21);
     for (int64_t t = 0; t < c.tokens; ++t) logits[t * c.experts + 3 % c.experts] += c.hot_bias;
-    const int64_t slots = c.tokens * c.top_k;
-    DeviceBuffer<float> d_logits(logits.size()), d_w(slots);
-    DeviceBuffer<int32_t> d_ids(slots), d_off(c.experts + 1), d_sorted(slots), d_rows(slots);
-    CUDA_ASSERT(d_logits.upload(logits));
-    MoeRouteArgs a;
-    a.tokens = c.tokens;
-    a.experts = c.experts;
-    a.top_k = c.top_k;
-    a.logits = d_logits.get();
-    a.topk_ids = d_ids.get();
-    a.topk_weights = d_w.get();
-    a.expert_offsets = d_off.get();
-    a.sorted_slots = d_sorted.get();
-    a.slot_rows = d_rows.get();
-    const Status st = cuda_moe_route(a, nullptr);
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    CUDA_ASSERT(cudaDeviceSynchronize());
-    std::vector<int32_t> ids, off, sorted, rows;
-    std::vector<float> w;
-    CUDA_ASSERT(d_ids.download(&ids));
-    CUDA_ASSERT(d_w.download(&w));
-    CUDA_ASSERT(d_off.download(&off));
-    CUDA_ASSERT(d_sorted.download(&sorted));
-    CUDA_ASSERT(d_rows.download(&rows));
+    Routed r;
+    ASSERT_TRUE(route_on_device(logits, c.tokens, c.experts, c.top_k, &r));
+    const std::vector<int32_t>&ids = r.ids, &off = r.offsets, &sorted = r.sorted, &rows = r.rows;
+    const std::vector<float>& w = r.weights;
 
     std::vector<int64_t> count(static_cast<size_t>(c.experts), 0);
     std::vector<int32_t> want_ids(static_cast<size_t>(c.top_k));
@@ -129,26 +139,10 @@ TEST(CudaMoeSparse, NonFiniteRouterLogitsStillRouteValidly) {
     logits[4 * E + 1] = inf;
     logits[4 * E + 6] = inf;                                  // two +inf
     const int64_t T = 6, slots = T * K;
-    DeviceBuffer<float> d_logits(logits.size()), d_w(slots);
-    DeviceBuffer<int32_t> d_ids(slots), d_off(E + 1), d_sorted(slots), d_rows(slots);
-    CUDA_ASSERT(d_logits.upload(logits));
-    MoeRouteArgs a;
-    a.tokens = T;
-    a.experts = E;
-    a.top_k = K;
-    a.logits = d_logits.get();
-    a.topk_ids = d_ids.get();
-    a.topk_weights = d_w.get();
-    a.expert_offsets = d_off.get();
-    a.sorted_slots = d_sorted.get();
-    a.slot_rows = d_rows.get();
-    ASSERT_TRUE(cuda_moe_route(a, nullptr).ok());
-    CUDA_ASSERT(cudaDeviceSynchronize());
-    std::vector<int32_t> ids, off;
-    std::vector<float> w;
-    CUDA_ASSERT(d_ids.download(&ids));
-    CUDA_ASSERT(d_w.download(&w));
-    CUDA_ASSERT(d_off.download(&off));
+    Routed r;
+    ASSERT_TRUE(route_on_device(logits, T, E, K, &r));
+    const std::vector<int32_t>&ids = r.ids, &off = r.offsets;
+    const std::vector<float>& w = r.weights;
     for (int64_t t = 0; t < T; ++t) {
       float total = 0.0f;
       for (int64_t s = 0; s < K; ++s) {
