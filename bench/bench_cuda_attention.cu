@@ -113,7 +113,7 @@ void bench_prefill(int64_t n, bool causal, llmq::runtime::PrefillKernel kernel, 
 // The INT8 kernels (llmq/cuda_attention_int8.hpp) on the same shapes: INT8 Q, K with per-token
 // scales; BF16 V (half) or INT8 V with per-(tile, channel) scales (full); FLOPs counted as for the
 // BF16 kernel.
-void bench_half_int8(int64_t n, bool causal, int iters, bool full = false) {
+void bench_half_int8(int64_t n, bool causal, int iters, int mode = 0) {  // 0 half-INT8, 1 full-INT8, 2 FP8
   const int64_t q_elems = n * kHeads * kHeadDim, kv_elems = n * kKvHeads * kHeadDim;
   DeviceMem q(q_elems), k(kv_elems), v(kv_elems * 2), qs(n * kHeads * 4), ks(n * kKvHeads * 4), out(q_elems * 2);
   llmq::bench::fill_e4m3<<<llmq::bench::grid_for(q_elems), 256>>>(q.as<uint8_t>(), q_elems, 11);  // any non-zero bytes
@@ -142,12 +142,13 @@ void bench_half_int8(int64_t n, bool causal, int iters, bool full = false) {
   f.qk = a;
   f.v = k.as<int8_t>();
   f.v_scale = vs.as<float>();
-  const double ms = full ? time_ms(iters, [&] { check(llmq::cuda_full_int8_attention(f, nullptr)); })
-                         : time_ms(iters, [&] { check(llmq::cuda_half_int8_attention(a, nullptr)); });
+  const double ms = mode == 2   ? time_ms(iters, [&] { check(llmq::cuda_fp8_attention(f, nullptr)); })
+                    : mode == 1 ? time_ms(iters, [&] { check(llmq::cuda_full_int8_attention(f, nullptr)); })
+                                : time_ms(iters, [&] { check(llmq::cuda_half_int8_attention(a, nullptr)); });
   const double pairs = causal ? 0.5 * static_cast<double>(n) * static_cast<double>(n + 1) : static_cast<double>(n) * n;
   const double tops = 4.0 * pairs * kHeadDim * kHeads / (ms * 1e-3) / 1e12;
   std::printf("prefill  n=%-5lld %-6s %s  %8.3f ms  %7.1f TOP/s\n", static_cast<long long>(n), causal ? "causal" : "full",
-              full ? "full-int8" : "half-int8", ms, tops);
+              mode == 2 ? "fp8      " : mode == 1 ? "full-int8" : "half-int8", ms, tops);
 }
 
 void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
@@ -203,7 +204,8 @@ int main(int argc, char** argv) {
     for (bool causal : {false, true}) {
       bench_prefill(n, causal, llmq::runtime::PrefillKernel::kAuto, iters);
       bench_half_int8(n, causal, iters);
-      bench_half_int8(n, causal, iters, true);
+      bench_half_int8(n, causal, iters, 1);
+      bench_half_int8(n, causal, iters, 2);
     }
   bench_prefill(2048, true, llmq::runtime::PrefillKernel::kCudaCore, 3);
   for (int64_t n : {2048, 8192}) bench_prefill(n, true, llmq::runtime::PrefillKernel::kAuto, iters, true);

@@ -41,4 +41,10 @@ struct FullInt8AttentionArgs {
 };
 Status cuda_full_int8_attention(const FullInt8AttentionArgs& a, CudaStream stream);
 
+// FP8 (the specification's kFp8 with block-scaled V): the same arguments, every 8-bit operand an
+// E4M3 code (the int8_t pointers carry the bytes); scales per token for Q/K (a per-tensor scale is
+// given as that value for every token) and per (tile, channel) for V; P = e4m3(2^(s - m + 8))
+// against the running maximum, E4M3 x E4M3 products in FP32 (fresh per tile). sm_89+.
+Status cuda_fp8_attention(const FullInt8AttentionArgs& a, CudaStream stream);
+
 }  // namespace llmq

@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "cuda/cuda_check.cuh"
 #include "llmq/cuda_attention_int8.hpp"
@@ -27,6 +28,8 @@ namespace {
 
 using namespace runtime::attn;
 using namespace attention;
+
+constexpr float kFp8POffset = 8.0f;  // FP8 P: 2^8 = 256 <= 448 (the specification's p_offset)
 
 struct Params {
   HalfInt8AttentionArgs a;
@@ -73,7 +76,10 @@ __device__ __forceinline__ void transpose_v_tile(const unsigned char* raw, unsig
 // specification's p_tile_max): P = rint(255 * 2^((s - m_tile) * scale_log2)) as an unsigned byte;
 // the tile's row sum and P V (u8 x s8 -> INT32, exact) enter the running ones times
 // carry = 2^((m_tile - m) * scale_log2) and V's per-(tile, channel) scale.
-template <int kHeadDim>
+// kFp8 (FlashAttention-3's FP8 P): P = e4m3(2^((s - m) * scale_log2 + 8)) against the running
+// maximum m, the row sum of the decoded codes, P V as E4M3 x E4M3 with FP32 accumulation, fresh per
+// tile and added to O in FP32 (two-level accumulation); no carry.
+template <int kHeadDim, bool kFp8>
 __device__ __forceinline__ void full_int8_pv_step(float (&s)[kBlockKv / 8][4], float (&row_max)[2], float (&row_sum)[2],
                                                   float (&o_acc)[kHeadDim / 8][4], float scale_log2, uint32_t vt_tile,
                                                   const float* v_scale, int lane) {
@@ -95,21 +101,30 @@ __device__ __forceinline__ void full_int8_pv_step(float (&s)[kBlockKv / 8][4], f
     corr[r] = fast_exp2(__fmaf_rn(row_max[r], scale_log2, -m_scaled));
     carry[r] = mt == -INFINITY ? 0.f : fast_exp2(mt_scaled - m_scaled);
     row_max[r] = m;
+    if constexpr (kFp8) carry[r] = 1.f;  // P against the running maximum
     float sum = 0.f;
 #pragma unroll
     for (int n = 0; n < kKeyTiles; ++n)
 #pragma unroll
       for (int e = 2 * r; e < 2 * r + 2; ++e) {
-        const float p = rintf(255.f * fast_exp2(__fmaf_rn(s[n][e], scale_log2, -mt_scaled)));
-        p_int[n][e] = static_cast<uint32_t>(p);
-        sum += p;
+        if constexpr (kFp8) {
+          const float x = fast_exp2(__fmaf_rn(s[n][e], scale_log2, -m_scaled) + kFp8POffset);
+          const uint32_t code = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+          p_int[n][e] = code;
+          sum += e4m3x2_to_float2(code).x;
+        } else {
+          const float p = rintf(255.f * fast_exp2(__fmaf_rn(s[n][e], scale_log2, -mt_scaled)));
+          p_int[n][e] = static_cast<uint32_t>(p);
+          sum += p;
+        }
       }
     row_sum[r] = __fmaf_rn(row_sum[r], corr[r], sum * carry[r]);
   }
   // P V per 32-key step kk: A registers in the kappa order (see transpose_v_tile).
-  int32_t pv[kDimTiles][4];
+  using PvAcc = std::conditional_t<kFp8, float, int32_t>;
+  PvAcc pv[kDimTiles][4];
 #pragma unroll
-  for (int d = 0; d < kDimTiles; ++d) pv[d][0] = pv[d][1] = pv[d][2] = pv[d][3] = 0;
+  for (int d = 0; d < kDimTiles; ++d) pv[d][0] = pv[d][1] = pv[d][2] = pv[d][3] = PvAcc(0);
 #pragma unroll
   for (int kk = 0; kk < kBlockKv / 32; ++kk) {
     const auto pack = [&](int n, int e) {  // keys 2t, 2t+1 of n-tile n and of n-tile n + 1, row of e
@@ -121,8 +136,13 @@ __device__ __forceinline__ void full_int8_pv_step(float (&s)[kBlockKv / 8][4], f
       // Matrices: channels dp*16 + 0-7 / 8-15 (lane / 16) x kappa chunk 2kk / 2kk+1 ((lane / 8) % 2).
       uint32_t vb[4];
       ldmatrix_x4(vb, vt_tile + LT::offset_bytes(dp * 16 + (lane % 8) + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
-      mma_u8s8_16832(pv[2 * dp], a_frag, vb[0], vb[1]);
-      mma_u8s8_16832(pv[2 * dp + 1], a_frag, vb[2], vb[3]);
+      if constexpr (kFp8) {
+        mma_e4m3_16832(pv[2 * dp], a_frag, vb[0], vb[1]);
+        mma_e4m3_16832(pv[2 * dp + 1], a_frag, vb[2], vb[3]);
+      } else {
+        mma_u8s8_16832(pv[2 * dp], a_frag, vb[0], vb[1]);
+        mma_u8s8_16832(pv[2 * dp + 1], a_frag, vb[2], vb[3]);
+      }
     }
   }
 #pragma unroll
@@ -134,8 +154,13 @@ __device__ __forceinline__ void full_int8_pv_step(float (&s)[kBlockKv / 8][4], f
     }
 }
 
-template <int kHeadDim, bool kFull>
+// kMode: kHalf (INT8 Q/K, BF16 V), kFull (INT8 Q/K/V), kFp8 (E4M3 Q/K/V and P).
+enum Mode { kHalf = 0, kFullInt8 = 1, kFp8Mode = 2 };
+
+template <int kHeadDim, int kMode>
 __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm, float scale_log2) {
+  constexpr bool kFull = kMode != kHalf;  // 8-bit V, transposed in shared memory
+  constexpr bool kFp8 = kMode == kFp8Mode;
   const HalfInt8AttentionArgs& a = prm.a;
   using LQ = TileLayout<kHeadDim / 2>;  // an INT8 row of kHeadDim bytes: the layout of kHeadDim / 2 BF16
   constexpr int kKSteps = kHeadDim / 32;   // k32 steps of S = Q K^T
@@ -245,17 +270,23 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
     }
 
     // S = Q K^T in INT32 (16 x 64 per warp), then scores acc * sq * sk.
-    int32_t sacc[kKeyTiles][4];
+    using SAcc = std::conditional_t<kFp8, float, int32_t>;
+    SAcc sacc[kKeyTiles][4];
 #pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n) sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0;
+    for (int n = 0; n < kKeyTiles; ++n) sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = SAcc(0);
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
       for (int np = 0; np < kKeyTiles / 2; ++np) {
         uint32_t kb[4];
         ldmatrix_x4(kb, k_tile(stage) + LQ::offset_bytes(np * 16 + (lane % 8) + 8 * (lane / 16), 2 * ks + (lane / 8) % 2));
-        mma_s8_16832(sacc[2 * np], q_frag[ks], kb[0], kb[1]);
-        mma_s8_16832(sacc[2 * np + 1], q_frag[ks], kb[2], kb[3]);
+        if constexpr (kFp8) {
+          mma_e4m3_16832(sacc[2 * np], q_frag[ks], kb[0], kb[1]);
+          mma_e4m3_16832(sacc[2 * np + 1], q_frag[ks], kb[2], kb[3]);
+        } else {
+          mma_s8_16832(sacc[2 * np], q_frag[ks], kb[0], kb[1]);
+          mma_s8_16832(sacc[2 * np + 1], q_frag[ks], kb[2], kb[3]);
+        }
       }
     }
     const float* sk = key_scales + stage * kBlockKv;
@@ -279,7 +310,8 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
     }
 
     if constexpr (kFull) {
-      full_int8_pv_step<kHeadDim>(s, row_max, row_sum, o_acc, scale_log2, smem_addr(vt), v_scales + stage * kHeadDim, lane);
+      full_int8_pv_step<kHeadDim, kFp8>(s, row_max, row_sum, o_acc, scale_log2, smem_addr(vt), v_scales + stage * kHeadDim,
+                                        lane);
     } else {
       softmax_pv_step<kHeadDim, true>(s, row_max, row_sum, o_acc, scale_log2, v_tile(stage), lane);
     }
@@ -303,16 +335,17 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
   }
 }
 
-template <int kHeadDim, bool kFull> constexpr int smem_bytes() {
+template <int kHeadDim, int kMode> constexpr int smem_bytes() {
+  constexpr bool kFull = kMode != kHalf;
   const int qk = 3 * kBlockKv * kHeadDim, scales = 2 * kBlockKv * 4;
   return kFull ? qk + 2 * kBlockKv * kHeadDim + scales + 2 * kHeadDim * 4 + kHeadDim * kBlockKv
                : qk + 2 * kBlockKv * kHeadDim * 2 + scales;
 }
 
-template <int kHeadDim, bool kFull>
+template <int kHeadDim, int kMode>
 Status launch(const Params& p, float scale_log2, cudaStream_t stream) {
-  const auto kernel = int8_attention_kernel<kHeadDim, kFull>;
-  constexpr int bytes = smem_bytes<kHeadDim, kFull>();
+  const auto kernel = int8_attention_kernel<kHeadDim, kMode>;
+  constexpr int bytes = smem_bytes<kHeadDim, kMode>();
   LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   const dim3 grid(static_cast<unsigned>((p.a.q_len + kBlockQ - 1) / kBlockQ), static_cast<unsigned>(p.a.heads));
   kernel<<<grid, kThreads, bytes, stream>>>(p, scale_log2);
@@ -340,13 +373,14 @@ Status check_qk(const HalfInt8AttentionArgs& a) {
   return {};
 }
 
-Status run(const Params& p, bool full, CudaStream stream) {
+Status run(const Params& p, int mode, CudaStream stream) {
   const HalfInt8AttentionArgs& a = p.a;
   const float scale = a.softmax_scale > 0.f ? a.softmax_scale : 1.f / std::sqrt(static_cast<float>(a.head_dim));
   const float scale_log2 = scale * kLog2e;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (full) return a.head_dim == 64 ? launch<64, true>(p, scale_log2, s) : launch<128, true>(p, scale_log2, s);
-  return a.head_dim == 64 ? launch<64, false>(p, scale_log2, s) : launch<128, false>(p, scale_log2, s);
+  if (mode == kFp8Mode) return a.head_dim == 64 ? launch<64, kFp8Mode>(p, scale_log2, s) : launch<128, kFp8Mode>(p, scale_log2, s);
+  if (mode == kFullInt8) return a.head_dim == 64 ? launch<64, kFullInt8>(p, scale_log2, s) : launch<128, kFullInt8>(p, scale_log2, s);
+  return a.head_dim == 64 ? launch<64, kHalf>(p, scale_log2, s) : launch<128, kHalf>(p, scale_log2, s);
 }
 
 }  // namespace
@@ -355,7 +389,7 @@ Status cuda_half_int8_attention(const HalfInt8AttentionArgs& a, CudaStream strea
   LLMQ_RETURN_IF_ERROR(check_qk(a));
   if (a.q_len == 0) return {};
   if (a.v == nullptr || !aligned(a.v, 16)) return invalid_argument("v: null or not 16-byte aligned");
-  return run(Params{a, nullptr, nullptr}, false, stream);
+  return run(Params{a, nullptr, nullptr}, kHalf, stream);
 }
 
 Status cuda_full_int8_attention(const FullInt8AttentionArgs& f, CudaStream stream) {
@@ -363,7 +397,22 @@ Status cuda_full_int8_attention(const FullInt8AttentionArgs& f, CudaStream strea
   if (f.qk.q_len == 0) return {};
   if (f.v == nullptr || f.v_scale == nullptr) return invalid_argument("v, v_scale: null device pointer");
   if (!aligned(f.v, 16) || !aligned(f.v_scale, 4)) return invalid_argument("v: must be 16-byte aligned");
-  return run(Params{f.qk, f.v, f.v_scale}, true, stream);
+  return run(Params{f.qk, f.v, f.v_scale}, kFullInt8, stream);
+}
+
+Status cuda_fp8_attention(const FullInt8AttentionArgs& f, CudaStream stream) {
+  LLMQ_RETURN_IF_ERROR(check_qk(f.qk));
+  if (f.qk.q_len == 0) return {};
+  if (f.v == nullptr || f.v_scale == nullptr) return invalid_argument("v, v_scale: null device pointer");
+  if (!aligned(f.v, 16) || !aligned(f.v_scale, 4)) return invalid_argument("v: must be 16-byte aligned");
+  int device = 0, major = 0, minor = 0;
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major * 10 + minor < 89)
+    return unsupported("the FP8 attention kernel needs an sm_89+ GPU (E4M3 mma), this one is sm_" + std::to_string(major) +
+                       std::to_string(minor));
+  return run(Params{f.qk, f.v, f.v_scale}, kFp8Mode, stream);
 }
 
 }  // namespace llmq
