@@ -38,6 +38,16 @@ void fill(const std::string& dist, std::mt19937_64& rng, std::vector<float>* x, 
     if (dist == "k-offset" && is_k && static_cast<int64_t>(i) % d == 3) v += 20.0f;
     (*x)[i] = v;
   }
+  if (dist == "sink") {
+    // An attention sink: every query leans along channel 0 and key 0 is large there, so key 0
+    // takes about 4/5 of each row's weight and the other keys' probabilities sit below 1/254 of
+    // the row maximum (where the paper's INT8 P flushes them to 0, though together they carry ~1/5).
+    if (is_k) {
+      (*x)[0] = 20.0f;  // key 0 (of the first kv head's row: keys are the outer index)
+    } else {
+      for (size_t i = 0; i < x->size(); i += static_cast<size_t>(d)) (*x)[i] += 5.0f;
+    }
+  }
 }
 
 struct Row {
@@ -127,9 +137,9 @@ void add_attention_command(CLI::App& app, std::vector<Command>* commands) {
       "8-bit attention (FP8, half-INT8, full-INT8 and llmq's variants) against float on the INT-FlashAttention "
       "paper's inputs, by the CPU specification");
   cmd->add_option("--lengths", args->lengths, "sequence lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--inputs", args->dists, "normal, uniform (the paper's), outliers (0.1% of entries N(0, 100)), k-offset (K channel 3 + 20)")
+  cmd->add_option("--inputs", args->dists, "normal, uniform (the paper's), outliers (0.1% of entries N(0, 100)), k-offset (K channel 3 + 20), sink (key 0 takes ~4/5 of every row)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"normal", "uniform", "outliers", "k-offset"}));
+      ->check(CLI::IsMember({"normal", "uniform", "outliers", "k-offset", "sink"}));
   cmd->add_option("--heads", args->heads, "attention heads")->check(CLI::Range(1, 256));
   cmd->add_option("--head-dim", args->head_dim, "head dimension")->check(CLI::Range(2, 512));
   cmd->add_flag("--causal", args->causal, "causal mask (the paper's tables are non-causal)");
