@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "llmq/model.hpp"
@@ -53,6 +55,14 @@ class Transformer {
   // over 448).
   void kv_absmax(std::vector<float>* k, std::vector<float>* v) const;
 
+  // Called in every layer of forward() with the inputs of its attention, after RoPE and the cache
+  // write: q [n, n_heads, head_dim] of the n new positions, and the layer's K and V for positions
+  // 0 .. kv_len - 1 ([kv_len, n_kv_heads, head_dim]; the new positions are the last n). For
+  // studying attention on real activations (llmq attention-accuracy --model).
+  using AttentionObserver = std::function<void(int64_t layer, const float* q, int64_t n, const float* k,
+                                               const float* v, int64_t kv_len)>;
+  void set_attention_observer(AttentionObserver observer) { attention_observer_ = std::move(observer); }
+
  private:
   const ModelWeights& weights_;
   FloatLinearBackend float_backend_;
@@ -61,6 +71,7 @@ class Transformer {
   std::vector<float> value_cache_;  // same
   int64_t cached_positions_ = 0;    // positions 0 .. cached_positions_ - 1 have been written
   std::vector<float> kv_k_scales_, kv_v_scales_;  // E4M3 cache scales (empty: float cache)
+  AttentionObserver attention_observer_;
 };
 
 }  // namespace llmq

@@ -356,6 +356,8 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
       }
     }
 
+    if (attention_observer_) attention_observer_(l, q.data(), n, key_layer, value_layer, end_pos);
+
     // Causal attention, token by token and head by head, in run.c's order of operations.
     for (int64_t i = 0; i < n; ++i) {
       const int64_t pos = start_pos + i;

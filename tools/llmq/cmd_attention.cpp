@@ -12,7 +12,10 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "llmq/model.hpp"
+#include "llmq/model_io.hpp"
 #include "llmq/quant_attention.hpp"
+#include "llmq/transformer.hpp"
 
 namespace llmq::cli {
 namespace {
@@ -26,6 +29,8 @@ struct AttentionArgs {
   int threads = 0;
   uint64_t seed = 1;
   std::string json_path;
+  std::string model;          // real activations: Q, K, V of every layer of this model
+  int64_t prompt_tokens = 256;
 };
 
 // One input set: the paper's distributions and two harder ones.
@@ -60,8 +65,7 @@ struct Row {
   bool p_tile_max = false;
 };
 
-int run_accuracy(const AttentionArgs& a) {
-  const Row rows[] = {
+const Row kRows[] = {
       {"fp8 (FA3: per-tensor)", AttentionVariant::kFp8, QkScaling::kPerTensor, VScaling::kPerTensor, 127, false},
       {"fp8 per-token Q/K", AttentionVariant::kFp8, QkScaling::kPerToken, VScaling::kPerTensor, 127, false},
       {"half-int8 (bf16 V, P)", AttentionVariant::kHalfInt8, QkScaling::kPerToken, VScaling::kPerTensor, 127, false},
@@ -73,12 +77,86 @@ int run_accuracy(const AttentionArgs& a) {
       {"int8 block, P<=255 tile max", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, false, true},
       {"int8 llmq (+ smooth K)", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, true, true},
       {"bf16", AttentionVariant::kBf16, QkScaling::kPerToken, VScaling::kPerTensor, 127, false},
-  };
+};
+
+// Every variant on one problem against the float result: a table row and a JSON line each.
+Status compare_variants(const AttentionProblem& p, const std::vector<float>& q, const std::vector<float>& k,
+                        const std::vector<float>& v, int threads, const std::string& label, int64_t tokens,
+                        nlohmann::json base, std::ofstream* json) {
+  std::vector<float> want(q.size()), got(q.size());
+  QuantAttentionOptions fo;
+  fo.variant = AttentionVariant::kFloat;
+  LLMQ_RETURN_IF_ERROR(quant_attention_reference(p, fo, q.data(), k.data(), v.data(), want.data(), threads));
+  for (const Row& r : kRows) {
+    QuantAttentionOptions o;
+    o.variant = r.variant;
+    o.qk_scaling = r.qk;
+    o.v_scaling = r.vs;
+    o.p_max = r.p_max;
+    o.smooth_k = r.smooth_k;
+    o.p_tile_max = r.p_tile_max;
+    LLMQ_RETURN_IF_ERROR(quant_attention_reference(p, o, q.data(), k.data(), v.data(), got.data(), threads));
+    const AttentionError e = attention_error(got.data(), want.data(), static_cast<int64_t>(got.size()));
+    fmt::print("{:<9} {:>6} | {:<30} | {:7.3f}% {:7.3f}% {:10.6f} {:9.2e}\n", label, tokens, r.name, 100 * e.mre,
+               100 * e.rel_l1, e.cosine, e.rmse);
+    if (json->is_open()) {
+      nlohmann::json j = base;
+      j.update({{"bench", "attention_accuracy"}, {"tokens", tokens}, {"heads", p.heads}, {"kv_heads", p.kv_heads},
+                {"head_dim", p.head_dim}, {"causal", p.causal}, {"variant", r.name}, {"mre", e.mre},
+                {"mre_excluded", e.mre_excluded}, {"rel_l1", e.rel_l1}, {"cosine", e.cosine}, {"rmse", e.rmse},
+                {"max_abs", e.max_abs}});
+      *json << j.dump() << "\n";
+    }
+  }
+  return {};
+}
+
+// Real activations: a seeded prompt through the float CPU model, each layer's Q, K, V captured.
+int run_on_model(const AttentionArgs& a, std::ofstream* json) {
+  ModelWeights w;
+  std::string description;
+  if (Status st = load_model(a.model, &w, &description); !st.ok()) return fail(st);
+  const ModelConfig& c = w.config;
+  const int64_t n = std::min(a.prompt_tokens, c.max_seq_len);
+  std::mt19937_64 rng(a.seed);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab_size));
+  std::vector<std::vector<float>> qs(static_cast<size_t>(c.n_layers)), ks(qs.size()), vs(qs.size());
+  Transformer model(w);
+  model.set_attention_observer([&](int64_t l, const float* q, int64_t rows, const float* k, const float* v, int64_t kv_len) {
+    qs[l].assign(q, q + rows * c.n_heads * c.head_dim);
+    ks[l].assign(k, k + kv_len * c.n_kv_heads * c.head_dim);
+    vs[l].assign(v, v + kv_len * c.n_kv_heads * c.head_dim);
+  });
+  std::vector<float> logits(static_cast<size_t>(n * c.vocab_size));
+  if (Status st = model.forward(tokens.data(), n, 0, logits.data()); !st.ok()) return fail(st);
+  fmt::print("8-bit attention vs float on {}'s Q/K/V ({} tokens, {} layers, heads {}/{}, head_dim {}, causal)\n",
+             description, n, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
+  fmt::print("{:<9} {:>6} | {:<30} | {:>8} {:>8} {:>10} {:>9}\n", "layer", "tokens", "variant", "MRE", "rel L1", "cosine",
+             "RMSE");
+  AttentionProblem p;
+  p.q_len = n;
+  p.kv_len = n;
+  p.heads = c.n_heads;
+  p.kv_heads = c.n_kv_heads;
+  p.head_dim = c.head_dim;
+  p.causal = true;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (Status st = compare_variants(p, qs[l], ks[l], vs[l], a.threads, "layer " + std::to_string(l), n,
+                                     {{"inputs", "model"}, {"model", description}, {"layer", l}}, json);
+        !st.ok())
+      return fail(st);
+  }
+  return 0;
+}
+
+int run_accuracy(const AttentionArgs& a) {
   std::ofstream json;
   if (!a.json_path.empty()) {
     json.open(a.json_path, std::ios::app);
     if (!json) return fail(Status(StatusCode::kIoError, "--json: cannot open " + a.json_path));
   }
+  if (!a.model.empty()) return run_on_model(a, &json);
   fmt::print("8-bit attention vs float (CPU specification), heads {}, head_dim {}, {}\n", a.heads, a.head_dim,
              a.causal ? "causal" : "non-causal");
   fmt::print("{:<9} {:>6} | {:<30} | {:>8} {:>8} {:>10} {:>9}\n", "inputs", "tokens", "variant", "MRE", "rel L1",
@@ -97,32 +175,9 @@ int run_accuracy(const AttentionArgs& a) {
       fill(dist, rng, &q, false, a.head_dim);
       fill(dist, rng, &k, true, a.head_dim);
       fill(dist, rng, &v, false, a.head_dim);
-      std::vector<float> want(q.size()), got(q.size());
-      QuantAttentionOptions fo;
-      fo.variant = AttentionVariant::kFloat;
-      if (Status st = quant_attention_reference(p, fo, q.data(), k.data(), v.data(), want.data(), a.threads); !st.ok())
+      if (Status st = compare_variants(p, q, k, v, a.threads, dist, n, {{"inputs", dist}, {"seed", a.seed}}, &json);
+          !st.ok())
         return fail(st);
-      for (const Row& r : rows) {
-        QuantAttentionOptions o;
-        o.variant = r.variant;
-        o.qk_scaling = r.qk;
-        o.v_scaling = r.vs;
-        o.p_max = r.p_max;
-        o.smooth_k = r.smooth_k;
-        o.p_tile_max = r.p_tile_max;
-        if (Status st = quant_attention_reference(p, o, q.data(), k.data(), v.data(), got.data(), a.threads); !st.ok())
-          return fail(st);
-        const AttentionError e = attention_error(got.data(), want.data(), static_cast<int64_t>(got.size()));
-        fmt::print("{:<9} {:>6} | {:<30} | {:7.3f}% {:7.3f}% {:10.6f} {:9.2e}\n", dist, n, r.name, 100 * e.mre,
-                   100 * e.rel_l1, e.cosine, e.rmse);
-        if (json)
-          json << nlohmann::json{{"bench", "attention_accuracy"}, {"inputs", dist}, {"tokens", n}, {"heads", a.heads},
-                                 {"head_dim", a.head_dim}, {"causal", a.causal}, {"variant", r.name},
-                                 {"mre", e.mre}, {"mre_excluded", e.mre_excluded}, {"rel_l1", e.rel_l1},
-                                 {"cosine", e.cosine}, {"rmse", e.rmse}, {"max_abs", e.max_abs}, {"seed", a.seed}}
-                      .dump()
-               << "\n";
-      }
     }
   }
   return 0;
@@ -146,6 +201,10 @@ void add_attention_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--threads", args->threads, "CPU threads (0: all)");
   cmd->add_option("--seed", args->seed, "seed of the inputs");
   cmd->add_option("--json", args->json_path, "append JSON lines here");
+  cmd->add_option("--model", args->model,
+                  "instead of random inputs: every layer's Q, K, V of this model (llama2.c .bin, HF directory or "
+                  "'default') on a seeded random prompt");
+  cmd->add_option("--prompt-tokens", args->prompt_tokens, "prompt length with --model")->check(CLI::Range(1, 1 << 16));
   commands->push_back({cmd, [args] { return run_accuracy(*args); }});
 }
 
