@@ -20,24 +20,6 @@
 using namespace llmq;
 using namespace llmq::bench;
 
-namespace {
-
-void check(const Status& st, const char* what) {
-  if (!st.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, st.to_string().c_str());
-    std::exit(2);
-  }
-}
-
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoll(item));
-  return v;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   int64_t experts = 8, k = 4096, n = 14336;
   std::vector<int64_t> tokens_list = {1, 16, 64, 512, 4096};
@@ -47,7 +29,7 @@ int main(int argc, char** argv) {
     if (a == "--experts") experts = std::stoll(v);
     else if (a == "--k") k = std::stoll(v);
     else if (a == "--n") n = std::stoll(v);
-    else if (a == "--tokens") tokens_list = parse_list(v);
+    else if (a == "--tokens") tokens_list = parse_int_list(v);
     else if (a == "--json") json_path = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
@@ -70,7 +52,7 @@ int main(int argc, char** argv) {
   BENCH_CUDA(cudaDeviceSynchronize());
 
   std::unique_ptr<CudaGemmRunner> runner;
-  check(CudaGemmRunner::create(0, &runner), "CudaGemmRunner::create");
+  check_status(CudaGemmRunner::create(0, &runner), "CudaGemmRunner::create");
   DeviceMem workspace(static_cast<size_t>(kCublasLtWorkspaceBytes + (16 << 20)));
   const int64_t ws_bytes = kCublasLtWorkspaceBytes + (16 << 20);
 
@@ -96,7 +78,7 @@ int main(int argc, char** argv) {
           p.b = {w16.as<__nv_bfloat16>() + e * n * k, DType::kBF16};
         }
         p.d = y.as<__nv_bfloat16>() + e * t * n;
-        check(runner->run(p, workspace.p, ws_bytes, nullptr), "per-expert gemm");
+        check_status(runner->run(p, workspace.p, ws_bytes, nullptr), "per-expert gemm");
       }
     };
     auto dense = [&]() {
@@ -109,7 +91,7 @@ int main(int argc, char** argv) {
       p.a.shared_across_batch = true;
       p.b = {w8.p, DType::kE4M3};
       p.d = y.p;
-      check(runner->run(p, workspace.p, ws_bytes, nullptr), "dense gemm");
+      check_status(runner->run(p, workspace.p, ws_bytes, nullptr), "dense gemm");
       MoePostScale ps;
       ps.experts = experts;
       ps.tokens = t;
@@ -120,7 +102,7 @@ int main(int argc, char** argv) {
       ps.expert_scales = ws.as<float>();
       ps.per_channel = true;
       ps.out = y.p;
-      check(cuda_moe_post_scale(ps, nullptr), "post scale");
+      check_status(cuda_moe_post_scale(ps, nullptr), "post scale");
     };
     const double pe8 = queued_median_us([&] { per_expert(true); });
     const double d8 = queued_median_us(dense);

@@ -27,25 +27,11 @@ using namespace llmq::bench;
 
 namespace {
 
-void check(const Status& st, const char* what) {
-  if (!st.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, st.to_string().c_str());
-    std::exit(2);
-  }
-}
-
 struct MoeShape {
   const char* name;
   int64_t experts, top_k, k, n;
 };
 const MoeShape kShapes[] = {{"mixtral-8x7b", 8, 2, 4096, 14336}, {"gpt-oss-20b", 32, 4, 2880, 2880}};
-
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoll(item));
-  return v;
-}
 
 const char* env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
@@ -70,7 +56,7 @@ int main(int argc, char** argv) {
     }
     const std::string v = argv[++i];
     if (a == "--shape") shape_name = v;
-    else if (a == "--tokens") tokens_list = parse_list(v);
+    else if (a == "--tokens") tokens_list = parse_int_list(v);
     else if (a == "--json") json_path = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
@@ -80,12 +66,12 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   double copy_bps = 0;
-  check(measure_copy_bandwidth(0, int64_t{1} << 30, &copy_bps), "copy bandwidth");
+  check_status(measure_copy_bandwidth(0, int64_t{1} << 30, &copy_bps), "copy bandwidth");
   std::printf("%s: copy bandwidth %.0f GB/s (read + written)\n", prop.name, copy_bps / 1e9);
   std::ofstream json;
   if (!json_path.empty()) json.open(json_path);
   std::unique_ptr<CudaGemmRunner> runner;
-  check(CudaGemmRunner::create(0, &runner), "CudaGemmRunner::create");
+  check_status(CudaGemmRunner::create(0, &runner), "CudaGemmRunner::create");
   const int64_t lt_bytes = kCublasLtWorkspaceBytes + (16 << 20);
   DeviceMem lt_workspace(static_cast<size_t>(lt_bytes));
 
@@ -172,7 +158,7 @@ int main(int argc, char** argv) {
           g.w_dtype = DType::kBF16;
           g.w_scale = nullptr;
         }
-        check(cuda_moe_grouped_gemm(g, nullptr, kernel), "grouped gemm");
+        check_status(cuda_moe_grouped_gemm(g, nullptr, kernel), "grouped gemm");
       };
       {
         MoeGroupedGemm probe;
@@ -197,7 +183,7 @@ int main(int argc, char** argv) {
         p.a.shared_across_batch = true;
         p.b = {w[static_cast<size_t>(i)].p, DType::kE4M3};
         p.d = y.p;
-        check(runner->run(p, lt_workspace.p, lt_bytes, nullptr), "dense gemm");
+        check_status(runner->run(p, lt_workspace.p, lt_bytes, nullptr), "dense gemm");
         MoePostScale ps;
         ps.experts = E;
         ps.tokens = t;
@@ -208,7 +194,7 @@ int main(int argc, char** argv) {
         ps.expert_scales = ws[static_cast<size_t>(i)].as<float>();
         ps.per_channel = true;
         ps.out = y.p;
-        check(cuda_moe_post_scale(ps, nullptr), "post scale");
+        check_status(cuda_moe_post_scale(ps, nullptr), "post scale");
       };
       emit("dense", queued_median_us(dense, runs));
     }

@@ -16,6 +16,10 @@
 #include <cstdlib>
 #include <utility>
 #include <vector>
+#include <sstream>
+#include <string>
+
+#include "llmq/status.hpp"
 
 // Exits with status 2 when a CUDA call fails.
 #define BENCH_CUDA(call)                                                                         \
@@ -143,6 +147,24 @@ template <typename F> double queued_median_us(F&& f, int runs = 20) {
   for (int i = 0; i < runs; ++i) BENCH_CUDA(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], ev[i], ev[i + 1]));
   for (auto& e : ev) BENCH_CUDA(cudaEventDestroy(e));
   return median(ms) * 1e3;
+}
+
+// ---- command line and errors
+
+// Exits with status 2, naming `what`, when a library call failed.
+inline void check_status(const llmq::Status& st, const char* what) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, st.to_string().c_str());
+    std::exit(2);
+  }
+}
+
+// "1,16,64" -> {1, 16, 64}.
+inline std::vector<int64_t> parse_int_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoll(item));
+  return v;
 }
 
 }  // namespace llmq::bench
