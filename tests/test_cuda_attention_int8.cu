@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_quant_support.hpp"
 #include "cuda_support.hpp"
 #include "llmq/cuda_attention_int8.hpp"
 #include "llmq/format.hpp"
@@ -22,6 +23,7 @@ namespace llmq {
 namespace {
 
 using testing::DeviceBuffer;
+using namespace testing::attention;
 
 enum class Kernel { kHalfInt8, kFullInt8, kFp8 };
 const char* kernel_name(Kernel k) { return k == Kernel::kHalfInt8 ? "half-int8" : k == Kernel::kFullInt8 ? "full-int8" : "fp8"; }
@@ -32,46 +34,6 @@ struct Case {
 };
 const Case kCases[] = {{200, 200, 4, 2, 128, true}, {333, 333, 4, 4, 64, false}, {70, 300, 8, 2, 128, true},
                        {1, 129, 2, 1, 64, true},   {513, 513, 2, 2, 128, false}};
-
-// 8-bit code of x * (1 / scale), as the specification makes it: INT8 or E4M3, RNE, saturating.
-int8_t code8(float x, float inv, bool fp8) {
-  if (fp8) return static_cast<int8_t>(float_to_fp8(x * inv, DType::kE4M3));
-  return static_cast<int8_t>(encode_int(x * inv, DType::kI8));
-}
-float max_code(bool fp8) { return fp8 ? 448.f : 127.f; }
-
-// Per-row codes (rows of d) with scale absmax / max_code, and the scales transposed to the kernels'
-// head-major layout: row r = token * heads + head -> scales[head * tokens + token].
-void quantize_rows(const std::vector<float>& x, int64_t tokens, int64_t heads, int64_t d, bool fp8,
-                   std::vector<int8_t>* codes, std::vector<float>* head_major_scales) {
-  codes->resize(x.size());
-  head_major_scales->resize(static_cast<size_t>(tokens * heads));
-  for (int64_t r = 0; r < tokens * heads; ++r) {
-    float m = 0.f;
-    for (int64_t c = 0; c < d; ++c) m = std::max(m, std::fabs(x[r * d + c]));
-    const float s = m > 0.f ? m / max_code(fp8) : 1.f, inv = 1.f / s;
-    (*head_major_scales)[(r % heads) * tokens + r / heads] = s;
-    for (int64_t c = 0; c < d; ++c) (*codes)[r * d + c] = code8(x[r * d + c], inv, fp8);
-  }
-}
-
-// V codes with one scale per (64-key tile, kv head, channel), scales [kv_heads, tiles, d].
-void quantize_v_blocks(const std::vector<float>& v, const Case& c, bool fp8, std::vector<int8_t>* codes,
-                       std::vector<float>* scales) {
-  const int64_t tiles = (c.kv_len + 63) / 64;
-  codes->resize(v.size());
-  scales->resize(static_cast<size_t>(c.kv_heads * tiles * c.d));
-  for (int64_t h = 0; h < c.kv_heads; ++h)
-    for (int64_t j = 0; j < tiles; ++j)
-      for (int64_t ch = 0; ch < c.d; ++ch) {
-        const int64_t t0 = j * 64, t1 = std::min(c.kv_len, j * 64 + 64);
-        float m = 0.f;
-        for (int64_t t = t0; t < t1; ++t) m = std::max(m, std::fabs(v[(t * c.kv_heads + h) * c.d + ch]));
-        const float sc = m > 0.f ? m / max_code(fp8) : 1.f, inv = 1.f / sc;
-        (*scales)[(h * tiles + j) * c.d + ch] = sc;
-        for (int64_t t = t0; t < t1; ++t) (*codes)[(t * c.kv_heads + h) * c.d + ch] = code8(v[(t * c.kv_heads + h) * c.d + ch], inv, fp8);
-      }
-}
 
 // The specification's options for each kernel.
 QuantAttentionOptions spec_of(Kernel k) {
@@ -123,7 +85,7 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed) {
   if (kernel == Kernel::kHalfInt8) {
     for (size_t i = 0; i < v.size(); ++i) v16[i] = float_to_bf16_bits(v[i]);
   } else {
-    quantize_v_blocks(v, c, fp8, &v8, &vs);
+    quantize_v_blocks(v, c.kv_len, c.kv_heads, c.d, fp8, &v8, &vs);
   }
   DeviceBuffer<int8_t> dq(q8.size()), dk(k8.size()), dv8(v8.size());
   DeviceBuffer<float> dqs(qs.size()), dks(ks.size()), dvs(vs.size());

@@ -34,11 +34,25 @@ Status cuda_half_int8_attention(const HalfInt8AttentionArgs& a, CudaStream strea
 // Full-INT8 (llmq's variant of the specification: QuantAttentionOptions{kFullInt8, V kPerBlock,
 // p_max 255, p_tile_max, block_kv 64}): INT8 V with one scale per (64-key tile, channel), P in
 // [0, 255] against the tile's row maximum, P V as u8 x s8 products summed exactly in INT32.
+// V is given token-major (v) or already transposed into the kernels' layout (v_t, which
+// cuda_quantize_attention_inputs writes); with v_t, d = 128 and an sm_90a device, the Hopper
+// kernel (wgmma, TMA) runs, else the mma.sync kernel (which needs v).
 struct FullInt8AttentionArgs {
   HalfInt8AttentionArgs qk;        // q_len .. q_scale, k, k_scale, out as above; qk.v unused
-  const int8_t* v = nullptr;       // [kv_len, kv_heads, head_dim]
+  const int8_t* v = nullptr;       // [kv_len, kv_heads, head_dim], or null when v_t is given
+  const int8_t* v_t = nullptr;     // [kv_heads, head_dim, attention_v_t_stride(kv_len)], see below
   const float* v_scale = nullptr;  // [kv_heads, ceil(kv_len / 64), head_dim]
 };
+
+// The transposed V layout (v_t): row (kv head g, channel c) holds that channel's codes of every key,
+// key j in column attention_v_t_column(j); columns at or beyond kv_len hold zeros. Within each group
+// of 32 keys the order is the one in which the P fragments of the score accumulators reach the P V
+// product (see int8_attention.cu), so the kernels read V^T tiles without permuting them.
+constexpr int64_t attention_v_t_stride(int64_t kv_len) { return (kv_len + 63) / 64 * 64; }
+constexpr int64_t attention_v_t_column(int64_t key) {
+  const int64_t p = key % 32;
+  return key - p + 16 * (p / 16) + 4 * ((p % 8) / 2) + 2 * ((p % 16) / 8) + p % 2;
+}
 Status cuda_full_int8_attention(const FullInt8AttentionArgs& a, CudaStream stream);
 
 // FP8 (the specification's kFp8 with block-scaled V): the same arguments, every 8-bit operand an
@@ -46,5 +60,26 @@ Status cuda_full_int8_attention(const FullInt8AttentionArgs& a, CudaStream strea
 // given as that value for every token) and per (tile, channel) for V; P = e4m3(2^(s - m + 8))
 // against the running maximum, E4M3 x E4M3 products in FP32 (fresh per tile). sm_89+.
 Status cuda_fp8_attention(const FullInt8AttentionArgs& a, CudaStream stream);
+
+// Fused per-token quantization of BF16 Q, K and V into the 8-bit kernels' inputs, as the CPU
+// specification quantizes (scale = absmax / 127 for INT8 or / 448 for E4M3, code = RNE(x * (1 /
+// scale)), saturating; an all-zero row gets scale 1): Q and K per (token, head), V per (64-key
+// block, kv head, channel), written transposed (v_t above). Token t of head h is read at
+// x + t * row_stride + h * head_dim (row_stride in elements, so Q/K/V can be slices of a fused QKV
+// projection or a KV cache).
+struct AttentionQuantizeArgs {
+  int64_t q_len = 0, kv_len = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  bool fp8 = false;         // E4M3 codes (int8_t carries the bytes) instead of INT8
+  bool smooth_k = false;    // subtract K's per-channel mean over the kv_len tokens (per kv head) before quantizing
+  bool quantize_v = true;   // false: V stays BF16 (half-INT8); v, v_t and v_scale are then unused
+  const uint16_t* q = nullptr; int64_t q_row_stride = 0;  // BF16
+  const uint16_t* k = nullptr; int64_t k_row_stride = 0;
+  const uint16_t* v = nullptr; int64_t v_row_stride = 0;
+  int8_t* q8 = nullptr;  float* q_scale = nullptr;        // [q_len, heads, d], [heads, q_len]
+  int8_t* k8 = nullptr;  float* k_scale = nullptr;        // [kv_len, kv_heads, d], [kv_heads, kv_len]
+  int8_t* v_t = nullptr; float* v_scale = nullptr;        // as FullInt8AttentionArgs
+  float* k_mean = nullptr;  // smooth_k: device workspace [kv_heads, head_dim] (holds the means after)
+};
+Status cuda_quantize_attention_inputs(const AttentionQuantizeArgs& a, CudaStream stream);
 
 }  // namespace llmq
