@@ -5,12 +5,18 @@
 // compare the times). CUDA events around each run, warm-up first,
 // median of the runs. FLOPs counted as 4 * q * k * d per head over the (q, k) pairs computed:
 // nq * nk for full attention, nq * (nk + 1) / 2 for causal (FlashAttention's convention for the
-// square causal case). Usage: bench_cuda_attention [iterations]
+// square causal case). The fused quantize (cuda_quantize_attention_inputs: BF16 Q, K, V slices of one
+// QKV projection -> INT8 or E4M3 codes, scales and the transposed V) alone, in GB/s of bytes read
+// and written beside a device-to-device copy of its input, and in front of the full-INT8 and FP8
+// kernels (lines "+quantize", beside the same kernel alone on the quantize's outputs).
+// Usage: bench_cuda_attention [iterations] [--quick] [--json FILE] (one JSON line per printed row)
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "cuda_bench_support.cuh"
@@ -20,6 +26,13 @@
 namespace {
 
 using llmq::bench::DeviceMem;
+
+// --json FILE: each printed row also as a JSON object on its own line (the keys of
+// bench/results/*-attention-*.jsonl).
+std::FILE* g_json = nullptr;
+std::string g_device;
+
+void json_row(const std::string& fields);
 
 void check(const llmq::Status& st) {
   if (!st.ok()) {
@@ -50,6 +63,20 @@ template <typename Fn> double time_ms(int iters, Fn fn) {
 }
 
 constexpr int64_t kHeads = 32, kKvHeads = 8, kHeadDim = 128;
+
+void json_row(const std::string& fields) {
+  if (g_json == nullptr) return;
+  std::fprintf(g_json, "{%s, \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"device\": \"%s\", \"source\": \"bench_cuda_attention\"}\n",
+               fields.c_str(), static_cast<long long>(kHeads), static_cast<long long>(kKvHeads),
+               static_cast<long long>(kHeadDim), g_device.c_str());
+}
+
+std::string prefill_fields(const char* kernel, int64_t n, bool causal, double ms, double tflops) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "\"bench\": \"attention_prefill\", \"kernel\": \"%s\", \"n\": %lld, \"causal\": %s, \"ms\": %.4f, \"tflops\": %.1f",
+                kernel, static_cast<long long>(n), causal ? "true" : "false", ms, tflops);
+  return buf;
+}
 
 // An E4M3 cache of kv_elems codes per tensor and n_kv_heads scales (codes of values in
 // [-300, 300] times scales around 0.01), the code and scale fields of `a` pointing at it.
@@ -108,6 +135,8 @@ void bench_prefill(int64_t n, bool causal, llmq::runtime::PrefillKernel kernel, 
   std::printf("prefill  n=%-5lld %-6s %-4s  %8.3f ms  %7.1f TFLOP/s%s\n", static_cast<long long>(n),
               causal ? "causal" : "full", kernel == llmq::runtime::PrefillKernel::kCudaCore ? "simt" : "mma", ms, tflops,
               e4m3 ? "  e4m3" : "");
+  std::string kname = kernel == llmq::runtime::PrefillKernel::kCudaCore ? "simt" : "mma";
+  json_row(prefill_fields((kname + (e4m3 ? "-e4m3" : "")).c_str(), n, causal, ms, tflops));
 }
 
 // The INT8 kernels (llmq/cuda_attention_int8.hpp) on the same shapes: INT8 Q, K with per-token
@@ -149,6 +178,7 @@ void bench_half_int8(int64_t n, bool causal, int iters, int mode = 0) {  // 0 ha
   const double tops = 4.0 * pairs * kHeadDim * kHeads / (ms * 1e-3) / 1e12;
   std::printf("prefill  n=%-5lld %-6s %s  %8.3f ms  %7.1f TOP/s\n", static_cast<long long>(n), causal ? "causal" : "full",
               mode == 2 ? "fp8      " : mode == 1 ? "full-int8" : "half-int8", ms, tops);
+  json_row(prefill_fields(mode == 2 ? "fp8" : mode == 1 ? "full-int8" : "half-int8", n, causal, ms, tops));
 }
 
 void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
@@ -190,14 +220,139 @@ void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
   const double gbs = 2.0 * kv_elems * (e4m3 ? 1 : 2) / (ms * 1e-3) / 1e9;  // K and V, BF16 or E4M3
   std::printf("decode   batch=%-3lld kv=%-6lld  %8.1f us  %7.0f GB/s (KV cache read)%s\n", static_cast<long long>(batch),
               static_cast<long long>(kv_len), ms * 1e3, gbs, e4m3 ? "  e4m3" : "");
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "\"bench\": \"attention_decode\", \"kv_cache\": \"%s\", \"batch\": %lld, \"kv_len\": %lld, \"us\": %.2f, \"gbs\": %.0f",
+                e4m3 ? "e4m3" : "bf16", static_cast<long long>(batch), static_cast<long long>(kv_len), ms * 1e3, gbs);
+  json_row(buf);
+}
+
+// BF16 Q, K, V as slices of one fused QKV projection [n, (heads + 2 kv_heads) * d] (N(0, 1)-ish
+// values), the buffers cuda_quantize_attention_inputs writes, and the 8-bit attention arguments
+// that read them (V through v_t; `v` is a dummy of the token-major size for kernels that still
+// want it: timing only, the tests check the values).
+struct QuantizedInputs {
+  static constexpr int64_t kWidth = (kHeads + 2 * kKvHeads) * kHeadDim;
+  int64_t n;
+  DeviceMem qkv, q8, k8, v_t, v_dummy, qs, ks, vs, k_mean, out;
+  llmq::AttentionQuantizeArgs qa;
+  llmq::FullInt8AttentionArgs f;
+  QuantizedInputs(int64_t n_, bool fp8, bool causal)
+      : n(n_), qkv(n_ * kWidth * 2), q8(n_ * kHeads * kHeadDim), k8(n_ * kKvHeads * kHeadDim),
+        v_t(kKvHeads * kHeadDim * llmq::attention_v_t_stride(n_)), v_dummy(n_ * kKvHeads * kHeadDim),
+        qs(n_ * kHeads * 4), ks(n_ * kKvHeads * 4), vs(kKvHeads * ((n_ + 63) / 64) * kHeadDim * 4),
+        k_mean(kKvHeads * kHeadDim * 4), out(n_ * kHeads * kHeadDim * 2) {
+    llmq::bench::fill_bf16<<<llmq::bench::grid_for(n * kWidth), 256>>>(qkv.as<__nv_bfloat16>(), n * kWidth, 21);
+    BENCH_CUDA(cudaGetLastError());
+    const uint16_t* x = qkv.as<uint16_t>();
+    qa.q_len = qa.kv_len = n;
+    qa.heads = kHeads;
+    qa.kv_heads = kKvHeads;
+    qa.head_dim = kHeadDim;
+    qa.fp8 = fp8;
+    qa.q = x;
+    qa.k = x + kHeads * kHeadDim;
+    qa.v = x + (kHeads + kKvHeads) * kHeadDim;
+    qa.q_row_stride = qa.k_row_stride = qa.v_row_stride = kWidth;
+    qa.q8 = q8.as<int8_t>();
+    qa.q_scale = qs.as<float>();
+    qa.k8 = k8.as<int8_t>();
+    qa.k_scale = ks.as<float>();
+    qa.v_t = v_t.as<int8_t>();
+    qa.v_scale = vs.as<float>();
+    qa.k_mean = k_mean.as<float>();
+    f.qk.q_len = f.qk.kv_len = n;
+    f.qk.heads = kHeads;
+    f.qk.kv_heads = kKvHeads;
+    f.qk.head_dim = kHeadDim;
+    f.qk.causal = causal;
+    f.qk.q = q8.as<int8_t>();
+    f.qk.q_scale = qs.as<float>();
+    f.qk.k = k8.as<int8_t>();
+    f.qk.k_scale = ks.as<float>();
+    f.qk.out = out.as<uint16_t>();
+    f.v = v_dummy.as<int8_t>();
+    f.v_t = v_t.as<int8_t>();
+    f.v_scale = vs.as<float>();
+    BENCH_CUDA(cudaMemset(v_dummy.p, 1, static_cast<size_t>(n * kKvHeads * kHeadDim)));
+  }
+  // Bytes the quantize reads and writes: BF16 Q, K, V in; codes, v_t's padding and scales out.
+  int64_t input_bytes() const { return n * kWidth * 2; }
+  int64_t bytes_moved() const {
+    const int64_t tiles = (n + 63) / 64;
+    return input_bytes() + n * (kHeads + kKvHeads) * kHeadDim + kKvHeads * kHeadDim * llmq::attention_v_t_stride(n) +
+           n * (kHeads + kKvHeads) * 4 + kKvHeads * tiles * kHeadDim * 4;
+  }
+};
+
+// The quantize alone, and a device-to-device copy of its BF16 input (reads and writes as many
+// bytes: its GB/s is the bound a memory-bound kernel can reach), both queued behind a spin kernel.
+// At n = 2048 the 25 MB input and the outputs fit in an H100's 50 MB L2; from 8192 on they do not.
+void bench_quantize(int64_t n, bool fp8, bool smooth_k, int iters) {
+  QuantizedInputs in(n, fp8, false);
+  in.qa.smooth_k = smooth_k;
+  DeviceMem copy_dst(in.input_bytes());
+  const double us = llmq::bench::queued_median_us([&] { check(llmq::cuda_quantize_attention_inputs(in.qa, nullptr)); }, iters);
+  const double copy_us = llmq::bench::queued_median_us(
+      [&] { BENCH_CUDA(cudaMemcpyAsync(copy_dst.p, in.qkv.p, static_cast<size_t>(in.input_bytes()), cudaMemcpyDeviceToDevice)); },
+      iters);
+  const double gbs = static_cast<double>(in.bytes_moved()) / (us * 1e-6) / 1e9;
+  const double copy_gbs = 2.0 * static_cast<double>(in.input_bytes()) / (copy_us * 1e-6) / 1e9;
+  const char* format = fp8 ? "e4m3" : "int8";
+  std::printf("quantize n=%-5lld %s%s  %8.1f us  %7.0f GB/s  (copy %7.0f GB/s: %3.0f%%)\n", static_cast<long long>(n),
+              format, smooth_k ? " smooth_k" : "         ", us, gbs, copy_gbs, 100.0 * gbs / copy_gbs);
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "\"bench\": \"attention_quantize\", \"format\": \"%s\", \"smooth_k\": %s, \"n\": %lld, \"us\": %.2f, \"gbs\": %.0f, \"bytes\": %lld, \"copy_gbs\": %.0f",
+                format, smooth_k ? "true" : "false", static_cast<long long>(n), us, gbs,
+                static_cast<long long>(in.bytes_moved()), copy_gbs);
+  json_row(buf);
+}
+
+// Full-INT8 or FP8 attention on the quantize's outputs (V as v_t), alone and with the quantize in
+// front of it: what quantizing BF16 Q, K, V on the fly costs.
+void bench_quantized_attention(int64_t n, bool causal, int iters, bool fp8) {
+  QuantizedInputs in(n, fp8, causal);
+  check(llmq::cuda_quantize_attention_inputs(in.qa, nullptr));
+  auto attention = [&] { check(fp8 ? llmq::cuda_fp8_attention(in.f, nullptr) : llmq::cuda_full_int8_attention(in.f, nullptr)); };
+  const double alone = time_ms(iters, attention);
+  const double both = time_ms(iters, [&] {
+    check(llmq::cuda_quantize_attention_inputs(in.qa, nullptr));
+    attention();
+  });
+  const double pairs = causal ? 0.5 * static_cast<double>(n) * static_cast<double>(n + 1) : static_cast<double>(n) * n;
+  const double flops = 4.0 * pairs * kHeadDim * kHeads;
+  const char* name = fp8 ? "fp8      " : "full-int8";
+  std::printf("prefill  n=%-5lld %-6s %s  %8.3f ms  %7.1f TOP/s  v_t\n", static_cast<long long>(n), causal ? "causal" : "full",
+              name, alone, flops / (alone * 1e-3) / 1e12);
+  std::printf("prefill  n=%-5lld %-6s %s  %8.3f ms  %7.1f TOP/s  +quantize\n", static_cast<long long>(n),
+              causal ? "causal" : "full", name, both, flops / (both * 1e-3) / 1e12);
+  const std::string kernel = fp8 ? "fp8" : "full-int8";
+  json_row(prefill_fields((kernel + "-v_t").c_str(), n, causal, alone, flops / (alone * 1e-3) / 1e12));
+  json_row(prefill_fields((kernel + "+quantize").c_str(), n, causal, both, flops / (both * 1e-3) / 1e12));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
+  int iters = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      g_json = std::fopen(argv[++i], "w");
+      if (g_json == nullptr) {
+        std::fprintf(stderr, "cannot write %s\n", argv[i]);
+        return 2;
+      }
+    } else if (std::strcmp(argv[i], "--quick") == 0) {
+      iters = 5;
+    } else if (std::atoi(argv[i]) > 0) {
+      iters = std::atoi(argv[i]);
+    } else {
+      std::fprintf(stderr, "usage: bench_cuda_attention [iterations] [--quick] [--json FILE]\n");
+      return 2;
+    }
+  }
   cudaDeviceProp prop{};
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  g_device = prop.name;
   std::printf("device: %s, %d SMs; heads %lld/%lld, head_dim %lld\n", prop.name, prop.multiProcessorCount,
               static_cast<long long>(kHeads), static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim));
   for (int64_t n : {2048, 4096, 8192})
@@ -206,7 +361,12 @@ int main(int argc, char** argv) {
       bench_half_int8(n, causal, iters);
       bench_half_int8(n, causal, iters, 1);
       bench_half_int8(n, causal, iters, 2);
+      bench_quantized_attention(n, causal, iters, false);
+      bench_quantized_attention(n, causal, iters, true);
     }
+  for (int64_t n : {2048, 8192, 32768})
+    for (bool fp8 : {false, true}) bench_quantize(n, fp8, false, iters);
+  bench_quantize(8192, false, true, iters);
   bench_prefill(2048, true, llmq::runtime::PrefillKernel::kCudaCore, 3);
   for (int64_t n : {2048, 8192}) bench_prefill(n, true, llmq::runtime::PrefillKernel::kAuto, iters, true);
   for (int64_t batch : {1, 8})
@@ -214,5 +374,6 @@ int main(int argc, char** argv) {
       bench_decode(batch, kv, iters);
       bench_decode(batch, kv, iters, true);
     }
+  if (g_json != nullptr) std::fclose(g_json);
   return 0;
 }
