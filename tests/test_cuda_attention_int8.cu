@@ -52,10 +52,10 @@ QuantAttentionOptions spec_of(Kernel k) {
 
 // One case: N(0,1) inputs, the specification and float results on the host, the kernel on the same
 // codes, and the assertions.
-void check_kernel(Kernel kernel, const Case& c, uint64_t seed) {
+void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed = false) {
   SCOPED_TRACE(std::string(kernel_name(kernel)) + " q_len=" + std::to_string(c.q_len) + " kv_len=" +
                std::to_string(c.kv_len) + " heads=" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) +
-               " d=" + std::to_string(c.d) + (c.causal ? " causal" : ""));
+               " d=" + std::to_string(c.d) + (c.causal ? " causal" : "") + (v_transposed ? " v_t" : ""));
   const bool fp8 = kernel == Kernel::kFp8;
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -89,6 +89,8 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed) {
   }
   DeviceBuffer<int8_t> dq(q8.size()), dk(k8.size()), dv8(v8.size());
   DeviceBuffer<float> dqs(qs.size()), dks(ks.size()), dvs(vs.size());
+  const std::vector<int8_t> vt = v_transposed ? transpose_v_codes(v8, c.kv_len, c.kv_heads, c.d) : std::vector<int8_t>();
+  DeviceBuffer<int8_t> dvt(vt.size());
   DeviceBuffer<uint16_t> dv16(v16.size()), dout(q.size());
   CUDA_ASSERT(dq.upload(q8));
   CUDA_ASSERT(dk.upload(k8));
@@ -97,7 +99,11 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed) {
   if (kernel == Kernel::kHalfInt8) {
     CUDA_ASSERT(dv16.upload(v16));
   } else {
-    CUDA_ASSERT(dv8.upload(v8));
+    if (v_transposed) {
+      CUDA_ASSERT(dvt.upload(vt));
+    } else {
+      CUDA_ASSERT(dv8.upload(v8));
+    }
     CUDA_ASSERT(dvs.upload(vs));
   }
   CUDA_ASSERT(dout.fill_bytes(0xFF));
@@ -114,7 +120,8 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed) {
   a.qk.k_scale = dks.get();
   a.qk.v = dv16.get();
   a.qk.out = dout.get();
-  a.v = dv8.get();
+  a.v = v_transposed ? nullptr : dv8.get();  // with v_t only: the Hopper kernel at d = 128 on sm_90
+  a.v_t = v_transposed ? dvt.get() : nullptr;
   a.v_scale = dvs.get();
   const Status st = kernel == Kernel::kHalfInt8   ? cuda_half_int8_attention(a.qk, nullptr)
                     : kernel == Kernel::kFullInt8 ? cuda_full_int8_attention(a, nullptr)
@@ -128,12 +135,34 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed) {
     got[i] = bf16_bits_to_float(out16[i]);
     ASSERT_TRUE(std::isfinite(got[i])) << "element " << i;
   }
+  // Deterministic: a second run gives the same bits (no races between the kernel's stages).
+  CUDA_ASSERT(dout.fill_bytes(0xFF));
+  const Status again = kernel == Kernel::kHalfInt8   ? cuda_half_int8_attention(a.qk, nullptr)
+                       : kernel == Kernel::kFullInt8 ? cuda_full_int8_attention(a, nullptr)
+                                                     : cuda_fp8_attention(a, nullptr);
+  ASSERT_TRUE(again.ok()) << again.to_string();
+  std::vector<uint16_t> out16_again;
+  CUDA_ASSERT(dout.download(&out16_again));
+  EXPECT_TRUE(out16 == out16_again) << "two runs differ";
   const int64_t n = static_cast<int64_t>(got.size());
+  // The query row (of one head) farthest from the specification, to locate a fault.
+  double worst = 0;
+  int64_t worst_row = 0;
+  for (int64_t r = 0; r < c.q_len * c.heads; ++r) {
+    double diff = 0, ref = 0;
+    for (int64_t i = r * c.d; i < (r + 1) * c.d; ++i) {
+      diff += std::fabs(got[i] - want_spec[i]);
+      ref += std::fabs(want_spec[i]);
+    }
+    if (ref > 0 && diff / ref > worst) worst = diff / ref, worst_row = r;
+  }
+  std::printf("    worst row: token %lld head %lld, rel L1 %.2e\n", static_cast<long long>(worst_row / c.heads),
+              static_cast<long long>(worst_row % c.heads), worst);
   const AttentionError vs_spec = attention_error(got.data(), want_spec.data(), n);
   const AttentionError gpu_cost = attention_error(got.data(), want_float.data(), n);
   const AttentionError spec_cost = attention_error(want_spec.data(), want_float.data(), n);
-  std::printf("  %s q %lld kv %lld heads %lld/%lld d %lld%s: vs spec rel L1 %.2e | vs float MRE: GPU %.3f%%, spec %.3f%%\n",
-              kernel_name(kernel), static_cast<long long>(c.q_len), static_cast<long long>(c.kv_len),
+  std::printf("  %s%s q %lld kv %lld heads %lld/%lld d %lld%s: vs spec rel L1 %.2e | vs float MRE: GPU %.3f%%, spec %.3f%%\n",
+              kernel_name(kernel), v_transposed ? " (v_t)" : "", static_cast<long long>(c.q_len), static_cast<long long>(c.kv_len),
               static_cast<long long>(c.heads), static_cast<long long>(c.kv_heads), static_cast<long long>(c.d),
               c.causal ? " causal" : "", vs_spec.rel_l1, 100 * gpu_cost.mre, 100 * spec_cost.mre);
   // Half-INT8: BF16 output rounding (2^-9) plus operation order, far below its ~1% own error.
@@ -163,6 +192,20 @@ TEST(CudaFullInt8Attention, MatchesTheCpuSpecification) {
 TEST(CudaFp8Attention, MatchesTheCpuSpecification) {
   LLMQ_REQUIRE_GPU();
   for (const Case& c : kCases) check_kernel(Kernel::kFp8, c, 13);
+}
+
+// V given transposed (v_t): at d = 128 on Hopper the wgmma kernel, else mma.sync reading V^T tiles
+// as they are. Adds a case of several 128-row blocks (both consumer warpgroups, causal skipping).
+TEST(CudaFullInt8Attention, TransposedVMatchesTheCpuSpecification) {
+  LLMQ_REQUIRE_GPU();
+  for (const Case& c : kCases) check_kernel(Kernel::kFullInt8, c, 17, true);
+  check_kernel(Kernel::kFullInt8, {700, 1000, 4, 1, 128, true}, 19, true);
+}
+
+TEST(CudaFp8Attention, TransposedVMatchesTheCpuSpecification) {
+  LLMQ_REQUIRE_GPU();
+  for (const Case& c : kCases) check_kernel(Kernel::kFp8, c, 17, true);
+  check_kernel(Kernel::kFp8, {700, 1000, 4, 1, 128, true}, 19, true);
 }
 
 TEST(CudaHalfInt8Attention, RefusesBadArguments) {

@@ -45,7 +45,8 @@ struct FullInt8AttentionArgs {
 };
 
 // The transposed V layout (v_t): row (kv head g, channel c) holds that channel's codes of every key,
-// key j in column attention_v_t_column(j); columns at or beyond kv_len hold zeros. Within each group
+// key j in column attention_v_t_column(j); columns that hold no key (in the last 64-key tile) hold
+// zeros. Within each group
 // of 32 keys the order is the one in which the P fragments of the score accumulators reach the P V
 // product (see int8_attention.cu), so the kernels read V^T tiles without permuting them.
 constexpr int64_t attention_v_t_stride(int64_t kv_len) { return (kv_len + 63) / 64 * 64; }

@@ -20,7 +20,9 @@
 
 #include "cuda/cuda_check.cuh"
 #include "llmq/cuda_attention_int8.hpp"
+#include "attention/int8_attention_sm90.hpp"
 #include "attention/int8_mma.cuh"
+#include "attention/int8_softmax.cuh"
 #include "runtime/attention_mma.cuh"
 
 namespace llmq {
@@ -29,11 +31,10 @@ namespace {
 using namespace runtime::attn;
 using namespace attention;
 
-constexpr float kFp8POffset = 8.0f;  // FP8 P: 2^8 = 256 <= 448 (the specification's p_offset)
-
 struct Params {
   HalfInt8AttentionArgs a;
-  const int8_t* v8;       // full-INT8 V
+  const int8_t* v8;       // full-INT8 V, token-major (transposed per tile in shared memory) ...
+  const int8_t* vt;       // ... or already transposed (FullInt8AttentionArgs::v_t), preferred when given
   const float* v_scale;   // [kv_heads, ceil(kv_len / 64), head_dim]
 };
 
@@ -72,86 +73,38 @@ __device__ __forceinline__ void transpose_v_tile(const unsigned char* raw, unsig
   }
 }
 
-// The online softmax of one key tile with P against the tile's own row maximum (the
-// specification's p_tile_max): P = rint(255 * 2^((s - m_tile) * scale_log2)) as an unsigned byte;
-// the tile's row sum and P V (u8 x s8 -> INT32, exact) enter the running ones times
-// carry = 2^((m_tile - m) * scale_log2) and V's per-(tile, channel) scale.
-// kFp8 (FlashAttention-3's FP8 P): P = e4m3(2^((s - m) * scale_log2 + 8)) against the running
-// maximum m, the row sum of the decoded codes, P V as E4M3 x E4M3 with FP32 accumulation, fresh per
-// tile and added to O in FP32 (two-level accumulation); no carry.
+// Full-INT8 / FP8 P V of one key tile (int8_softmax.cuh makes P), mma.sync: P from registers in the
+// kappa order (see transpose_v_tile), V^T from shared memory, fresh accumulators folded into O.
 template <int kHeadDim, bool kFp8>
 __device__ __forceinline__ void full_int8_pv_step(float (&s)[kBlockKv / 8][4], float (&row_max)[2], float (&row_sum)[2],
                                                   float (&o_acc)[kHeadDim / 8][4], float scale_log2, uint32_t vt_tile,
                                                   const float* v_scale, int lane) {
-  constexpr int kKeyTiles = kBlockKv / 8, kDimTiles = kHeadDim / 8;
+  constexpr int kDimTiles = kHeadDim / 8;
   using LT = TileLayout<32>;
-  const int t = lane % 4;
   float corr[2], carry[2];
-  uint32_t p_int[kKeyTiles][4];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mt = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n) mt = fmaxf(mt, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-    const float m = fmaxf(row_max[r], mt);
-    const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-    const float mt_scaled = mt == -INFINITY ? 0.f : mt * scale_log2;
-    corr[r] = fast_exp2(__fmaf_rn(row_max[r], scale_log2, -m_scaled));
-    carry[r] = mt == -INFINITY ? 0.f : fast_exp2(mt_scaled - m_scaled);
-    row_max[r] = m;
-    if constexpr (kFp8) carry[r] = 1.f;  // P against the running maximum
-    float sum = 0.f;
-#pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n)
-#pragma unroll
-      for (int e = 2 * r; e < 2 * r + 2; ++e) {
-        if constexpr (kFp8) {
-          const float x = fast_exp2(__fmaf_rn(s[n][e], scale_log2, -m_scaled) + kFp8POffset);
-          const uint32_t code = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
-          p_int[n][e] = code;
-          sum += e4m3x2_to_float2(code).x;
-        } else {
-          const float p = rintf(255.f * fast_exp2(__fmaf_rn(s[n][e], scale_log2, -mt_scaled)));
-          p_int[n][e] = static_cast<uint32_t>(p);
-          sum += p;
-        }
-      }
-    row_sum[r] = __fmaf_rn(row_sum[r], corr[r], sum * carry[r]);
-  }
-  // P V per 32-key step kk: A registers in the kappa order (see transpose_v_tile).
+  uint32_t p_frag[kBlockKv / 32][4];
+  quantize_p_tile<kBlockKv, kFp8>(s, row_max, row_sum, scale_log2, p_frag, corr, carry);
   using PvAcc = std::conditional_t<kFp8, float, int32_t>;
   PvAcc pv[kDimTiles][4];
 #pragma unroll
   for (int d = 0; d < kDimTiles; ++d) pv[d][0] = pv[d][1] = pv[d][2] = pv[d][3] = PvAcc(0);
 #pragma unroll
   for (int kk = 0; kk < kBlockKv / 32; ++kk) {
-    const auto pack = [&](int n, int e) {  // keys 2t, 2t+1 of n-tile n and of n-tile n + 1, row of e
-      return p_int[n][e] | (p_int[n][e + 1] << 8) | (p_int[n + 1][e] << 16) | (p_int[n + 1][e + 1] << 24);
-    };
-    const uint32_t a_frag[4] = {pack(4 * kk, 0), pack(4 * kk, 2), pack(4 * kk + 2, 0), pack(4 * kk + 2, 2)};
 #pragma unroll
     for (int dp = 0; dp < kDimTiles / 2; ++dp) {
       // Matrices: channels dp*16 + 0-7 / 8-15 (lane / 16) x kappa chunk 2kk / 2kk+1 ((lane / 8) % 2).
       uint32_t vb[4];
       ldmatrix_x4(vb, vt_tile + LT::offset_bytes(dp * 16 + (lane % 8) + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
       if constexpr (kFp8) {
-        mma_e4m3_16832(pv[2 * dp], a_frag, vb[0], vb[1]);
-        mma_e4m3_16832(pv[2 * dp + 1], a_frag, vb[2], vb[3]);
+        mma_e4m3_16832(pv[2 * dp], p_frag[kk], vb[0], vb[1]);
+        mma_e4m3_16832(pv[2 * dp + 1], p_frag[kk], vb[2], vb[3]);
       } else {
-        mma_u8s8_16832(pv[2 * dp], a_frag, vb[0], vb[1]);
-        mma_u8s8_16832(pv[2 * dp + 1], a_frag, vb[2], vb[3]);
+        mma_u8s8_16832(pv[2 * dp], p_frag[kk], vb[0], vb[1]);
+        mma_u8s8_16832(pv[2 * dp + 1], p_frag[kk], vb[2], vb[3]);
       }
     }
   }
-#pragma unroll
-  for (int d = 0; d < kDimTiles; ++d)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float sv = v_scale[d * 8 + 2 * t + (e & 1)];
-      o_acc[d][e] = __fmaf_rn(o_acc[d][e], corr[e / 2], static_cast<float>(pv[d][e]) * (sv * carry[e / 2]));
-    }
+  fold_pv_tile<kHeadDim>(o_acc, pv, corr, carry, v_scale, lane % 4);
 }
 
 // kMode: kHalf (INT8 Q/K, BF16 V), kFull (INT8 Q/K/V), kFp8 (E4M3 Q/K/V and P).
@@ -200,7 +153,15 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
   const int kv_tiles = (kv_len + kBlockKv - 1) / kBlockKv;
   const auto load_kv = [&](int j, int stage) {
     load_tile_async<kHeadDim / 2>(k_tile(stage), k_base, kv_stride / 2, j * kBlockKv, key_end);
-    if constexpr (kFull) {
+    if (kFull && prm.vt != nullptr) {
+      // V^T rows (channels) of this tile's 64 keys, already in the kappa order: the stage holds the
+      // transposed tile itself. Columns past kv_len are zeros in v_t.
+      using LT = TileLayout<32>;
+      const int64_t vt_stride = (kv_len + kBlockKv - 1) / kBlockKv * kBlockKv;  // attention_v_t_stride
+      const int8_t* src = prm.vt + static_cast<int64_t>(kv_head) * kHeadDim * vt_stride + j * kBlockKv;
+      for (int idx = threadIdx.x; idx < kHeadDim * 4; idx += kThreads)
+        cp_async_16(v_tile(stage) + LT::offset_bytes(idx / 4, idx % 4), src + (idx / 4) * vt_stride + (idx % 4) * 16, 16);
+    } else if constexpr (kFull) {
       // Raw rows of kHeadDim bytes, 16 at a time; rows past key_end are zeros.
       const int8_t* v8 = prm.v8 + static_cast<int64_t>(kv_head) * kHeadDim;
       for (int idx = threadIdx.x; idx < kBlockKv * kHeadDim / 16; idx += kThreads) {
@@ -209,13 +170,13 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
         cp_async_16(v_tile(stage) + idx * 16, v8 + (valid ? (j * kBlockKv + row) * kv_stride : 0) + piece * 16,
                     valid ? 16 : 0);
       }
-      if (threadIdx.x < kHeadDim)
-        cp_async_4(vs_tile(stage) + threadIdx.x * 4,
-                   prm.v_scale + (static_cast<int64_t>(kv_head) * kv_tiles + j) * kHeadDim + threadIdx.x, 4);
     } else {
       load_tile_async<kHeadDim>(v_tile(stage), a.v + static_cast<int64_t>(kv_head) * kHeadDim, kv_stride, j * kBlockKv,
                                 key_end);
     }
+    if (kFull && threadIdx.x < kHeadDim)
+      cp_async_4(vs_tile(stage) + threadIdx.x * 4,
+                 prm.v_scale + (static_cast<int64_t>(kv_head) * kv_tiles + j) * kHeadDim + threadIdx.x, 4);
     if (threadIdx.x < kBlockKv) {
       const int key = j * kBlockKv + static_cast<int>(threadIdx.x);
       const bool valid = key < key_end;
@@ -256,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
       cp_async_wait<0>();
     }
     __syncthreads();
-    if constexpr (kFull) {
+    if (kFull && prm.vt == nullptr) {
       // The previous tile's readers of Vt passed the barrier that ended the last iteration.
       transpose_v_tile<kHeadDim>(smem + 3 * kQkBytes + stage * kVBytes, vt);
       __syncthreads();
@@ -294,7 +255,15 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
 #pragma unroll
     for (int n = 0; n < kKeyTiles; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = static_cast<float>(sacc[n][e]) * (q_scale[e / 2] * sk[n * 8 + 2 * t + (e & 1)]);
+      for (int e = 0; e < 4; ++e) {
+        float acc;
+        if constexpr (kFp8) {
+          acc = sacc[n][e];
+        } else {
+          acc = small_int_to_float(sacc[n][e]);  // |Q K^T| <= 128 * 127^2 < 2^22
+        }
+        s[n][e] = acc * (q_scale[e / 2] * sk[n * 8 + 2 * t + (e & 1)]);
+      }
 
     const int key0 = j * kBlockKv;
     const bool needs_mask = key0 + kBlockKv > kv_len || (a.causal && key0 + kBlockKv - 1 > pos0);
@@ -310,29 +279,20 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
     }
 
     if constexpr (kFull) {
-      full_int8_pv_step<kHeadDim, kFp8>(s, row_max, row_sum, o_acc, scale_log2, smem_addr(vt), v_scales + stage * kHeadDim,
-                                        lane);
+      full_int8_pv_step<kHeadDim, kFp8>(s, row_max, row_sum, o_acc, scale_log2,
+                                        prm.vt != nullptr ? v_tile(stage) : smem_addr(vt), v_scales + stage * kHeadDim, lane);
     } else {
       softmax_pv_step<kHeadDim, true>(s, row_max, row_sum, o_acc, scale_log2, v_tile(stage), lane);
     }
     __syncthreads();
   }
   if (n_tiles == 0) cp_async_wait<0>();
-
+  uint16_t* out_row[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int row = row_lo + 8 * r;
-    if (row < q_rows) {
-      uint16_t* out_row = a.out + (q0 + row) * q_stride + static_cast<int64_t>(head) * kHeadDim;
-#pragma unroll
-      for (int d = 0; d < kDimTiles; ++d)
-        *reinterpret_cast<uint32_t*>(out_row + d * 8 + 2 * t) = pack_bf16x2(o_acc[d][2 * r] * inv, o_acc[d][2 * r + 1] * inv);
-    }
-  }
+  for (int r = 0; r < 2; ++r)
+    out_row[r] = row_lo + 8 * r < q_rows ? a.out + (q0 + row_lo + 8 * r) * q_stride + static_cast<int64_t>(head) * kHeadDim
+                                         : nullptr;
+  store_normalized_rows<kHeadDim>(o_acc, row_sum, out_row, t);
 }
 
 template <int kHeadDim, int kMode> constexpr int smem_bytes() {
@@ -346,7 +306,9 @@ template <int kHeadDim, int kMode>
 Status launch(const Params& p, float scale_log2, cudaStream_t stream) {
   const auto kernel = int8_attention_kernel<kHeadDim, kMode>;
   constexpr int bytes = smem_bytes<kHeadDim, kMode>();
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  int device = 0;
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes, device));
   const dim3 grid(static_cast<unsigned>((p.a.q_len + kBlockQ - 1) / kBlockQ), static_cast<unsigned>(p.a.heads));
   kernel<<<grid, kThreads, bytes, stream>>>(p, scale_log2);
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("int8_attention_kernel");
@@ -383,36 +345,43 @@ Status run(const Params& p, int mode, CudaStream stream) {
   return a.head_dim == 64 ? launch<64, kHalf>(p, scale_log2, s) : launch<128, kHalf>(p, scale_log2, s);
 }
 
+// The V side of the full-INT8 and FP8 kernels.
+Status check_v(const FullInt8AttentionArgs& f) {
+  if ((f.v == nullptr && f.v_t == nullptr) || f.v_scale == nullptr)
+    return invalid_argument("v (or v_t), v_scale: null device pointer");
+  if ((f.v != nullptr && !aligned(f.v, 16)) || (f.v_t != nullptr && !aligned(f.v_t, 16)) || !aligned(f.v_scale, 4))
+    return invalid_argument("v, v_t: must be 16-byte aligned");
+  return {};
+}
+
+// Full-INT8 or FP8: the Hopper kernel where it applies, else mma.sync.
+Status run_8bit_v(const FullInt8AttentionArgs& f, bool fp8, CudaStream stream) {
+  LLMQ_RETURN_IF_ERROR(check_qk(f.qk));
+  if (f.qk.q_len == 0) return {};
+  LLMQ_RETURN_IF_ERROR(check_v(f));
+  cuda::DeviceFacts dev;
+  LLMQ_RETURN_IF_ERROR(cuda::current_device_facts(&dev));
+  if (fp8 && dev.major * 10 + dev.minor < 89)
+    return unsupported("the FP8 attention kernel needs an sm_89+ GPU (E4M3 mma), this one is sm_" +
+                       std::to_string(dev.major) + std::to_string(dev.minor));
+  if (attention::sm90_attention_applies(f, dev)) {
+    const float scale = f.qk.softmax_scale > 0.f ? f.qk.softmax_scale : 1.f / std::sqrt(static_cast<float>(f.qk.head_dim));
+    return attention::sm90_8bit_attention(f, fp8, scale * kLog2e, dev, stream);
+  }
+  return run(Params{f.qk, f.v, f.v_t, f.v_scale}, fp8 ? kFp8Mode : kFullInt8, stream);
+}
+
 }  // namespace
 
 Status cuda_half_int8_attention(const HalfInt8AttentionArgs& a, CudaStream stream) {
   LLMQ_RETURN_IF_ERROR(check_qk(a));
   if (a.q_len == 0) return {};
   if (a.v == nullptr || !aligned(a.v, 16)) return invalid_argument("v: null or not 16-byte aligned");
-  return run(Params{a, nullptr, nullptr}, kHalf, stream);
+  return run(Params{a, nullptr, nullptr, nullptr}, kHalf, stream);
 }
 
-Status cuda_full_int8_attention(const FullInt8AttentionArgs& f, CudaStream stream) {
-  LLMQ_RETURN_IF_ERROR(check_qk(f.qk));
-  if (f.qk.q_len == 0) return {};
-  if (f.v == nullptr || f.v_scale == nullptr) return invalid_argument("v, v_scale: null device pointer");
-  if (!aligned(f.v, 16) || !aligned(f.v_scale, 4)) return invalid_argument("v: must be 16-byte aligned");
-  return run(Params{f.qk, f.v, f.v_scale}, kFullInt8, stream);
-}
+Status cuda_full_int8_attention(const FullInt8AttentionArgs& f, CudaStream stream) { return run_8bit_v(f, false, stream); }
 
-Status cuda_fp8_attention(const FullInt8AttentionArgs& f, CudaStream stream) {
-  LLMQ_RETURN_IF_ERROR(check_qk(f.qk));
-  if (f.qk.q_len == 0) return {};
-  if (f.v == nullptr || f.v_scale == nullptr) return invalid_argument("v, v_scale: null device pointer");
-  if (!aligned(f.v, 16) || !aligned(f.v_scale, 4)) return invalid_argument("v: must be 16-byte aligned");
-  int device = 0, major = 0, minor = 0;
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major * 10 + minor < 89)
-    return unsupported("the FP8 attention kernel needs an sm_89+ GPU (E4M3 mma), this one is sm_" + std::to_string(major) +
-                       std::to_string(minor));
-  return run(Params{f.qk, f.v, f.v_scale}, kFp8Mode, stream);
-}
+Status cuda_fp8_attention(const FullInt8AttentionArgs& f, CudaStream stream) { return run_8bit_v(f, true, stream); }
 
 }  // namespace llmq

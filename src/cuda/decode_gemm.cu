@@ -53,6 +53,7 @@
 #include <utility>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/device_facts.cuh"
 #include "cuda/pdl.cuh"
 #include "llmq/cuda_decode_gemm.hpp"
 #include "llmq/gemm.hpp"
@@ -523,32 +524,7 @@ KernelFn select_kernel(bool int8, bool a_bf16, bool m16, int tiles, bool prefetc
   return prefetch ? kernel_for<false, true>(int8, a_bf16, w16, block, tiles) : kernel_for<false, false>(int8, a_bf16, w16, block, tiles);
 }
 
-struct DeviceFacts {
-  int device = 0;
-  int sms = 0;
-  int major = 0;
-  int minor = 0;
-};
-
-// The current device's facts, queried once per device (every decode call plans, once per token).
-Status query_device(DeviceFacts* f) {
-  static std::mutex mu;
-  static std::map<int, DeviceFacts> cache;
-  int device = 0;
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(device);
-  if (it == cache.end()) {
-    DeviceFacts d;
-    d.device = device;
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device));
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device));
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, device));
-    it = cache.emplace(device, d).first;
-  }
-  *f = it->second;
-  return {};
-}
+using cuda::DeviceFacts;  // queried once per device (every decode call plans, once per token)
 
 // Per (device, kernel): the PTX target the loaded code was built for (90 on H100 / H200: the
 // sm_90a cubin; 80 where the compute_80 PTX fallback is JIT-compiled) and its static shared memory.
@@ -556,7 +532,7 @@ Status query_device(DeviceFacts* f) {
 Status kernel_facts(KernelFn fn, const DeviceFacts& dev, int* ptx_version, int64_t* smem) {
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, std::pair<int, int64_t>> cache;
-  const std::pair<int, const void*> key{dev.device, reinterpret_cast<const void*>(fn)};
+  const std::pair<int, const void*> key{dev.ordinal, reinterpret_cast<const void*>(fn)};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it == cache.end()) {
@@ -573,7 +549,7 @@ Status kernel_facts(KernelFn fn, const DeviceFacts& dev, int* ptx_version, int64
 Status ctas_per_sm(KernelFn fn, const DeviceFacts& dev, int* out) {
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, int> cache;
-  const std::pair<int, const void*> key{dev.device, reinterpret_cast<const void*>(fn)};
+  const std::pair<int, const void*> key{dev.ordinal, reinterpret_cast<const void*>(fn)};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it == cache.end()) {
@@ -602,7 +578,7 @@ Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPl
     return invalid_argument("config.tiles_per_cta: must be 0 (choose), 1, 2 or 4, got " +
                             std::to_string(cfg.tiles_per_cta));
   DeviceFacts dev;
-  LLMQ_RETURN_IF_ERROR(query_device(&dev));
+  LLMQ_RETURN_IF_ERROR(cuda::current_device_facts(&dev));
   const bool int8 = p.w_dtype == DType::kI8;
   const bool a_bf16 = is_w8a16(p);
   const int64_t tiles = ceil_div(p.n, kTileN);

@@ -68,19 +68,6 @@ struct TileScheduler {
   }
 };
 
-template <int kRegisters>
-__device__ __forceinline__ void setmaxnreg_dec() {
-#if LLMQ_INT8_GEMM_SM90A
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
-#endif
-}
-template <int kRegisters>
-__device__ __forceinline__ void setmaxnreg_inc() {
-#if LLMQ_INT8_GEMM_SM90A
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
-#endif
-}
-
 template <int kBlockN, OutputKind kOut>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     int8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a,

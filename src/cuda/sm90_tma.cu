@@ -37,16 +37,24 @@ EncoderLookup lookup_encoder() {
 
 Status encode_int8_tensor_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols,
                               uint32_t box_rows, uint32_t box_cols) {
+  return encode_u8_tensor_map(map, data, rows, cols, cols, box_rows, box_cols, 128);
+}
+
+Status encode_u8_tensor_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols, int64_t row_stride,
+                            uint32_t box_rows, uint32_t box_cols, int swizzle_bytes) {
   static const EncoderLookup encoder = lookup_encoder();  // thread-safe, once per process
   LLMQ_RETURN_IF_ERROR(encoder.status);
+  if (swizzle_bytes != 64 && swizzle_bytes != 128)
+    return invalid_argument("encode_u8_tensor_map: swizzle must be 64 or 128 bytes");
   // Dimension 0 is the contiguous one (columns, i.e. K); strides are given for dimensions >= 1.
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols)};  // bytes per row
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride)};  // bytes per row
   const cuuint32_t box[2] = {box_cols, box_rows};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult res = encoder.fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(data), dims,
                                   strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                  swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS)
     return {StatusCode::kCudaError, "cuTensorMapEncodeTiled failed with CUresult " +

@@ -82,5 +82,9 @@ __device__ __forceinline__ void tma_load_2d(uint32_t smem_dst, const CUtensorMap
 // multiple of 16 and `data` 16-byte aligned (TMA's rules); the caller checks both.
 Status encode_int8_tensor_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols,
                               uint32_t box_rows, uint32_t box_cols);
+// The general form: rows `row_stride` bytes apart (a multiple of 16, >= cols; columns past `cols`
+// read as zeros), box_cols = swizzle_bytes (64 or 128) bytes wide in that swizzle.
+Status encode_u8_tensor_map(CUtensorMap* map, const void* data, int64_t rows, int64_t cols, int64_t row_stride,
+                            uint32_t box_rows, uint32_t box_cols, int swizzle_bytes);
 
 }  // namespace llmq::int8_gemm

@@ -24,13 +24,32 @@ namespace llmq::int8_gemm {
 // one 8-row atom to the next); 49-51: base offset (0: every tile starts 1024-byte aligned);
 // 62-63: swizzle mode (1 = 128B). Stepping K by 32 bytes inside the atom only moves the start
 // address: the hardware applies the XOR swizzle to the final address bits, as TMA did when writing.
-__device__ __forceinline__ uint64_t make_smem_desc_k_sw128(uint32_t smem_addr) {
+// The 64-byte swizzle (rows of 64 bytes, TMA's SWIZZLE_64B) has 512-byte atoms and layout type 2.
+template <int kSwizzleBytes>
+__device__ __forceinline__ uint64_t make_smem_desc_k(uint32_t smem_addr) {
+  static_assert(kSwizzleBytes == 64 || kSwizzleBytes == 128, "64- or 128-byte swizzle");
   uint64_t desc = 0;
   desc |= static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4);
   desc |= static_cast<uint64_t>(1) << 16;
-  desc |= static_cast<uint64_t>(1024 >> 4) << 32;
-  desc |= static_cast<uint64_t>(1) << 62;
+  desc |= static_cast<uint64_t>(8 * kSwizzleBytes >> 4) << 32;
+  desc |= static_cast<uint64_t>(kSwizzleBytes == 128 ? 1 : 2) << 62;
   return desc;
+}
+__device__ __forceinline__ uint64_t make_smem_desc_k_sw128(uint32_t smem_addr) { return make_smem_desc_k<128>(smem_addr); }
+
+// Warp-specialised kernels: the producer warpgroup gives registers back (dec), the consumers take
+// them (inc); every thread of the warpgroup executes it. kRegisters: a multiple of 8 in [24, 256].
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if LLMQ_INT8_GEMM_SM90A
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if LLMQ_INT8_GEMM_SM90A
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
 }
 
 // Orders this warpgroup's earlier register writes before the next wgmma reads its accumulators.
@@ -52,6 +71,11 @@ template <int kCount>
 __device__ __forceinline__ void fence_registers(int32_t (&d)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+template <int kCount>
+__device__ __forceinline__ void fence_registers(float (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // The wrappers below were generated (operand lists of 32 to 128 registers); the PTX is the same

@@ -35,6 +35,7 @@ namespace llmq {
 namespace moe {
 
 using int8_gemm::fence_barrier_init;
+using int8_gemm::fence_registers;
 using int8_gemm::make_smem_desc_k_sw128;
 using int8_gemm::mbarrier_arrive;
 using int8_gemm::mbarrier_arrive_expect_tx;
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_blocks = (p.k + kBlockK - 1) / kBlockK;
 
   if (warpgroup == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    int8_gemm::setmaxnreg_dec<40>();
     if (thread_in_group == 0) {
       int stage = 0;
       uint32_t phase = 0;
@@ -155,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    int8_gemm::setmaxnreg_inc<232>();
     const int consumer = warpgroup - 1;
     const int warp = thread_in_group / 32;
     const int lane = thread_in_group % 32;

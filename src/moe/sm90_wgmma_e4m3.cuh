@@ -11,13 +11,6 @@
 
 namespace llmq::moe {
 
-// Tells the compiler the accumulators may have been written by an async wgmma (see the INT8 one).
-template <int kCount>
-__device__ __forceinline__ void fence_registers(float (&d)[kCount]) {
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 // D[64 x 128] (+)= A[64 x 32] * B[128 x 32]^T in FP32, both E4M3 from shared memory (K-major).
 // `d` holds 64 floats per thread; accumulate == 0 overwrites D. The two trailing immediates are
 // FP8 wgmma's scale-a / scale-b (1: no negation). Operand list generated.

@@ -1,0 +1,309 @@
+// The Hopper 8-bit flash attention (sm_90a): full-INT8 and FP8 at head_dim 128, the same
+// arithmetic as the mma.sync kernel (int8_attention.cu, quantize_p_tile / fold_pv_tile shared),
+// on warpgroup MMA fed by TMA.
+//   CTA: 2 consumer warpgroups of 64 query rows each (128 rows of one head; 232 registers a thread)
+//   and a producer warpgroup (40), of which one warp works.
+//   Producer: per 64-key tile, TMA copies of the INT8/E4M3 K tile [64 keys x 128 B, 128-byte
+//     swizzle] and the V^T tile [128 channels x 64 keys, 64-byte swizzle, already in the kappa key
+//     order of v_t], plus plain loads of the tile's key and V scales, into a 3-stage ring guarded
+//     by full / empty mbarriers.
+//   Consumers: Q's A fragments stay in registers for the whole row block (read once from global);
+//     S = Q K^T is wgmma m64n64k32 with A from registers, B the K tile; quantize_p_tile turns the
+//     scores into P fragments in registers, which are the A operand of P V = wgmma m64n128k32 with
+//     B the V^T tile (u8 x s8 -> INT32 exact, or E4M3 -> FP32 fresh per tile); fold_pv_tile adds
+//     it to O with the tile's V scales.
+// Only code compiled for sm_90a has a body (LLMQ_INT8_GEMM_SM90A); the host launches it only on
+// compute capability 9.0 when that code is present.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+#include "attention/int8_attention_sm90.hpp"
+#include "attention/int8_softmax.cuh"
+#include "attention/sm90_wgmma_rs.cuh"
+#include "cuda/cuda_check.cuh"
+#include "cuda/sm90_tma.cuh"
+#include "cuda/sm90_wgmma_s8.cuh"
+#include "runtime/attention_mma.cuh"
+
+namespace llmq::attention {
+namespace {
+
+using int8_gemm::fence_barrier_init;
+using int8_gemm::make_smem_desc_k_sw128;
+using int8_gemm::mbarrier_arrive;
+using int8_gemm::mbarrier_arrive_expect_tx;
+using int8_gemm::mbarrier_init;
+using int8_gemm::mbarrier_wait;
+using int8_gemm::smem_u32;
+using int8_gemm::tma_load_2d;
+using int8_gemm::wgmma_commit_group;
+using int8_gemm::wgmma_fence;
+using int8_gemm::wgmma_wait_group;
+
+constexpr int kHeadDim = 128;
+constexpr int kBlockN = 64;                        // keys per tile (= the specification's block_kv)
+constexpr int kConsumers = 2;                      // warpgroups of 64 query rows
+constexpr int kBlockM = 64 * kConsumers;           // query rows per CTA
+constexpr int kStages = 3;
+constexpr int kThreads = (kConsumers + 1) * 128;   // + the producer warpgroup (one warp of it works)
+constexpr int kKTileBytes = kBlockN * kHeadDim;    // 64 rows of 128 B
+constexpr int kVTileBytes = kHeadDim * kBlockN;    // 128 rows of 64 B
+
+struct SharedStorage {
+  alignas(1024) unsigned char k[kStages][kKTileBytes];   // 1024-aligned: the 128-byte swizzle's atom
+  alignas(1024) unsigned char vt[kStages][kVTileBytes];  // 512-aligned would do (64-byte swizzle)
+  float k_scale[kStages][kBlockN];
+  float v_scale[kStages][kHeadDim];
+  uint64_t full[kStages], empty[kStages];
+};
+constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + alignment slack
+
+struct Sm90Params {
+  const int8_t* q;
+  const float* q_scale;  // [heads, q_len]
+  const float* k_scale;  // [kv_heads, kv_len]
+  const float* v_scale;  // [kv_heads, kv_tiles, 128]
+  uint16_t* out;
+  int q_len, kv_len, heads, group, kv_tiles;
+  float scale_log2;
+  bool causal;
+};
+
+// Reinterprets a flat wgmma accumulator array as the [n-tile][4] view quantize_p_tile and
+// fold_pv_tile take (same registers, same order).
+template <typename T, int N>
+__device__ __forceinline__ T (&as_tiles(T (&flat)[N]))[N / 4][4] {
+  return *reinterpret_cast<T(*)[N / 4][4]>(&flat);
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_sm90_kernel(const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
+                          const Sm90Params p) {
+#if LLMQ_INT8_GEMM_SM90A
+  extern __shared__ unsigned char smem_raw[];
+  SharedStorage& sh = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late, causal) row blocks first
+  const int head = blockIdx.y, kv_head = head / p.group;
+  const int q0 = m_block * kBlockM;
+  const int q_rows = min(kBlockM, p.q_len - q0);
+  const int pos0 = p.kv_len - p.q_len + q0;  // position of the block's first query
+  const int key_end = p.causal ? min(p.kv_len, pos0 + q_rows) : p.kv_len;
+  const int n_tiles = (key_end + kBlockN - 1) / kBlockN;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(smem_u32(&sh.full[s]), 32);                 // the producer warp's lanes (+ TMA bytes)
+      mbarrier_init(smem_u32(&sh.empty[s]), kConsumers * 4);    // one arrival per consumer warp
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warp >= kConsumers * 4) {
+    // Producer warpgroup: registers back to the consumers; its first warp loads.
+    int8_gemm::setmaxnreg_dec<40>();
+    if (warp != kConsumers * 4) return;
+    // Lanes store the tile's scales, then arrive; lane 0 arrives last with the TMA
+    // byte count and issues the two copies, so the phase completes when scales and tiles are in.
+    const int64_t k_scale_row = static_cast<int64_t>(kv_head) * p.kv_len;
+    for (int it = 0; it < n_tiles; ++it) {
+      const int s = it % kStages;
+      mbarrier_wait(smem_u32(&sh.empty[s]), ((it / kStages) & 1) ^ 1);
+      const int key0 = it * kBlockN;
+      for (int i = lane; i < kBlockN; i += 32)
+        sh.k_scale[s][i] = key0 + i < p.kv_len ? p.k_scale[k_scale_row + key0 + i] : 0.f;
+      const float* vs = p.v_scale + (static_cast<int64_t>(kv_head) * p.kv_tiles + it) * kHeadDim;
+      for (int i = lane; i < kHeadDim; i += 32) sh.v_scale[s][i] = vs[i];
+      __syncwarp();
+      if (lane == 0) {
+        const uint32_t full = smem_u32(&sh.full[s]);
+        mbarrier_arrive_expect_tx(full, kKTileBytes + kVTileBytes);
+        tma_load_2d(smem_u32(sh.k[s]), &tmap_k, full, kv_head * kHeadDim, key0);
+        tma_load_2d(smem_u32(sh.vt[s]), &tmap_v, full, key0, kv_head * kHeadDim);
+      } else {
+        mbarrier_arrive(smem_u32(&sh.full[s]));
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  int8_gemm::setmaxnreg_inc<232>();
+  const int wg = warp / 4;
+  const int g = lane / 4, t = lane % 4;
+  const int row_lo = wg * 64 + (warp % 4) * 16 + g;  // block-local rows row_lo and row_lo + 8
+  uint32_t q_frag[kHeadDim / 32][4];
+  float q_scale[2];
+  int pos_row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_lo + 8 * r;
+    const bool valid = row < q_rows;
+    pos_row[r] = pos0 + row;
+    q_scale[r] = valid ? p.q_scale[static_cast<int64_t>(head) * p.q_len + q0 + row] : 0.f;
+    const int8_t* src = p.q + (static_cast<int64_t>(q0 + row) * p.heads + head) * kHeadDim;
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 32; ++ks) {
+      q_frag[ks][r] = valid ? *reinterpret_cast<const uint32_t*>(src + 32 * ks + 4 * t) : 0u;
+      q_frag[ks][2 + r] = valid ? *reinterpret_cast<const uint32_t*>(src + 32 * ks + 16 + 4 * t) : 0u;
+    }
+  }
+  // The warpgroup's last query position: key tiles past it (causal) are skipped, not computed.
+  const int wg_last_row = min(wg * 64 + 63, q_rows - 1);
+  const int wg_key_end = wg * 64 >= q_rows ? 0 : (p.causal ? min(p.kv_len, pos0 + wg_last_row + 1) : p.kv_len);
+
+  using Acc = std::conditional_t<kFp8, float, int32_t>;
+  float o[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+  // Per tile, in order: S = Q K^T, the softmax, P V, the fold into O. The two consumer warpgroups
+  // interleave, so one's softmax runs beside the other's products. (Prefetching S of the next tile
+  // under this one's softmax needs more than 232 registers a thread and spilled; measured slower.)
+  for (int it = 0; it < n_tiles; ++it) {
+    const int s = it % kStages;
+    const int key0 = it * kBlockN;
+    mbarrier_wait(smem_u32(&sh.full[s]), (it / kStages) & 1);
+    if (key0 < wg_key_end) {  // tiles past the warpgroup's last key (causal) are passed on
+      Acc sacc[kBlockN / 2];
+      const uint64_t desc_k = make_smem_desc_k_sw128(smem_u32(sh.k[s]));
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 32; ++ks) {  // +32 bytes (2 descriptor units) per k step
+        if constexpr (kFp8) {
+          if (ks == 0) wgmma_m64n64k32_e4m3_rs<false>(sacc, q_frag[ks], desc_k);
+          else wgmma_m64n64k32_e4m3_rs<true>(sacc, q_frag[ks], desc_k + 2 * ks);
+        } else {
+          if (ks == 0) wgmma_m64n64k32_s8_rs<false>(sacc, q_frag[ks], desc_k);
+          else wgmma_m64n64k32_s8_rs<true>(sacc, q_frag[ks], desc_k + 2 * ks);
+        }
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
+      int8_gemm::fence_registers(sacc);
+
+      // Scores acc * sq * sk, the mask, P.
+      const float* sk = sh.k_scale[s];
+      float sc[kBlockN / 8][4];
+      const auto& st = as_tiles(sacc);
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) {
+        const float2 k2 = *reinterpret_cast<const float2*>(sk + n * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float acc;
+          if constexpr (kFp8) {
+            acc = st[n][e];
+          } else {
+            acc = small_int_to_float(st[n][e]);  // |Q K^T| <= 128 * 127^2 < 2^22
+          }
+          sc[n][e] = acc * (q_scale[e / 2] * (e & 1 ? k2.y : k2.x));
+        }
+      }
+      if (key0 + kBlockN > p.kv_len || (p.causal && key0 + kBlockN - 1 > pos0 + wg * 64)) {
+#pragma unroll
+        for (int n = 0; n < kBlockN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + n * 8 + 2 * t + (e & 1);
+            const int limit = p.causal ? min(p.kv_len, pos_row[e / 2] + 1) : p.kv_len;
+            if (key >= limit) sc[n][e] = -INFINITY;
+          }
+      }
+      float corr[2], carry[2];
+      uint32_t p_frag[kBlockN / 32][4];
+      quantize_p_tile<kBlockN, kFp8>(sc, row_max, row_sum, p.scale_log2, p_frag, corr, carry);
+
+      // P V, fresh per tile (INT32 exact, or FP32: the two-level accumulation of FP8).
+      Acc pv[kHeadDim / 2];
+      const uint64_t desc_v = int8_gemm::make_smem_desc_k<64>(smem_u32(sh.vt[s]));
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 32; ++kk) {
+        if constexpr (kFp8) {
+          if (kk == 0) wgmma_m64n128k32_e4m3_rs<false>(pv, p_frag[kk], desc_v);
+          else wgmma_m64n128k32_e4m3_rs<true>(pv, p_frag[kk], desc_v + 2 * kk);
+        } else {
+          if (kk == 0) wgmma_m64n128k32_u8s8_rs<false>(pv, p_frag[kk], desc_v);
+          else wgmma_m64n128k32_u8s8_rs<true>(pv, p_frag[kk], desc_v + 2 * kk);
+        }
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
+      int8_gemm::fence_registers(pv);
+      fold_pv_tile<kHeadDim>(as_tiles(o), as_tiles(pv), corr, carry, sh.v_scale[s], t);
+    }
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(smem_u32(&sh.empty[s]));
+  }
+
+  // O / l, BF16, straight from registers.
+  uint16_t* out_row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    out_row[r] = row_lo + 8 * r < q_rows ? p.out + (static_cast<int64_t>(q0 + row_lo + 8 * r) * p.heads + head) * kHeadDim
+                                         : nullptr;
+  store_normalized_rows<kHeadDim>(as_tiles(o), row_sum, out_row, t);
+#endif
+}
+
+// Whether the loaded code of the kernel is the sm_90a build (not the compute_80 PTX fallback,
+// where its body is empty). Asked once per process.
+bool sm90_code_present() {
+  static const bool present = [] {
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, attention_sm90_kernel<false>) == cudaSuccess && attr.binaryVersion == 90;
+  }();
+  return present;
+}
+
+}  // namespace
+
+bool sm90_attention_applies(const FullInt8AttentionArgs& f, const cuda::DeviceFacts& dev) {
+  return f.v_t != nullptr && f.qk.head_dim == kHeadDim && cuda::has_sm90a(dev) && dev.smem_optin >= kSmemBytes &&
+         sm90_code_present();
+}
+
+Status sm90_8bit_attention(const FullInt8AttentionArgs& f, bool fp8, float scale_log2, const cuda::DeviceFacts& dev,
+                           CudaStream stream) {
+  const HalfInt8AttentionArgs& a = f.qk;
+  CUtensorMap tmap_k, tmap_v;
+  // K as an INT8 matrix [kv_len, kv_heads * 128]: a box is one kv head's 64 keys.
+  LLMQ_RETURN_IF_ERROR(int8_gemm::encode_u8_tensor_map(&tmap_k, a.k, a.kv_len, a.kv_heads * kHeadDim,
+                                                       a.kv_heads * kHeadDim, kBlockN, kHeadDim, 128));
+  // V^T as [kv_heads * 128, attention_v_t_stride(kv_len)]: a box is one kv head's 128 channels x 64
+  // key columns. All stride columns, not kv_len: the kappa order moves keys of the last tile past
+  // column kv_len (and v_t holds zeros where no key is).
+  const int64_t vt_stride = attention_v_t_stride(a.kv_len);
+  LLMQ_RETURN_IF_ERROR(int8_gemm::encode_u8_tensor_map(&tmap_v, f.v_t, a.kv_heads * kHeadDim, vt_stride, vt_stride,
+                                                       kHeadDim, kBlockN, 64));
+  Sm90Params p;
+  p.q = a.q;
+  p.q_scale = a.q_scale;
+  p.k_scale = a.k_scale;
+  p.v_scale = f.v_scale;
+  p.out = a.out;
+  p.q_len = static_cast<int>(a.q_len);
+  p.kv_len = static_cast<int>(a.kv_len);
+  p.heads = static_cast<int>(a.heads);
+  p.group = static_cast<int>(a.heads / a.kv_heads);
+  p.kv_tiles = static_cast<int>((a.kv_len + kBlockN - 1) / kBlockN);
+  p.scale_log2 = scale_log2;
+  p.causal = a.causal;
+  const auto kernel = fp8 ? attention_sm90_kernel<true> : attention_sm90_kernel<false>;
+  LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes, dev.ordinal));
+  const dim3 grid(static_cast<unsigned>((a.q_len + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.heads));
+  kernel<<<grid, kThreads, kSmemBytes, static_cast<cudaStream_t>(stream)>>>(tmap_k, tmap_v, p);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("attention_sm90_kernel");
+  return {};
+}
+
+}  // namespace llmq::attention
