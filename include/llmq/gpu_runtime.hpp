@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "llmq/model.hpp"
+#include "llmq/quant_attention.hpp"
 #include "llmq/status.hpp"
 
 namespace llmq {
@@ -90,6 +91,11 @@ struct GpuRuntimeOptions {
   // kv head, 1.0 unless set_kv_scales gives calibrated ones (vLLM's default too: E4M3 keeps 3
   // mantissa bits from 2^-6 to 448, and K/V of the models we know stay inside that).
   DType kv_cache_dtype = DType::kBF16;
+  // Prefill attention: kBf16 (the BF16 flash-attention kernel), or 8-bit (kHalfInt8, kFullInt8,
+  // kFp8: the INT8 / FP8 kernels of cuda_attention_int8.hpp on Q, K and V quantized per step, with
+  // the options kernel_attention_options gives; head_dim 64 or 128, BF16 KV cache). Decode
+  // attention stays BF16.
+  AttentionVariant prefill_attention = AttentionVariant::kBf16;
 };
 
 struct SamplingOptions {

@@ -46,6 +46,12 @@ struct QuantAttentionOptions {
   int64_t block_kv = 64;    // KV tile: the online-softmax step, P's quantization unit and the V block
 };
 
+// The options the GPU kernels implement for each variant (cuda_attention_int8.hpp): half-INT8 as
+// the paper; full-INT8 with V per (64-key block, channel), unsigned P (255 levels) against the
+// tile's row maximum; FP8 with V per block and P against the running maximum. kFloat / kBf16:
+// plain options of that variant.
+QuantAttentionOptions kernel_attention_options(AttentionVariant v);
+
 struct AttentionProblem {
   int64_t q_len = 0;
   int64_t kv_len = 0;

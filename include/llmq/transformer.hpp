@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "llmq/model.hpp"
+#include "llmq/quant_attention.hpp"
 #include "llmq/status.hpp"
 
 namespace llmq {
@@ -63,6 +64,11 @@ class Transformer {
                                                const float* v, int64_t kv_len)>;
   void set_attention_observer(AttentionObserver observer) { attention_observer_ = std::move(observer); }
 
+  // Attention computed by the 8-bit specification (quant_attention.hpp) instead of in float:
+  // what an 8-bit attention kernel costs in accuracy, on the real Q/K/V of every layer. kFloat
+  // (the default) restores run.c's float attention.
+  void set_attention_options(const QuantAttentionOptions& options) { attention_options_ = options; }
+
  private:
   const ModelWeights& weights_;
   FloatLinearBackend float_backend_;
@@ -72,6 +78,7 @@ class Transformer {
   int64_t cached_positions_ = 0;    // positions 0 .. cached_positions_ - 1 have been written
   std::vector<float> kv_k_scales_, kv_v_scales_;  // E4M3 cache scales (empty: float cache)
   AttentionObserver attention_observer_;
+  QuantAttentionOptions attention_options_;  // variant kFloat: float attention
 };
 
 }  // namespace llmq

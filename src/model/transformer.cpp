@@ -358,8 +358,18 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
 
     if (attention_observer_) attention_observer_(l, q.data(), n, key_layer, value_layer, end_pos);
 
+    if (attention_options_.variant != AttentionVariant::kFloat) {
+      AttentionProblem ap;
+      ap.q_len = n;
+      ap.kv_len = end_pos;
+      ap.heads = c.n_heads;
+      ap.kv_heads = c.n_kv_heads;
+      ap.head_dim = hd;
+      ap.causal = true;
+      LLMQ_RETURN_IF_ERROR(quant_attention_reference(ap, attention_options_, q.data(), key_layer, value_layer, att_out.data()));
+    }
     // Causal attention, token by token and head by head, in run.c's order of operations.
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < n && attention_options_.variant == AttentionVariant::kFloat; ++i) {
       const int64_t pos = start_pos + i;
       for (int64_t h = 0; h < c.n_heads; ++h) {
         const float* qh = &q[i * q_dim + h * hd];

@@ -249,6 +249,18 @@ Status parse_attention_variant(const std::string& name, AttentionVariant* out) {
   return invalid_argument("attention variant '" + name + "': float, bf16, half-int8, int8 or fp8");
 }
 
+QuantAttentionOptions kernel_attention_options(AttentionVariant v) {
+  QuantAttentionOptions o;
+  o.variant = v;
+  if (v == AttentionVariant::kFullInt8 || v == AttentionVariant::kFp8) {
+    o.v_scaling = VScaling::kPerBlock;
+    o.p_max = 255;
+    o.p_tile_max = v == AttentionVariant::kFullInt8;
+    o.block_kv = 64;
+  }
+  return o;
+}
+
 Status quant_attention_reference(const AttentionProblem& p, const QuantAttentionOptions& o, const float* q,
                                  const float* k, const float* v, float* out, int threads) {
   LLMQ_RETURN_IF_ERROR(check(p, o));

@@ -26,6 +26,7 @@
 #include "llmq/transformer.hpp"
 #include "runtime/attention.hpp"
 #include "runtime/gpu_model_impl.hpp"
+#include "runtime/quant_prefill_attention.hpp"
 #include "runtime/row_kernels.hpp"
 
 namespace llmq {
@@ -60,6 +61,7 @@ struct StepMeta {
   int64_t max_kv_len = 0;
   int64_t lm_count = 0;
   bool decode = false;  // one token per sequence, in slot order
+  std::vector<runtime::PrefillSequence> seqs;  // prefill: the same sequences, on the host (8-bit attention)
 };
 
 // The activation buffers one linear's input can be produced into.
@@ -124,6 +126,7 @@ struct GpuRuntime::Impl {
   std::unique_ptr<CudaGemmRunner> gemm;
   runtime::LinearContext lin;
   DeviceAllocation gemm_workspace, quant_workspace, attn_workspace, argmax_workspace;
+  runtime::QuantPrefillAttention quant_attention;  // --attention int8 / fp8 / half-int8
 
   DeviceAllocation x;  // f32 [rows, dim]
   ActBuffers in_attn, in_o, in_mlp, in_down, in_lm;
@@ -271,6 +274,11 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(static_cast<int64_t>(qws), "quantize workspace", &quant_workspace));
   const int64_t aws = runtime::decode_attention_workspace_bytes(o.max_batch, c.n_heads, c.head_dim, o.max_context);
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(aws, "attention workspace", &attn_workspace));
+  if (o.prefill_attention != AttentionVariant::kBf16 && kv_fp8)
+    return unsupported("--attention " + std::string(attention_variant_name(o.prefill_attention)) +
+                       " quantizes the BF16 KV cache per step: use --kv-cache bf16");
+  LLMQ_RETURN_IF_ERROR(quant_attention.allocate(o.prefill_attention, c.n_heads, c.n_kv_heads, c.head_dim,
+                                                o.max_step_tokens, o.max_context));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(runtime::argmax_workspace_bytes(o.max_batch), "argmax workspace",
                                                   &argmax_workspace));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_workspace.get(), 0, static_cast<size_t>(argmax_workspace.bytes())));
@@ -427,7 +435,13 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       a.capacity = options.max_context;
       a.softmax_scale = softmax_scale;
       a.causal = true;
-      LLMQ_RETURN_IF_ERROR(runtime::prefill_attention(a, stream));
+      if (quant_attention.active()) {
+        if (run(kStageAttention))
+          LLMQ_RETURN_IF_ERROR(quant_attention.run(a.q, k_cache(l), v_cache(l), options.max_context, m.seqs, a.out,
+                                                   softmax_scale, stream));
+      } else {
+        LLMQ_RETURN_IF_ERROR(runtime::prefill_attention(a, stream));
+      }
     }
 
     RowOpArgs copy;
@@ -510,6 +524,7 @@ Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int6
                                       const std::vector<std::vector<int32_t>>& tokens, bool all_positions,
                                       std::vector<std::pair<int64_t, std::vector<float>>>* out) {
   std::vector<int32_t> tok, pos, tslot, qstart{0}, kvlen, sslot, lmrows, lmseq;
+  std::vector<runtime::PrefillSequence> seqs;
   int64_t max_q = 0;
   for (const auto& [b, begin, end] : segs) {
     const int64_t start = lengths[static_cast<size_t>(b)];
@@ -522,6 +537,7 @@ Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int6
       pos.push_back(static_cast<int32_t>(start + i - begin));
       tslot.push_back(static_cast<int32_t>(b));
     }
+    seqs.push_back({qstart.back(), end - begin, start + end - begin, b});
     qstart.push_back(static_cast<int32_t>(tok.size()));
     kvlen.push_back(static_cast<int32_t>(start + end - begin));
     sslot.push_back(static_cast<int32_t>(b));
@@ -544,6 +560,7 @@ Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int6
   m.tokens_count = T;
   m.batch = B;
   m.max_q_len = max_q;
+  m.seqs = std::move(seqs);
   m.lm_count = static_cast<int64_t>(lmrows.size());
   LLMQ_RETURN_IF_ERROR(forward(m));
   for (int64_t first = 0; first < m.lm_count; first += lm_rows) {

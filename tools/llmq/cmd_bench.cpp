@@ -33,6 +33,7 @@ struct BenchArgs {
   std::vector<int64_t> batches = {1, 8, 64};
   std::vector<int64_t> contexts = {512, 8192};
   std::vector<int64_t> prefills = {512, 2048, 8192};
+  std::vector<std::string> attentions = {"bf16"};  // prefill attention variants
   int64_t steps = 64;
   int64_t warmup = 8;
   int prefill_runs = 3;
@@ -242,14 +243,19 @@ int run_e2e(const BenchArgs& a) {
       if (a.fit)
         for (int64_t batch : a.batches) fit_row(a, *model, precision, kv_cache, batch, emit, &table);
     }  // kv_cache
-    for (int64_t n : a.prefills) {
+    for (int64_t n : a.prefills)
+      for (const std::string& attention_name : a.attentions) {
       if (n <= 0) continue;  // --prefill 0: none
       GpuRuntimeOptions o;
       o.max_batch = 1;
       o.max_context = n;
       o.max_step_tokens = n;
+      AttentionVariant attention = AttentionVariant::kBf16;
+      Status parsed = parse_attention_variant(attention_name, &attention);
+      o.prefill_attention = attention;
+      const std::string label = attention == AttentionVariant::kBf16 ? precision : precision + " attn " + attention_name;
       std::unique_ptr<GpuRuntime> rt;
-      Status st = GpuRuntime::create(*model, o, &rt);
+      Status st = parsed.ok() ? GpuRuntime::create(*model, o, &rt) : parsed;
       std::vector<double> ms;
       for (int r = 0; r <= a.prefill_runs && st.ok(); ++r) {  // run 0 warms up
         double t = 0.0;
@@ -259,8 +265,8 @@ int run_e2e(const BenchArgs& a) {
       int64_t used = 0, total = 0;
       if (st.ok()) st = gpu_memory_in_use(a.device, &used, &total);
       if (!st.ok()) {
-        emit({{"kind", "prefill"}, {"precision", precision}, {"tokens", n}, {"skipped", st.to_string()}});
-        table.push_back(fmt::format("{:<20} | prefill {:<5} | skipped: {}", precision, n, st.message()));
+        emit({{"kind", "prefill"}, {"precision", precision}, {"attention", attention_name}, {"tokens", n}, {"skipped", st.to_string()}});
+        table.push_back(fmt::format("{:<20} | prefill {:<5} | skipped: {}", label, n, st.message()));
         continue;
       }
       const double med = percentile(ms, 0.5);
@@ -269,16 +275,16 @@ int run_e2e(const BenchArgs& a) {
       const double attn = 2.0 * 2.0 * static_cast<double>(c.n_layers * c.n_heads * c.head_dim) * static_cast<double>(n) *
                           static_cast<double>(n) / 2.0;  // QK^T and PV, causal half
       const double peak = peak_flops(info.name, eight_bit);
-      emit({{"kind", "prefill"}, {"precision", precision}, {"tokens", n}, {"ttft_ms_median", med}, {"ttft_ms", ms},
+      emit({{"kind", "prefill"}, {"precision", precision}, {"attention", attention_name}, {"tokens", n}, {"ttft_ms_median", med}, {"ttft_ms", ms},
             {"tokens_per_s", static_cast<double>(n) / med * 1e3}, {"matmul_flops", flops}, {"attention_flops", attn},
             {"peak_flops", peak}, {"mfu", peak > 0 ? flops / (med * 1e-3) / peak : 0.0},
             {"mfu_with_attention", peak > 0 ? (flops + attn) / (med * 1e-3) / peak : 0.0}, {"gpu_memory_used", used}});
       table.push_back(fmt::format("{:<20} | prefill {:<5} | TTFT {:8.2f} ms | {:8.0f} tok/s | MFU {:4.1f}% (+attn {:4.1f}%) | {:5.1f} GB",
-                                  precision, n, med, static_cast<double>(n) / med * 1e3,
+                                  label, n, med, static_cast<double>(n) / med * 1e3,
                                   peak > 0 ? 100 * flops / (med * 1e-3) / peak : 0.0,
                                   peak > 0 ? 100 * (flops + attn) / (med * 1e-3) / peak : 0.0, static_cast<double>(used) / 1e9));
       fmt::print(stderr, "{}\n", table.back());
-    }
+      }
   }
   fmt::print("\n");
   for (const std::string& line : table) fmt::print("{}\n", line);
@@ -304,6 +310,9 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
   e2e->add_option("--gpu", args->device, "CUDA device ordinal");
   e2e->add_option("--json", args->json_path, "append JSON lines here");
   e2e->add_flag("--no-graphs", args->no_graphs, "decode without CUDA graphs (one launch per kernel)");
+  e2e->add_option("--attention", args->attentions, "prefill attention: bf16, half-int8, int8, fp8 (comma separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bf16", "half-int8", "int8", "fp8"}));
   e2e->add_option("--kv-cache", args->kv_caches, "KV cache elements: bf16 and/or e4m3 (comma separated)")
       ->delimiter(',')
       ->check(CLI::IsMember({"bf16", "e4m3"}));

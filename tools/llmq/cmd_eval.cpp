@@ -32,6 +32,7 @@ struct EvalArgs {
   bool json = false;
   std::string device = "cpu";
   int gpu = 0;
+  std::string attention;  // comma-separated attention variants; each candidate runs once per variant
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -100,6 +101,19 @@ int run(const EvalArgs& a) {
     have_stats = true;
   }
 
+  // --attention: every candidate once per attention variant (empty: the default attention only).
+  std::vector<AttentionVariant> attentions;
+  for (const std::string& name : split(a.attention)) {
+    AttentionVariant v;
+    if (Status st = parse_attention_variant(name, &v); !st.ok())
+      return fail(invalid_argument("--attention: " + st.message()));
+    if (v == AttentionVariant::kFloat && a.device == "cuda")
+      return fail(invalid_argument("--attention float: CPU only (--device cpu); the GPU runtime's are bf16, half-int8, int8, fp8"));
+    attentions.push_back(v);
+  }
+  const bool per_attention = !attentions.empty();
+  if (!per_attention) attentions.push_back(a.device == "cuda" ? AttentionVariant::kBf16 : AttentionVariant::kFloat);
+
   std::vector<std::string> labels;
   std::vector<std::unique_ptr<QuantizedModel>> qmodels;
   for (const Scheme& s : schemes) {
@@ -121,8 +135,11 @@ int run(const EvalArgs& a) {
   std::vector<std::shared_ptr<GpuRuntime>> runtimes;
   EvalOptions options;
   options.context = std::min(a.context, model.config.max_seq_len);
-  for (size_t i = 0; i < qmodels.size(); ++i) {
+  std::vector<std::string> candidate_labels;
+  for (size_t i = 0; i < qmodels.size(); ++i)
+    for (AttentionVariant attention : attentions) {
     const auto& qm = qmodels[i];
+    candidate_labels.push_back(per_attention ? labels[i] + " + " + attention_variant_name(attention) + " attention" : labels[i]);
     if (a.device == "cuda") {
       // The candidate runs on the GPU runtime; the base stays the CPU float reference. A
       // --quantized directory streams to the device as `llmq run/bench` load it.
@@ -133,6 +150,7 @@ int run(const EvalArgs& a) {
       GpuRuntimeOptions o;
       o.max_context = options.context;
       o.max_step_tokens = options.context;
+      o.prefill_attention = attention;
       std::unique_ptr<GpuRuntime> rt;
       if (Status st = GpuRuntime::create(*gm, o, &rt); !st.ok()) return fail(st);
       std::shared_ptr<GpuRuntime> shared = std::move(rt);
@@ -147,13 +165,14 @@ int run(const EvalArgs& a) {
     backends.push_back(std::make_unique<QuantizedLinearBackend>(*qm));
     transformers.push_back(std::make_unique<Transformer>(qm->weights, backends.back().get()));
     Transformer* t = transformers.back().get();
+    t->set_attention_options(kernel_attention_options(attention));
     candidates.push_back([t, vocab = model.config.vocab_size](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
       const int64_t n = static_cast<int64_t>(tokens.size());
       logits->resize(static_cast<size_t>(n * vocab));
       t->reset();
       return t->forward(tokens.data(), n, 0, logits->data());
     });
-  }
+    }
   Transformer base(model);
   options.max_tokens = a.max_tokens;
   Progress progress("eval");
@@ -173,7 +192,7 @@ int run(const EvalArgs& a) {
     j["results"] = nlohmann::ordered_json::array();
     for (size_t i = 0; i < sums.size(); ++i) {
       const auto& s = sums[i];
-      j["results"].push_back({{"scheme", labels[i]},
+      j["results"].push_back({{"scheme", candidate_labels[i]},
                               {"ppl", s.ppl_quant},
                               {"ppl_err", s.ppl_quant_err},
                               {"ppl_ratio", s.ppl_ratio},
@@ -197,7 +216,7 @@ int run(const EvalArgs& a) {
   if (!sums.empty())
     std::printf("unquantized perplexity: %.4f +- %.4f\n\n", sums[0].ppl_base, sums[0].ppl_base_err);
   size_t w = 6;
-  for (const auto& l : labels) w = std::max(w, l.size());
+  for (const auto& l : candidate_labels) w = std::max(w, l.size());
   std::printf("%s\n", fmt::format("{:<{}} | {:>9} | {:>16} | {:>19} | {:>9} | {:>9} | {:>14} | {:>17}", "scheme", w,
                                   "PPL", "PPL ratio", "mean KL", "KL p99", "KL max", "top-1 agree %", "mean dp %")
                           .c_str());
@@ -206,7 +225,7 @@ int run(const EvalArgs& a) {
     const auto& s = sums[i];
     std::printf("%s\n", fmt::format("{:<{}} | {:>9.4f} | {:>7.5f} +- {:.5f} | {:>8.6f} +- {:.6f} | {:>9.6f} | {:>9.6f} | "
                                     "{:>6.2f} +- {:.2f} | {:>7.4f} +- {:.4f}",
-                                    labels[i], w, s.ppl_quant, s.ppl_ratio, s.ppl_ratio_err, s.kl.mean, s.kl.stderr_,
+                                    candidate_labels[i], w, s.ppl_quant, s.ppl_ratio, s.ppl_ratio_err, s.kl.mean, s.kl.stderr_,
                                     s.kl_p99, s.kl_max, 100 * s.top1_agreement.mean, 100 * s.top1_agreement.stderr_,
                                     100 * s.delta_p.mean, 100 * s.delta_p.stderr_)
                             .c_str());
@@ -233,6 +252,9 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--device", args->device, "where the quantized candidates run: cpu (reference) or cuda (GPU runtime)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
+  cmd->add_option("--attention", args->attention,
+                  "comma-separated attention variants, each candidate run once per variant: float (CPU), bf16, "
+                  "half-int8, int8, fp8 (the 8-bit kernels' arithmetic; on cuda the kernels themselves)");
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 

@@ -29,6 +29,7 @@ struct RunArgs {
   std::string precision = "bf16";
   int gpu = 0;
   std::string kv_cache = "bf16";
+  std::string attention = "bf16";
 };
 
 // A Hugging Face directory streams straight from its memory map to the device (never the whole
@@ -69,6 +70,7 @@ Status run_on_gpu(const RunArgs& a, const GpuModel& gm, const std::vector<int32_
   o.max_context = a.steps;
   o.max_step_tokens = std::max<int64_t>(1, static_cast<int64_t>(prompt.size()));
   o.kv_cache_dtype = a.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
+  LLMQ_RETURN_IF_ERROR(parse_attention_variant(a.attention, &o.prefill_attention));
   std::unique_ptr<GpuRuntime> rt;
   LLMQ_RETURN_IF_ERROR(GpuRuntime::create(gm, o, &rt));
   if (prompt.size() > 1) {
@@ -170,6 +172,8 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--precision", args->precision, "--device cuda without --scheme: bf16 or f32 linears (a quantized checkpoint runs as stored)");
   cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
+  cmd->add_option("--attention", args->attention, "--device cuda: prefill attention, bf16, half-int8, int8 or fp8")
+      ->check(CLI::IsMember({"bf16", "half-int8", "int8", "fp8"}));
   cmd->add_option("--kv-cache", args->kv_cache, "--device cuda: KV cache elements, bf16 or e4m3")
       ->check(CLI::IsMember({"bf16", "e4m3"}));
   commands->push_back({cmd, [args] { return run(*args); }});
