@@ -78,7 +78,7 @@ class Transformer {
   int64_t cached_positions_ = 0;    // positions 0 .. cached_positions_ - 1 have been written
   std::vector<float> kv_k_scales_, kv_v_scales_;  // E4M3 cache scales (empty: float cache)
   AttentionObserver attention_observer_;
-  QuantAttentionOptions attention_options_;  // variant kFloat: float attention
+  QuantAttentionOptions attention_options_{AttentionVariant::kFloat};  // kFloat: run.c's float attention
 };
 
 }  // namespace llmq
