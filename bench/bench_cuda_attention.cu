@@ -233,7 +233,8 @@ void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
 struct QuantizedInputs {
   static constexpr int64_t kWidth = (kHeads + 2 * kKvHeads) * kHeadDim;
   int64_t n;
-  DeviceMem qkv, q8, k8, v_t, v_dummy, qs, ks, vs, k_mean, out;
+  int64_t v_block = 64;
+  DeviceMem qkv, q8, k8, v_t, v_dummy, qs, ks, vs, k_mean, out;  // vs: room for 64-key blocks
   llmq::AttentionQuantizeArgs qa;
   llmq::FullInt8AttentionArgs f;
   QuantizedInputs(int64_t n_, bool fp8, bool causal)
@@ -260,6 +261,8 @@ struct QuantizedInputs {
     qa.v_t = v_t.as<int8_t>();
     qa.v_scale = vs.as<float>();
     qa.k_mean = k_mean.as<float>();
+    check(llmq::cuda_attention_v_block(kHeadDim, &v_block));  // 128 where the Hopper kernel runs
+    qa.v_block = f.v_block = v_block;
     f.qk.q_len = f.qk.kv_len = n;
     f.qk.heads = kHeads;
     f.qk.kv_heads = kKvHeads;
@@ -278,7 +281,7 @@ struct QuantizedInputs {
   // Bytes the quantize reads and writes: BF16 Q, K, V in; codes, v_t's padding and scales out.
   int64_t input_bytes() const { return n * kWidth * 2; }
   int64_t bytes_moved() const {
-    const int64_t tiles = (n + 63) / 64;
+    const int64_t tiles = (n + v_block - 1) / v_block;
     return input_bytes() + n * (kHeads + kKvHeads) * kHeadDim + kKvHeads * kHeadDim * llmq::attention_v_t_stride(n) +
            n * (kHeads + kKvHeads) * 4 + kKvHeads * tiles * kHeadDim * 4;
   }

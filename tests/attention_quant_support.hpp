@@ -35,16 +35,16 @@ inline void quantize_rows(const std::vector<float>& x, int64_t tokens, int64_t h
   }
 }
 
-// V codes with one scale per (64-key tile, kv head, channel), scales [kv_heads, tiles, d].
+// V codes with one scale per (block-key tile, kv head, channel), scales [kv_heads, tiles, d].
 inline void quantize_v_blocks(const std::vector<float>& v, int64_t kv_len, int64_t kv_heads, int64_t d, bool fp8, std::vector<int8_t>* codes,
-                       std::vector<float>* scales) {
-  const int64_t tiles = (kv_len + 63) / 64;
+                       std::vector<float>* scales, int64_t block = 64) {
+  const int64_t tiles = (kv_len + block - 1) / block;
   codes->resize(v.size());
   scales->resize(static_cast<size_t>(kv_heads * tiles * d));
   for (int64_t h = 0; h < kv_heads; ++h)
     for (int64_t j = 0; j < tiles; ++j)
       for (int64_t ch = 0; ch < d; ++ch) {
-        const int64_t t0 = j * 64, t1 = std::min(kv_len, j * 64 + 64);
+        const int64_t t0 = j * block, t1 = std::min(kv_len, j * block + block);
         float m = 0.f;
         for (int64_t t = t0; t < t1; ++t) m = std::max(m, std::fabs(v[(t * kv_heads + h) * d + ch]));
         const float sc = m > 0.f ? m / max_code(fp8) : 1.f, inv = 1.f / sc;

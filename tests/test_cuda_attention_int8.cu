@@ -36,7 +36,7 @@ const Case kCases[] = {{200, 200, 4, 2, 128, true}, {333, 333, 4, 4, 64, false},
                        {1, 129, 2, 1, 64, true},   {513, 513, 2, 2, 128, false}};
 
 // The specification's options for each kernel.
-QuantAttentionOptions spec_of(Kernel k) {
+QuantAttentionOptions spec_of(Kernel k, int64_t v_block = 64) {
   QuantAttentionOptions o;
   if (k == Kernel::kHalfInt8) {
     o.variant = AttentionVariant::kHalfInt8;
@@ -46,7 +46,7 @@ QuantAttentionOptions spec_of(Kernel k) {
   o.v_scaling = VScaling::kPerBlock;
   o.p_max = 255;
   o.p_tile_max = k == Kernel::kFullInt8;
-  o.block_kv = 64;
+  o.block_kv = v_block;
   return o;
 }
 
@@ -72,7 +72,10 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed
   p.head_dim = c.d;
   p.causal = c.causal;
   std::vector<float> want_spec(q.size()), want_float(q.size());
-  ASSERT_TRUE(quant_attention_reference(p, spec_of(kernel), q.data(), k.data(), v.data(), want_spec.data()).ok());
+  // With v_t, the block the device's fastest kernel takes (128 for the Hopper kernel at d = 128).
+  int64_t v_block = 64;
+  if (v_transposed) ASSERT_TRUE(cuda_attention_v_block(c.d, &v_block).ok());
+  ASSERT_TRUE(quant_attention_reference(p, spec_of(kernel, v_block), q.data(), k.data(), v.data(), want_spec.data()).ok());
   QuantAttentionOptions fo;
   fo.variant = AttentionVariant::kFloat;
   ASSERT_TRUE(quant_attention_reference(p, fo, q.data(), k.data(), v.data(), want_float.data()).ok());
@@ -85,7 +88,7 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed
   if (kernel == Kernel::kHalfInt8) {
     for (size_t i = 0; i < v.size(); ++i) v16[i] = float_to_bf16_bits(v[i]);
   } else {
-    quantize_v_blocks(v, c.kv_len, c.kv_heads, c.d, fp8, &v8, &vs);
+    quantize_v_blocks(v, c.kv_len, c.kv_heads, c.d, fp8, &v8, &vs, v_block);
   }
   DeviceBuffer<int8_t> dq(q8.size()), dk(k8.size()), dv8(v8.size());
   DeviceBuffer<float> dqs(qs.size()), dks(ks.size()), dvs(vs.size());
@@ -123,6 +126,7 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed
   a.v = v_transposed ? nullptr : dv8.get();  // with v_t only: the Hopper kernel at d = 128 on sm_90
   a.v_t = v_transposed ? dvt.get() : nullptr;
   a.v_scale = dvs.get();
+  a.v_block = v_block;
   const Status st = kernel == Kernel::kHalfInt8   ? cuda_half_int8_attention(a.qk, nullptr)
                     : kernel == Kernel::kFullInt8 ? cuda_full_int8_attention(a, nullptr)
                                                   : cuda_fp8_attention(a, nullptr);
@@ -161,8 +165,8 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed
   const AttentionError vs_spec = attention_error(got.data(), want_spec.data(), n);
   const AttentionError gpu_cost = attention_error(got.data(), want_float.data(), n);
   const AttentionError spec_cost = attention_error(want_spec.data(), want_float.data(), n);
-  std::printf("  %s%s q %lld kv %lld heads %lld/%lld d %lld%s: vs spec rel L1 %.2e | vs float MRE: GPU %.3f%%, spec %.3f%%\n",
-              kernel_name(kernel), v_transposed ? " (v_t)" : "", static_cast<long long>(c.q_len), static_cast<long long>(c.kv_len),
+  std::printf("  %s%s v_block %lld q %lld kv %lld heads %lld/%lld d %lld%s: vs spec rel L1 %.2e | vs float MRE: GPU %.3f%%, spec %.3f%%\n",
+              kernel_name(kernel), v_transposed ? " (v_t)" : "", static_cast<long long>(v_block), static_cast<long long>(c.q_len), static_cast<long long>(c.kv_len),
               static_cast<long long>(c.heads), static_cast<long long>(c.kv_heads), static_cast<long long>(c.d),
               c.causal ? " causal" : "", vs_spec.rel_l1, 100 * gpu_cost.mre, 100 * spec_cost.mre);
   // Half-INT8: BF16 output rounding (2^-9) plus operation order, far below its ~1% own error.
@@ -221,6 +225,31 @@ TEST(CudaHalfInt8Attention, RefusesBadArguments) {
   EXPECT_EQ(cuda_half_int8_attention(a, nullptr).code(), StatusCode::kUnsupported);
   a.head_dim = 64;
   EXPECT_NE(cuda_half_int8_attention(a, nullptr).message().find("null"), std::string::npos);
+}
+
+// v_block: 64, or 128 only where the Hopper kernel runs (v_t, d = 128, sm_90a).
+TEST(CudaFullInt8Attention, RefusesAVBlockNoKernelTakes) {
+  LLMQ_REQUIRE_GPU();
+  DeviceBuffer<int8_t> codes(4096);
+  DeviceBuffer<float> scales(256);
+  DeviceBuffer<uint16_t> out(4096);
+  FullInt8AttentionArgs a;
+  a.qk.q_len = a.qk.kv_len = 4;
+  a.qk.heads = a.qk.kv_heads = 2;
+  a.qk.head_dim = 64;
+  a.qk.q = a.qk.k = codes.get();
+  a.qk.q_scale = a.qk.k_scale = scales.get();
+  a.qk.out = out.get();
+  a.v = codes.get();
+  a.v_scale = scales.get();
+  a.v_block = 96;
+  const Status odd = cuda_full_int8_attention(a, nullptr);
+  EXPECT_EQ(odd.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(odd.message().find("v_block"), std::string::npos) << odd.message();
+  a.v_block = 128;  // d = 64 and V token-major: no kernel takes it
+  const Status wide = cuda_full_int8_attention(a, nullptr);
+  EXPECT_NE(wide.code(), StatusCode::kOk);
+  EXPECT_NE(wide.message().find("v_block 128"), std::string::npos) << wide.message();
 }
 
 }  // namespace

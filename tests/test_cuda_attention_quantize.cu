@@ -36,12 +36,14 @@ const Case kCases[] = {{300, 333, 8, 2, 128}, {333, 333, 8, 2, 64}, {70, 600, 4,
 
 struct Variant {
   bool fp8, smooth_k, quantize_v;
+  int64_t v_block = 64;
 };
 
 std::string describe(const Case& c, const Variant& v, uint64_t seed) {
   return std::string(v.fp8 ? "e4m3" : "int8") + " q_len=" + std::to_string(c.q_len) + " kv_len=" +
          std::to_string(c.kv_len) + " heads=" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) +
          " d=" + std::to_string(c.d) + (v.smooth_k ? " smooth_k" : "") + (v.quantize_v ? "" : " no-v") +
+         " v_block=" + std::to_string(v.v_block) +
          " seed=" + std::to_string(seed);
 }
 
@@ -80,8 +82,8 @@ std::vector<uint16_t> make_qkv(const Case& c, uint64_t seed) {
   zero(q_first, (c.heads - 1) * c.d, c.d);                  // Q: last token-0 row of the last head
   zero(c.kv_len / 2, c.heads * c.d, c.d);                   // K: the middle token, kv head 0
   const int64_t v_col = (c.heads + c.kv_heads) * c.d + (c.kv_heads - 1) * c.d + c.d / 2;  // V: last kv head, one channel
-  const int64_t last_block = (c.kv_len - 1) / 64 * 64;
-  for (int64_t t = last_block; t < c.kv_len; ++t) zero(t, v_col, 1);  // of the last (partial) block
+  const int64_t last_block = (c.kv_len - 1) / 128 * 128;  // the last (partial) block of 128 keys, or two of 64
+  for (int64_t t = last_block; t < c.kv_len; ++t) zero(t, v_col, 1);
   return qkv;
 }
 
@@ -124,7 +126,7 @@ struct Outputs {
 
 void check_case(const Case& c, const Variant& var, uint64_t seed, bool check_determinism = false) {
   SCOPED_TRACE(describe(c, var, seed));
-  const int64_t width = (c.heads + 2 * c.kv_heads) * c.d, tiles = (c.kv_len + 63) / 64;
+  const int64_t width = (c.heads + 2 * c.kv_heads) * c.d, tiles = (c.kv_len + var.v_block - 1) / var.v_block;
   const int64_t vt_size = c.kv_heads * c.d * attention_v_t_stride(c.kv_len);
   const std::vector<uint16_t> qkv = make_qkv(c, seed);
 
@@ -153,6 +155,7 @@ void check_case(const Case& c, const Variant& var, uint64_t seed, bool check_det
   a.fp8 = var.fp8;
   a.smooth_k = var.smooth_k;
   a.quantize_v = var.quantize_v;
+  a.v_block = var.v_block;
   a.q = dqkv.get() + (c.kv_len - c.q_len) * width;  // Q: the last q_len tokens
   a.k = dqkv.get() + c.heads * c.d;
   a.v = dqkv.get() + (c.heads + c.kv_heads) * c.d;
@@ -205,7 +208,7 @@ void check_case(const Case& c, const Variant& var, uint64_t seed, bool check_det
   }
   quantize_rows(k, c.kv_len, c.kv_heads, c.d, var.fp8, &want.k8, &want.ks);
   std::vector<int8_t> v_codes;
-  quantize_v_blocks(v, c.kv_len, c.kv_heads, c.d, var.fp8, &v_codes, &want.vs);
+  quantize_v_blocks(v, c.kv_len, c.kv_heads, c.d, var.fp8, &v_codes, &want.vs, var.v_block);
   want.v_t = transpose_v_codes(v_codes, c.kv_len, c.kv_heads, c.d);  // zeros past kv_len
 
   expect_bit_equal(got.q8, want.q8, "q8");
@@ -265,6 +268,15 @@ TEST(CudaAttentionQuantize, E4m3MatchesTheHostQuantizers) {
   uint64_t seed = 200;
   for (const Case& c : kCases)
     for (bool smooth_k : {false, true}) check_case(c, {true, smooth_k, true}, ++seed);
+}
+
+// V blocks of 128 keys (the Hopper kernel's tile; head_dim <= 128).
+TEST(CudaAttentionQuantize, VBlocksOf128MatchTheHostQuantizers) {
+  LLMQ_REQUIRE_GPU();
+  uint64_t seed = 400;
+  for (const Case& c : kCases)
+    if (c.d <= 128)
+      for (bool fp8 : {false, true}) check_case(c, {fp8, false, true, 128}, ++seed, !fp8 && c.kv_len == 600);
 }
 
 TEST(CudaAttentionQuantize, HalfInt8LeavesVAlone) {
@@ -355,6 +367,7 @@ TEST(CudaAttentionQuantize, RefusesBadArguments) {
       {"v_row_stride", kInvalid, [](AttentionQuantizeArgs* a) { a->v_row_stride = 64; }},
       {"v_t", kInvalid, [](AttentionQuantizeArgs* a) { a->v_t = codes + 8; }},
       {"v_scale", kInvalid, [](AttentionQuantizeArgs* a) { a->v_scale = nullptr; }},
+      {"v_block", kInvalid, [](AttentionQuantizeArgs* a) { a->v_block = 96; }},
   };
   for (const Bad& b : bad) {
     AttentionQuantizeArgs a = good;

@@ -32,29 +32,38 @@ struct HalfInt8AttentionArgs {
 Status cuda_half_int8_attention(const HalfInt8AttentionArgs& a, CudaStream stream);
 
 // Full-INT8 (llmq's variant of the specification: QuantAttentionOptions{kFullInt8, V kPerBlock,
-// p_max 255, p_tile_max, block_kv 64}): INT8 V with one scale per (64-key tile, channel), P in
+// p_max 255, p_tile_max, block_kv = v_block}): INT8 V with one scale per (v_block-key tile, channel), P in
 // [0, 255] against the tile's row maximum, P V as u8 x s8 products summed exactly in INT32.
 // V is given token-major (v) or already transposed into the kernels' layout (v_t, which
 // cuda_quantize_attention_inputs writes); with v_t, d = 128 and an sm_90a device, the Hopper
 // kernel (wgmma, TMA) runs, else the mma.sync kernel (which needs v).
+// v_block: keys per V scale block, which is also the kernel's key tile (the specification's
+// block_kv): 64, or 128 for the Hopper kernel (which runs only with 128: its tile; wgmma at N = 64
+// and a fold of P V into O every 64 keys cost it a third of its speed).
+// cuda_attention_v_block says which one the current device runs fastest.
 struct FullInt8AttentionArgs {
   HalfInt8AttentionArgs qk;        // q_len .. q_scale, k, k_scale, out as above; qk.v unused
   const int8_t* v = nullptr;       // [kv_len, kv_heads, head_dim], or null when v_t is given
   const int8_t* v_t = nullptr;     // [kv_heads, head_dim, attention_v_t_stride(kv_len)], see below
-  const float* v_scale = nullptr;  // [kv_heads, ceil(kv_len / 64), head_dim]
+  const float* v_scale = nullptr;  // [kv_heads, ceil(kv_len / v_block), head_dim]
+  int64_t v_block = 64;
 };
 
 // The transposed V layout (v_t): row (kv head g, channel c) holds that channel's codes of every key,
-// key j in column attention_v_t_column(j); columns that hold no key (in the last 64-key tile) hold
+// key j in column attention_v_t_column(j); columns that hold no key (in the last 128 columns) hold
 // zeros. Within each group
 // of 32 keys the order is the one in which the P fragments of the score accumulators reach the P V
 // product (see int8_attention.cu), so the kernels read V^T tiles without permuting them.
-constexpr int64_t attention_v_t_stride(int64_t kv_len) { return (kv_len + 63) / 64 * 64; }
+constexpr int64_t attention_v_t_stride(int64_t kv_len) { return (kv_len + 127) / 128 * 128; }
 constexpr int64_t attention_v_t_column(int64_t key) {
   const int64_t p = key % 32;
   return key - p + 16 * (p / 16) + 4 * ((p % 8) / 2) + 2 * ((p % 16) / 8) + p % 2;
 }
 Status cuda_full_int8_attention(const FullInt8AttentionArgs& a, CudaStream stream);
+
+// The v_block the current device's fastest 8-bit attention kernel takes at this head_dim (given
+// v_t): 128 where the Hopper kernel runs, else 64. Quantize V with it (AttentionQuantizeArgs).
+Status cuda_attention_v_block(int64_t head_dim, int64_t* v_block);
 
 // FP8 (the specification's kFp8 with block-scaled V): the same arguments, every 8-bit operand an
 // E4M3 code (the int8_t pointers carry the bytes); scales per token for Q/K (a per-tensor scale is
@@ -64,7 +73,7 @@ Status cuda_fp8_attention(const FullInt8AttentionArgs& a, CudaStream stream);
 
 // Fused per-token quantization of BF16 Q, K and V into the 8-bit kernels' inputs, as the CPU
 // specification quantizes (scale = absmax / 127 for INT8 or / 448 for E4M3, code = RNE(x * (1 /
-// scale)), saturating; an all-zero row gets scale 1): Q and K per (token, head), V per (64-key
+// scale)), saturating; an all-zero row gets scale 1): Q and K per (token, head), V per (v_block-key
 // block, kv head, channel), written transposed (v_t above). Token t of head h is read at
 // x + t * row_stride + h * head_dim (row_stride in elements, so Q/K/V can be slices of a fused QKV
 // projection or a KV cache).
@@ -79,6 +88,7 @@ struct AttentionQuantizeArgs {
   int8_t* q8 = nullptr;  float* q_scale = nullptr;        // [q_len, heads, d], [heads, q_len]
   int8_t* k8 = nullptr;  float* k_scale = nullptr;        // [kv_len, kv_heads, d], [kv_heads, kv_len]
   int8_t* v_t = nullptr; float* v_scale = nullptr;        // as FullInt8AttentionArgs
+  int64_t v_block = 64;     // keys per V scale block: 64 or 128 (as FullInt8AttentionArgs)
   float* k_mean = nullptr;  // smooth_k: device workspace [kv_heads, head_dim] (holds the means after)
 };
 Status cuda_quantize_attention_inputs(const AttentionQuantizeArgs& a, CudaStream stream);

@@ -6,12 +6,13 @@
 //     two) per (token, head) row, one 16-byte load of 8 BF16 per lane, the row's absmax by shuffles
 //     within the team, 8 codes per lane in one 8-byte store. A CTA takes consecutive tokens of one
 //     head, so its head-major scales are one contiguous run.
-//   V (v_blocks_kernel): a CTA per (64-key block, kv head). Thread (kappa quad, channel octet) loads
-//     the four keys of its kappa quad (rows base, base+1, base+8, base+9: attention_v_t_column) for
-//     8 channels, so after the per-channel absmax (shared memory across the 16 quads) each of its 8
-//     channels' 4 codes are one word of the transposed row already in kappa order; the words meet in
-//     shared memory and leave as coalesced 16-byte stores of 64-byte row pieces of v_t. Keys past
-//     kv_len load as 0 and encode to 0, which is the zero padding of v_t.
+//   V (v_blocks_kernel): a CTA per (v_block-key block, kv head), v_block 64 or 128. Thread (kappa
+//     quad, channel octet) loads the four keys of its kappa quad (rows base, base+1, base+8, base+9:
+//     attention_v_t_column) for 8 channels, so after the per-channel absmax (shared memory across
+//     the block's quads) each of its 8 channels' 4 codes are one word of the transposed row already
+//     in kappa order; the words meet in shared memory and leave as coalesced 16-byte stores of
+//     v_block-byte row pieces of v_t. Keys past kv_len load as 0 and encode to 0, which is the zero
+//     padding of v_t.
 //   smooth_k (k_mean_partial_kernel, k_mean_finalize_kernel): per-channel sums of K over chunks of
 //     128 tokens in double, then the mean, as the specification computes it (double sum, float
 //     cast); the K rows then subtract it in float before the absmax.
@@ -37,8 +38,6 @@ namespace qk = quant_kernels;
 
 constexpr int kThreads = 256;         // Q/K and mean kernels
 constexpr int kRowsPerTeam = 4;       // rows a team loads before it reduces: 64 bytes in flight per lane
-constexpr int kVBlock = 64;           // keys per V scale block (the kernels' tile)
-constexpr int kVQuads = kVBlock / 4;  // kappa quads per block: V CTAs have kVQuads * d / 8 = 2 d threads
 constexpr int kMeanChunk = 128;       // tokens per CTA of the smooth_k partial sums (enough CTAs to fill the GPU)
 constexpr int kMaxHeadDim = 256;
 static_assert(kMeanChunk >= 16, "the partial sums (8 bytes per channel per chunk) must fit in k8");
@@ -149,7 +148,7 @@ __global__ void __launch_bounds__(kThreads) qk_rows_kernel(const RowsParams p) {
   }
 }
 
-// ---- V: one (64-key block, kv head) per CTA of 2 d threads.
+// ---- V: one (kBlock-key block, kv head) per CTA of kBlock / 4 * d / 8 threads.
 
 struct VParams {
   const uint16_t* v = nullptr;
@@ -161,19 +160,21 @@ struct VParams {
 };
 
 // Byte offset of kappa quad q (kappa 4q .. 4q + 3) of channel c in the CTA's transposed block
-// (d rows of 64 bytes). The 16-byte chunk is XOR-swizzled by the channel octet so that the 16
+// (d rows of kBlock bytes). The 16-byte chunk is XOR-swizzled by the channel octet so that the 16
 // octets of a warp's word stores spread over 4 banks' groups instead of one; the 16-byte reads of
 // the store-out pass stay whole chunks.
+template <int kBlock>
 __device__ __forceinline__ int vt_smem_offset(int c, int q) {
-  return c * kVBlock + (((q / 4) ^ ((c / 8) & 3)) * 16) + (q % 4) * 4;
+  return c * kBlock + (((q / 4) ^ ((c / 8) & 3)) * 16) + (q % 4) * 4;
 }
 
-template <bool kFp8>
+template <bool kFp8, int kBlock>
 __global__ void v_blocks_kernel(const VParams p) {
+  constexpr int kVQuads = kBlock / 4;
   extern __shared__ float smem[];
   float* red = smem;                    // [kVQuads][d] per-quad channel absmax
   float* inv_s = red + kVQuads * p.d;   // [d]
-  unsigned char* vt = reinterpret_cast<unsigned char*>(inv_s + p.d);  // [d][64] codes, kappa order
+  unsigned char* vt = reinterpret_cast<unsigned char*>(inv_s + p.d);  // [d][kBlock] codes, kappa order
   const int octets = p.d / 8;
   const int o = threadIdx.x % octets, q = threadIdx.x / octets, c0 = 8 * o;
   const int64_t g = blockIdx.y, j = blockIdx.x;
@@ -185,7 +186,7 @@ __global__ void v_blocks_kernel(const VParams p) {
     uint4 raw[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int64_t key = j * kVBlock + rows[r];
+      const int64_t key = j * kBlock + rows[r];
       raw[r] = make_uint4(0, 0, 0, 0);  // keys past kv_len: code 0, v_t's padding
       if (key < p.kv_len) raw[r] = __ldg(reinterpret_cast<const uint4*>(p.v + key * p.row_stride + g * p.d + c0));
     }
@@ -205,23 +206,25 @@ __global__ void v_blocks_kernel(const VParams p) {
     for (int k = 0; k < kVQuads; ++k) m = fmaxf(m, red[k * p.d + c]);
     const float s = scale_of<kFp8>(m);
     inv_s[c] = qk::div_rn(1.f, s);
-    p.v_scale[(g * p.tiles + j) * p.d + c] = s;
+    if (j < p.tiles) p.v_scale[(g * p.tiles + j) * p.d + c] = s;  // past them: a block of padding
   }
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const float inv = inv_s[c0 + i];
-    *reinterpret_cast<uint32_t*>(vt + vt_smem_offset(c0 + i, q)) =
+    *reinterpret_cast<uint32_t*>(vt + vt_smem_offset<kBlock>(c0 + i, q)) =
         encode4<kFp8>(qk::mul_rn(v[0][i], inv), qk::mul_rn(v[1][i], inv), qk::mul_rn(v[2][i], inv),
                       qk::mul_rn(v[3][i], inv), p.enc);
   }
   __syncthreads();
-  // d rows x 4 chunks of 16 bytes: consecutive threads write one row's 64 bytes, then the next row's.
-  int8_t* out = p.v_t + g * p.d * p.v_t_stride + j * kVBlock;
-  for (int idx = threadIdx.x; idx < 4 * p.d; idx += blockDim.x) {
-    const int c = idx / 4, k = idx % 4;
+  // d rows x kBlock / 16 chunks of 16 bytes: consecutive threads write one row's kBlock bytes, then
+  // the next row's.
+  constexpr int kChunks = kBlock / 16;
+  int8_t* out = p.v_t + g * p.d * p.v_t_stride + j * kBlock;
+  for (int idx = threadIdx.x; idx < kChunks * p.d; idx += blockDim.x) {
+    const int c = idx / kChunks, k = idx % kChunks;
     *reinterpret_cast<uint4*>(out + c * p.v_t_stride + 16 * k) =
-        *reinterpret_cast<const uint4*>(vt + vt_smem_offset(c, 4 * k));
+        *reinterpret_cast<const uint4*>(vt + vt_smem_offset<kBlock>(c, 4 * k));
   }
 }
 
@@ -348,6 +351,8 @@ Status check_args(const AttentionQuantizeArgs& a) {
     LLMQ_RETURN_IF_ERROR(check_out("k_scale", a.k_scale, 4));
     if (a.smooth_k) LLMQ_RETURN_IF_ERROR(check_out("k_mean", a.k_mean, 4));
     if (a.quantize_v) {
+      if (a.v_block != 64 && !(a.v_block == 128 && a.head_dim <= 128))
+        return invalid_argument("v_block: must be 64, or 128 with head_dim <= 128, got " + str(a.v_block));
       LLMQ_RETURN_IF_ERROR(check_part("v", a.v, "v_row_stride", a.v_row_stride, a.kv_heads, a.head_dim));
       LLMQ_RETURN_IF_ERROR(check_out("v_t", a.v_t, 16));
       LLMQ_RETURN_IF_ERROR(check_out("v_scale", a.v_scale, 4));
@@ -443,16 +448,24 @@ Status cuda_quantize_attention_inputs(const AttentionQuantizeArgs& a, CudaStream
     v.row_stride = a.v_row_stride;
     v.kv_len = a.kv_len;
     v.kv_heads = a.kv_heads;
-    v.tiles = (a.kv_len + kVBlock - 1) / kVBlock;
+    v.tiles = (a.kv_len + a.v_block - 1) / a.v_block;
     v.v_t_stride = attention_v_t_stride(a.kv_len);
     v.d = d;
     v.v_t = a.v_t;
     v.v_scale = a.v_scale;
     v.enc = enc;
-    const size_t smem = static_cast<size_t>(kVQuads * d + d) * sizeof(float) + static_cast<size_t>(d) * kVBlock;
-    const dim3 grid(static_cast<unsigned>(v.tiles), static_cast<unsigned>(a.kv_heads));
-    if (a.fp8) v_blocks_kernel<true><<<grid, kVQuads * d / 8, smem, s>>>(v);
-    else v_blocks_kernel<false><<<grid, kVQuads * d / 8, smem, s>>>(v);
+    const int block = static_cast<int>(a.v_block), quads = block / 4;
+    const size_t smem = static_cast<size_t>(quads * d + d) * sizeof(float) + static_cast<size_t>(d) * block;
+    // Every block of v_t's columns, those past the keys too: they are written as zeros.
+    const dim3 grid(static_cast<unsigned>(v.v_t_stride / block), static_cast<unsigned>(a.kv_heads));
+    const unsigned threads = static_cast<unsigned>(quads * d / 8);
+    if (block == 128) {
+      if (a.fp8) v_blocks_kernel<true, 128><<<grid, threads, smem, s>>>(v);
+      else v_blocks_kernel<false, 128><<<grid, threads, smem, s>>>(v);
+    } else {
+      if (a.fp8) v_blocks_kernel<true, 64><<<grid, threads, smem, s>>>(v);
+      else v_blocks_kernel<false, 64><<<grid, threads, smem, s>>>(v);
+    }
     LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("v_blocks_kernel");
   }
   return {};

@@ -36,6 +36,7 @@ struct Params {
   const int8_t* v8;       // full-INT8 V, token-major (transposed per tile in shared memory) ...
   const int8_t* vt;       // ... or already transposed (FullInt8AttentionArgs::v_t), preferred when given
   const float* v_scale;   // [kv_heads, ceil(kv_len / 64), head_dim]
+  int64_t vt_stride;      // attention_v_t_stride(kv_len)
 };
 
 // Full-INT8 P V. P (unsigned, 0..255) goes to the k32 mma's A operand from the S accumulators,
@@ -76,14 +77,16 @@ __device__ __forceinline__ void transpose_v_tile(const unsigned char* raw, unsig
 // Full-INT8 / FP8 P V of one key tile (int8_softmax.cuh makes P), mma.sync: P from registers in the
 // kappa order (see transpose_v_tile), V^T from shared memory, fresh accumulators folded into O.
 template <int kHeadDim, bool kFp8>
-__device__ __forceinline__ void full_int8_pv_step(float (&s)[kBlockKv / 8][4], float (&row_max)[2], float (&row_sum)[2],
+__device__ __forceinline__ void full_int8_pv_step(float (&s)[kBlockKv / 8][4], float (&row_max)[2], float (&frame)[2],
+                                                  float (&row_sum)[2],
                                                   float (&o_acc)[kHeadDim / 8][4], float scale_log2, uint32_t vt_tile,
                                                   const float* v_scale, int lane) {
   constexpr int kDimTiles = kHeadDim / 8;
   using LT = TileLayout<32>;
   float corr[2], carry[2];
   uint32_t p_frag[kBlockKv / 32][4];
-  quantize_p_tile<kBlockKv, kFp8>(s, row_max, row_sum, scale_log2, p_frag, corr, carry);
+  const float row_scale[2] = {scale_log2, scale_log2};  // s already holds the scores
+  quantize_p_tile<kBlockKv, kFp8>(s, row_scale, row_max, frame, row_sum, p_frag, corr, carry);
   using PvAcc = std::conditional_t<kFp8, float, int32_t>;
   PvAcc pv[kDimTiles][4];
 #pragma unroll
@@ -157,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
       // V^T rows (channels) of this tile's 64 keys, already in the kappa order: the stage holds the
       // transposed tile itself. Columns past kv_len are zeros in v_t.
       using LT = TileLayout<32>;
-      const int64_t vt_stride = (kv_len + kBlockKv - 1) / kBlockKv * kBlockKv;  // attention_v_t_stride
+      const int64_t vt_stride = prm.vt_stride;
       const int8_t* src = prm.vt + static_cast<int64_t>(kv_head) * kHeadDim * vt_stride + j * kBlockKv;
       for (int idx = threadIdx.x; idx < kHeadDim * 4; idx += kThreads)
         cp_async_16(v_tile(stage) + LT::offset_bytes(idx / 4, idx % 4), src + (idx / 4) * vt_stride + (idx % 4) * 16, 16);
@@ -202,7 +205,8 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
   float o_acc[kDimTiles][4];
 #pragma unroll
   for (int i = 0; i < kDimTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_max[2] = {-INFINITY, -INFINITY};  // score units (half-INT8) or log2 units (quantize_p_tile)
+  float frame[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
   uint32_t q_frag[kKSteps][4];
 
@@ -279,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
     }
 
     if constexpr (kFull) {
-      full_int8_pv_step<kHeadDim, kFp8>(s, row_max, row_sum, o_acc, scale_log2,
+      full_int8_pv_step<kHeadDim, kFp8>(s, row_max, frame, row_sum, o_acc, scale_log2,
                                         prm.vt != nullptr ? v_tile(stage) : smem_addr(vt), v_scales + stage * kHeadDim, lane);
     } else {
       softmax_pv_step<kHeadDim, true>(s, row_max, row_sum, o_acc, scale_log2, v_tile(stage), lane);
@@ -364,11 +368,15 @@ Status run_8bit_v(const FullInt8AttentionArgs& f, bool fp8, CudaStream stream) {
   if (fp8 && dev.major * 10 + dev.minor < 89)
     return unsupported("the FP8 attention kernel needs an sm_89+ GPU (E4M3 mma), this one is sm_" +
                        std::to_string(dev.major) + std::to_string(dev.minor));
-  if (attention::sm90_attention_applies(f, dev)) {
+  if (f.v_block == 128) {
+    if (!attention::sm90_attention_applies(f, dev))
+      return unsupported("v_block 128: only the Hopper kernel takes it (v_t given, head_dim 128, an sm_90 GPU, a "
+                         "library built with sm_90a code); use v_block 64 (cuda_attention_v_block)");
     const float scale = f.qk.softmax_scale > 0.f ? f.qk.softmax_scale : 1.f / std::sqrt(static_cast<float>(f.qk.head_dim));
     return attention::sm90_8bit_attention(f, fp8, scale * kLog2e, dev, stream);
   }
-  return run(Params{f.qk, f.v, f.v_t, f.v_scale}, fp8 ? kFp8Mode : kFullInt8, stream);
+  if (f.v_block != 64) return invalid_argument("v_block: must be 64 or 128, got " + std::to_string(f.v_block));
+  return run(Params{f.qk, f.v, f.v_t, f.v_scale, attention_v_t_stride(f.qk.kv_len)}, fp8 ? kFp8Mode : kFullInt8, stream);
 }
 
 }  // namespace
@@ -377,10 +385,18 @@ Status cuda_half_int8_attention(const HalfInt8AttentionArgs& a, CudaStream strea
   LLMQ_RETURN_IF_ERROR(check_qk(a));
   if (a.q_len == 0) return {};
   if (a.v == nullptr || !aligned(a.v, 16)) return invalid_argument("v: null or not 16-byte aligned");
-  return run(Params{a, nullptr, nullptr, nullptr}, kHalf, stream);
+  return run(Params{a, nullptr, nullptr, nullptr, 0}, kHalf, stream);
 }
 
 Status cuda_full_int8_attention(const FullInt8AttentionArgs& f, CudaStream stream) { return run_8bit_v(f, false, stream); }
+
+Status cuda_attention_v_block(int64_t head_dim, int64_t* v_block) {
+  if (v_block == nullptr) return invalid_argument("v_block: null pointer");
+  cuda::DeviceFacts dev;
+  LLMQ_RETURN_IF_ERROR(cuda::current_device_facts(&dev));
+  *v_block = attention::sm90_attention_runs(head_dim, dev) ? 128 : 64;
+  return {};
+}
 
 Status cuda_fp8_attention(const FullInt8AttentionArgs& f, CudaStream stream) { return run_8bit_v(f, true, stream); }
 

@@ -1,17 +1,18 @@
 // The Hopper 8-bit flash attention (sm_90a): full-INT8 and FP8 at head_dim 128, the same
 // arithmetic as the mma.sync kernel (int8_attention.cu, quantize_p_tile / fold_pv_tile shared),
 // on warpgroup MMA fed by TMA.
-//   CTA: 2 consumer warpgroups of 64 query rows each (128 rows of one head; 232 registers a thread)
-//   and a producer warpgroup (40), of which one warp works.
-//   Producer: per 64-key tile, TMA copies of the INT8/E4M3 K tile [64 keys x 128 B, 128-byte
-//     swizzle] and the V^T tile [128 channels x 64 keys, 64-byte swizzle, already in the kappa key
-//     order of v_t], plus plain loads of the tile's key and V scales, into a 3-stage ring guarded
-//     by full / empty mbarriers.
+//   CTA: 2 consumer warpgroups of 64 query rows each (128 rows of one head; 240 registers a thread)
+//   and a producer warpgroup (24), of which one warp works.
+//   Producer: per 128-key tile, TMA copies of the INT8/E4M3 K tile [128 keys x 128 B] and the V^T
+//     tile [128 channels x 128 keys, already in the kappa key order of v_t], both 128-byte
+//     swizzled, plus plain loads of the tile's key and V scales (V blocks of 128 keys: v_block),
+//     into a 3-stage ring guarded by full / empty mbarriers.
 //   Consumers: Q's A fragments stay in registers for the whole row block (read once from global);
-//     S = Q K^T is wgmma m64n64k32 with A from registers, B the K tile; quantize_p_tile turns the
+//     S = Q K^T is wgmma m64n128k32 with A from registers, B the K tile; quantize_p_tile turns the
 //     scores into P fragments in registers, which are the A operand of P V = wgmma m64n128k32 with
 //     B the V^T tile (u8 x s8 -> INT32 exact, or E4M3 -> FP32 fresh per tile); fold_pv_tile adds
-//     it to O with the tile's V scales.
+//     it to O with the tile's V scales one tile later, under the next tile's S = Q K^T. The query's
+//     scale rides in the softmax's per-row exponent factor, so a score costs one FMA before it.
 // Only code compiled for sm_90a has a body (LLMQ_INT8_GEMM_SM90A); the host launches it only on
 // compute capability 9.0 when that code is present.
 #include <cuda.h>
@@ -46,17 +47,17 @@ using int8_gemm::wgmma_fence;
 using int8_gemm::wgmma_wait_group;
 
 constexpr int kHeadDim = 128;
-constexpr int kBlockN = 64;                        // keys per tile (= the specification's block_kv)
+constexpr int kBlockN = 128;                       // keys per tile (= the specification's block_kv, v_block)
 constexpr int kConsumers = 2;                      // warpgroups of 64 query rows
 constexpr int kBlockM = 64 * kConsumers;           // query rows per CTA
 constexpr int kStages = 3;
 constexpr int kThreads = (kConsumers + 1) * 128;   // + the producer warpgroup (one warp of it works)
-constexpr int kKTileBytes = kBlockN * kHeadDim;    // 64 rows of 128 B
-constexpr int kVTileBytes = kHeadDim * kBlockN;    // 128 rows of 64 B
+constexpr int kKTileBytes = kBlockN * kHeadDim;    // 128 keys of 128 B
+constexpr int kVTileBytes = kHeadDim * kBlockN;    // 128 channels of 128 B (keys)
 
 struct SharedStorage {
   alignas(1024) unsigned char k[kStages][kKTileBytes];   // 1024-aligned: the 128-byte swizzle's atom
-  alignas(1024) unsigned char vt[kStages][kVTileBytes];  // 512-aligned would do (64-byte swizzle)
+  alignas(1024) unsigned char vt[kStages][kVTileBytes];
   float k_scale[kStages][kBlockN];
   float v_scale[kStages][kHeadDim];
   uint64_t full[kStages], empty[kStages];
@@ -73,6 +74,15 @@ struct Sm90Params {
   float scale_log2;
   bool causal;
 };
+
+// Pins the P fragments: computed before this point, kept unchanged up to it.
+template <int N>
+__device__ __forceinline__ void fence_p(uint32_t (&p)[N][4]) {
+#pragma unroll
+  for (int kk = 0; kk < N; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(p[kk][i])::"memory");
+}
 
 // Reinterprets a flat wgmma accumulator array as the [n-tile][4] view quantize_p_tile and
 // fold_pv_tile take (same registers, same order).
@@ -108,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp >= kConsumers * 4) {
     // Producer warpgroup: registers back to the consumers; its first warp loads.
-    int8_gemm::setmaxnreg_dec<40>();
+    int8_gemm::setmaxnreg_dec<24>();  // 2 x 128 x 240 + 128 x 24 = 384 x 168: the launch's pool
     if (warp != kConsumers * 4) return;
     // Lanes store the tile's scales, then arrive; lane 0 arrives last with the TMA
     // byte count and issues the two copies, so the phase completes when scales and tiles are in.
@@ -135,19 +145,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Consumers.
-  int8_gemm::setmaxnreg_inc<232>();
-  const int wg = warp / 4;
+  int8_gemm::setmaxnreg_inc<240>();
+  // Broadcast from lane 0: ptxas then knows it is uniform in the warp, and loops bounded by it are
+  // no divergent path for the wgmma in flight across them (else it serializes every wgmma).
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
   const int g = lane / 4, t = lane % 4;
   const int row_lo = wg * 64 + (warp % 4) * 16 + g;  // block-local rows row_lo and row_lo + 8
   uint32_t q_frag[kHeadDim / 32][4];
-  float q_scale[2];
+  float row_scale[2];  // the query's scale times the softmax scale times log2(e): scores acc * sk * row_scale
   int pos_row[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row_lo + 8 * r;
     const bool valid = row < q_rows;
     pos_row[r] = pos0 + row;
-    q_scale[r] = valid ? p.q_scale[static_cast<int64_t>(head) * p.q_len + q0 + row] : 0.f;
+    // Rows past the queries: Q is zero, every score 0; scale 1 keeps masked scores at -inf, not NaN.
+    row_scale[r] = (valid ? p.q_scale[static_cast<int64_t>(head) * p.q_len + q0 + row] : 1.f) * p.scale_log2;
     const int8_t* src = p.q + (static_cast<int64_t>(q0 + row) * p.heads + head) * kHeadDim;
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 32; ++ks) {
@@ -163,86 +176,113 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  float row_max[2] = {-INFINITY, -INFINITY}, frame[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
-  // Per tile, in order: S = Q K^T, the softmax, P V, the fold into O. The two consumer warpgroups
-  // interleave, so one's softmax runs beside the other's products. (Prefetching S of the next tile
-  // under this one's softmax needs more than 232 registers a thread and spilled; measured slower.)
-  for (int it = 0; it < n_tiles; ++it) {
+  // Per tile j: the softmax of S_j, P V_j issued, then S_{j+1} = Q K^T issued, and the fold of
+  // P V_j into O while the tensor cores compute S_{j+1} (the other warpgroup's work fills the
+  // rest). Every wait retires what the same iteration issued, but S_{j+1}, retired by a wait for
+  // all at the top of the next: ptxas serializes every wgmma when a partial wait retires a product
+  // issued in an earlier iteration. Holding S_{j+1} beside the softmax of S_j as well (a full
+  // software pipeline) needs more than 232 registers a thread: it spilled.
+  const int n_active = (wg_key_end + kBlockN - 1) / kBlockN;  // tiles with a key the warpgroup sees
+  Acc sacc[kBlockN / 2];
+  const auto issue_scores = [&](int tile) {
+    const int stage = tile % kStages;
+    mbarrier_wait(smem_u32(&sh.full[stage]), (tile / kStages) & 1);
+    const uint64_t desc_k = make_smem_desc_k_sw128(smem_u32(sh.k[stage]));
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 32; ++ks) {  // +32 bytes (2 descriptor units) per k step
+      if constexpr (kFp8) {
+        if (ks == 0) wgmma_m64n128k32_e4m3_rs<false>(sacc, q_frag[ks], desc_k);
+        else wgmma_m64n128k32_e4m3_rs<true>(sacc, q_frag[ks], desc_k + 2 * ks);
+      } else {
+        if (ks == 0) wgmma_m64n128k32_s8_rs<false>(sacc, q_frag[ks], desc_k);
+        else wgmma_m64n128k32_s8_rs<true>(sacc, q_frag[ks], desc_k + 2 * ks);
+      }
+    }
+    wgmma_commit_group();
+  };
+  const auto release = [&](int stage) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(smem_u32(&sh.empty[stage]));
+  };
+  // One tile; kHasNext: whether S_{it+1} is issued under the fold. Two instances, not a branch:
+  // S's accumulators defined on one path only would be copied at the join, which makes ptxas wait
+  // for the product there.
+  const auto step = [&](int it, auto has_next) {
     const int s = it % kStages;
     const int key0 = it * kBlockN;
-    mbarrier_wait(smem_u32(&sh.full[s]), (it / kStages) & 1);
-    if (key0 < wg_key_end) {  // tiles past the warpgroup's last key (causal) are passed on
-      Acc sacc[kBlockN / 2];
-      const uint64_t desc_k = make_smem_desc_k_sw128(smem_u32(sh.k[s]));
-      wgmma_fence();
+    wgmma_wait_group<0>();  // S_it (and nothing else is in flight)
+    int8_gemm::fence_registers(sacc);
+
+    // Scores without the query's scale (quantize_p_tile applies row_scale): acc * sk, the mask, P.
+    const float* sk = sh.k_scale[s];
+    float sc[kBlockN / 8][4];
+    const auto& st = as_tiles(sacc);
 #pragma unroll
-      for (int ks = 0; ks < kHeadDim / 32; ++ks) {  // +32 bytes (2 descriptor units) per k step
+    for (int n = 0; n < kBlockN / 8; ++n) {
+      const float2 k2 = *reinterpret_cast<const float2*>(sk + n * 8 + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float scale = e & 1 ? k2.y : k2.x;
         if constexpr (kFp8) {
-          if (ks == 0) wgmma_m64n64k32_e4m3_rs<false>(sacc, q_frag[ks], desc_k);
-          else wgmma_m64n64k32_e4m3_rs<true>(sacc, q_frag[ks], desc_k + 2 * ks);
+          sc[n][e] = st[n][e] * scale;
         } else {
-          if (ks == 0) wgmma_m64n64k32_s8_rs<false>(sacc, q_frag[ks], desc_k);
-          else wgmma_m64n64k32_s8_rs<true>(sacc, q_frag[ks], desc_k + 2 * ks);
+          sc[n][e] = small_int_times(st[n][e], scale, -kRoundMagic * scale);  // |Q K^T| <= 128 * 127^2 < 2^22
         }
       }
-      wgmma_commit_group();
-      wgmma_wait_group<0>();
-      int8_gemm::fence_registers(sacc);
-
-      // Scores acc * sq * sk, the mask, P.
-      const float* sk = sh.k_scale[s];
-      float sc[kBlockN / 8][4];
-      const auto& st = as_tiles(sacc);
+    }
+    if (key0 + kBlockN > p.kv_len || (p.causal && key0 + kBlockN - 1 > pos0 + wg * 64)) {
 #pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) {
-        const float2 k2 = *reinterpret_cast<const float2*>(sk + n * 8 + 2 * t);
+      for (int n = 0; n < kBlockN / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float acc;
-          if constexpr (kFp8) {
-            acc = st[n][e];
-          } else {
-            acc = small_int_to_float(st[n][e]);  // |Q K^T| <= 128 * 127^2 < 2^22
-          }
-          sc[n][e] = acc * (q_scale[e / 2] * (e & 1 ? k2.y : k2.x));
+          const int key = key0 + n * 8 + 2 * t + (e & 1);
+          const int limit = p.causal ? min(p.kv_len, pos_row[e / 2] + 1) : p.kv_len;
+          if (key >= limit) sc[n][e] = -INFINITY;
         }
-      }
-      if (key0 + kBlockN > p.kv_len || (p.causal && key0 + kBlockN - 1 > pos0 + wg * 64)) {
-#pragma unroll
-        for (int n = 0; n < kBlockN / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key0 + n * 8 + 2 * t + (e & 1);
-            const int limit = p.causal ? min(p.kv_len, pos_row[e / 2] + 1) : p.kv_len;
-            if (key >= limit) sc[n][e] = -INFINITY;
-          }
-      }
-      float corr[2], carry[2];
-      uint32_t p_frag[kBlockN / 32][4];
-      quantize_p_tile<kBlockN, kFp8>(sc, row_max, row_sum, p.scale_log2, p_frag, corr, carry);
-
-      // P V, fresh per tile (INT32 exact, or FP32: the two-level accumulation of FP8).
-      Acc pv[kHeadDim / 2];
-      const uint64_t desc_v = int8_gemm::make_smem_desc_k<64>(smem_u32(sh.vt[s]));
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 32; ++kk) {
-        if constexpr (kFp8) {
-          if (kk == 0) wgmma_m64n128k32_e4m3_rs<false>(pv, p_frag[kk], desc_v);
-          else wgmma_m64n128k32_e4m3_rs<true>(pv, p_frag[kk], desc_v + 2 * kk);
-        } else {
-          if (kk == 0) wgmma_m64n128k32_u8s8_rs<false>(pv, p_frag[kk], desc_v);
-          else wgmma_m64n128k32_u8s8_rs<true>(pv, p_frag[kk], desc_v + 2 * kk);
-        }
-      }
-      wgmma_commit_group();
-      wgmma_wait_group<0>();
-      int8_gemm::fence_registers(pv);
-      fold_pv_tile<kHeadDim>(as_tiles(o), as_tiles(pv), corr, carry, sh.v_scale[s], t);
     }
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(smem_u32(&sh.empty[s]));
+    float corr[2], carry[2];
+    uint32_t p_frag[kBlockN / 32][4];
+    quantize_p_tile<kBlockN, kFp8>(sc, row_scale, row_max, frame, row_sum, p_frag, corr, carry);
+
+    // P V, fresh per tile (INT32 exact, or FP32: the two-level accumulation of FP8).
+    Acc pv[kHeadDim / 2];
+    const uint64_t desc_v = make_smem_desc_k_sw128(smem_u32(sh.vt[s]));
+    fence_p(p_frag);  // P complete before the fence (else ptxas injects one before each product)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 32; ++kk) {
+      if constexpr (kFp8) {
+        if (kk == 0) wgmma_m64n128k32_e4m3_rs<false>(pv, p_frag[kk], desc_v);
+        else wgmma_m64n128k32_e4m3_rs<true>(pv, p_frag[kk], desc_v + 2 * kk);
+      } else {
+        if (kk == 0) wgmma_m64n128k32_u8s8_rs<false>(pv, p_frag[kk], desc_v);
+        else wgmma_m64n128k32_u8s8_rs<true>(pv, p_frag[kk], desc_v + 2 * kk);
+      }
+    }
+    wgmma_commit_group();
+    if constexpr (decltype(has_next)::value) {
+      issue_scores(it + 1);
+      wgmma_wait_group<1>();  // P V_it
+    } else {
+      wgmma_wait_group<0>();
+    }
+    int8_gemm::fence_registers(pv);
+    fence_p(p_frag);  // read by P V_it until here
+    fold_pv_tile<kHeadDim>(as_tiles(o), as_tiles(pv), corr, carry, sh.v_scale[s], t);
+    release(s);
+  };
+  if (n_active > 0) {
+    issue_scores(0);
+    for (int it = 0; it + 1 < n_active; ++it) step(it, std::true_type{});
+    step(n_active - 1, std::false_type{});
+  }
+  // Tiles past the warpgroup's last key (causal): passed on, not computed.
+  for (int it = n_active; it < n_tiles; ++it) {
+    mbarrier_wait(smem_u32(&sh.full[it % kStages]), (it / kStages) & 1);
+    release(it % kStages);
   }
 
   // O / l, BF16, straight from registers.
@@ -267,24 +307,27 @@ bool sm90_code_present() {
 
 }  // namespace
 
+bool sm90_attention_runs(int64_t head_dim, const cuda::DeviceFacts& dev) {
+  return head_dim == kHeadDim && cuda::has_sm90a(dev) && dev.smem_optin >= kSmemBytes && sm90_code_present();
+}
+
 bool sm90_attention_applies(const FullInt8AttentionArgs& f, const cuda::DeviceFacts& dev) {
-  return f.v_t != nullptr && f.qk.head_dim == kHeadDim && cuda::has_sm90a(dev) && dev.smem_optin >= kSmemBytes &&
-         sm90_code_present();
+  return f.v_t != nullptr && f.v_block == kBlockN && sm90_attention_runs(f.qk.head_dim, dev);
 }
 
 Status sm90_8bit_attention(const FullInt8AttentionArgs& f, bool fp8, float scale_log2, const cuda::DeviceFacts& dev,
                            CudaStream stream) {
   const HalfInt8AttentionArgs& a = f.qk;
   CUtensorMap tmap_k, tmap_v;
-  // K as an INT8 matrix [kv_len, kv_heads * 128]: a box is one kv head's 64 keys.
+  // K as an INT8 matrix [kv_len, kv_heads * 128]: a box is one kv head's 128 keys.
   LLMQ_RETURN_IF_ERROR(int8_gemm::encode_u8_tensor_map(&tmap_k, a.k, a.kv_len, a.kv_heads * kHeadDim,
                                                        a.kv_heads * kHeadDim, kBlockN, kHeadDim, 128));
-  // V^T as [kv_heads * 128, attention_v_t_stride(kv_len)]: a box is one kv head's 128 channels x 64
+  // V^T as [kv_heads * 128, attention_v_t_stride(kv_len)]: a box is one kv head's 128 channels x 128
   // key columns. All stride columns, not kv_len: the kappa order moves keys of the last tile past
   // column kv_len (and v_t holds zeros where no key is).
   const int64_t vt_stride = attention_v_t_stride(a.kv_len);
   LLMQ_RETURN_IF_ERROR(int8_gemm::encode_u8_tensor_map(&tmap_v, f.v_t, a.kv_heads * kHeadDim, vt_stride, vt_stride,
-                                                       kHeadDim, kBlockN, 64));
+                                                       kHeadDim, kBlockN, 128));
   Sm90Params p;
   p.q = a.q;
   p.q_scale = a.q_scale;

@@ -17,11 +17,17 @@ namespace llmq::attention {
 
 constexpr float kFp8POffset = 8.0f;  // FP8 P: 2^8 = 256 <= 448 (the specification's p_offset)
 
-// Full-INT8 (p_tile_max): P = rint(255 * 2^((s - m_tile) * scale_log2)) as an unsigned byte
-// against the tile's row maximum; the tile's row sum and P V enter the running ones times
-// carry = 2^((m_tile - m) * scale_log2), the old ones times corr = 2^((m_old - m) * scale_log2).
-// kFp8 (FlashAttention-3's FP8 P): P = e4m3(2^((s - m) * scale_log2 + 8)) against the running
-// maximum m, the row sum of the decoded codes; carry = 1.
+// Full-INT8 (p_tile_max): P = rint(255 * 2^(x - x_tile)) as an unsigned byte against the tile's
+// row maximum, x = s * row_scale the score in log2 units (row_scale: the softmax scale times log2(e),
+// and the query's scale where the caller leaves it out of s). O and l are kept in a per-row frame
+// (frame[r], log2 units) instead of against the running maximum m (row_max[r], log2 units):
+// normally the frame is the latest tile's maximum, so the tile's P V enters as it is (carry = 1)
+// and the old O is multiplied by corr = 2^(frame_old - frame), one FMA per element for both; the
+// output O / l does not depend on the frame. The frame stays within kFrameGap of m (O and l then
+// stay under 2^kFrameGap times their size against m, finite): a tile whose maximum lies further
+// below m enters times carry = 2^(x_tile - frame).
+// kFp8 (FlashAttention-3's FP8 P): P = e4m3(2^(x - m + 8)) against the running maximum m (the
+// frame, which row_max mirrors), the row sum of the decoded codes; carry = 1.
 // p_frag[kk]: the k32 A fragment of 32-key step kk in the kappa key order (a0: keys 2t, 2t+1 of
 // n-tiles 4kk, 4kk+1 of row g; a1: row g + 8; a2, a3: n-tiles 4kk+2, 4kk+3), which is why V is
 // stored transposed in that order (attention_v_t_column).
@@ -30,16 +36,26 @@ constexpr float kFp8POffset = 8.0f;  // FP8 P: 2^8 = 256 <= 448 (the specificati
 // quarter-rate conversion instructions (I2F / F2I) that share a pipe with the SFU's exp2.
 constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23
 constexpr uint32_t kRoundMagicBits = 0x4B400000u;
+constexpr float kFrameGap = 64.0f;
 __device__ __forceinline__ float small_int_to_float(int32_t i) { return __int_as_float(i + kRoundMagicBits) - kRoundMagic; }
+// i * scale in one FMA: (1.5 * 2^23 + i) * scale + neg_magic_scale, neg_magic_scale = -1.5 * 2^23 *
+// scale (rounded: the product then carries at most half a unit of i of error, far under any 8-bit
+// quantization step).
+__device__ __forceinline__ float small_int_times(int32_t i, float scale, float neg_magic_scale) {
+  return __fmaf_rn(__int_as_float(i + kRoundMagicBits), scale, neg_magic_scale);
+}
 
 template <int kKeys, bool kFp8>
-__device__ __forceinline__ void quantize_p_tile(const float (&s)[kKeys / 8][4], float (&row_max)[2], float (&row_sum)[2],
-                                                float scale_log2, uint32_t (&p_frag)[kKeys / 32][4], float (&corr)[2],
-                                                float (&carry)[2]) {
+__device__ __forceinline__ void quantize_p_tile(const float (&s)[kKeys / 8][4], const float (&row_scale)[2],
+                                                float (&row_max)[2], float (&frame)[2], float (&row_sum)[2],
+                                                uint32_t (&p_frag)[kKeys / 32][4],
+                                                float (&corr)[2], float (&carry)[2]) {
   using runtime::attn::fast_exp2;
   constexpr int kKeyTiles = kKeys / 8;
-  // p_bits[n][e]: the byte of P in the low 8 bits (upper bits don't care; the packing below drops them).
-  uint32_t p_bits[kKeyTiles][4];
+  // INT8: p_bits[n][e] holds the byte of P in its low 8 bits (the packing drops the rest).
+  // FP8: codes[n][r] holds row r's two codes of n-tile n (keys 2t, 2t + 1).
+  uint32_t p_bits[kFp8 ? 1 : kKeyTiles][4];
+  uint32_t codes[kFp8 ? kKeyTiles : 1][2];
   float fp8_sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -48,47 +64,63 @@ __device__ __forceinline__ void quantize_p_tile(const float (&s)[kKeys / 8][4], 
     for (int n = 0; n < kKeyTiles; ++n) mt = fmaxf(mt, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-    const float m = fmaxf(row_max[r], mt);
-    const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-    const float mt_scaled = mt == -INFINITY ? 0.f : mt * scale_log2;
-    corr[r] = fast_exp2(__fmaf_rn(row_max[r], scale_log2, -m_scaled));
-    carry[r] = mt == -INFINITY ? 0.f : fast_exp2(mt_scaled - m_scaled);
-    row_max[r] = m;
+    const float xt = mt * row_scale[r];  // -inf stays -inf (row_scale > 0)
+    const float old = frame[r];
     if constexpr (kFp8) {
-      carry[r] = 1.f;  // P against the running maximum
-      // Two codes per conversion; the row sum of the decoded pair in FP16 (P <= 256, 3-bit
-      // mantissas: a thread's 16 values sum with at most a few ulp of FP16 rounding).
-      __half2 sum2 = __float2half2_rn(0.f);
+      const float m = fmaxf(old, xt);
+      frame[r] = row_max[r] = m;
+      corr[r] = m == old ? 1.f : fast_exp2(old - m);
+      carry[r] = 1.f;
+      const float shift = m == -INFINITY ? 0.f : m - kFp8POffset;
+      // Two codes per conversion; the row sum of the decoded pairs in FP16, two chains of at most
+      // 8 pairs (P <= 256 with 3-bit mantissas: each sum stays <= 2048, a few ulp of FP16 rounding).
+      __half2 sum2[2] = {__float2half2_rn(0.f), __float2half2_rn(0.f)};
 #pragma unroll
       for (int n = 0; n < kKeyTiles; ++n) {
-        const float2 x = make_float2(fast_exp2(__fmaf_rn(s[n][2 * r], scale_log2, -m_scaled) + kFp8POffset),
-                                     fast_exp2(__fmaf_rn(s[n][2 * r + 1], scale_log2, -m_scaled) + kFp8POffset));
-        const __nv_fp8x2_storage_t codes = __nv_cvt_float2_to_fp8x2(x, __NV_SATFINITE, __NV_E4M3);
-        p_bits[n][2 * r] = codes;
-        p_bits[n][2 * r + 1] = codes >> 8;
-        sum2 = __hadd2(sum2, __half2(__nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3)));
+        const float2 x = make_float2(fast_exp2(__fmaf_rn(s[n][2 * r], row_scale[r], -shift)),
+                                     fast_exp2(__fmaf_rn(s[n][2 * r + 1], row_scale[r], -shift)));
+        const __nv_fp8x2_storage_t c = __nv_cvt_float2_to_fp8x2(x, __NV_SATFINITE, __NV_E4M3);
+        codes[n][r] = c;
+        sum2[n % 2] = __hadd2(sum2[n % 2], __half2(__nv_cvt_fp8x2_to_halfraw2(c, __NV_E4M3)));
       }
-      const float2 sf = __half22float2(sum2);
-      fp8_sum[r] = sf.x + sf.y;
+      const float2 s0 = __half22float2(sum2[0]), s1 = __half22float2(sum2[1]);
+      fp8_sum[r] = (s0.x + s0.y) + (s1.x + s1.y);
     } else {
+      const float m = fmaxf(row_max[r], xt);
+      row_max[r] = m;
+      float f = fmaxf(xt, m - kFrameGap);
+      if (xt == -INFINITY) f = old;  // nothing in this tile's row: the frame stays
+      frame[r] = f;
+      corr[r] = f == old ? 1.f : fast_exp2(old - f);
+      carry[r] = xt == f ? 1.f : (xt == -INFINITY ? 0.f : fast_exp2(xt - f));
+      const float shift = xt == -INFINITY ? 0.f : xt;
       // P = rint(255 * 2^(..)) in one rounding: the FMA's result is 1.5 * 2^23 + P.
 #pragma unroll
       for (int n = 0; n < kKeyTiles; ++n)
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e)
-          p_bits[n][e] = __float_as_uint(__fmaf_rn(255.f, fast_exp2(__fmaf_rn(s[n][e], scale_log2, -mt_scaled)), kRoundMagic));
+          p_bits[n][e] =
+              __float_as_uint(__fmaf_rn(255.f, fast_exp2(__fmaf_rn(s[n][e], row_scale[r], -shift)), kRoundMagic));
     }
   }
 #pragma unroll
   for (int kk = 0; kk < kKeys / 32; ++kk) {
-    const auto pack = [&](int n, int e) {  // keys 2t, 2t+1 of n-tile n and of n-tile n + 1, row of e
-      return __byte_perm(__byte_perm(p_bits[n][e], p_bits[n][e + 1], 0x0040),
-                         __byte_perm(p_bits[n + 1][e], p_bits[n + 1][e + 1], 0x0040), 0x5410);
-    };
-    p_frag[kk][0] = pack(4 * kk, 0);
-    p_frag[kk][1] = pack(4 * kk, 2);
-    p_frag[kk][2] = pack(4 * kk + 2, 0);
-    p_frag[kk][3] = pack(4 * kk + 2, 2);
+    if constexpr (kFp8) {  // a pair of codes per n-tile already: one permute per register
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        p_frag[kk][2 * h] = __byte_perm(codes[4 * kk + 2 * h][0], codes[4 * kk + 2 * h + 1][0], 0x5410);
+        p_frag[kk][2 * h + 1] = __byte_perm(codes[4 * kk + 2 * h][1], codes[4 * kk + 2 * h + 1][1], 0x5410);
+      }
+    } else {
+      const auto pack = [&](int n, int e) {  // keys 2t, 2t+1 of n-tile n and of n-tile n + 1, row of e
+        return __byte_perm(__byte_perm(p_bits[n][e], p_bits[n][e + 1], 0x0040),
+                           __byte_perm(p_bits[n + 1][e], p_bits[n + 1][e + 1], 0x0040), 0x5410);
+      };
+      p_frag[kk][0] = pack(4 * kk, 0);
+      p_frag[kk][1] = pack(4 * kk, 2);
+      p_frag[kk][2] = pack(4 * kk + 2, 0);
+      p_frag[kk][3] = pack(4 * kk + 2, 2);
+    }
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -110,23 +142,43 @@ __device__ __forceinline__ void quantize_p_tile(const float (&s)[kKeys / 8][4], 
 }
 
 // O = O * corr + (P V) * carry * v_scale[channel], the tile's P V fresh in pv (INT32 or FP32, the
-// accumulator layout above over channels); v_scale: this tile's per-channel scales.
+// accumulator layout above over channels); v_scale: this tile's per-channel scales. carry is 1 for
+// every row of the warp but after a frame clamp (quantize_p_tile): the common path skips it; so
+// does FP8's common path skip corr when it is 1.
 template <int kHeadDim, typename PvAcc>
 __device__ __forceinline__ void fold_pv_tile(float (&o)[kHeadDim / 8][4], const PvAcc (&pv)[kHeadDim / 8][4],
                                              const float (&corr)[2], const float (&carry)[2], const float* v_scale, int t) {
+  constexpr bool kInt = std::is_same_v<PvAcc, int32_t>;  // |P V| <= 128 * 255 * 127 < 2^22
+  const auto fold = [&](auto with_carry, auto with_corr) {
 #pragma unroll
-  for (int d = 0; d < kHeadDim / 8; ++d) {
-    const float2 sv = *reinterpret_cast<const float2*>(v_scale + d * 8 + 2 * t);
+    for (int d = 0; d < kHeadDim / 8; ++d) {
+      const float2 sv = *reinterpret_cast<const float2*>(v_scale + d * 8 + 2 * t);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float x;
-      if constexpr (std::is_same_v<PvAcc, int32_t>) {
-        x = small_int_to_float(pv[d][e]);  // |P V| <= 64 * 255 * 127 < 2^22
-      } else {
-        x = pv[d][e];
+      for (int e = 0; e < 4; ++e) {
+        const float scale = e & 1 ? sv.y : sv.x;
+        if constexpr (!decltype(with_corr)::value) {
+          o[d][e] = __fmaf_rn(pv[d][e], scale, o[d][e]);  // FP32 P V, corr = carry = 1
+        } else {
+          float x;
+          if constexpr (kInt) {
+            x = small_int_times(pv[d][e], scale, -kRoundMagic * scale);
+          } else {
+            x = pv[d][e] * scale;
+          }
+          if constexpr (decltype(with_carry)::value) x *= carry[e / 2];
+          o[d][e] = __fmaf_rn(o[d][e], corr[e / 2], x);
+        }
       }
-      o[d][e] = __fmaf_rn(o[d][e], corr[e / 2], x * ((e & 1 ? sv.y : sv.x) * carry[e / 2]));
     }
+  };
+  if constexpr (kInt) {
+    if (__all_sync(0xffffffffu, carry[0] == 1.f && carry[1] == 1.f)) fold(std::false_type{}, std::true_type{});
+    else fold(std::true_type{}, std::true_type{});
+  } else {
+    // FP8 (carry 1, P against the running maximum): once the maxima settle, corr is 1 for every
+    // row of the warp in most tiles, and O takes the tile in one FMA per element.
+    if (__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) fold(std::false_type{}, std::false_type{});
+    else fold(std::false_type{}, std::true_type{});
   }
 }
 

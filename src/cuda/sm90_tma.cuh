@@ -43,19 +43,20 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
 
 // Spin until the phase with parity `parity` has completed. A fresh barrier is in phase 0, so
 // waiting on parity 1 returns at once: that is how the producer's first pass finds every slot free.
+// The loop lives inside the asm: a C++ loop around try_wait is a divergent path to ptxas, and
+// crossing one with a wgmma in flight (a consumer waiting for the next tile while its last P V
+// runs) makes it serialize every wgmma of the kernel.
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "LLMQ_MBAR_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra LLMQ_MBAR_WAIT_%=;\n"
+      "}\n"
+      :
+      : "r"(bar), "r"(parity)
+      : "memory");
 }
 
 // Pulls the tensor map into the constant cache ahead of the first copy.

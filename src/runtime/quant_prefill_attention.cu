@@ -17,7 +17,8 @@ Status QuantPrefillAttention::allocate(AttentionVariant variant, int64_t heads, 
     return unsupported("--attention " + std::string(attention_variant_name(variant)) +
                        ": the 8-bit attention kernels take head_dim 64 or 128, this model has " + std::to_string(head_dim));
   heads_ = heads, kv_heads_ = kv_heads, head_dim_ = head_dim, max_q_ = max_q, max_kv_ = max_kv;
-  const int64_t tiles = (max_kv + 63) / 64;
+  LLMQ_RETURN_IF_ERROR(cuda_attention_v_block(head_dim, &v_block_));  // 128 where the Hopper kernel runs
+  const int64_t tiles = (max_kv + v_block_ - 1) / v_block_;
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(max_q * heads * head_dim, "8-bit attention Q", &q8_));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(max_q * heads * 4, "8-bit attention Q scales", &q_scale_));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(max_kv * kv_heads * head_dim, "8-bit attention K", &k8_));
@@ -61,6 +62,7 @@ Status QuantPrefillAttention::run(const uint16_t* q, const uint16_t* k_cache, co
     qa.k_scale = k_scale_.as<float>();
     qa.v_t = v_t_.as<int8_t>();
     qa.v_scale = v_scale_.as<float>();
+    qa.v_block = v_block_;
     LLMQ_RETURN_IF_ERROR(cuda_quantize_attention_inputs(qa, stream));
 
     FullInt8AttentionArgs a;
@@ -79,6 +81,7 @@ Status QuantPrefillAttention::run(const uint16_t* q, const uint16_t* k_cache, co
     a.qk.out = out + s.q_begin * q_row;
     a.v_t = qa.v_t;
     a.v_scale = qa.v_scale;
+    a.v_block = v_block_;
     switch (variant_) {
       case AttentionVariant::kHalfInt8: LLMQ_RETURN_IF_ERROR(cuda_half_int8_attention(a.qk, stream)); break;
       case AttentionVariant::kFullInt8: LLMQ_RETURN_IF_ERROR(cuda_full_int8_attention(a, stream)); break;

@@ -38,6 +38,7 @@ class QuantPrefillAttention {
  private:
   AttentionVariant variant_ = AttentionVariant::kBf16;
   int64_t heads_ = 0, kv_heads_ = 0, head_dim_ = 0, max_q_ = 0, max_kv_ = 0;
+  int64_t v_block_ = 64;  // keys per V scale block: the block the fastest kernel on the device takes
   DeviceAllocation q8_, q_scale_, k8_, k_scale_, v_t_, v_scale_;
 };
 
