@@ -337,6 +337,7 @@ void bench_quantized_attention(int64_t n, bool causal, int iters, bool fp8) {
 
 int main(int argc, char** argv) {
   int iters = 20;
+  std::vector<int64_t> only_8bit;  // --8bit-lengths: just the Hopper-path 8-bit prefill at these lengths
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       g_json = std::fopen(argv[++i], "w");
@@ -344,12 +345,15 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "cannot write %s\n", argv[i]);
         return 2;
       }
+    } else if (std::strcmp(argv[i], "--8bit-lengths") == 0 && i + 1 < argc) {
+      for (char* tok = std::strtok(argv[++i], ","); tok != nullptr; tok = std::strtok(nullptr, ","))
+        only_8bit.push_back(std::atoll(tok));
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       iters = 5;
     } else if (std::atoi(argv[i]) > 0) {
       iters = std::atoi(argv[i]);
     } else {
-      std::fprintf(stderr, "usage: bench_cuda_attention [iterations] [--quick] [--json FILE]\n");
+      std::fprintf(stderr, "usage: bench_cuda_attention [iterations] [--quick] [--json FILE] [--8bit-lengths N,N,..]\n");
       return 2;
     }
   }
@@ -358,6 +362,13 @@ int main(int argc, char** argv) {
   g_device = prop.name;
   std::printf("device: %s, %d SMs; heads %lld/%lld, head_dim %lld\n", prop.name, prop.multiProcessorCount,
               static_cast<long long>(kHeads), static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim));
+  if (!only_8bit.empty()) {
+    for (int64_t n : only_8bit)
+      for (bool causal : {false, true})
+        for (bool fp8 : {false, true}) bench_quantized_attention(n, causal, iters, fp8);
+    if (g_json != nullptr) std::fclose(g_json);
+    return 0;
+  }
   for (int64_t n : {2048, 4096, 8192})
     for (bool causal : {false, true}) {
       bench_prefill(n, causal, llmq::runtime::PrefillKernel::kAuto, iters);

@@ -97,7 +97,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                           const Sm90Params p) {
 #if LLMQ_INT8_GEMM_SM90A
   extern __shared__ unsigned char smem_raw[];
-  SharedStorage& sh = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  // Aligned by pointer arithmetic on smem_raw itself: through an integer cast the compiler loses
+  // that `sh` is shared memory and reads the scales with generic loads (measured: LD.E in the SASS).
+  SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
   const int m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late, causal) row blocks first
   const int head = blockIdx.y, kv_head = head / p.group;
   const int q0 = m_block * kBlockM;
