@@ -145,23 +145,33 @@ __device__ __forceinline__ void quantize_p_tile(const float (&s)[kKeys / 8][4], 
 // accumulator layout above over channels); v_scale: this tile's per-channel scales. carry is 1 for
 // every row of the warp but after a frame clamp (quantize_p_tile): the common path skips it; so
 // does FP8's common path skip corr when it is 1.
-template <int kHeadDim, typename PvAcc>
+// The scales come as floats, or (float2) as pairs {scale, -1.5 * 2^23 * scale} for small_int_times.
+template <int kHeadDim, typename PvAcc, typename Scale>
 __device__ __forceinline__ void fold_pv_tile(float (&o)[kHeadDim / 8][4], const PvAcc (&pv)[kHeadDim / 8][4],
-                                             const float (&corr)[2], const float (&carry)[2], const float* v_scale, int t) {
+                                             const float (&corr)[2], const float (&carry)[2], const Scale* v_scale, int t) {
   constexpr bool kInt = std::is_same_v<PvAcc, int32_t>;  // |P V| <= 128 * 255 * 127 < 2^22
+  constexpr bool kPairs = std::is_same_v<Scale, float2>;
   const auto fold = [&](auto with_carry, auto with_corr) {
 #pragma unroll
     for (int d = 0; d < kHeadDim / 8; ++d) {
-      const float2 sv = *reinterpret_cast<const float2*>(v_scale + d * 8 + 2 * t);
+      float sv[2], neg_magic_sv[2];  // channels 2t, 2t + 1 of this 8-channel tile
+      if constexpr (kPairs) {
+        const float4 s4 = *reinterpret_cast<const float4*>(v_scale + d * 8 + 2 * t);
+        sv[0] = s4.x, neg_magic_sv[0] = s4.y, sv[1] = s4.z, neg_magic_sv[1] = s4.w;
+      } else {
+        const float2 s2 = *reinterpret_cast<const float2*>(v_scale + d * 8 + 2 * t);
+        sv[0] = s2.x, sv[1] = s2.y;
+        neg_magic_sv[0] = -kRoundMagic * s2.x, neg_magic_sv[1] = -kRoundMagic * s2.y;
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float scale = e & 1 ? sv.y : sv.x;
+        const float scale = sv[e & 1];
         if constexpr (!decltype(with_corr)::value) {
           o[d][e] = __fmaf_rn(pv[d][e], scale, o[d][e]);  // FP32 P V, corr = carry = 1
         } else {
           float x;
           if constexpr (kInt) {
-            x = small_int_times(pv[d][e], scale, -kRoundMagic * scale);
+            x = small_int_times(pv[d][e], scale, neg_magic_sv[e & 1]);
           } else {
             x = pv[d][e] * scale;
           }
