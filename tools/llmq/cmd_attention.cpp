@@ -63,6 +63,7 @@ struct Row {
   int p_max;
   bool smooth_k;
   bool p_tile_max = false;
+  int64_t block_kv = 64;  // the KV tile and V block (the Hopper kernels: 128)
 };
 
 const Row kRows[] = {
@@ -76,6 +77,9 @@ const Row kRows[] = {
       {"int8 block, P<=255, smooth K", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, true},
       {"int8 block, P<=255 tile max", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, false, true},
       {"int8 llmq (+ smooth K)", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, true, true},
+      {"int8 llmq, 128-key tiles (H)", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, false, true, 128},
+      {"fp8 llmq (V per block)", AttentionVariant::kFp8, QkScaling::kPerToken, VScaling::kPerBlock, 127, false},
+      {"fp8 llmq, 128-key tiles (H)", AttentionVariant::kFp8, QkScaling::kPerToken, VScaling::kPerBlock, 127, false, false, 128},
       {"bf16", AttentionVariant::kBf16, QkScaling::kPerToken, VScaling::kPerTensor, 127, false},
 };
 
@@ -95,14 +99,15 @@ Status compare_variants(const AttentionProblem& p, const std::vector<float>& q, 
     o.p_max = r.p_max;
     o.smooth_k = r.smooth_k;
     o.p_tile_max = r.p_tile_max;
+    o.block_kv = r.block_kv;
     LLMQ_RETURN_IF_ERROR(quant_attention_reference(p, o, q.data(), k.data(), v.data(), got.data(), threads));
     const AttentionError e = attention_error(got.data(), want.data(), static_cast<int64_t>(got.size()));
-    fmt::print("{:<9} {:>6} | {:<30} | {:7.3f}% {:7.3f}% {:10.6f} {:9.2e}\n", label, tokens, r.name, 100 * e.mre,
+    fmt::print("{:<9} {:>6} | {:<32} | {:7.3f}% {:7.3f}% {:10.6f} {:9.2e}\n", label, tokens, r.name, 100 * e.mre,
                100 * e.rel_l1, e.cosine, e.rmse);
     if (json->is_open()) {
       nlohmann::json j = base;
       j.update({{"bench", "attention_accuracy"}, {"tokens", tokens}, {"heads", p.heads}, {"kv_heads", p.kv_heads},
-                {"head_dim", p.head_dim}, {"causal", p.causal}, {"variant", r.name}, {"mre", e.mre},
+                {"head_dim", p.head_dim}, {"causal", p.causal}, {"variant", r.name}, {"block_kv", r.block_kv}, {"mre", e.mre},
                 {"mre_excluded", e.mre_excluded}, {"rel_l1", e.rel_l1}, {"cosine", e.cosine}, {"rmse", e.rmse},
                 {"max_abs", e.max_abs}});
       *json << j.dump() << "\n";
@@ -132,7 +137,7 @@ int run_on_model(const AttentionArgs& a, std::ofstream* json) {
   if (Status st = model.forward(tokens.data(), n, 0, logits.data()); !st.ok()) return fail(st);
   fmt::print("8-bit attention vs float on {}'s Q/K/V ({} tokens, {} layers, heads {}/{}, head_dim {}, causal)\n",
              description, n, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
-  fmt::print("{:<9} {:>6} | {:<30} | {:>8} {:>8} {:>10} {:>9}\n", "layer", "tokens", "variant", "MRE", "rel L1", "cosine",
+  fmt::print("{:<9} {:>6} | {:<32} | {:>8} {:>8} {:>10} {:>9}\n", "layer", "tokens", "variant", "MRE", "rel L1", "cosine",
              "RMSE");
   AttentionProblem p;
   p.q_len = n;
@@ -159,7 +164,7 @@ int run_accuracy(const AttentionArgs& a) {
   if (!a.model.empty()) return run_on_model(a, &json);
   fmt::print("8-bit attention vs float (CPU specification), heads {}, head_dim {}, {}\n", a.heads, a.head_dim,
              a.causal ? "causal" : "non-causal");
-  fmt::print("{:<9} {:>6} | {:<30} | {:>8} {:>8} {:>10} {:>9}\n", "inputs", "tokens", "variant", "MRE", "rel L1",
+  fmt::print("{:<9} {:>6} | {:<32} | {:>8} {:>8} {:>10} {:>9}\n", "inputs", "tokens", "variant", "MRE", "rel L1",
              "cosine", "RMSE");
   for (const std::string& dist : a.dists) {
     for (int64_t n : a.lengths) {
