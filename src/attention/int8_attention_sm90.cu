@@ -6,7 +6,7 @@
 //   Producer: per 128-key tile, TMA copies of the INT8/E4M3 K tile [128 keys x 128 B] and the V^T
 //     tile [128 channels x 128 keys, already in the kappa key order of v_t], both 128-byte
 //     swizzled, plus plain loads of the tile's key and V scales (V blocks of 128 keys: v_block),
-//     into a 3-stage ring guarded by full / empty mbarriers.
+//     into a 4-stage ring guarded by full / empty mbarriers.
 //   Consumers: Q's A fragments stay in registers for the whole row block (read once from global);
 //     S = Q K^T is wgmma m64n128k32 with A from registers, B the K tile; quantize_p_tile turns the
 //     scores into P fragments in registers, which are the A operand of P V = wgmma m64n128k32 with
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(smem_u32(&sh.full[s]), 32);                 // the producer warp's lanes (+ TMA bytes)
-      mbarrier_init(smem_u32(&sh.empty[s]), kConsumers * 4);    // one arrival per consumer warp
+      mbarrier_init(smem_u32(&sh.empty[s]), kConsumers * 128);  // every consumer thread (see release)
     }
     fence_barrier_init();
   }
@@ -233,10 +233,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_commit_group();
   };
-  const auto release = [&](int stage) {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(smem_u32(&sh.empty[stage]));
-  };
+  // Every thread arrives: an arrive releases only its own thread's earlier reads of the slot (the
+  // scales), so one lane arriving for its warp leaves the others' reads unordered before the
+  // producer's next writes (compute-sanitizer racecheck flagged exactly that). Still one warp
+  // instruction.
+  const auto release = [&](int stage) { mbarrier_arrive(smem_u32(&sh.empty[stage])); };
   // One tile; kHasNext: whether S_{it+1} is issued under the fold. Two instances, not a branch:
   // S's accumulators defined on one path only would be copied at the join, which makes ptxas wait
   // for the product there.
