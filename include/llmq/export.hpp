@@ -11,6 +11,7 @@
 
 #include "llmq/calibration.hpp"
 #include "llmq/model.hpp"
+#include "llmq/nonfinite.hpp"
 #include "llmq/quantized_model.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/scheme.hpp"
@@ -28,6 +29,10 @@ class WeightSource {
   virtual Status read(const std::string& name, Tensor* out) const = 0;  // float32
   virtual std::string config_json() const = 0;  // the config.json to extend with quantization_config
   virtual std::string directory() const { return ""; }  // where tokenizer files may be copied from
+  // What identifies the weights (file names, sizes, modification times, or a checksum of
+  // in-memory weights): --resume reuses finished shards only for the same identity. "" (a source
+  // that cannot say) makes every run's plan unique, so nothing is ever reused for it.
+  virtual std::string identity() const { return ""; }
 };
 
 // An in-memory model under Hugging Face names. llama2.c models (interleaved RoPE) have their q/k
@@ -48,6 +53,8 @@ struct ExportOptions {
   int64_t max_shard_bytes = int64_t{4} << 30;
   bool dry_run = false;             // plan and report, write nothing
   bool overwrite = false;           // replace an existing output directory (never the input)
+  bool resume = false;              // reuse shards a killed run finished (same inputs and options)
+  NonFinitePolicy nonfinite = NonFinitePolicy::kError;  // NaN / Inf in a weight (nonfinite.hpp)
   bool unquantized = false;         // write every tensor in keep_dtype: a plain HF checkpoint
                                     // (llama2.c -> Hugging Face conversion); the scheme is ignored
 };
@@ -57,6 +64,8 @@ struct ExportSummary {
   int64_t quantized_linears = 0;
   int64_t bytes = 0;       // of all tensors written
   int64_t shards = 0;
+  int64_t reused_shards = 0;        // --resume: shards kept from the interrupted run
+  int64_t nonfinite_replaced = 0;   // --nonfinite zero: NaN / Inf values written as 0
   std::string quantization_config;  // JSON text
 };
 

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "llmq/atomic_io.hpp"
 #include "llmq/format.hpp"
 
 // Safetensors data is little-endian; elements are read and written by memcpy.
@@ -225,20 +226,6 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-// write(2) until done: it may write less than asked, or be interrupted.
-Status write_all(int fd, const uint8_t* data, int64_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, static_cast<size_t>(n));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return io_error(path + ": write failed: " + errno_text(errno));
-    }
-    data += w;
-    n -= static_cast<int64_t>(w);
-  }
-  return {};
-}
-
 // Elementwise conversion of n elements at src (any alignment: memcpy) to float32.
 template <typename T, typename Convert>
 void convert_elements(const uint8_t* src, int64_t n, float* dst, Convert convert) {
@@ -414,6 +401,12 @@ std::vector<std::string> Checkpoint::tensor_names() const {
   return names;
 }
 
+std::vector<std::string> Checkpoint::file_paths() const {
+  std::vector<std::string> paths;
+  for (const auto& file : files_) paths.push_back(file->path());
+  return paths;
+}
+
 const SafetensorsTensorInfo* Checkpoint::find(const std::string& name) const {
   const auto it = owner_.find(name);
   return it == owner_.end() ? nullptr : it->second->find(name);
@@ -457,7 +450,7 @@ Status Checkpoint::read_f32(const std::string& name, Tensor* out) const {
 // ---- writing
 
 Status write_safetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
-                         const std::map<std::string, std::string>& metadata) {
+                         const std::map<std::string, std::string>& metadata, SafetensorsWritten* written) {
   // Everything that can be checked is checked before a file is created.
   ordered_json header = ordered_json::object();
   if (!metadata.empty()) {
@@ -512,10 +505,14 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
   uint8_t prefix[kLengthPrefixBytes];
   const auto header_len = static_cast<uint64_t>(header_text.size());
   for (int i = 0; i < kLengthPrefixBytes; ++i) prefix[i] = static_cast<uint8_t>(header_len >> (8 * i));
-  Status st = write_all(fd, prefix, kLengthPrefixBytes, tmp);
-  if (st.ok())
-    st = write_all(fd, reinterpret_cast<const uint8_t*>(header_text.data()), static_cast<int64_t>(header_text.size()),
-                   tmp);
+  // The checksum sees exactly the bytes written, so --resume can verify the file later.
+  Checksum sum;
+  auto emit = [&](const uint8_t* data, int64_t n) {
+    sum.update(data, n);
+    return write_fully(fd, data, n, tmp);
+  };
+  Status st = emit(prefix, kLengthPrefixBytes);
+  if (st.ok()) st = emit(reinterpret_cast<const uint8_t*>(header_text.data()), static_cast<int64_t>(header_text.size()));
   if (!st.ok()) return fail(st);
 
   std::vector<uint8_t> buffer;  // one tensor at a time; reused, so memory peaks at the largest tensor
@@ -535,7 +532,7 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
     }
     if (!fill_status.ok())
       return fail(Status(fill_status.code(), path + ": tensor '" + e.name + "': " + fill_status.message()));
-    st = write_all(fd, buffer.data(), nbytes, tmp);
+    st = emit(buffer.data(), nbytes);
     if (!st.ok()) return fail(st);
   }
   if (::fsync(fd) != 0) return fail(io_error(tmp + ": fsync failed: " + errno_text(errno)));
@@ -544,16 +541,12 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
   if (close_result != 0) return fail(io_error(tmp + ": close failed: " + errno_text(errno)));
   if (::rename(tmp.c_str(), path.c_str()) != 0)
     return fail(io_error(path + ": cannot rename " + tmp + " into place: " + errno_text(errno)));
-  // Make the rename itself durable. Best effort: some file systems refuse fsync on a directory,
-  // and the file is complete either way.
-  const size_t slash = path.find_last_of('/');
-  const std::string parent = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dir_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    (void)::fsync(dir_fd);
-    ::close(dir_fd);
+  if (written != nullptr) {
+    written->bytes = kLengthPrefixBytes + static_cast<int64_t>(header_text.size()) + offset;
+    written->checksum = sum.digest();
   }
-  return {};
+  // Make the rename itself durable.
+  return fsync_directory(parent_directory(path));
 }
 
 }  // namespace llmq

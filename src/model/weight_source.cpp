@@ -1,6 +1,9 @@
 // WeightSources: an in-memory model under Hugging Face names, and a memory-mapped HF checkpoint.
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
+#include "llmq/atomic_io.hpp"
 #include "llmq/export.hpp"
 #include "llmq/safetensors.hpp"
 
@@ -74,6 +77,16 @@ class MemorySource : public WeightSource {
     return {};
   }
   std::string config_json() const override { return hf_config_json(config_); }
+  // In-memory models are small (llama2.c files, the default model): a checksum of every weight.
+  std::string identity() const override {
+    Checksum sum;
+    for (const std::string& name : names_) {
+      const Tensor* t = lookup(name);
+      sum.update(name.data(), static_cast<int64_t>(name.size()));
+      sum.update(t->data(), t->nbytes());
+    }
+    return "memory " + checksum_hex(sum.digest());
+  }
 
  private:
   void add(const std::string& name, const Tensor* t) {
@@ -106,6 +119,19 @@ class CheckpointSource : public WeightSource {
   Status read(const std::string& name, Tensor* out) const override { return ckpt_->read_f32(name, out); }
   std::string config_json() const override { return ckpt_->config_json(); }
   std::string directory() const override { return ckpt_->dir(); }
+  // Hashing a checkpoint of many GB would cost a full read; name, size and modification time of
+  // each file say whether it changed, as make and rsync decide.
+  std::string identity() const override {
+    std::string id = "checkpoint " + ckpt_->config_json();
+    for (const std::string& path : ckpt_->file_paths()) {
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0) return "";  // unknown: never resumable
+      id += "\n" + path + " " + std::to_string(static_cast<long long>(st.st_size)) + " " +
+            std::to_string(static_cast<long long>(st.st_mtim.tv_sec)) + "." +
+            std::to_string(static_cast<long long>(st.st_mtim.tv_nsec));
+    }
+    return id;
+  }
 
  private:
   std::unique_ptr<Checkpoint> ckpt_;
