@@ -27,6 +27,9 @@ class WeightSource {
   virtual std::vector<std::string> tensor_names() const = 0;  // in checkpoint order
   virtual Status shape(const std::string& name, std::vector<int64_t>* out) const = 0;
   virtual Status read(const std::string& name, Tensor* out) const = 0;  // float32
+  // Rows [row_begin, row_begin + rows) of dimension 0 as float32. The default reads the whole
+  // tensor; a checkpoint reads only those rows, so the exporter streams large tensors.
+  virtual Status read_rows(const std::string& name, int64_t row_begin, int64_t rows, Tensor* out) const;
   virtual std::string config_json() const = 0;  // the config.json to extend with quantization_config
   virtual std::string directory() const { return ""; }  // where tokenizer files may be copied from
   // What identifies the weights (file names, sizes, modification times, or a checksum of

@@ -25,7 +25,9 @@ NonFiniteCount count_nonfinite(const float* data, int64_t n);
 
 // Apply the policy to a float32 tensor called `name`. kError: an error naming the tensor, the
 // counts and the first element (as row, col for a matrix). kZero: replace them with 0 and add the
-// count to *replaced (when not null).
-Status apply_nonfinite_policy(const std::string& name, NonFinitePolicy policy, Tensor* t, int64_t* replaced = nullptr);
+// count to *replaced (when not null). first_row: where t starts in the whole tensor (t a block of
+// its rows), so the error gives the position in the whole tensor.
+Status apply_nonfinite_policy(const std::string& name, NonFinitePolicy policy, Tensor* t, int64_t* replaced = nullptr,
+                              int64_t first_row = 0);
 
 }  // namespace llmq

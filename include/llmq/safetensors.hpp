@@ -43,6 +43,9 @@ class SafetensorsFile {
   const SafetensorsTensorInfo* find(const std::string& name) const;
   // A view of the mapped bytes (read-only; do not write through it).
   Status view(const std::string& name, TensorView* out) const;
+  // Drop this process's mapped pages of bytes [begin, end) of the data section (madvise
+  // MADV_DONTNEED: the mapping stays valid, a later read pages them in again).
+  void release_pages(int64_t begin, int64_t end) const;
 
  private:
   SafetensorsFile() = default;
@@ -67,7 +70,12 @@ class Checkpoint {
   const SafetensorsTensorInfo* find(const std::string& name) const;
   Status view(const std::string& name, TensorView* out) const;
   // Read a tensor as float32, whatever its stored dtype (F8/I8 are returned raw: no scale applied).
+  // The mapped pages it read are released afterwards, so streaming a checkpoint larger than RAM
+  // through read_f32 keeps the resident set at one tensor, not the file (the page cache still
+  // holds them while memory allows).
   Status read_f32(const std::string& name, Tensor* out) const;
+  // Rows [row_begin, row_begin + rows) of dimension 0 as float32 [rows, ...] (pages released too).
+  Status read_f32_rows(const std::string& name, int64_t row_begin, int64_t rows, Tensor* out) const;
 
  private:
   std::string dir_;
@@ -86,6 +94,9 @@ struct SafetensorsWriteEntry {
   std::vector<int64_t> shape;
   // Fills exactly dtype_storage_bytes(dtype, numel) bytes at dst.
   std::function<Status(uint8_t* dst)> fill;
+  // Instead of fill, for large tensors: fills rows [row_begin, row_begin + rows) of dimension 0,
+  // so the writer holds one block of rows (about 64 MiB) at a time instead of the whole tensor.
+  std::function<Status(int64_t row_begin, int64_t rows, uint8_t* dst)> fill_rows;
 };
 struct SafetensorsWritten {
   int64_t bytes = 0;      // the whole file

@@ -360,18 +360,24 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
     if (is_weight)
       if (const auto it = smooth_of.find(module); it != smooth_of.end()) multiply = &it->second;
     const NonFinitePolicy policy = options.nonfinite;
-    entries.push_back({name, keep, shape, [&source, name, keep, divide, multiply, policy, &nonfinite_replaced](uint8_t* dst) -> Status {
-                         Tensor t;
-                         LLMQ_RETURN_IF_ERROR(source.read(name, &t));
-                         LLMQ_RETURN_IF_ERROR(apply_nonfinite_policy(name, policy, &t, &nonfinite_replaced));
-                         if (divide != nullptr) {
-                           float* p = t.data_as<float>();
-                           for (int64_t i = 0; i < t.numel(); ++i) p[i] /= (*divide)[static_cast<size_t>(i)];
-                         }
-                         if (multiply != nullptr) QuantizeCache::scale_columns(&t, *multiply);
-                         store_float(t, keep, dst);
-                         return {};
-                       }});
+    // Rows [r, r + n) of dimension 0, streamed: a 2 GB embedding never sits in memory whole.
+    auto fill_rows = [&source, name, keep, divide, multiply, policy, &nonfinite_replaced](
+                         int64_t r, int64_t n, uint8_t* dst) -> Status {
+      Tensor t;
+      LLMQ_RETURN_IF_ERROR(source.read_rows(name, r, n, &t));
+      LLMQ_RETURN_IF_ERROR(apply_nonfinite_policy(name, policy, &t, &nonfinite_replaced, r));
+      if (divide != nullptr) {  // a norm gain [dim]: element i is row r + i
+        float* p = t.data_as<float>();
+        for (int64_t i = 0; i < t.numel(); ++i) p[i] /= (*divide)[static_cast<size_t>(r + i)];
+      }
+      if (multiply != nullptr) QuantizeCache::scale_columns(&t, *multiply);
+      store_float(t, keep, dst);
+      return {};
+    };
+    SafetensorsWriteEntry entry{name, keep, shape, nullptr, nullptr};
+    if (shape.empty()) entry.fill = [fill_rows](uint8_t* dst) { return fill_rows(0, 1, dst); };
+    else entry.fill_rows = fill_rows;
+    entries.push_back(std::move(entry));
   }
   for (const auto& e : entries) sum.bytes += safetensors_entry_bytes(e);
   sum.tensors = static_cast<int64_t>(entries.size());

@@ -17,7 +17,8 @@ NonFiniteCount count_nonfinite(const float* data, int64_t n) {
   return c;
 }
 
-Status apply_nonfinite_policy(const std::string& name, NonFinitePolicy policy, Tensor* t, int64_t* replaced) {
+Status apply_nonfinite_policy(const std::string& name, NonFinitePolicy policy, Tensor* t, int64_t* replaced,
+                              int64_t first_row) {
   if (t->dtype() != DType::kF32) return invalid_argument(name + ": the non-finite check reads float32 tensors");
   float* p = t->data_as<float>();
   const NonFiniteCount c = count_nonfinite(p, t->numel());
@@ -28,11 +29,14 @@ Status apply_nonfinite_policy(const std::string& name, NonFinitePolicy policy, T
     if (replaced != nullptr) *replaced += c.total();
     return {};
   }
-  std::string where = "element " + std::to_string(c.first);
-  if (t->shape().size() == 2 && t->shape()[1] > 0)
-    where += " (row " + std::to_string(c.first / t->shape()[1]) + ", col " + std::to_string(c.first % t->shape()[1]) + ")";
+  const int64_t rows = t->shape().empty() ? 1 : t->shape()[0];
+  const int64_t row_elements = rows > 0 ? t->numel() / rows : 1;
+  const int64_t first = first_row * row_elements + c.first;
+  std::string where = "element " + std::to_string(first);
+  if (t->shape().size() == 2 && row_elements > 0)
+    where += " (row " + std::to_string(first / row_elements) + ", col " + std::to_string(first % row_elements) + ")";
   return invalid_argument("tensor '" + name + "': " + std::to_string(c.nan) + " NaN and " + std::to_string(c.inf) +
-                          " Inf values of " + std::to_string(t->numel()) + ", the first at " + where +
+                          " Inf values, the first at " + where +
                           "; llmq refuses non-finite weights (llmq quantize --nonfinite zero replaces them with 0)");
 }
 

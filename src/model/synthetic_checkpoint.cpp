@@ -71,12 +71,12 @@ void store(float v, DType dtype, uint8_t* dst) {
   std::memcpy(dst, &bits, 2);
 }
 
-// Fill a tensor: norm gains near 1 (a few large, as real RMSNorm gains feeding outlier channels
-// are), matrices N(0, 1/cols) with outlier input channels.
-Status fill_tensor(const HfTensorSpec& spec, DType dtype, uint64_t tensor_seed, uint8_t* dst) {
-  const int64_t cols = spec.shape.back();
-  int64_t rows = 1;
-  for (size_t d = 0; d + 1 < spec.shape.size(); ++d) rows *= spec.shape[d];
+// Fill rows [row_begin, row_begin + rows) of a tensor: norm gains near 1 (a few large, as real
+// RMSNorm gains feeding outlier channels are), matrices N(0, 1/cols) with outlier input channels.
+// A 1-D tensor is one row.
+Status fill_tensor(const HfTensorSpec& spec, DType dtype, uint64_t tensor_seed, int64_t row_begin, int64_t rows,
+                   uint8_t* dst) {
+  const int64_t cols = spec.shape.size() == 1 ? spec.shape[0] : spec.shape.back();
   const int64_t elem = dtype_storage_bytes(dtype, 1);
   const bool vector = spec.shape.size() == 1;
   const float sigma = vector ? 0.1f : static_cast<float>(1.0 / std::sqrt(static_cast<double>(cols)));
@@ -85,12 +85,12 @@ Status fill_tensor(const HfTensorSpec& spec, DType dtype, uint64_t tensor_seed, 
     outlier_column[static_cast<size_t>(c)] = splitmix64(tensor_seed + 1 + static_cast<uint64_t>(c)) % kOutlierChannelEvery == 0;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
-      const uint64_t i = static_cast<uint64_t>(r * cols + c);
+      const uint64_t i = static_cast<uint64_t>((row_begin + r) * cols + c);
       float v = draw(tensor_seed, i) * sigma;
       const bool outlier = outlier_column[static_cast<size_t>(c)] != 0;
       if (vector) v += outlier ? kOutlierGain * 0.2f : 1.0f;
       else if (outlier) v *= kOutlierGain;
-      store(v, dtype, dst + i * static_cast<uint64_t>(elem));
+      store(v, dtype, dst + (r * cols + c) * elem);
     }
   }
   return {};
@@ -131,8 +131,14 @@ Status write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpo
   for (const HfTensorSpec& spec : hf_tensor_specs(options.config)) {
     tensor_seed = splitmix64(tensor_seed);
     const DType dtype = options.dtype;
-    entries.push_back({spec.name, dtype, spec.shape,
-                       [spec, dtype, tensor_seed](uint8_t* dst) { return fill_tensor(spec, dtype, tensor_seed, dst); }});
+    SafetensorsWriteEntry entry{spec.name, dtype, spec.shape, nullptr, nullptr};
+    if (spec.shape.size() == 1)
+      entry.fill = [spec, dtype, tensor_seed](uint8_t* dst) { return fill_tensor(spec, dtype, tensor_seed, 0, 1, dst); };
+    else
+      entry.fill_rows = [spec, dtype, tensor_seed](int64_t r, int64_t n, uint8_t* dst) {
+        return fill_tensor(spec, dtype, tensor_seed, r, n, dst);
+      };
+    entries.push_back(std::move(entry));
   }
   const std::vector<std::vector<SafetensorsWriteEntry>> shards = split_into_shards(entries, options.max_shard_bytes);
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();

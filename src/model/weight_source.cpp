@@ -117,6 +117,9 @@ class CheckpointSource : public WeightSource {
     return {};
   }
   Status read(const std::string& name, Tensor* out) const override { return ckpt_->read_f32(name, out); }
+  Status read_rows(const std::string& name, int64_t row_begin, int64_t rows, Tensor* out) const override {
+    return ckpt_->read_f32_rows(name, row_begin, rows, out);
+  }
   std::string config_json() const override { return ckpt_->config_json(); }
   std::string directory() const override { return ckpt_->dir(); }
   // Hashing a checkpoint of many GB would cost a full read; name, size and modification time of
@@ -139,6 +142,23 @@ class CheckpointSource : public WeightSource {
 };
 
 }  // namespace
+
+Status WeightSource::read_rows(const std::string& name, int64_t row_begin, int64_t rows, Tensor* out) const {
+  Tensor whole;
+  LLMQ_RETURN_IF_ERROR(read(name, &whole));
+  std::vector<int64_t> shape = whole.shape();
+  const int64_t all_rows = shape.empty() ? 1 : shape[0];
+  if (row_begin < 0 || rows < 0 || row_begin > all_rows || rows > all_rows - row_begin)
+    return invalid_argument(name + ": rows [" + std::to_string(row_begin) + ", " + std::to_string(row_begin + rows) +
+                            ") outside [0, " + std::to_string(all_rows) + ")");
+  if (!shape.empty()) shape[0] = rows;
+  Tensor part(DType::kF32, shape);
+  const int64_t row_elements = all_rows > 0 ? whole.numel() / all_rows : 0;
+  std::copy(whole.data_as<float>() + row_begin * row_elements,
+            whole.data_as<float>() + (row_begin + rows) * row_elements, part.data_as<float>());
+  *out = std::move(part);
+  return {};
+}
 
 std::unique_ptr<WeightSource> memory_weight_source(const ModelWeights& model) {
   return std::make_unique<MemorySource>(model);
