@@ -233,6 +233,7 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
   if (!options.unquantized) LLMQ_RETURN_IF_ERROR(check_scheme_format(scheme));
   if (!options.unquantized && scheme.needs_statistics() && stats == nullptr)
     return invalid_argument("--stats: scheme " + scheme.name + " needs calibration statistics; run llmq calibrate");
+  if (stats != nullptr) LLMQ_RETURN_IF_ERROR(stats->check_matches(source.config()));
   if (options.keep_dtype != DType::kBF16 && options.keep_dtype != DType::kF16 && options.keep_dtype != DType::kF32)
     return invalid_argument("--keep-dtype: must be bf16, f16 or f32");
   fs::path out_path = fs::absolute(out_dir).lexically_normal();

@@ -46,22 +46,6 @@ float draw(uint64_t tensor_seed, uint64_t i) {
   return v;
 }
 
-std::vector<int64_t> linear_shape(const ModelConfig& c, const LinearId& id) {
-  const int64_t q_out = c.n_heads * c.head_dim, kv_out = c.n_kv_heads * c.head_dim;
-  switch (id.role) {
-    case LinearRole::kQ: return {q_out, c.dim};
-    case LinearRole::kK:
-    case LinearRole::kV: return {kv_out, c.dim};
-    case LinearRole::kO: return {c.dim, q_out};
-    case LinearRole::kGate:
-    case LinearRole::kUp: return {c.hidden_dim, c.dim};
-    case LinearRole::kDown: return {c.dim, c.hidden_dim};
-    case LinearRole::kRouter: return {c.n_experts, c.dim};
-    case LinearRole::kLmHead: return {c.vocab_size, c.dim};
-  }
-  return {};
-}
-
 void store(float v, DType dtype, uint8_t* dst) {
   if (dtype == DType::kF32) {
     std::memcpy(dst, &v, 4);

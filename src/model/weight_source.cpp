@@ -1,11 +1,15 @@
 // WeightSources: an in-memory model under Hugging Face names, and a memory-mapped HF checkpoint.
 #include <sys/stat.h>
 
+#include <cstdlib>
+#include <set>
+
 #include <nlohmann/json.hpp>
 
 #include "llmq/atomic_io.hpp"
 #include "llmq/export.hpp"
 #include "llmq/safetensors.hpp"
+#include "llmq/synthetic_checkpoint.hpp"
 
 namespace llmq {
 namespace {
@@ -141,6 +145,40 @@ class CheckpointSource : public WeightSource {
   ModelConfig config_;
 };
 
+// The streaming quantizer never builds the model, so it checks here what load_hf_model checks as
+// it loads: every tensor config.json implies is present, of that shape, in a float dtype; no
+// layer beyond num_hidden_layers; and an lm_head unless the embeddings are tied.
+Status check_against_config(const Checkpoint& ckpt, const ModelConfig& config) {
+  const std::string where = "--model: " + ckpt.dir() + ": ";
+  std::set<std::string> expected;
+  for (const HfTensorSpec& spec : hf_tensor_specs(config)) {
+    expected.insert(spec.name);
+    const SafetensorsTensorInfo* info = ckpt.find(spec.name);
+    if (info == nullptr) {
+      if (spec.name == "lm_head.weight")
+        return invalid_argument(where + "no lm_head.weight, and config.json's tie_word_embeddings is false: a loader "
+                                "would start lm_head from random weights");
+      return invalid_argument(where + "tensor '" + spec.name + "' is missing (config.json: " + config.model_type + ", " +
+                              std::to_string(config.n_layers) + " layers)");
+    }
+    if (info->shape != spec.shape)
+      return invalid_argument(where + "tensor '" + spec.name + "' has shape " + shape_string(info->shape) +
+                              ", config.json implies " + shape_string(spec.shape));
+    if (!is_high_precision(info->dtype))
+      return invalid_argument(where + "tensor '" + spec.name + "' is " + dtype_name(info->dtype) +
+                              "; weights must be F32, F64, F16 or BF16");
+  }
+  const std::string layers = "model.layers.";
+  for (const std::string& name : ckpt.tensor_names()) {
+    if (expected.count(name) != 0 || name.rfind(layers, 0) != 0) continue;
+    const int64_t layer = std::atoll(name.c_str() + layers.size());
+    if (layer >= config.n_layers)
+      return invalid_argument(where + "tensor '" + name + "' belongs to layer " + std::to_string(layer) +
+                              ", but config.json's num_hidden_layers is " + std::to_string(config.n_layers));
+  }
+  return {};
+}
+
 }  // namespace
 
 Status WeightSource::read_rows(const std::string& name, int64_t row_begin, int64_t rows, Tensor* out) const {
@@ -180,6 +218,7 @@ Status checkpoint_weight_source(const std::string& dir, std::unique_ptr<WeightSo
     if (info != nullptr && (is_fp8(info->dtype) || info->dtype == DType::kI8))
       return invalid_argument("--model: " + dir + " holds 8-bit tensor " + name + "; quantize from the original weights");
   }
+  LLMQ_RETURN_IF_ERROR(check_against_config(*ckpt, config));
   *out = std::make_unique<CheckpointSource>(std::move(ckpt), std::move(config));
   return {};
 }
