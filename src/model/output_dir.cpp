@@ -57,6 +57,8 @@ Status OutputDir::begin(const std::string& out, const std::string& plan, bool re
   d->out_ = out;
   d->staging_ = out + staging_suffix();
   d->plan_ = plan;
+  std::error_code ec;
+  fs::create_directories(fs::path(out).parent_path(), ec);  // as `mkdir -p`; a failure shows below
   remove_old_outputs(fs::path(out));
   if (::mkdir(d->staging_.c_str(), 0755) != 0 && errno != EEXIST)
     return io_error("--out: cannot create " + d->staging_ + ": " + std::strerror(errno));
@@ -92,6 +94,11 @@ Status OutputDir::load_manifest(bool resume) {
                                 old_plan + ", now " + plan_ + "); rerun without --resume to start over");
       if (resume) {
         for (const auto& [name, e] : j["files"].items()) {
+          // Only plain names inside the staging directory; an edited manifest must not make us
+          // read (or keep) anything elsewhere.
+          if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." ||
+              name == manifest_name())
+            continue;
           if (!e.is_object() || !e.contains("size") || !e.contains("checksum") || !e["size"].is_number_integer() ||
               !e["checksum"].is_string())
             continue;
