@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmq/calibration.hpp"
+#include "llmq/quantize.hpp"
 #include "llmq/export.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/model_io.hpp"
@@ -322,6 +323,19 @@ TEST(BadUserInput, TokenIdsOutsideTheVocabularyNameFileAndLine) {
     write_text(dir.file("ids.txt"), "1 2 3\n4 " + bad + " 5\n");
     expect_error_mentions(read_token_sequences(dir.file("ids.txt"), 512, &seqs), {dir.file("ids.txt") + ":2", bad});
   }
+}
+
+TEST(BadUserInput, ZeroAndNegativeGroupAndBlockSizesAreRefused) {
+  const std::vector<float> x = llmq::testing::outlier_matrix(4, 256, 3);
+  ScaleSet scales;
+  for (int64_t g : {int64_t{0}, int64_t{-128}}) {
+    SCOPED_TRACE(g);
+    expect_error_mentions(compute_scale(matrix_view(x.data(), 4, 256), QuantSpec::per_group(DType::kE4M3, g), &scales),
+                          {"group_size", std::to_string(g)});
+    expect_error_mentions(compute_scale(matrix_view(x.data(), 4, 256), QuantSpec::per_block(DType::kE4M3, g, 128), &scales),
+                          {"block"});
+  }
+  EXPECT_TRUE(compute_scale(matrix_view(x.data(), 4, 256), QuantSpec::per_group(DType::kE4M3, 128), &scales).ok());
 }
 
 }  // namespace
