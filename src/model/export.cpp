@@ -174,12 +174,6 @@ void store_float(const Tensor& t, DType dtype, uint8_t* dst) {
 // Bump when the bytes llmq writes for the same inputs change, so --resume never mixes versions.
 constexpr const char* kPlanVersion = "llmq-export-plan-1";
 
-std::string shape_key(const std::vector<int64_t>& shape) {
-  std::string s;
-  for (int64_t d : shape) s += std::to_string(d) + ",";
-  return s;
-}
-
 // The statistics as text: static scales and SmoothQuant factors are computed from them.
 std::string stats_fingerprint(const CalibrationStats* stats) {
   if (stats == nullptr) return "no stats";
@@ -412,7 +406,7 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
                           stats_fingerprint(stats) + "\n" + std::to_string(static_cast<int>(options.nonfinite)) + "\n";
   for (const auto& shard : shards) {
     plan_text += "shard";
-    for (const auto& e : shard) plan_text += " " + e.name + ":" + dtype_name(e.dtype) + ":" + shape_key(e.shape);
+    for (const auto& e : shard) plan_text += " " + e.name + ":" + dtype_name(e.dtype) + ":" + shape_string(e.shape);
     plan_text += "\n";
   }
   Checksum plan_sum;
