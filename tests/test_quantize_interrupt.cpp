@@ -35,7 +35,7 @@ namespace fs = std::filesystem;
 using llmq::testing::TempDir;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kKills = 4;
+constexpr int kKills = 3;
 constexpr int64_t kShardMb = 1;
 
 // A synthetic checkpoint of `tiny` shapes with enough layers that quantizing it takes a good
@@ -43,7 +43,7 @@ constexpr int64_t kShardMb = 1;
 void make_input(const std::string& dir) {
   SyntheticCheckpointOptions o;
   ASSERT_TRUE(synthetic_model_config("tiny", &o.config).ok());
-  o.config.n_layers = 8;
+  o.config.n_layers = 6;
   o.max_shard_bytes = int64_t{2} << 20;
   o.seed = 11;
   const Status st = write_synthetic_checkpoint(dir, o);
