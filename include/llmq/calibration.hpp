@@ -33,6 +33,11 @@ struct CalibrationStats {
   Status save(const std::string& path) const;  // JSON, written to a temp file and renamed
   static Status load(const std::string& path, CalibrationStats* out);
   const LinearStats* find(const std::string& module) const;
+  // Were these statistics measured on a model of this shape? Every entry must name a linear layer
+  // the model has, with its input width, and hold finite, non-negative absmax values; the error
+  // names the entry and says what the model has instead. (Missing entries are reported where a
+  // scheme needs them.)
+  Status check_matches(const ModelConfig& config) const;
 };
 
 // A LinearBackend that observes inputs (and weights, once) and then runs the float matmul.

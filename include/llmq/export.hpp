@@ -11,6 +11,7 @@
 
 #include "llmq/calibration.hpp"
 #include "llmq/model.hpp"
+#include "llmq/nonfinite.hpp"
 #include "llmq/quantized_model.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/scheme.hpp"
@@ -26,8 +27,15 @@ class WeightSource {
   virtual std::vector<std::string> tensor_names() const = 0;  // in checkpoint order
   virtual Status shape(const std::string& name, std::vector<int64_t>* out) const = 0;
   virtual Status read(const std::string& name, Tensor* out) const = 0;  // float32
+  // Rows [row_begin, row_begin + rows) of dimension 0 as float32. The default reads the whole
+  // tensor; a checkpoint reads only those rows, so the exporter streams large tensors.
+  virtual Status read_rows(const std::string& name, int64_t row_begin, int64_t rows, Tensor* out) const;
   virtual std::string config_json() const = 0;  // the config.json to extend with quantization_config
   virtual std::string directory() const { return ""; }  // where tokenizer files may be copied from
+  // What identifies the weights (file names, sizes, modification times, or a checksum of
+  // in-memory weights): --resume reuses finished shards only for the same identity. "" (a source
+  // that cannot say) makes every run's plan unique, so nothing is ever reused for it.
+  virtual std::string identity() const { return ""; }
 };
 
 // An in-memory model under Hugging Face names. llama2.c models (interleaved RoPE) have their q/k
@@ -48,6 +56,8 @@ struct ExportOptions {
   int64_t max_shard_bytes = int64_t{4} << 30;
   bool dry_run = false;             // plan and report, write nothing
   bool overwrite = false;           // replace an existing output directory (never the input)
+  bool resume = false;              // reuse shards a killed run finished (same inputs and options)
+  NonFinitePolicy nonfinite = NonFinitePolicy::kError;  // NaN / Inf in a weight (nonfinite.hpp)
   bool unquantized = false;         // write every tensor in keep_dtype: a plain HF checkpoint
                                     // (llama2.c -> Hugging Face conversion); the scheme is ignored
 };
@@ -57,6 +67,8 @@ struct ExportSummary {
   int64_t quantized_linears = 0;
   int64_t bytes = 0;       // of all tensors written
   int64_t shards = 0;
+  int64_t reused_shards = 0;        // --resume: shards kept from the interrupted run
+  int64_t nonfinite_replaced = 0;   // --nonfinite zero: NaN / Inf values written as 0
   std::string quantization_config;  // JSON text
 };
 

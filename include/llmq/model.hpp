@@ -62,6 +62,9 @@ struct LinearId {
   std::string hf_name(const ModelConfig& config) const;
 };
 
+// The weight shape [out, in] of a linear layer under `config`.
+std::vector<int64_t> linear_shape(const ModelConfig& config, const LinearId& id);
+
 struct Linear {
   LinearId id;
   Tensor weight;  // f32 [out, in]
@@ -93,6 +96,9 @@ struct ModelWeights {
   std::vector<Linear*> linears();
   std::vector<const Linear*> linears() const;
   int64_t parameter_count() const;
+  // NaN / Inf anywhere is an error naming the tensor, counts and first position (nonfinite.hpp);
+  // `where` (the model's path) prefixes the message.
+  Status check_finite(const std::string& where) const;
 };
 
 // llama2.c checkpoints: the legacy header of 7 int32 (negative vocab = unshared classifier) and

@@ -43,6 +43,9 @@ class SafetensorsFile {
   const SafetensorsTensorInfo* find(const std::string& name) const;
   // A view of the mapped bytes (read-only; do not write through it).
   Status view(const std::string& name, TensorView* out) const;
+  // Drop this process's mapped pages of bytes [begin, end) of the data section (madvise
+  // MADV_DONTNEED: the mapping stays valid, a later read pages them in again).
+  void release_pages(int64_t begin, int64_t end) const;
 
  private:
   SafetensorsFile() = default;
@@ -63,10 +66,16 @@ class Checkpoint {
   const std::string& dir() const { return dir_; }
   const std::string& config_json() const { return config_json_; }  // raw text of config.json
   std::vector<std::string> tensor_names() const;  // in file order, shard by shard
+  std::vector<std::string> file_paths() const;    // the safetensors files, shard by shard
   const SafetensorsTensorInfo* find(const std::string& name) const;
   Status view(const std::string& name, TensorView* out) const;
   // Read a tensor as float32, whatever its stored dtype (F8/I8 are returned raw: no scale applied).
+  // The mapped pages it read are released afterwards, so streaming a checkpoint larger than RAM
+  // through read_f32 keeps the resident set at one tensor, not the file (the page cache still
+  // holds them while memory allows).
   Status read_f32(const std::string& name, Tensor* out) const;
+  // Rows [row_begin, row_begin + rows) of dimension 0 as float32 [rows, ...] (pages released too).
+  Status read_f32_rows(const std::string& name, int64_t row_begin, int64_t rows, Tensor* out) const;
 
  private:
   std::string dir_;
@@ -77,16 +86,34 @@ class Checkpoint {
 
 // Writing: the header (names, dtypes, shapes) must be known first; each tensor's bytes are then
 // produced by a callback, in order, so a large checkpoint streams through memory one tensor at a
-// time. The file is written as `path` + ".tmp-<pid>" and renamed on success.
+// time. The file is written as `path` + ".tmp-<pid>", fsynced and renamed on success, and the
+// directory fsynced.
 struct SafetensorsWriteEntry {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   // Fills exactly dtype_storage_bytes(dtype, numel) bytes at dst.
   std::function<Status(uint8_t* dst)> fill;
+  // Instead of fill, for large tensors: fills rows [row_begin, row_begin + rows) of dimension 0,
+  // so the writer holds one block of rows (about 64 MiB) at a time instead of the whole tensor.
+  std::function<Status(int64_t row_begin, int64_t rows, uint8_t* dst)> fill_rows;
+};
+struct SafetensorsWritten {
+  int64_t bytes = 0;      // the whole file
+  uint64_t checksum = 0;  // llmq::Checksum of the whole file (atomic_io.hpp)
 };
 Status write_safetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
-                         const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+                         const std::map<std::string, std::string>& metadata = {{"format", "pt"}},
+                         SafetensorsWritten* written = nullptr);
+
+// Bytes of one entry's tensor data.
+int64_t safetensors_entry_bytes(const SafetensorsWriteEntry& entry);
+// Consecutive groups of entries of at most max_shard_bytes each (a larger tensor gets a shard of
+// its own), as Hugging Face shards a checkpoint.
+std::vector<std::vector<SafetensorsWriteEntry>> split_into_shards(std::vector<SafetensorsWriteEntry> entries,
+                                                                  int64_t max_shard_bytes);
+// "model.safetensors" for one shard, else "model-00001-of-00003.safetensors".
+std::string shard_file_name(size_t index, size_t count);
 
 // Parse config.json text into a ModelConfig (llama, mistral, qwen2, mixtral by model_type).
 Status parse_hf_config(const std::string& json_text, ModelConfig* out);

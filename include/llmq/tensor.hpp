@@ -70,6 +70,9 @@ class Tensor {
 };
 
 // Convenience: wrap a float vector as a 2-D view.
+// "[4096, 14336]" for messages.
+std::string shape_string(const std::vector<int64_t>& shape);
+
 TensorView matrix_view(float* data, int64_t rows, int64_t cols);
 TensorView matrix_view(const float* data, int64_t rows, int64_t cols);
 

@@ -188,6 +188,14 @@ float decode_float_slow(uint32_t code, DType source) {
 }  // namespace
 
 uint16_t float_to_bf16_bits(float x) {
+  // BF16 is float32 with the low 16 bits rounded off, the same exponent range (subnormals
+  // included), so round-to-nearest-even is one add on the bits: add 0x7FFF plus the lowest kept
+  // bit, truncate. Overflow carries into the exponent and gives Inf, as non-saturating RNE must.
+  // Checkpoints convert billions of values; the general encoder is kept for NaN's canonical code.
+  if (!std::isnan(x)) {
+    const uint32_t u = float_bits(x);
+    return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
   return static_cast<uint16_t>(encode_float(x, DType::kBF16, {Rounding::kNearestEven, Saturation::kNonSaturating}));
 }
 float bf16_bits_to_float(uint16_t bits) { return bits_float(static_cast<uint32_t>(bits) << 16); }

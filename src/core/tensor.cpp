@@ -124,4 +124,10 @@ TensorView matrix_view(const float* data, int64_t rows, int64_t cols) {
   return matrix_view(const_cast<float*>(data), rows, cols);
 }
 
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 }  // namespace llmq

@@ -1,11 +1,13 @@
 // Calibration observers and the statistics file.
 #include "llmq/calibration.hpp"
 
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
+
+#include "llmq/atomic_io.hpp"
+#include "llmq/quantized_model.hpp"
 
 namespace llmq {
 
@@ -30,20 +32,9 @@ Status CalibrationStats::save(const std::string& path) const {
                 {"weight_channel_absmax", s.weight_channel_absmax}};
   }
   j["linears"] = ls;
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp);
-    if (!out) return {StatusCode::kIoError, "stats: cannot write " + tmp};
-    out << j.dump(1) << "\n";
-    if (!out.good()) {
-      std::remove(tmp.c_str());
-      return {StatusCode::kIoError, "stats: write failed for " + tmp};
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return {StatusCode::kIoError, "stats: cannot rename " + tmp + " to " + path};
-  }
+  // Durable and all-or-nothing: a crash leaves the old file or the new one.
+  const Status st = write_file_atomic(path, j.dump(1) + "\n");
+  if (!st.ok()) return {st.code(), "stats: " + st.message()};
   return {};
 }
 
@@ -75,6 +66,30 @@ Status CalibrationStats::load(const std::string& path, CalibrationStats* out) {
     *out = std::move(s);
   } catch (const std::exception& e) {
     return invalid_argument("--stats: " + path + ": " + e.what());
+  }
+  return {};
+}
+
+Status CalibrationStats::check_matches(const ModelConfig& config) const {
+  std::map<std::string, int64_t> in_features;  // module -> input width
+  for (const LinearId& id : linear_ids(config)) in_features[id.hf_name(config)] = linear_shape(config, id)[1];
+  for (const auto& [name, l] : linears) {
+    const auto it = in_features.find(name);
+    if (it == in_features.end())
+      return invalid_argument("--stats: '" + name + "' is not a linear layer of this model (" +
+                              std::to_string(config.n_layers) + " layers, " + config.model_type +
+                              (config.is_moe() ? ", " + std::to_string(config.n_experts) + " experts" : "") +
+                              "); were the statistics measured on another model?");
+    if (l.in_features != it->second)
+      return invalid_argument("--stats: '" + name + "' has " + std::to_string(l.in_features) +
+                              " input channels; this model's has " + std::to_string(it->second) +
+                              "; were the statistics measured on another model?");
+    const bool bad_scalar = !std::isfinite(l.input_absmax) || l.input_absmax < 0 || !std::isfinite(l.weight_absmax) ||
+                            l.weight_absmax < 0 || l.rows_seen < 0;
+    auto bad = [](float v) { return !std::isfinite(v) || v < 0; };
+    if (bad_scalar || std::any_of(l.input_channel_absmax.begin(), l.input_channel_absmax.end(), bad) ||
+        std::any_of(l.weight_channel_absmax.begin(), l.weight_channel_absmax.end(), bad))
+      return invalid_argument("--stats: '" + name + "' holds a negative, infinite or NaN absmax or row count");
   }
   return {};
 }

@@ -13,7 +13,8 @@
 //   DeepSeek use 128-row blocks and a shorter last one, while transformers' dequantizing loader
 //   derives the block from the scale grid (172 rows in 2 scale rows: blocks of 86) or refuses.
 // Everything else (embeddings, norms, lm_head, routers) is kept in options.keep_dtype (BF16).
-// The directory is written as <out>.tmp-<pid> and renamed into place at the end.
+// The directory is staged in <out>.llmq-partial and swapped into place at the end (output_dir.hpp):
+// a killed run leaves no output or the old one; --resume keeps the shards it had finished.
 #include "llmq/export.hpp"
 
 #include <unistd.h>
@@ -23,9 +24,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "llmq/atomic_io.hpp"
+#include "llmq/nonfinite.hpp"
+#include "llmq/output_dir.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/scale.hpp"
 
@@ -123,12 +128,14 @@ nlohmann::ordered_json quantization_config(const Scheme& scheme, const std::vect
 // One quantized module at a time: weight and scale tensors are filled from the same result.
 class QuantizeCache {
  public:
-  QuantizeCache(const WeightSource& src, const Scheme& scheme, const std::map<std::string, std::vector<float>>& smooth)
-      : src_(src), scheme_(scheme), smooth_(smooth) {}
+  QuantizeCache(const WeightSource& src, const Scheme& scheme, const std::map<std::string, std::vector<float>>& smooth,
+                NonFinitePolicy policy, int64_t* replaced)
+      : src_(src), scheme_(scheme), smooth_(smooth), policy_(policy), replaced_(replaced) {}
   Status get(const std::string& module, const QuantizedTensor** out) {
     if (module != module_) {
       Tensor w;
       LLMQ_RETURN_IF_ERROR(src_.read(module + ".weight", &w));
+      LLMQ_RETURN_IF_ERROR(apply_nonfinite_policy(module + ".weight", policy_, &w, replaced_));
       if (const auto it = smooth_.find(module); it != smooth_.end()) scale_columns(&w, it->second);
       LLMQ_RETURN_IF_ERROR(quantize_weight(w, scheme_, &q_));
       module_ = module;
@@ -147,6 +154,8 @@ class QuantizeCache {
   const WeightSource& src_;
   const Scheme& scheme_;
   const std::map<std::string, std::vector<float>>& smooth_;
+  NonFinitePolicy policy_;
+  int64_t* replaced_;
   std::string module_;
   QuantizedTensor q_;
 };
@@ -162,11 +171,51 @@ void store_float(const Tensor& t, DType dtype, uint8_t* dst) {
   for (int64_t i = 0; i < n; ++i) d[i] = dtype == DType::kBF16 ? float_to_bf16_bits(p[i]) : float_to_fp16_bits(p[i]);
 }
 
-Status write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text << "\n";
-  if (!out.good()) return {StatusCode::kIoError, "cannot write " + path.string()};
-  return {};
+// Bump when the bytes llmq writes for the same inputs change, so --resume never mixes versions.
+constexpr const char* kPlanVersion = "llmq-export-plan-1";
+
+// The statistics as text: static scales and SmoothQuant factors are computed from them.
+std::string stats_fingerprint(const CalibrationStats* stats) {
+  if (stats == nullptr) return "no stats";
+  Checksum sum;
+  for (const auto& [name, l] : stats->linears) {
+    sum.update(name.data(), static_cast<int64_t>(name.size()));
+    const double scalars[] = {static_cast<double>(l.in_features), static_cast<double>(l.rows_seen), l.input_absmax,
+                              l.weight_absmax};
+    sum.update(scalars, sizeof scalars);
+    sum.update(l.input_channel_absmax.data(), static_cast<int64_t>(l.input_channel_absmax.size() * sizeof(float)));
+    sum.update(l.weight_channel_absmax.data(), static_cast<int64_t>(l.weight_channel_absmax.size() * sizeof(float)));
+  }
+  return checksum_hex(sum.digest());
+}
+
+// Every shard, the index, config.json and the tokenizer files into the staging directory, each
+// fsynced; shards an earlier run finished under the same plan are kept as they are.
+Status write_staged(const WeightSource& source, const std::vector<std::vector<SafetensorsWriteEntry>>& shards,
+                    int64_t total_bytes, const std::string& config_text, OutputDir* dir) {
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file = shard_file_name(i, shards.size());
+    for (const auto& e : shards[i]) weight_map[e.name] = file;
+    if (dir->reused(file)) continue;
+    SafetensorsWritten written;
+    LLMQ_RETURN_IF_ERROR(write_safetensors(dir->path(file), shards[i], {{"format", "pt"}}, &written));
+    LLMQ_RETURN_IF_ERROR(dir->mark_complete(file, written.bytes, written.checksum));
+  }
+  if (shards.size() > 1) {
+    nlohmann::ordered_json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    LLMQ_RETURN_IF_ERROR(write_file_atomic(dir->path("model.safetensors.index.json"), index.dump(2) + "\n"));
+  }
+  LLMQ_RETURN_IF_ERROR(write_file_atomic(dir->path("config.json"), config_text + "\n"));
+  if (!source.directory().empty()) {
+    for (const char* f : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                          "generation_config.json"}) {
+      const fs::path from = fs::path(source.directory()) / f;
+      std::error_code ec;
+      if (fs::exists(from, ec)) LLMQ_RETURN_IF_ERROR(copy_file_synced(from.string(), dir->path(f)));
+    }
+  }
+  return fsync_directory(dir->staging());
 }
 
 }  // namespace
@@ -178,6 +227,7 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
   if (!options.unquantized) LLMQ_RETURN_IF_ERROR(check_scheme_format(scheme));
   if (!options.unquantized && scheme.needs_statistics() && stats == nullptr)
     return invalid_argument("--stats: scheme " + scheme.name + " needs calibration statistics; run llmq calibrate");
+  if (stats != nullptr) LLMQ_RETURN_IF_ERROR(stats->check_matches(source.config()));
   if (options.keep_dtype != DType::kBF16 && options.keep_dtype != DType::kF16 && options.keep_dtype != DType::kF32)
     return invalid_argument("--keep-dtype: must be bf16, f16 or f32");
   fs::path out_path = fs::absolute(out_dir).lexically_normal();
@@ -232,7 +282,8 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
     }
   }
 
-  QuantizeCache cache(source, scheme, smooth_of);
+  int64_t nonfinite_replaced = 0;
+  QuantizeCache cache(source, scheme, smooth_of, options.nonfinite, &nonfinite_replaced);
   const DType wdtype = scheme.weight.format;
   const bool act_static = scheme.quantize_activations && scheme.activation.source == ScaleSource::kStatic;
   std::vector<SafetensorsWriteEntry> entries;
@@ -303,23 +354,27 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
     if (const auto it = norm_divisor.find(name); it != norm_divisor.end()) divide = &it->second;
     if (is_weight)
       if (const auto it = smooth_of.find(module); it != smooth_of.end()) multiply = &it->second;
-    entries.push_back({name, keep, shape, [&source, name, keep, divide, multiply](uint8_t* dst) -> Status {
-                         Tensor t;
-                         LLMQ_RETURN_IF_ERROR(source.read(name, &t));
-                         if (divide != nullptr) {
-                           float* p = t.data_as<float>();
-                           for (int64_t i = 0; i < t.numel(); ++i) p[i] /= (*divide)[static_cast<size_t>(i)];
-                         }
-                         if (multiply != nullptr) QuantizeCache::scale_columns(&t, *multiply);
-                         store_float(t, keep, dst);
-                         return {};
-                       }});
+    const NonFinitePolicy policy = options.nonfinite;
+    // Rows [r, r + n) of dimension 0, streamed: a 2 GB embedding never sits in memory whole.
+    auto fill_rows = [&source, name, keep, divide, multiply, policy, &nonfinite_replaced](
+                         int64_t r, int64_t n, uint8_t* dst) -> Status {
+      Tensor t;
+      LLMQ_RETURN_IF_ERROR(source.read_rows(name, r, n, &t));
+      LLMQ_RETURN_IF_ERROR(apply_nonfinite_policy(name, policy, &t, &nonfinite_replaced, r));
+      if (divide != nullptr) {  // a norm gain [dim]: element i is row r + i
+        float* p = t.data_as<float>();
+        for (int64_t i = 0; i < t.numel(); ++i) p[i] /= (*divide)[static_cast<size_t>(r + i)];
+      }
+      if (multiply != nullptr) QuantizeCache::scale_columns(&t, *multiply);
+      store_float(t, keep, dst);
+      return {};
+    };
+    SafetensorsWriteEntry entry{name, keep, shape, nullptr, nullptr};
+    if (shape.empty()) entry.fill = [fill_rows](uint8_t* dst) { return fill_rows(0, 1, dst); };
+    else entry.fill_rows = fill_rows;
+    entries.push_back(std::move(entry));
   }
-  for (const auto& e : entries) {
-    int64_t numel = 1;
-    for (int64_t d : e.shape) numel *= d;
-    sum.bytes += dtype_storage_bytes(e.dtype, numel);
-  }
+  for (const auto& e : entries) sum.bytes += safetensors_entry_bytes(e);
   sum.tensors = static_cast<int64_t>(entries.size());
 
   nlohmann::ordered_json config_json;
@@ -336,60 +391,38 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
     sum.quantization_config = config_json["quantization_config"].dump(2);
   }
 
-  // Shards of at most max_shard_bytes (a tensor larger than that gets a shard of its own).
-  std::vector<std::vector<SafetensorsWriteEntry>> shards(1);
-  int64_t shard_bytes = 0;
-  for (auto& e : entries) {
-    int64_t numel = 1;
-    for (int64_t d : e.shape) numel *= d;
-    const int64_t b = dtype_storage_bytes(e.dtype, numel);
-    if (shard_bytes > 0 && shard_bytes + b > options.max_shard_bytes) {
-      shards.emplace_back();
-      shard_bytes = 0;
-    }
-    shards.back().push_back(std::move(e));
-    shard_bytes += b;
-  }
+  const std::vector<std::vector<SafetensorsWriteEntry>> shards = split_into_shards(std::move(entries), options.max_shard_bytes);
   sum.shards = static_cast<int64_t>(shards.size());
   if (options.dry_run) {
     *summary = sum;
     return {};
   }
 
-  const fs::path tmp = fs::path(out_path.string() + ".tmp-" + std::to_string(::getpid()));
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  if (!fs::create_directories(tmp, ec)) return {StatusCode::kIoError, "--out: cannot create " + tmp.string()};
-  auto fail = [&tmp](Status st) {
-    std::error_code ignore;
-    fs::remove_all(tmp, ignore);
+  // The plan: everything that decides the bytes written. --resume reuses shards only under the
+  // same plan.
+  std::string identity = source.identity();
+  if (identity.empty()) identity = "unidentified " + std::to_string(::getpid()) + " " + std::to_string(std::random_device{}());
+  std::string plan_text = std::string(kPlanVersion) + "\n" + identity + "\n" + config_json.dump() + "\n" +
+                          stats_fingerprint(stats) + "\n" + std::to_string(static_cast<int>(options.nonfinite)) + "\n";
+  for (const auto& shard : shards) {
+    plan_text += "shard";
+    for (const auto& e : shard) plan_text += " " + e.name + ":" + dtype_name(e.dtype) + ":" + shape_string(e.shape);
+    plan_text += "\n";
+  }
+  Checksum plan_sum;
+  plan_sum.update(plan_text.data(), static_cast<int64_t>(plan_text.size()));
+
+  std::unique_ptr<OutputDir> staging;
+  LLMQ_RETURN_IF_ERROR(OutputDir::begin(out_path.string(), checksum_hex(plan_sum.digest()), options.resume, &staging));
+  if (Status st = write_staged(source, shards, sum.bytes, config_json.dump(2), staging.get()); !st.ok()) {
+    // An I/O error (a full disk) keeps the shards already finished for --resume; any other error
+    // means the input or the request is wrong, and a rerun starts over anyway.
+    if (st.code() != StatusCode::kIoError || staging->completed_count() == 0) staging->abandon();
     return st;
-  };
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-  for (size_t i = 0; i < shards.size(); ++i) {
-    char file[64];
-    if (shards.size() == 1)
-      std::snprintf(file, sizeof file, "model.safetensors");
-    else
-      std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-    for (const auto& e : shards[i]) weight_map[e.name] = file;
-    if (Status st = write_safetensors((tmp / file).string(), shards[i]); !st.ok()) return fail(st);
   }
-  if (shards.size() > 1) {
-    nlohmann::ordered_json index = {{"metadata", {{"total_size", sum.bytes}}}, {"weight_map", weight_map}};
-    if (Status st = write_text(tmp / "model.safetensors.index.json", index.dump(2)); !st.ok()) return fail(st);
-  }
-  if (Status st = write_text(tmp / "config.json", config_json.dump(2)); !st.ok()) return fail(st);
-  if (!source.directory().empty()) {
-    for (const char* f : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                          "generation_config.json"}) {
-      const fs::path from = fs::path(source.directory()) / f;
-      if (fs::exists(from)) fs::copy_file(from, tmp / f, ec);
-    }
-  }
-  if (fs::exists(out_path)) fs::remove_all(out_path, ec);
-  fs::rename(tmp, out_path, ec);
-  if (ec) return fail({StatusCode::kIoError, "--out: cannot rename " + tmp.string() + " to " + out_dir + ": " + ec.message()});
+  sum.reused_shards = staging->reused_count();
+  LLMQ_RETURN_IF_ERROR(staging->commit(options.overwrite));
+  sum.nonfinite_replaced = nonfinite_replaced;
   *summary = sum;
   return {};
 }

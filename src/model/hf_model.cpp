@@ -407,6 +407,7 @@ Status load_hf_model(const std::string& dir, ModelWeights* out) {
   } else {
     LLMQ_RETURN_IF_ERROR(load.linear(w.lm_head.id, config.vocab_size, dim, &w.lm_head));
   }
+  LLMQ_RETURN_IF_ERROR(w.check_finite(dir));
   *out = std::move(w);
   return {};
 }

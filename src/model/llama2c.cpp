@@ -270,6 +270,7 @@ Status load_llama2c(const std::string& path, ModelWeights* out) {
   }
   // Tied: lm_head is a copy of the embedding, so quantizing lm_head never touches the embedding.
   if (h.shared_classifier) w.lm_head.weight = w.token_embedding;
+  LLMQ_RETURN_IF_ERROR(w.check_finite(path));
   *out = std::move(w);
   return {};
 }

@@ -1,6 +1,8 @@
 // ModelConfig validation, linear-layer names and the weight inventory.
 #include "llmq/model.hpp"
 
+#include "llmq/nonfinite.hpp"
+
 namespace llmq {
 
 Status ModelConfig::validate() const {
@@ -62,6 +64,22 @@ std::string LinearId::hf_name(const ModelConfig& config) const {
   return layer_prefix + "mlp." + linear_role_name(role);
 }
 
+std::vector<int64_t> linear_shape(const ModelConfig& c, const LinearId& id) {
+  const int64_t q_out = c.n_heads * c.head_dim, kv_out = c.n_kv_heads * c.head_dim;
+  switch (id.role) {
+    case LinearRole::kQ: return {q_out, c.dim};
+    case LinearRole::kK:
+    case LinearRole::kV: return {kv_out, c.dim};
+    case LinearRole::kO: return {c.dim, q_out};
+    case LinearRole::kGate:
+    case LinearRole::kUp: return {c.hidden_dim, c.dim};
+    case LinearRole::kDown: return {c.dim, c.hidden_dim};
+    case LinearRole::kRouter: return {c.n_experts, c.dim};
+    case LinearRole::kLmHead: return {c.vocab_size, c.dim};
+  }
+  return {};
+}
+
 namespace {
 
 template <typename Weights, typename Out>
@@ -109,6 +127,29 @@ int64_t ModelWeights::parameter_count() const {
     n += l->weight.numel() + l->bias.numel();
   }
   return n;
+}
+
+Status ModelWeights::check_finite(const std::string& where) const {
+  auto check = [&where](const std::string& name, const Tensor& t) -> Status {
+    if (t.numel() == 0) return {};
+    const NonFiniteCount c = count_nonfinite(t.data_as<float>(), t.numel());
+    if (c.total() == 0) return {};
+    Tensor copy = t;  // the policy's message, without modifying the model
+    const Status st = apply_nonfinite_policy(name, NonFinitePolicy::kError, &copy);
+    return {st.code(), where + ": " + st.message()};
+  };
+  LLMQ_RETURN_IF_ERROR(check("model.embed_tokens.weight", token_embedding));
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    LLMQ_RETURN_IF_ERROR(check(p + "input_layernorm.weight", layers[i].attn_norm));
+    LLMQ_RETURN_IF_ERROR(check(p + "post_attention_layernorm.weight", layers[i].ffn_norm));
+  }
+  LLMQ_RETURN_IF_ERROR(check("model.norm.weight", final_norm));
+  for (const Linear* l : linears()) {
+    LLMQ_RETURN_IF_ERROR(check(l->id.hf_name(config) + ".weight", l->weight));
+    LLMQ_RETURN_IF_ERROR(check(l->id.hf_name(config) + ".bias", l->bias));
+  }
+  return {};
 }
 
 }  // namespace llmq

@@ -145,6 +145,7 @@ Status quantize_model(const ModelWeights& model, const Scheme& scheme, const Cal
   if (scheme.needs_statistics() && stats == nullptr)
     return invalid_argument("--stats: scheme " + scheme.name +
                             " needs calibration statistics (static activation scales or SmoothQuant); run llmq calibrate");
+  if (stats != nullptr) LLMQ_RETURN_IF_ERROR(stats->check_matches(model.config));
   if (scheme.quantize_activations && scheme.activation.source == ScaleSource::kStatic &&
       scheme.activation.granularity != Granularity::kPerTensor)
     return unsupported("--scheme " + scheme.name + ": static activation scales are per-tensor only");

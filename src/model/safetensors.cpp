@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "llmq/atomic_io.hpp"
 #include "llmq/format.hpp"
 
 // Safetensors data is little-endian; elements are read and written by memcpy.
@@ -39,6 +40,9 @@ constexpr uint64_t kMaxHeaderBytes = 100000000;
 constexpr int64_t kDataAlignment = 8;
 constexpr int64_t kLengthPrefixBytes = 8;
 constexpr const char* kMetadataKey = "__metadata__";
+// fill_rows blocks: large enough that write(2) and the fill loops run at full speed, small
+// enough that the largest tensor of a 70B model (a 2 GB embedding) never sits in memory whole.
+constexpr int64_t kRowBlockBytes = int64_t{64} << 20;
 
 struct SafetensorsName {
   DType dtype;
@@ -225,20 +229,6 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-// write(2) until done: it may write less than asked, or be interrupted.
-Status write_all(int fd, const uint8_t* data, int64_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, static_cast<size_t>(n));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return io_error(path + ": write failed: " + errno_text(errno));
-    }
-    data += w;
-    n -= static_cast<int64_t>(w);
-  }
-  return {};
-}
-
 // Elementwise conversion of n elements at src (any alignment: memcpy) to float32.
 template <typename T, typename Convert>
 void convert_elements(const uint8_t* src, int64_t n, float* dst, Convert convert) {
@@ -414,6 +404,12 @@ std::vector<std::string> Checkpoint::tensor_names() const {
   return names;
 }
 
+std::vector<std::string> Checkpoint::file_paths() const {
+  std::vector<std::string> paths;
+  for (const auto& file : files_) paths.push_back(file->path());
+  return paths;
+}
+
 const SafetensorsTensorInfo* Checkpoint::find(const std::string& name) const {
   const auto it = owner_.find(name);
   return it == owner_.end() ? nullptr : it->second->find(name);
@@ -425,31 +421,70 @@ Status Checkpoint::view(const std::string& name, TensorView* out) const {
   return it->second->view(name, out);
 }
 
-Status Checkpoint::read_f32(const std::string& name, Tensor* out) const {
-  TensorView v;
-  LLMQ_RETURN_IF_ERROR(view(name, &v));
-  Tensor t(DType::kF32, v.shape);
-  const auto* src = static_cast<const uint8_t*>(v.data);
-  float* dst = t.data_as<float>();
-  const int64_t n = t.numel();
-  // One loop per dtype (not a switch per element): checkpoints hold billions of elements.
-  switch (v.dtype) {
-    case DType::kF32: convert_elements<float>(src, n, dst, [](float x) { return x; }); break;
-    case DType::kF64: convert_elements<double>(src, n, dst, [](double x) { return static_cast<float>(x); }); break;
-    case DType::kF16: convert_elements<uint16_t>(src, n, dst, fp16_bits_to_float); break;
-    case DType::kBF16: convert_elements<uint16_t>(src, n, dst, bf16_bits_to_float); break;
+namespace {
+
+// Convert n elements of `dtype` at src to float32 at dst. One loop per dtype (not a switch per
+// element): checkpoints hold billions of elements.
+bool convert_to_f32(DType dtype, const uint8_t* src, int64_t n, float* dst) {
+  switch (dtype) {
+    case DType::kF32: convert_elements<float>(src, n, dst, [](float x) { return x; }); return true;
+    case DType::kF64: convert_elements<double>(src, n, dst, [](double x) { return static_cast<float>(x); }); return true;
+    case DType::kF16: convert_elements<uint16_t>(src, n, dst, fp16_bits_to_float); return true;
+    case DType::kBF16: convert_elements<uint16_t>(src, n, dst, bf16_bits_to_float); return true;
     case DType::kE4M3:
       convert_elements<uint8_t>(src, n, dst, [](uint8_t c) { return fp8_to_float(c, DType::kE4M3); });
-      break;
+      return true;
     case DType::kE5M2:
       convert_elements<uint8_t>(src, n, dst, [](uint8_t c) { return fp8_to_float(c, DType::kE5M2); });
-      break;
-    case DType::kI8: convert_elements<int8_t>(src, n, dst, [](int8_t x) { return static_cast<float>(x); }); break;
+      return true;
+    case DType::kI8: convert_elements<int8_t>(src, n, dst, [](int8_t x) { return static_cast<float>(x); }); return true;
     // Integers above 2^24 round to the nearest float32.
-    case DType::kI32: convert_elements<int32_t>(src, n, dst, [](int32_t x) { return static_cast<float>(x); }); break;
-    default:
-      return unsupported(dir_ + ": tensor '" + name + "': cannot read " + dtype_name(v.dtype) + " as float32");
+    case DType::kI32: convert_elements<int32_t>(src, n, dst, [](int32_t x) { return static_cast<float>(x); }); return true;
+    default: return false;
   }
+}
+
+}  // namespace
+
+void SafetensorsFile::release_pages(int64_t begin, int64_t end) const {
+  const int64_t page = static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+  const int64_t file_begin = (data_ - static_cast<const uint8_t*>(map_)) + begin;
+  const int64_t first = file_begin / page * page;
+  const int64_t last = std::min(map_size_, file_begin + (end - begin));
+  if (last <= first) return;
+  // Advice only: a failure leaves the pages resident, which costs memory, not correctness.
+  (void)::madvise(static_cast<uint8_t*>(map_) + first, static_cast<size_t>(last - first), MADV_DONTNEED);
+}
+
+Status Checkpoint::read_f32(const std::string& name, Tensor* out) const {
+  const SafetensorsTensorInfo* info = find(name);
+  const int64_t rows = info != nullptr && !info->shape.empty() ? info->shape[0] : 1;
+  return read_f32_rows(name, 0, rows, out);
+}
+
+Status Checkpoint::read_f32_rows(const std::string& name, int64_t row_begin, int64_t rows, Tensor* out) const {
+  const auto it = owner_.find(name);
+  if (it == owner_.end()) return invalid_argument(dir_ + ": no tensor named '" + name + "'");
+  const SafetensorsFile& file = *it->second;
+  const SafetensorsTensorInfo& info = *file.find(name);
+  std::vector<int64_t> shape = info.shape;
+  const int64_t all_rows = shape.empty() ? 1 : shape[0];
+  if (row_begin < 0 || rows < 0 || row_begin > all_rows || rows > all_rows - row_begin)
+    return invalid_argument(dir_ + ": tensor '" + name + "': rows [" + std::to_string(row_begin) + ", " +
+                            std::to_string(row_begin + rows) + ") outside [0, " + std::to_string(all_rows) + ")");
+  if (!shape.empty()) shape[0] = rows;
+  Tensor t(DType::kF32, shape);
+  int64_t row_elements = 1;  // product of the dimensions after 0 (the shape passed the header checks)
+  for (size_t d = 1; d < info.shape.size(); ++d) row_elements *= info.shape[d];
+  const int64_t element_bytes = dtype_storage_bytes(info.dtype, 1);
+  const int64_t begin = info.offset + row_begin * row_elements * element_bytes;
+  const int64_t end = begin + t.numel() * element_bytes;
+  TensorView v;
+  LLMQ_RETURN_IF_ERROR(file.view(name, &v));
+  const auto* src = static_cast<const uint8_t*>(v.data) + (begin - info.offset);
+  if (!convert_to_f32(info.dtype, src, t.numel(), t.data_as<float>()))
+    return unsupported(dir_ + ": tensor '" + name + "': cannot read " + dtype_name(info.dtype) + " as float32");
+  file.release_pages(begin, end);
   *out = std::move(t);
   return {};
 }
@@ -457,7 +492,7 @@ Status Checkpoint::read_f32(const std::string& name, Tensor* out) const {
 // ---- writing
 
 Status write_safetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
-                         const std::map<std::string, std::string>& metadata) {
+                         const std::map<std::string, std::string>& metadata, SafetensorsWritten* written) {
   // Everything that can be checked is checked before a file is created.
   ordered_json header = ordered_json::object();
   if (!metadata.empty()) {
@@ -479,7 +514,8 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
     int64_t numel = 0, nbytes = 0;
     const Status size_status = shape_bytes(e.dtype, e.shape, &numel, &nbytes);
     if (!size_status.ok()) return invalid_argument(where + size_status.message());
-    if (!e.fill && nbytes > 0) return invalid_argument(where + "no fill callback");
+    if (!e.fill && !e.fill_rows && nbytes > 0) return invalid_argument(where + "no fill callback");
+    if (e.fill_rows && e.shape.empty()) return invalid_argument(where + "fill_rows needs a dimension 0");
     ordered_json entry = ordered_json::object();
     entry["dtype"] = dtype;
     entry["shape"] = e.shape;
@@ -512,31 +548,46 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
   uint8_t prefix[kLengthPrefixBytes];
   const auto header_len = static_cast<uint64_t>(header_text.size());
   for (int i = 0; i < kLengthPrefixBytes; ++i) prefix[i] = static_cast<uint8_t>(header_len >> (8 * i));
-  Status st = write_all(fd, prefix, kLengthPrefixBytes, tmp);
-  if (st.ok())
-    st = write_all(fd, reinterpret_cast<const uint8_t*>(header_text.data()), static_cast<int64_t>(header_text.size()),
-                   tmp);
+  // The checksum sees exactly the bytes written, so --resume can verify the file later.
+  Checksum sum;
+  auto emit = [&](const uint8_t* data, int64_t n) {
+    sum.update(data, n);
+    return write_fully(fd, data, n, tmp);
+  };
+  Status st = emit(prefix, kLengthPrefixBytes);
+  if (st.ok()) st = emit(reinterpret_cast<const uint8_t*>(header_text.data()), static_cast<int64_t>(header_text.size()));
   if (!st.ok()) return fail(st);
 
-  std::vector<uint8_t> buffer;  // one tensor at a time; reused, so memory peaks at the largest tensor
+  std::vector<uint8_t> buffer;  // one tensor (or row block) at a time, reused
+  // Run a fill callback into a zeroed buffer of n bytes (at least one byte so it always gets a
+  // valid pointer; zeroed so nothing of the previous tensor leaks into a tensor whose fill writes
+  // less than it should), with exceptions turned into a Status.
+  auto run_fill = [&buffer](int64_t n, const std::function<Status(uint8_t*)>& fill) -> Status {
+    try {
+      buffer.assign(static_cast<size_t>(std::max<int64_t>(n, 1)), 0);
+      return fill ? fill(buffer.data()) : Status();
+    } catch (const std::exception& ex) {
+      return Status(StatusCode::kInternal, std::string("fill threw: ") + ex.what());
+    } catch (...) {
+      return Status(StatusCode::kInternal, "fill threw a non-standard exception");
+    }
+  };
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     const int64_t nbytes = sizes[i];
-    Status fill_status;
-    try {
-      // At least one byte so fill always gets a valid pointer; zeroed so nothing of the previous
-      // tensor leaks into a tensor whose fill writes less than it should.
-      buffer.assign(static_cast<size_t>(std::max<int64_t>(nbytes, 1)), 0);
-      if (e.fill) fill_status = e.fill(buffer.data());
-    } catch (const std::exception& ex) {
-      fill_status = Status(StatusCode::kInternal, std::string("fill threw: ") + ex.what());
-    } catch (...) {
-      fill_status = Status(StatusCode::kInternal, "fill threw a non-standard exception");
+    const int64_t rows = e.fill_rows ? e.shape[0] : 1;
+    const int64_t row_bytes = rows > 0 ? nbytes / rows : 0;
+    const int64_t block = e.fill_rows ? std::max<int64_t>(1, kRowBlockBytes / std::max<int64_t>(row_bytes, 1)) : 1;
+    for (int64_t r = 0; r < rows; r += block) {
+      const int64_t n = std::min(block, rows - r);
+      const int64_t bytes = e.fill_rows ? n * row_bytes : nbytes;
+      const Status fill_status =
+          e.fill_rows ? run_fill(bytes, [&](uint8_t* dst) { return e.fill_rows(r, n, dst); }) : run_fill(bytes, e.fill);
+      if (!fill_status.ok())
+        return fail(Status(fill_status.code(), path + ": tensor '" + e.name + "': " + fill_status.message()));
+      st = emit(buffer.data(), bytes);
+      if (!st.ok()) return fail(st);
     }
-    if (!fill_status.ok())
-      return fail(Status(fill_status.code(), path + ": tensor '" + e.name + "': " + fill_status.message()));
-    st = write_all(fd, buffer.data(), nbytes, tmp);
-    if (!st.ok()) return fail(st);
   }
   if (::fsync(fd) != 0) return fail(io_error(tmp + ": fsync failed: " + errno_text(errno)));
   const int close_result = ::close(fd);
@@ -544,16 +595,12 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
   if (close_result != 0) return fail(io_error(tmp + ": close failed: " + errno_text(errno)));
   if (::rename(tmp.c_str(), path.c_str()) != 0)
     return fail(io_error(path + ": cannot rename " + tmp + " into place: " + errno_text(errno)));
-  // Make the rename itself durable. Best effort: some file systems refuse fsync on a directory,
-  // and the file is complete either way.
-  const size_t slash = path.find_last_of('/');
-  const std::string parent = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dir_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    (void)::fsync(dir_fd);
-    ::close(dir_fd);
+  if (written != nullptr) {
+    written->bytes = kLengthPrefixBytes + static_cast<int64_t>(header_text.size()) + offset;
+    written->checksum = sum.digest();
   }
-  return {};
+  // Make the rename itself durable.
+  return fsync_directory(parent_directory(path));
 }
 
 }  // namespace llmq

@@ -1,8 +1,15 @@
 // WeightSources: an in-memory model under Hugging Face names, and a memory-mapped HF checkpoint.
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <set>
+
 #include <nlohmann/json.hpp>
 
+#include "llmq/atomic_io.hpp"
 #include "llmq/export.hpp"
 #include "llmq/safetensors.hpp"
+#include "llmq/synthetic_checkpoint.hpp"
 
 namespace llmq {
 namespace {
@@ -74,6 +81,16 @@ class MemorySource : public WeightSource {
     return {};
   }
   std::string config_json() const override { return hf_config_json(config_); }
+  // In-memory models are small (llama2.c files, the default model): a checksum of every weight.
+  std::string identity() const override {
+    Checksum sum;
+    for (const std::string& name : names_) {
+      const Tensor* t = lookup(name);
+      sum.update(name.data(), static_cast<int64_t>(name.size()));
+      sum.update(t->data(), t->nbytes());
+    }
+    return "memory " + checksum_hex(sum.digest());
+  }
 
  private:
   void add(const std::string& name, const Tensor* t) {
@@ -104,15 +121,82 @@ class CheckpointSource : public WeightSource {
     return {};
   }
   Status read(const std::string& name, Tensor* out) const override { return ckpt_->read_f32(name, out); }
+  Status read_rows(const std::string& name, int64_t row_begin, int64_t rows, Tensor* out) const override {
+    return ckpt_->read_f32_rows(name, row_begin, rows, out);
+  }
   std::string config_json() const override { return ckpt_->config_json(); }
   std::string directory() const override { return ckpt_->dir(); }
+  // Hashing a checkpoint of many GB would cost a full read; name, size and modification time of
+  // each file say whether it changed, as make and rsync decide.
+  std::string identity() const override {
+    std::string id = "checkpoint " + ckpt_->config_json();
+    for (const std::string& path : ckpt_->file_paths()) {
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0) return "";  // unknown: never resumable
+      id += "\n" + path + " " + std::to_string(static_cast<long long>(st.st_size)) + " " +
+            std::to_string(static_cast<long long>(st.st_mtim.tv_sec)) + "." +
+            std::to_string(static_cast<long long>(st.st_mtim.tv_nsec));
+    }
+    return id;
+  }
 
  private:
   std::unique_ptr<Checkpoint> ckpt_;
   ModelConfig config_;
 };
 
+// The streaming quantizer never builds the model, so it checks here what load_hf_model checks as
+// it loads: every tensor config.json implies is present, of that shape, in a float dtype; no
+// layer beyond num_hidden_layers; and an lm_head unless the embeddings are tied.
+Status check_against_config(const Checkpoint& ckpt, const ModelConfig& config) {
+  const std::string where = "--model: " + ckpt.dir() + ": ";
+  std::set<std::string> expected;
+  for (const HfTensorSpec& spec : hf_tensor_specs(config)) {
+    expected.insert(spec.name);
+    const SafetensorsTensorInfo* info = ckpt.find(spec.name);
+    if (info == nullptr) {
+      if (spec.name == "lm_head.weight")
+        return invalid_argument(where + "no lm_head.weight, and config.json's tie_word_embeddings is false: a loader "
+                                "would start lm_head from random weights");
+      return invalid_argument(where + "tensor '" + spec.name + "' is missing (config.json: " + config.model_type + ", " +
+                              std::to_string(config.n_layers) + " layers)");
+    }
+    if (info->shape != spec.shape)
+      return invalid_argument(where + "tensor '" + spec.name + "' has shape " + shape_string(info->shape) +
+                              ", config.json implies " + shape_string(spec.shape));
+    if (!is_high_precision(info->dtype))
+      return invalid_argument(where + "tensor '" + spec.name + "' is " + dtype_name(info->dtype) +
+                              "; weights must be F32, F64, F16 or BF16");
+  }
+  const std::string layers = "model.layers.";
+  for (const std::string& name : ckpt.tensor_names()) {
+    if (expected.count(name) != 0 || name.rfind(layers, 0) != 0) continue;
+    const int64_t layer = std::atoll(name.c_str() + layers.size());
+    if (layer >= config.n_layers)
+      return invalid_argument(where + "tensor '" + name + "' belongs to layer " + std::to_string(layer) +
+                              ", but config.json's num_hidden_layers is " + std::to_string(config.n_layers));
+  }
+  return {};
+}
+
 }  // namespace
+
+Status WeightSource::read_rows(const std::string& name, int64_t row_begin, int64_t rows, Tensor* out) const {
+  Tensor whole;
+  LLMQ_RETURN_IF_ERROR(read(name, &whole));
+  std::vector<int64_t> shape = whole.shape();
+  const int64_t all_rows = shape.empty() ? 1 : shape[0];
+  if (row_begin < 0 || rows < 0 || row_begin > all_rows || rows > all_rows - row_begin)
+    return invalid_argument(name + ": rows [" + std::to_string(row_begin) + ", " + std::to_string(row_begin + rows) +
+                            ") outside [0, " + std::to_string(all_rows) + ")");
+  if (!shape.empty()) shape[0] = rows;
+  Tensor part(DType::kF32, shape);
+  const int64_t row_elements = all_rows > 0 ? whole.numel() / all_rows : 0;
+  std::copy(whole.data_as<float>() + row_begin * row_elements,
+            whole.data_as<float>() + (row_begin + rows) * row_elements, part.data_as<float>());
+  *out = std::move(part);
+  return {};
+}
 
 std::unique_ptr<WeightSource> memory_weight_source(const ModelWeights& model) {
   return std::make_unique<MemorySource>(model);
@@ -134,6 +218,7 @@ Status checkpoint_weight_source(const std::string& dir, std::unique_ptr<WeightSo
     if (info != nullptr && (is_fp8(info->dtype) || info->dtype == DType::kI8))
       return invalid_argument("--model: " + dir + " holds 8-bit tensor " + name + "; quantize from the original weights");
   }
+  LLMQ_RETURN_IF_ERROR(check_against_config(*ckpt, config));
   *out = std::make_unique<CheckpointSource>(std::move(ckpt), std::move(config));
   return {};
 }

@@ -203,7 +203,7 @@ void add_attention_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--heads", args->heads, "attention heads")->check(CLI::Range(1, 256));
   cmd->add_option("--head-dim", args->head_dim, "head dimension")->check(CLI::Range(2, 512));
   cmd->add_flag("--causal", args->causal, "causal mask (the paper's tables are non-causal)");
-  cmd->add_option("--threads", args->threads, "CPU threads (0: all)");
+  cmd->add_option("--threads", args->threads, "CPU threads (0: all)")->check(CLI::Range(0, 4096));
   cmd->add_option("--seed", args->seed, "seed of the inputs");
   cmd->add_option("--json", args->json_path, "append JSON lines here");
   cmd->add_option("--model", args->model,

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -244,7 +245,8 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--data", args->data, "token-id file; default: the model's own samples");
   cmd->add_option("--stats", args->stats, "calibration statistics; default: calibrate on other samples");
   cmd->add_option("--context", args->context, "window length (BOS included)")->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--max-tokens", args->max_tokens, "stop after this many scored tokens");
+  cmd->add_option("--max-tokens", args->max_tokens, "stop after this many scored tokens (0: no limit)")
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   cmd->add_option("--samples", args->samples, "without --data: sequences to sample")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--length", args->length, "without --data: tokens per sequence")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--seed", args->seed, "without --data: first sampling seed");

@@ -1,10 +1,10 @@
 // llmq logits: the logits of a model (float, a scheme, or a quantized checkpoint) for given token
 // ids, written as raw float32 [n, vocab]: what scripts/hf_load_check.py compares with transformers.
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include "commands.hpp"
+#include "llmq/atomic_io.hpp"
 #include "llmq/export.hpp"
 #include "llmq/model_io.hpp"
 #include "llmq/quantized_model.hpp"
@@ -55,13 +55,9 @@ int run(const LogitsArgs& a) {
   const int64_t n = static_cast<int64_t>(tokens.size()), vocab = weights->config.vocab_size;
   std::vector<float> logits(static_cast<size_t>(n * vocab));
   if (Status st = transformer.forward(tokens.data(), n, 0, logits.data()); !st.ok()) return fail(st);
-  const std::string tmp = a.out + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
-    if (!f.good()) return fail({StatusCode::kIoError, "--out: cannot write " + tmp});
-  }
-  if (std::rename(tmp.c_str(), a.out.c_str()) != 0) return fail({StatusCode::kIoError, "--out: cannot rename to " + a.out});
+  // Durable and all-or-nothing, as every llmq output (atomic_io.hpp).
+  const std::string bytes(reinterpret_cast<const char*>(logits.data()), logits.size() * sizeof(float));
+  if (Status st = write_file_atomic(a.out, bytes); !st.ok()) return fail({st.code(), "--out: " + st.message()});
   std::printf("wrote %lld x %lld float32 logits to %s\n", static_cast<long long>(n), static_cast<long long>(vocab), a.out.c_str());
   return 0;
 }

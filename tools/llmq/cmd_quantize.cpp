@@ -1,5 +1,8 @@
 // llmq quantize: write a quantized checkpoint (vLLM fp8 or compressed-tensors) from a model.
 // A Hugging Face input is streamed tensor by tensor from its memory map.
+#include <sys/resource.h>
+
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
@@ -20,9 +23,20 @@ struct QuantizeArgs {
   bool quantize_lm_head = false;
   bool dry_run = false;
   bool force = false;
+  bool resume = false;
+  std::string nonfinite = "error";
+  int64_t shard_mb = 4096;
 };
 
+// Peak resident set of this process so far, in bytes (Linux reports ru_maxrss in KiB).
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return -1;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
 int run(const QuantizeArgs& a) {
+  const auto start = std::chrono::steady_clock::now();
   Scheme scheme;
   const bool unquantized = a.scheme == "none";
   if (unquantized) {
@@ -42,6 +56,11 @@ int run(const QuantizeArgs& a) {
   options.dry_run = a.dry_run;
   options.unquantized = unquantized;
   options.overwrite = a.force;
+  options.resume = a.resume;
+  options.max_shard_bytes = a.shard_mb << 20;
+  if (a.nonfinite == "error") options.nonfinite = NonFinitePolicy::kError;
+  else if (a.nonfinite == "zero") options.nonfinite = NonFinitePolicy::kZero;
+  else return fail(invalid_argument("--nonfinite: '" + a.nonfinite + "' is not error or zero"));
   options.quantize.quantize_lm_head = a.quantize_lm_head;
   const auto keep = parse_dtype(a.keep_dtype);
   if (!keep) return fail(invalid_argument("--keep-dtype: unknown dtype '" + a.keep_dtype + "'"));
@@ -73,6 +92,13 @@ int run(const QuantizeArgs& a) {
               static_cast<long long>(summary.tensors), static_cast<long long>(summary.quantized_linears),
               static_cast<double>(summary.bytes) / 1e6, static_cast<long long>(summary.shards));
   if (!unquantized) std::printf("quantization_config: %s\n", summary.quantization_config.c_str());
+  if (a.resume) std::printf("resumed: %lld of %lld shard(s) kept from the interrupted run\n",
+                            static_cast<long long>(summary.reused_shards), static_cast<long long>(summary.shards));
+  if (summary.nonfinite_replaced > 0)
+    std::printf("nonfinite: %lld NaN/Inf weight values written as 0 (--nonfinite zero)\n",
+                static_cast<long long>(summary.nonfinite_replaced));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("time: %.2f s, peak RSS %.1f MB\n", seconds, static_cast<double>(peak_rss_bytes()) / 1e6);
   return 0;
 }
 
@@ -84,7 +110,8 @@ void add_quantize_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--model", args->model, "llama2.c .bin, Hugging Face directory, or 'default'");
   cmd->add_option("--scheme", args->scheme, "quantization scheme (llmq schemes lists them); 'none' writes an unquantized checkpoint");
   cmd->add_option("--stats", args->stats, "calibration statistics (static schemes, SmoothQuant)");
-  cmd->add_option("-o,--out", args->out, "output directory (written to a temporary one, then renamed)")->required();
+  cmd->add_option("-o,--out", args->out,
+                  "output directory (staged in <out>.llmq-partial, then swapped into place)")->required();
   cmd->add_option("--keep-dtype", args->keep_dtype, "dtype of tensors not quantized: bf16, f16 or f32");
   cmd->add_option("--format", args->format,
                   "auto (the scheme's own), compressed-tensors or fp8. Who loads what:\n"
@@ -97,6 +124,13 @@ void add_quantize_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_flag("--quantize-lm-head", args->quantize_lm_head, "quantize lm_head too (kept by default)");
   cmd->add_flag("--dry-run", args->dry_run, "plan and report; write nothing");
   cmd->add_flag("--force", args->force, "replace an existing output directory (never the input)");
+  cmd->add_flag("--resume", args->resume,
+                "keep the shards an interrupted run (same inputs and options) finished in <out>.llmq-partial");
+  cmd->add_option("--nonfinite", args->nonfinite,
+                  "NaN / Inf in a weight: error (refuse, naming the tensor; the default) or zero (write them as 0)")
+      ->check(CLI::IsMember({"error", "zero"}));
+  cmd->add_option("--shard-mb", args->shard_mb, "largest shard in MiB (a larger tensor gets a shard of its own)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 

@@ -25,6 +25,7 @@ void add_schemes_command(CLI::App& app, std::vector<Command>* commands);
 void add_logits_command(CLI::App& app, std::vector<Command>* commands);
 void add_bench_command(CLI::App& app, std::vector<Command>* commands);
 void add_attention_command(CLI::App& app, std::vector<Command>* commands);
+void add_make_checkpoint_command(CLI::App& app, std::vector<Command>* commands);
 
 // Print "llmq: <status>" to stderr; exit code 2 for bad arguments, 1 otherwise.
 int fail(const Status& st);

@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
   llmq::cli::add_schemes_command(app, &commands);
   llmq::cli::add_logits_command(app, &commands);
   llmq::cli::add_bench_command(app, &commands);
+  llmq::cli::add_make_checkpoint_command(app, &commands);
 
   CLI11_PARSE(app, argc, argv);
   for (const auto& c : commands)
