@@ -1,83 +1,10 @@
-// Calibration observers and the statistics file.
+// Calibration observers (the statistics file is read and written in calibration_stats.cpp).
 #include "llmq/calibration.hpp"
 
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <unistd.h>
 
 namespace llmq {
-
-const LinearStats* CalibrationStats::find(const std::string& module) const {
-  const auto it = linears.find(module);
-  return it == linears.end() ? nullptr : &it->second;
-}
-
-Status CalibrationStats::save(const std::string& path) const {
-  nlohmann::json j;
-  j["format"] = "llmq-calibration-v1";
-  j["model"] = model;
-  j["data"] = data;
-  j["tokens"] = tokens;
-  nlohmann::json ls = nlohmann::json::object();
-  for (const auto& [name, s] : linears) {
-    ls[name] = {{"in_features", s.in_features},
-                {"rows_seen", s.rows_seen},
-                {"input_absmax", s.input_absmax},
-                {"input_channel_absmax", s.input_channel_absmax},
-                {"weight_absmax", s.weight_absmax},
-                {"weight_channel_absmax", s.weight_channel_absmax}};
-  }
-  j["linears"] = ls;
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp);
-    if (!out) return {StatusCode::kIoError, "stats: cannot write " + tmp};
-    out << j.dump(1) << "\n";
-    if (!out.good()) {
-      std::remove(tmp.c_str());
-      return {StatusCode::kIoError, "stats: write failed for " + tmp};
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return {StatusCode::kIoError, "stats: cannot rename " + tmp + " to " + path};
-  }
-  return {};
-}
-
-Status CalibrationStats::load(const std::string& path, CalibrationStats* out) {
-  std::ifstream in(path);
-  if (!in) return {StatusCode::kIoError, "--stats: cannot open " + path};
-  nlohmann::json j;
-  try {
-    in >> j;
-    if (j.value("format", "") != "llmq-calibration-v1")
-      return invalid_argument("--stats: " + path + " is not an llmq calibration file (format llmq-calibration-v1)");
-    CalibrationStats s;
-    s.model = j.value("model", "");
-    s.data = j.value("data", "");
-    s.tokens = j.value("tokens", int64_t{0});
-    for (const auto& [name, v] : j.at("linears").items()) {
-      LinearStats l;
-      l.in_features = v.at("in_features").get<int64_t>();
-      l.rows_seen = v.at("rows_seen").get<int64_t>();
-      l.input_absmax = v.at("input_absmax").get<double>();
-      l.input_channel_absmax = v.at("input_channel_absmax").get<std::vector<float>>();
-      l.weight_absmax = v.at("weight_absmax").get<double>();
-      l.weight_channel_absmax = v.at("weight_channel_absmax").get<std::vector<float>>();
-      if (static_cast<int64_t>(l.input_channel_absmax.size()) != l.in_features ||
-          static_cast<int64_t>(l.weight_channel_absmax.size()) != l.in_features)
-        return invalid_argument("--stats: " + path + ": " + name + " has channel statistics of the wrong length");
-      s.linears[name] = std::move(l);
-    }
-    *out = std::move(s);
-  } catch (const std::exception& e) {
-    return invalid_argument("--stats: " + path + ": " + e.what());
-  }
-  return {};
-}
 
 CalibrationBackend::CalibrationBackend(const ModelConfig& config, CalibrationStats* stats)
     : config_(config), stats_(stats) {}

@@ -235,9 +235,7 @@ Status config_token(const std::string& config_path, const json& cfg, const char*
   return {};
 }
 
-Status read_json(const std::string& path, json* out) {
-  std::string text;
-  LLMQ_RETURN_IF_ERROR(read_whole_file(path, &text));
+Status parse_json_object(const std::string& path, const std::string& text, json* out) {
   try {
     *out = json::parse(text);
   } catch (const std::exception& e) {
@@ -245,6 +243,12 @@ Status read_json(const std::string& path, json* out) {
   }
   if (!out->is_object()) return invalid_argument(path + ": expected a JSON object");
   return {};
+}
+
+Status read_json(const std::string& path, json* out) {
+  std::string text;
+  LLMQ_RETURN_IF_ERROR(read_whole_file(path, &text));
+  return parse_json_object(path, text, out);
 }
 
 // BOS and EOS: tokenizer_config.json, config.json, the post-processor, then common names.
@@ -295,8 +299,14 @@ Status resolve_special_ids(Parser* p, const std::unordered_map<std::string, int3
 }  // namespace
 
 Status load_tokenizer_json(const std::string& path, std::unique_ptr<Tokenizer>* out) {
+  std::string text;
+  LLMQ_RETURN_IF_ERROR(read_whole_file(path, &text));
+  return parse_tokenizer_json(path, text, out);
+}
+
+Status parse_tokenizer_json(const std::string& path, const std::string& text, std::unique_ptr<Tokenizer>* out) {
   json j;
-  LLMQ_RETURN_IF_ERROR(read_json(path, &j));
+  LLMQ_RETURN_IF_ERROR(parse_json_object(path, text, &j));
   Parser p;
   p.path = path;
   p.spec.source = path;
