@@ -14,6 +14,9 @@
 #include "llmq/model.hpp"
 #include "llmq/model_io.hpp"
 #include "llmq/safetensors.hpp"
+#include "llmq/tokenizer.hpp"
+#include "model/tokenizer_bpe.hpp"
+#include "fuzz_regression_inputs.hpp"
 
 namespace llmq {
 namespace {
@@ -71,6 +74,22 @@ TEST(FuzzRegression, HfConfigSizesWhoseProductsOverflowAreRefused) {
     "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8, "vocab_size": 128256,
     "max_position_embeddings": 131072})";
   EXPECT_TRUE(parse_hf_config(big, &c).ok());
+}
+
+// ---- tokenizer.json
+
+// fuzz_tokenizer_json, out-of-memory: the table of pieces was sized by the largest id, and this
+// 2,880-byte file (the fuzzer's input) lists the id 120000008: 3.8 GB of empty strings.
+TEST(FuzzRegression, TokenizerJsonIdFarBeyondTheVocabularyIsRefused) {
+  const std::string file(fuzz_inputs::kTokenizerJsonHugeId, fuzz_inputs::kTokenizerJsonHugeIdSize);
+  std::unique_ptr<Tokenizer> tok;
+  expect_error_naming(tokenizer_detail::parse_tokenizer_json("dir/tokenizer.json", file, &tok),
+                      {"dir/tokenizer.json", "120000008"});
+  // A few gaps (reserved ids) are still fine: ids 0, 1 and 40 in a three-token vocabulary.
+  const std::string gappy = R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 40}, "merges": [],
+    "byte_fallback": true}})";
+  ASSERT_TRUE(tokenizer_detail::parse_tokenizer_json("dir/tokenizer.json", gappy, &tok).ok());
+  EXPECT_EQ(tok->vocab_size(), 41);
 }
 
 // ---- calibration statistics
