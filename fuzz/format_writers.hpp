@@ -93,9 +93,28 @@ struct Llama2cShape {
   bool v1 = false;  // "ak42" version 1 header, else the legacy 7-int header
 };
 
+// The float count after the header that llama2.c's export.py writes for `s`, or -1 where the
+// shape is not one (non-positive sizes, heads not dividing dim) or the count overflows int64.
+inline int64_t llama2c_float_count(const Llama2cShape& s) {
+  if (s.dim <= 0 || s.hidden_dim <= 0 || s.n_layers <= 0 || s.n_heads <= 0 || s.n_kv_heads <= 0 ||
+      s.vocab_size <= 0 || s.seq_len <= 0 || s.dim % s.n_heads != 0)
+    return -1;
+  const int64_t dim = s.dim, head = dim / s.n_heads, kv_dim = head * s.n_kv_heads;
+  const int64_t per_layer[] = {2 * dim, 2 * dim * dim, 2 * kv_dim * dim, 3 * int64_t{s.hidden_dim} * dim};
+  int64_t layer = 0, total = 0, n = 0;
+  for (int64_t v : per_layer) layer += v;  // each term < 2^64 / 4: int32 factors
+  if (__builtin_mul_overflow(layer, int64_t{s.n_layers}, &total)) return -1;
+  const int64_t classifiers = s.shared_classifier ? 1 : 2;
+  const int64_t rest[] = {classifiers * s.vocab_size * dim, dim, s.v1 ? 0 : int64_t{s.seq_len} * head};
+  for (int64_t v : rest)
+    if (__builtin_add_overflow(total, v, &n)) return -1;
+    else total = n;
+  return total;
+}
+
 // A checkpoint of `shape` whose floats are small distinct values (weights need not be sensible
 // for a parser). The float count follows llama2.c's export.py for both headers.
-inline std::string llama2c_checkpoint(const Llama2cShape& s) {
+inline std::string llama2c_header(const Llama2cShape& s) {
   std::string out;
   const int32_t header[7] = {s.dim, s.hidden_dim, s.n_layers, s.n_heads, s.n_kv_heads,
                              s.v1 || s.shared_classifier ? s.vocab_size : -s.vocab_size, s.seq_len};
@@ -108,11 +127,12 @@ inline std::string llama2c_checkpoint(const Llama2cShape& s) {
     out.push_back(s.shared_classifier ? 1 : 0);
     out.resize(256, '\0');
   }
-  const int64_t head = s.dim / s.n_heads, kv_dim = head * s.n_kv_heads, l = s.n_layers;
-  int64_t floats = int64_t{s.vocab_size} * s.dim + l * (2 * s.dim + 2 * s.dim * s.dim + 2 * kv_dim * s.dim +
-                                                        3 * int64_t{s.hidden_dim} * s.dim) + s.dim;
-  if (!s.v1) floats += int64_t{s.seq_len} * head;  // freq_cis_real and _imag, head/2 each
-  if (!s.shared_classifier) floats += int64_t{s.vocab_size} * s.dim;
+  return out;
+}
+
+inline std::string llama2c_checkpoint(const Llama2cShape& s) {
+  std::string out = llama2c_header(s);
+  const int64_t floats = llama2c_float_count(s);
   for (int64_t i = 0; i < floats; ++i) append_le(&out, static_cast<float>(i % 97) / 97.0f - 0.5f);
   return out;
 }
