@@ -99,17 +99,26 @@ inline int64_t llama2c_float_count(const Llama2cShape& s) {
   if (s.dim <= 0 || s.hidden_dim <= 0 || s.n_layers <= 0 || s.n_heads <= 0 || s.n_kv_heads <= 0 ||
       s.vocab_size <= 0 || s.seq_len <= 0 || s.dim % s.n_heads != 0)
     return -1;
-  const int64_t dim = s.dim, head = dim / s.n_heads, kv_dim = head * s.n_kv_heads;
-  const int64_t per_layer[] = {2 * dim, 2 * dim * dim, 2 * kv_dim * dim, 3 * int64_t{s.hidden_dim} * dim};
-  int64_t layer = 0, total = 0, n = 0;
-  for (int64_t v : per_layer) layer += v;  // each term < 2^64 / 4: int32 factors
-  if (__builtin_mul_overflow(layer, int64_t{s.n_layers}, &total)) return -1;
-  const int64_t classifiers = s.shared_classifier ? 1 : 2;
-  const int64_t rest[] = {classifiers * s.vocab_size * dim, dim, s.v1 ? 0 : int64_t{s.seq_len} * head};
-  for (int64_t v : rest)
-    if (__builtin_add_overflow(total, v, &n)) return -1;
-    else total = n;
-  return total;
+  // Header fields are any int32, so every step is checked (a corrupt header overflows int64).
+  bool overflow = false;
+  auto mul = [&overflow](int64_t a, int64_t b) {
+    int64_t r = 0;
+    overflow |= __builtin_mul_overflow(a, b, &r);
+    return r;
+  };
+  auto add = [&overflow](int64_t a, int64_t b) {
+    int64_t r = 0;
+    overflow |= __builtin_add_overflow(a, b, &r);
+    return r;
+  };
+  const int64_t dim = s.dim, head = dim / s.n_heads, kv_dim = mul(head, s.n_kv_heads);
+  // Per layer: two norms, wq and wo, wk and wv, w1 w2 w3.
+  const int64_t layer = add(add(mul(2, dim), mul(mul(2, dim), dim)),
+                            add(mul(mul(2, kv_dim), dim), mul(mul(3, s.hidden_dim), dim)));
+  int64_t total = add(mul(layer, s.n_layers), mul(mul(s.shared_classifier ? 1 : 2, s.vocab_size), dim));
+  total = add(total, dim);                                  // final norm
+  if (!s.v1) total = add(total, mul(s.seq_len, head));      // freq_cis_real and _imag, head/2 each
+  return overflow ? -1 : total;
 }
 
 // A checkpoint of `shape` whose floats are small distinct values (weights need not be sensible
