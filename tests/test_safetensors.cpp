@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -1284,21 +1285,26 @@ TEST(HfModel, Fp8PerChannelAndPerTensorScalesDequantize) {
   expect_tiny_model(load_ok(dir.path()), s, b);
 }
 
+// Sizes not multiples of the block, so edge blocks are partial: q [160, 160] has a 2 x 2 scale
+// grid, gate [272, 160] 3 x 2, down [160, 272] 2 x 3.
+TinySpec partial_block_spec() {
+  TinySpec s;
+  s.dim = 160;
+  s.hidden = 272;
+  s.heads = 5;
+  s.kv_heads = 1;
+  s.layers = 1;
+  s.vocab = 20;
+  return s;
+}
+
 TEST(HfModel, BlockFp8ScaleInvDequantizes) {
-  // Sizes not multiples of the block, so edge blocks are partial: q [160, 160] has a 2 x 2 scale
-  // grid, gate [272, 160] 3 x 2, down [160, 272] 2 x 3.
   const std::vector<std::pair<int64_t, int64_t>> blocks = {{128, 128}, {64, 32}};
   for (const auto& [block_rows, block_cols] : blocks) {
     SCOPED_TRACE("block " + std::to_string(block_rows) + "x" + std::to_string(block_cols));
     TempDir dir;
     ASSERT_TRUE(dir.ok());
-    TinySpec s;
-    s.dim = 160;
-    s.hidden = 272;
-    s.heads = 5;
-    s.kv_heads = 1;
-    s.layers = 1;
-    s.vocab = 20;
+    TinySpec s = partial_block_spec();
     if (block_rows != 128)
       s.extra = {{"quantization_config", {{"quant_method", "fp8"}, {"weight_block_size", {block_rows, block_cols}}}}};
     CheckpointBuilder b(kSeed + 7);
@@ -1308,6 +1314,22 @@ TEST(HfModel, BlockFp8ScaleInvDequantizes) {
     ASSERT_TRUE(b.write(dir.path(), tiny_config(s)).ok());
     expect_tiny_model(load_ok(dir.path()), s, b);
   }
+}
+
+// Found while writing fuzz/fuzz_hf_config.cpp: the scale grid was ceil(rows / block) computed as
+// (rows + block - 1) / block, which overflows int64 for a weight_block_size near INT64_MAX (UBSan
+// stops the asan preset there). Any block at least as large as the weight is one block.
+TEST(HfModel, WeightBlockSizeUpToInt64MaxIsOneBlock) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  TinySpec s = partial_block_spec();
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  s.extra = {{"quantization_config", {{"quant_method", "fp8"}, {"weight_block_size", {huge, huge}}}}};
+  CheckpointBuilder b(kSeed + 9);
+  b.block_rows = b.block_cols = int64_t{1} << 20;  // the same single block, scales [1, 1]
+  add_tiny_model(&b, s, [](const std::string&) { return WeightStore::kE4M3Block; });
+  ASSERT_TRUE(b.write(dir.path(), tiny_config(s)).ok());
+  expect_tiny_model(load_ok(dir.path()), s, b);
 }
 
 TEST(HfModel, QuantizedWeightsWithoutUsableScalesAreErrors) {

@@ -32,6 +32,9 @@ struct CalibrationStats {
 
   Status save(const std::string& path) const;  // JSON, written to a temp file and renamed
   static Status load(const std::string& path, CalibrationStats* out);
+  // The file's JSON text; `source` names it in errors. Every number is checked: counts are
+  // non-negative integers, absmax values finite and non-negative, channel lists in_features long.
+  static Status parse(const std::string& source, const std::string& json_text, CalibrationStats* out);
   const LinearStats* find(const std::string& module) const;
   // Were these statistics measured on a model of this shape? Every entry must name a linear layer
   // the model has, with its input width, and hold finite, non-negative absmax values; the error

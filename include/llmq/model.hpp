@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,9 @@ struct ModelWeights {
 // llama2.c checkpoints: the legacy header of 7 int32 (negative vocab = unshared classifier) and
 // the v1 format (magic "ak42", version 1, float32). Weights are float32.
 Status load_llama2c(const std::string& path, ModelWeights* out);
+// The same from a seekable stream (a file, or bytes in memory for the fuzz target); `source` names
+// it in errors.
+Status load_llama2c(const std::string& source, std::istream& in, ModelWeights* out);
 
 // A seeded Llama-shaped model with the outlier channels and heavy-tailed activations of real LLMs
 // (a few RMSNorm gains far above the rest feed outlier input channels to the next linears).

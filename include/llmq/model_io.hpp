@@ -27,6 +27,12 @@ Status read_token_sequences(const std::string& path, int64_t vocab_size, std::ve
 // "\r" of CRLF files is dropped).
 Status read_text_sequences(const std::string& path, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out);
 
+// The same two readers over a file's text already in memory; `source` names it in errors.
+Status parse_token_sequences(const std::string& source, const std::string& text, int64_t vocab_size,
+                             std::vector<std::vector<int32_t>>* out, const Tokenizer* tokenizer = nullptr);
+Status parse_text_sequences(const std::string& source, const std::string& text, const Tokenizer& tok,
+                            std::vector<std::vector<int32_t>>* out);
+
 // Deterministic token data from a model's own samples: `count` sequences of `length` tokens from
 // BOS at temperature 1 / top-p 0.9 with seeds seed, seed+1, ... (llama2.c sampling).
 Status sample_token_sequences(const ModelWeights& model, int64_t count, int64_t length, uint64_t seed,

@@ -29,6 +29,25 @@ struct SafetensorsTensorInfo {
   int64_t nbytes = 0;
 };
 
+// The parsed header of a safetensors file: its tensors (sorted by offset), metadata, and where the
+// data section starts.
+struct SafetensorsHeader {
+  std::vector<SafetensorsTensorInfo> tensors;
+  std::map<std::string, std::string> metadata;
+  int64_t data_start = 0;  // file offset of the data section
+};
+
+// Validate a whole safetensors file held in memory (`bytes`, `size` bytes): the length prefix, the
+// JSON header, and tensors that tile the data section exactly. `source` names the file in errors.
+// SafetensorsFile::open runs this on its mapping; taking bytes lets the fuzz target drive it.
+Status parse_safetensors_header(const std::string& source, const uint8_t* bytes, int64_t size,
+                                SafetensorsHeader* out);
+
+// The "weight_map" of a model.safetensors.index.json (tensor name -> shard file name); shard names
+// must be plain file names. `source` names the index file in errors.
+Status parse_safetensors_index(const std::string& source, const std::string& json_text,
+                               std::map<std::string, std::string>* weight_map);
+
 // One .safetensors file, memory-mapped read-only.
 class SafetensorsFile {
  public:
@@ -117,6 +136,8 @@ std::string shard_file_name(size_t index, size_t count);
 
 // Parse config.json text into a ModelConfig (llama, mistral, qwen2, mixtral by model_type).
 Status parse_hf_config(const std::string& json_text, ModelConfig* out);
+// quantization_config.weight_block_size ([rows, cols]) of a block-FP8 config.json, else 128 x 128.
+Status parse_hf_weight_block_size(const std::string& json_text, int64_t* rows, int64_t* cols);
 // Load a Hugging Face directory into float32 weights. Quantized checkpoints llmq writes (FP8 /
 // INT8 with weight_scale or weight_scale_inv) are dequantized on load.
 Status load_hf_model(const std::string& dir, ModelWeights* out);

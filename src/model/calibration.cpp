@@ -1,98 +1,10 @@
-// Calibration observers and the statistics file.
+// Calibration observers (the statistics file is read and written in calibration_stats.cpp).
 #include "llmq/calibration.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
-
-#include "llmq/atomic_io.hpp"
-#include "llmq/quantized_model.hpp"
 
 namespace llmq {
-
-const LinearStats* CalibrationStats::find(const std::string& module) const {
-  const auto it = linears.find(module);
-  return it == linears.end() ? nullptr : &it->second;
-}
-
-Status CalibrationStats::save(const std::string& path) const {
-  nlohmann::json j;
-  j["format"] = "llmq-calibration-v1";
-  j["model"] = model;
-  j["data"] = data;
-  j["tokens"] = tokens;
-  nlohmann::json ls = nlohmann::json::object();
-  for (const auto& [name, s] : linears) {
-    ls[name] = {{"in_features", s.in_features},
-                {"rows_seen", s.rows_seen},
-                {"input_absmax", s.input_absmax},
-                {"input_channel_absmax", s.input_channel_absmax},
-                {"weight_absmax", s.weight_absmax},
-                {"weight_channel_absmax", s.weight_channel_absmax}};
-  }
-  j["linears"] = ls;
-  // Durable and all-or-nothing: a crash leaves the old file or the new one.
-  const Status st = write_file_atomic(path, j.dump(1) + "\n");
-  if (!st.ok()) return {st.code(), "stats: " + st.message()};
-  return {};
-}
-
-Status CalibrationStats::load(const std::string& path, CalibrationStats* out) {
-  std::ifstream in(path);
-  if (!in) return {StatusCode::kIoError, "--stats: cannot open " + path};
-  nlohmann::json j;
-  try {
-    in >> j;
-    if (j.value("format", "") != "llmq-calibration-v1")
-      return invalid_argument("--stats: " + path + " is not an llmq calibration file (format llmq-calibration-v1)");
-    CalibrationStats s;
-    s.model = j.value("model", "");
-    s.data = j.value("data", "");
-    s.tokens = j.value("tokens", int64_t{0});
-    for (const auto& [name, v] : j.at("linears").items()) {
-      LinearStats l;
-      l.in_features = v.at("in_features").get<int64_t>();
-      l.rows_seen = v.at("rows_seen").get<int64_t>();
-      l.input_absmax = v.at("input_absmax").get<double>();
-      l.input_channel_absmax = v.at("input_channel_absmax").get<std::vector<float>>();
-      l.weight_absmax = v.at("weight_absmax").get<double>();
-      l.weight_channel_absmax = v.at("weight_channel_absmax").get<std::vector<float>>();
-      if (static_cast<int64_t>(l.input_channel_absmax.size()) != l.in_features ||
-          static_cast<int64_t>(l.weight_channel_absmax.size()) != l.in_features)
-        return invalid_argument("--stats: " + path + ": " + name + " has channel statistics of the wrong length");
-      s.linears[name] = std::move(l);
-    }
-    *out = std::move(s);
-  } catch (const std::exception& e) {
-    return invalid_argument("--stats: " + path + ": " + e.what());
-  }
-  return {};
-}
-
-Status CalibrationStats::check_matches(const ModelConfig& config) const {
-  std::map<std::string, int64_t> in_features;  // module -> input width
-  for (const LinearId& id : linear_ids(config)) in_features[id.hf_name(config)] = linear_shape(config, id)[1];
-  for (const auto& [name, l] : linears) {
-    const auto it = in_features.find(name);
-    if (it == in_features.end())
-      return invalid_argument("--stats: '" + name + "' is not a linear layer of this model (" +
-                              std::to_string(config.n_layers) + " layers, " + config.model_type +
-                              (config.is_moe() ? ", " + std::to_string(config.n_experts) + " experts" : "") +
-                              "); were the statistics measured on another model?");
-    if (l.in_features != it->second)
-      return invalid_argument("--stats: '" + name + "' has " + std::to_string(l.in_features) +
-                              " input channels; this model's has " + std::to_string(it->second) +
-                              "; were the statistics measured on another model?");
-    const bool bad_scalar = !std::isfinite(l.input_absmax) || l.input_absmax < 0 || !std::isfinite(l.weight_absmax) ||
-                            l.weight_absmax < 0 || l.rows_seen < 0;
-    auto bad = [](float v) { return !std::isfinite(v) || v < 0; };
-    if (bad_scalar || std::any_of(l.input_channel_absmax.begin(), l.input_channel_absmax.end(), bad) ||
-        std::any_of(l.weight_channel_absmax.begin(), l.weight_channel_absmax.end(), bad))
-      return invalid_argument("--stats: '" + name + "' holds a negative, infinite or NaN absmax or row count");
-  }
-  return {};
-}
 
 CalibrationBackend::CalibrationBackend(const ModelConfig& config, CalibrationStats* stats)
     : config_(config), stats_(stats) {}

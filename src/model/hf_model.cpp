@@ -27,7 +27,9 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// a >= 0, b > 0. Not (a + b - 1) / b: weight_block_size comes from config.json and may be as
+// large as INT64_MAX, where that sum overflows.
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 // ---- config.json field readers. A null value counts as absent: configs write "head_dim": null,
 // ---- "rope_scaling": null, "sliding_window": null.
@@ -262,24 +264,6 @@ class HfLoader {
   int64_t block_cols_;
 };
 
-// quantization_config.weight_block_size ([rows, cols]) of a block-FP8 checkpoint, else 128 x 128.
-Status weight_block_size(const std::string& config_text, int64_t* rows, int64_t* cols) {
-  *rows = *cols = kDefaultWeightBlock;
-  const json j = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return {};  // parse_hf_config has already accepted it
-  const json* qc = field(j, "quantization_config");
-  if (qc == nullptr || !qc->is_object()) return {};
-  const json* wbs = field(*qc, "weight_block_size");
-  if (wbs == nullptr) return {};
-  if (!wbs->is_array() || wbs->size() != 2 || !(*wbs)[0].is_number_integer() || !(*wbs)[1].is_number_integer() ||
-      (*wbs)[0].get<int64_t>() <= 0 || (*wbs)[1].get<int64_t>() <= 0)
-    return invalid_argument("config.json: quantization_config.weight_block_size: expected [rows, cols], got " +
-                            wbs->dump());
-  *rows = (*wbs)[0].get<int64_t>();
-  *cols = (*wbs)[1].get<int64_t>();
-  return {};
-}
-
 }  // namespace
 
 Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
@@ -350,8 +334,26 @@ Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
   }
   LLMQ_RETURN_IF_ERROR(read_token_id(j, "bos_token_id", &c.bos_token));
   LLMQ_RETURN_IF_ERROR(read_token_id(j, "eos_token_id", &c.eos_token));
-  LLMQ_RETURN_IF_ERROR(c.validate());
+  // validate() names the ModelConfig field; the prefix names the file it came from.
+  if (Status st = c.validate(); !st.ok()) return Status(st.code(), "config.json: " + st.message());
   *out = std::move(c);
+  return {};
+}
+
+Status parse_hf_weight_block_size(const std::string& config_text, int64_t* rows, int64_t* cols) {
+  *rows = *cols = kDefaultWeightBlock;
+  const json j = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return {};  // parse_hf_config has already accepted it
+  const json* qc = field(j, "quantization_config");
+  if (qc == nullptr || !qc->is_object()) return {};
+  const json* wbs = field(*qc, "weight_block_size");
+  if (wbs == nullptr) return {};
+  if (!wbs->is_array() || wbs->size() != 2 || !(*wbs)[0].is_number_integer() || !(*wbs)[1].is_number_integer() ||
+      (*wbs)[0].get<int64_t>() <= 0 || (*wbs)[1].get<int64_t>() <= 0)
+    return invalid_argument("config.json: quantization_config.weight_block_size: expected [rows, cols], got " +
+                            wbs->dump());
+  *rows = (*wbs)[0].get<int64_t>();
+  *cols = (*wbs)[1].get<int64_t>();
   return {};
 }
 
@@ -362,7 +364,7 @@ Status load_hf_model(const std::string& dir, ModelWeights* out) {
   const Status config_status = parse_hf_config(ckpt->config_json(), &config);
   if (!config_status.ok()) return Status(config_status.code(), dir + ": " + config_status.message());
   int64_t block_rows = 0, block_cols = 0;
-  const Status block_status = weight_block_size(ckpt->config_json(), &block_rows, &block_cols);
+  const Status block_status = parse_hf_weight_block_size(ckpt->config_json(), &block_rows, &block_cols);
   if (!block_status.ok()) return Status(block_status.code(), dir + ": " + block_status.message());
 
   // An absent lm_head means the classifier shares the embedding (transformers ties it).

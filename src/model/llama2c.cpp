@@ -32,10 +32,12 @@ struct Header {
 // the transformer recomputes).
 enum class Slot { kEmbedding, kAttnNorm, kFfnNorm, kFinalNorm, kWq, kWk, kWv, kWo, kW1, kW2, kW3, kWcls, kSkip };
 
+// One array of the file, or one per layer (n_layers arrays in a row): the list stays a dozen
+// entries long whatever n_layers a corrupt header claims.
 struct Segment {
   Slot slot;
-  int64_t layer;  // -1 for whole-model tensors
-  int64_t count;  // floats
+  bool per_layer;
+  int64_t count;  // floats in one array
 };
 
 Status file_error(const std::string& path, const std::string& what) {
@@ -63,15 +65,13 @@ Status layout(const Header& h, bool v1, const std::string& path, std::vector<Seg
       !checked_mul(h.seq_len, head_size / 2, &freq))
     return bad_file(path, "header sizes overflow");
   std::vector<Segment> s;
-  auto per_layer = [&](Slot slot, int64_t count) {
-    for (int64_t l = 0; l < h.n_layers; ++l) s.push_back({slot, l, count});
-  };
+  auto per_layer = [&](Slot slot, int64_t count) { s.push_back({slot, true, count}); };
   if (v1) {
     // export.py version1_export: norms, then the embedding, then the matrices.
     per_layer(Slot::kAttnNorm, h.dim);
     per_layer(Slot::kFfnNorm, h.dim);
-    s.push_back({Slot::kFinalNorm, -1, h.dim});
-    s.push_back({Slot::kEmbedding, -1, vd});
+    s.push_back({Slot::kFinalNorm, false, h.dim});
+    s.push_back({Slot::kEmbedding, false, vd});
     per_layer(Slot::kWq, dd);
     per_layer(Slot::kWk, kvd);
     per_layer(Slot::kWv, kvd);
@@ -80,7 +80,7 @@ Status layout(const Header& h, bool v1, const std::string& path, std::vector<Seg
     per_layer(Slot::kW2, hd);
     per_layer(Slot::kW3, hd);
   } else {
-    s.push_back({Slot::kEmbedding, -1, vd});
+    s.push_back({Slot::kEmbedding, false, vd});
     per_layer(Slot::kAttnNorm, h.dim);
     per_layer(Slot::kWq, dd);
     per_layer(Slot::kWk, kvd);
@@ -90,11 +90,11 @@ Status layout(const Header& h, bool v1, const std::string& path, std::vector<Seg
     per_layer(Slot::kW1, hd);
     per_layer(Slot::kW2, hd);
     per_layer(Slot::kW3, hd);
-    s.push_back({Slot::kFinalNorm, -1, h.dim});
-    s.push_back({Slot::kSkip, -1, freq});  // freq_cis_real
-    s.push_back({Slot::kSkip, -1, freq});  // freq_cis_imag
+    s.push_back({Slot::kFinalNorm, false, h.dim});
+    s.push_back({Slot::kSkip, false, freq});  // freq_cis_real
+    s.push_back({Slot::kSkip, false, freq});  // freq_cis_imag
   }
-  if (!h.shared_classifier) s.push_back({Slot::kWcls, -1, vd});
+  if (!h.shared_classifier) s.push_back({Slot::kWcls, false, vd});
   *out = std::move(s);
   return {};
 }
@@ -134,8 +134,9 @@ Linear make_linear(int64_t layer, LinearRole role, int64_t out, int64_t in) {
   return l;
 }
 
-float* slot_data(ModelWeights* w, Tensor* wcls, const Segment& s) {
-  auto layer = [&]() -> LayerWeights& { return w->layers[static_cast<size_t>(s.layer)]; };
+// Where array `s` of layer `l` (ignored for whole-model arrays) goes; nullptr to skip it.
+float* slot_data(ModelWeights* w, Tensor* wcls, const Segment& s, int64_t l) {
+  auto layer = [&]() -> LayerWeights& { return w->layers[static_cast<size_t>(l)]; };
   switch (s.slot) {
     case Slot::kEmbedding: return w->token_embedding.data_as<float>();
     case Slot::kAttnNorm: return layer().attn_norm.data_as<float>();
@@ -160,6 +161,11 @@ Status load_llama2c(const std::string& path, ModelWeights* out) {
   if (out == nullptr) return invalid_argument("load_llama2c: out is null");
   std::ifstream in(path, std::ios::binary);
   if (!in) return file_error(path, "cannot open for reading");
+  return load_llama2c(path, in, out);
+}
+
+Status load_llama2c(const std::string& path, std::istream& in, ModelWeights* out) {
+  if (out == nullptr) return invalid_argument("load_llama2c: out is null");
   in.seekg(0, std::ios::end);
   const std::streamoff end = in.tellg();
   if (end < 0) return file_error(path, "cannot determine the file size");
@@ -206,10 +212,14 @@ Status load_llama2c(const std::string& path, ModelWeights* out) {
 
   std::vector<Segment> segments;
   LLMQ_RETURN_IF_ERROR(layout(h, v1, path, &segments));
+  // Sizes first, with overflow checks, so a corrupt header is refused before anything is allocated.
   int64_t floats = 0;
   for (const Segment& s : segments) {
-    if (s.count > std::numeric_limits<int64_t>::max() / 8 - floats) return bad_file(path, "header sizes overflow");
-    floats += s.count;
+    int64_t n = s.count;
+    if ((s.per_layer && !checked_mul(s.count, h.n_layers, &n)) ||
+        n > std::numeric_limits<int64_t>::max() / 8 - floats)
+      return bad_file(path, "header sizes overflow");
+    floats += n;
   }
   const int64_t expected = header_bytes + floats * 4;
   if (file_size != expected)
@@ -259,14 +269,16 @@ Status load_llama2c(const std::string& path, ModelWeights* out) {
 
   in.seekg(static_cast<std::streamoff>(header_bytes), std::ios::beg);
   for (const Segment& s : segments) {
-    float* dst = slot_data(&w, &w.lm_head.weight, s);
-    const int64_t bytes = s.count * 4;
-    if (dst == nullptr) {
-      in.seekg(static_cast<std::streamoff>(bytes), std::ios::cur);
-    } else {
-      in.read(reinterpret_cast<char*>(dst), static_cast<std::streamsize>(bytes));
+    for (int64_t l = 0; l < (s.per_layer ? c.n_layers : 1); ++l) {
+      float* dst = slot_data(&w, &w.lm_head.weight, s, l);
+      const int64_t bytes = s.count * 4;
+      if (dst == nullptr) {
+        in.seekg(static_cast<std::streamoff>(bytes), std::ios::cur);
+      } else {
+        in.read(reinterpret_cast<char*>(dst), static_cast<std::streamsize>(bytes));
+      }
+      if (!in) return file_error(path, "read failed");
     }
-    if (!in) return file_error(path, "read failed");
   }
   // Tied: lm_head is a copy of the embedding, so quantizing lm_head never touches the embedding.
   if (h.shared_classifier) w.lm_head.weight = w.token_embedding;

@@ -4,6 +4,18 @@
 #include "llmq/nonfinite.hpp"
 
 namespace llmq {
+namespace {
+
+// Whether the product of the (positive) factors (times 8 bytes, the widest element the loaders and the
+// KV cache use) fits int64.
+bool bytes_fit(const int64_t (&factors)[4]) {
+  int64_t p = 8;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(p, f, &p)) return false;
+  return true;
+}
+
+}  // namespace
 
 Status ModelConfig::validate() const {
   auto positive = [](int64_t v, const char* field) -> Status {
@@ -25,6 +37,21 @@ Status ModelConfig::validate() const {
   if (n_experts < 0 || (n_experts > 0 && (n_experts_per_token <= 0 || n_experts_per_token > n_experts)))
     return invalid_argument("config.n_experts_per_token: need 1 <= k <= n_experts (" + std::to_string(n_experts) +
                             "), got " + std::to_string(n_experts_per_token));
+  // A corrupt config can hold sizes whose products overflow int64 where loaders and the transformer
+  // form them (q_proj rows = n_heads * head_dim, vocab x dim tensors, the KV cache): undefined
+  // behaviour there, so they are refused here, naming the product.
+  const int64_t experts = n_experts > 0 ? n_experts : 1;
+  const struct {
+    const char* what;
+    int64_t factors[4];  // unused ones are 1
+  } products[] = {
+      {"vocab_size x dim", {vocab_size, dim, 1, 1}},
+      {"n_heads x head_dim x dim", {n_heads, head_dim, dim, 1}},
+      {"n_experts x hidden_dim x dim", {experts, hidden_dim, dim, 1}},
+      {"n_layers x max_seq_len x n_kv_heads x head_dim (the KV cache)", {n_layers, max_seq_len, n_kv_heads, head_dim}},
+  };
+  for (const auto& p : products)
+    if (!bytes_fit(p.factors)) return invalid_argument(std::string("config: ") + p.what + " overflows int64");
   if (!(norm_eps > 0)) return invalid_argument("config.norm_eps: must be positive");
   if (!(rope_theta > 0)) return invalid_argument("config.rope_theta: must be positive");
   return {};

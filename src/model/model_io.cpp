@@ -1,13 +1,10 @@
-// Model and token-data loading by path; text data goes through the model's tokenizer.
+// Model loading by path and token data sampled from a model (token files: token_data.cpp).
 #include "llmq/model_io.hpp"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "llmq/safetensors.hpp"
 #include "llmq/sampler.hpp"
-#include "llmq/tokenizer.hpp"
 #include "llmq/transformer.hpp"
 
 namespace llmq {
@@ -36,71 +33,6 @@ Status load_model(const std::string& path, ModelWeights* out, std::string* descr
   if (!fs::exists(path, ec)) return invalid_argument("--model: " + path + " does not exist");
   if (description) *description = "llama2.c " + fs::path(path).filename().string();
   return load_llama2c(path, out);
-}
-
-Status read_token_sequences(const std::string& path, int64_t vocab_size, std::vector<std::vector<int32_t>>* out,
-                            const Tokenizer* tokenizer) {
-  std::ifstream in(path);
-  if (!in) return {StatusCode::kIoError, "--data: cannot open " + path};
-  out->clear();
-  std::string line;
-  int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    std::istringstream ls(line);
-    std::vector<int32_t> seq;
-    std::string word;
-    while (ls >> word) {
-      size_t used = 0;
-      long long v = 0;
-      try {
-        v = std::stoll(word, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != word.size()) {
-        if (tokenizer == nullptr)
-          return invalid_argument("--data: " + path + ":" + std::to_string(line_no) + ": '" + word +
-                                  "' is not a token id; text needs the model's tokenizer: a tokenizer.json or "
-                                  "tokenizer.model (Hugging Face) or tokenizer.bin (llama2.c) beside the model "
-                                  "enables text, else give token ids");
-        // Not all ids: the whole file is text (a line of digits in it is text too).
-        LLMQ_RETURN_IF_ERROR(read_text_sequences(path, *tokenizer, out));
-        for (const auto& s : *out)
-          for (int32_t id : s)
-            if (vocab_size > 0 && id >= vocab_size)
-              return invalid_argument("--data: " + path + ": the tokenizer gave id " + std::to_string(id) +
-                                      ", outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")");
-        return {};
-      }
-      if (v < 0 || (vocab_size > 0 && v >= vocab_size))
-        return invalid_argument("--data: " + path + ":" + std::to_string(line_no) + ": token id " + word +
-                                " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
-      seq.push_back(static_cast<int32_t>(v));
-    }
-    if (!seq.empty()) out->push_back(std::move(seq));
-  }
-  if (out->empty()) return invalid_argument("--data: " + path + " holds no token ids");
-  return {};
-}
-
-Status read_text_sequences(const std::string& path, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {StatusCode::kIoError, "--data: cannot open " + path};
-  out->clear();
-  std::string line;
-  int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t\v\f") == std::string::npos) continue;
-    std::vector<int32_t> seq;
-    if (Status st = tok.encode(line, /*add_bos=*/true, &seq); !st.ok())
-      return {st.code(), "--data: " + path + ":" + std::to_string(line_no) + ": " + st.message()};
-    out->push_back(std::move(seq));
-  }
-  if (out->empty()) return invalid_argument("--data: " + path + " holds no text");
-  return {};
 }
 
 Status sample_token_sequences(const ModelWeights& model, int64_t count, int64_t length, uint64_t seed,

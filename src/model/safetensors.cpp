@@ -90,7 +90,14 @@ bool json_to_index(const ordered_json& v, int64_t* out) {
   return true;
 }
 
-// Parse and validate the header of a file of `file_size` bytes mapped at `bytes`.
+// A file shorter than the length prefix cannot be mapped (mmap refuses 0 bytes) or parsed.
+Status check_prefix_fits(const std::string& path, int64_t size) {
+  if (size >= kLengthPrefixBytes) return {};
+  return invalid_argument(path + ": " + std::to_string(size) +
+                          " bytes is too short for the 8-byte header length: not a safetensors file");
+}
+
+// Parse and validate the header of a file of `file_size` (>= 8) bytes mapped at `bytes`.
 Status parse_header(const std::string& path, const uint8_t* bytes, int64_t file_size,
                     std::vector<SafetensorsTensorInfo>* tensors, std::map<std::string, std::string>* metadata,
                     int64_t* data_start) {
@@ -259,6 +266,43 @@ Status parse_safetensors_dtype(const std::string& name, DType* out) {
   return unsupported("safetensors dtype \"" + name + "\" is not supported (F32, F64, F16, BF16, F8_E4M3, F8_E5M2, I8, I32)");
 }
 
+// ---- parsing from memory
+
+Status parse_safetensors_header(const std::string& source, const uint8_t* bytes, int64_t size,
+                                SafetensorsHeader* out) {
+  if (bytes == nullptr && size > 0) return invalid_argument(source + ": no bytes given");
+  LLMQ_RETURN_IF_ERROR(check_prefix_fits(source, size));
+  SafetensorsHeader h;
+  LLMQ_RETURN_IF_ERROR(parse_header(source, bytes, size, &h.tensors, &h.metadata, &h.data_start));
+  *out = std::move(h);
+  return {};
+}
+
+Status parse_safetensors_index(const std::string& source, const std::string& json_text,
+                               std::map<std::string, std::string>* weight_map) {
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(json_text);
+  } catch (const std::exception& e) {
+    return invalid_argument(source + ": not valid JSON: " + e.what());
+  }
+  const auto wm = index.is_object() ? index.find("weight_map") : index.end();
+  if (wm == index.end() || !wm->is_object()) return invalid_argument(source + ": no \"weight_map\" object");
+  std::map<std::string, std::string> map;
+  for (const auto& item : wm->items()) {
+    if (!item.value().is_string())
+      return invalid_argument(source + ": weight_map['" + item.key() + "'] is not a file name");
+    const std::string shard = item.value().get<std::string>();
+    // Shards live next to the index; a path would let a checkpoint read files elsewhere.
+    if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos)
+      return invalid_argument(source + ": weight_map['" + item.key() + "']: shard '" + shard +
+                              "' is not a plain file name");
+    map[item.key()] = shard;
+  }
+  *weight_map = std::move(map);
+  return {};
+}
+
 // ---- SafetensorsFile
 
 Status SafetensorsFile::open(const std::string& path, std::unique_ptr<SafetensorsFile>* out) {
@@ -277,10 +321,9 @@ Status SafetensorsFile::open(const std::string& path, std::unique_ptr<Safetensor
     return invalid_argument(path + ": not a regular file");
   }
   const int64_t size = static_cast<int64_t>(st.st_size);
-  if (size < kLengthPrefixBytes) {
+  if (Status short_status = check_prefix_fits(path, size); !short_status.ok()) {
     ::close(fd);
-    return invalid_argument(path + ": " + std::to_string(size) +
-                            " bytes is too short for the 8-byte header length: not a safetensors file");
+    return short_status;
   }
   // Read-only private mapping: pages are read on first touch, so a checkpoint larger than RAM is
   // processed tensor by tensor. (A file truncated by someone else while mapped raises SIGBUS on
@@ -342,27 +385,9 @@ Status Checkpoint::open(const std::string& dir, std::unique_ptr<Checkpoint>* out
   if (file_exists(index_path)) {
     std::string text;
     LLMQ_RETURN_IF_ERROR(read_text_file(index_path, &text));
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(text);
-    } catch (const std::exception& e) {
-      return invalid_argument(index_path + ": not valid JSON: " + e.what());
-    }
-    const auto wm = index.is_object() ? index.find("weight_map") : index.end();
-    if (wm == index.end() || !wm->is_object())
-      return invalid_argument(index_path + ": no \"weight_map\" object");
+    LLMQ_RETURN_IF_ERROR(parse_safetensors_index(index_path, text, &weight_map));
     std::set<std::string> shard_set;
-    for (const auto& item : wm->items()) {
-      if (!item.value().is_string())
-        return invalid_argument(index_path + ": weight_map['" + item.key() + "'] is not a file name");
-      const std::string shard = item.value().get<std::string>();
-      // Shards live next to the index; a path would let a checkpoint read files elsewhere.
-      if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos)
-        return invalid_argument(index_path + ": weight_map['" + item.key() + "']: shard '" + shard +
-                                "' is not a plain file name");
-      weight_map[item.key()] = shard;
-      shard_set.insert(shard);
-    }
+    for (const auto& item : weight_map) shard_set.insert(item.second);
     shards.assign(shard_set.begin(), shard_set.end());  // model-00001-of-0000N sorts in order
   } else {
     const std::string single = dir + "/model.safetensors";

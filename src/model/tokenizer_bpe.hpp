@@ -142,6 +142,12 @@ int parse_byte_piece(const std::string& piece);
 Status load_tokenizer_json(const std::string& path, std::unique_ptr<Tokenizer>* out);
 Status load_sentencepiece_model(const std::string& path, std::unique_ptr<Tokenizer>* out);
 Status load_llama2c_tokenizer(const std::string& path, std::unique_ptr<Tokenizer>* out);
+// The same over the file's bytes already in memory (the load_* functions read the file and call
+// these; the fuzz targets call them directly). `path` names the file in errors; tokenizer.json
+// also looks beside it for tokenizer_config.json and config.json (BOS / EOS ids).
+Status parse_tokenizer_json(const std::string& path, const std::string& text, std::unique_ptr<Tokenizer>* out);
+Status parse_sentencepiece_model(const std::string& path, const std::string& data, std::unique_ptr<Tokenizer>* out);
+Status parse_llama2c_tokenizer(const std::string& path, const std::string& data, std::unique_ptr<Tokenizer>* out);
 
 // The whole file; an IoError naming it when it cannot be read.
 Status read_whole_file(const std::string& path, std::string* out);

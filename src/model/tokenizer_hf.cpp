@@ -19,6 +19,9 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kMetaspaceMarker = "\xE2\x96\x81";  // "▁" U+2581
+// How many unused ids beyond the listed tokens a vocabulary may have (besides as many unused ids
+// as listed ones): room for reserved ranges without sizing the table by an arbitrary id.
+constexpr int64_t kMaxIdSlack = 1024;
 
 // The split patterns of the models llmq knows, as tokenizer.json spells them.
 struct KnownPattern {
@@ -235,9 +238,7 @@ Status config_token(const std::string& config_path, const json& cfg, const char*
   return {};
 }
 
-Status read_json(const std::string& path, json* out) {
-  std::string text;
-  LLMQ_RETURN_IF_ERROR(read_whole_file(path, &text));
+Status parse_json_object(const std::string& path, const std::string& text, json* out) {
   try {
     *out = json::parse(text);
   } catch (const std::exception& e) {
@@ -245,6 +246,12 @@ Status read_json(const std::string& path, json* out) {
   }
   if (!out->is_object()) return invalid_argument(path + ": expected a JSON object");
   return {};
+}
+
+Status read_json(const std::string& path, json* out) {
+  std::string text;
+  LLMQ_RETURN_IF_ERROR(read_whole_file(path, &text));
+  return parse_json_object(path, text, out);
 }
 
 // BOS and EOS: tokenizer_config.json, config.json, the post-processor, then common names.
@@ -295,8 +302,14 @@ Status resolve_special_ids(Parser* p, const std::unordered_map<std::string, int3
 }  // namespace
 
 Status load_tokenizer_json(const std::string& path, std::unique_ptr<Tokenizer>* out) {
+  std::string text;
+  LLMQ_RETURN_IF_ERROR(read_whole_file(path, &text));
+  return parse_tokenizer_json(path, text, out);
+}
+
+Status parse_tokenizer_json(const std::string& path, const std::string& text, std::unique_ptr<Tokenizer>* out) {
   json j;
-  LLMQ_RETURN_IF_ERROR(read_json(path, &j));
+  LLMQ_RETURN_IF_ERROR(parse_json_object(path, text, &j));
   Parser p;
   p.path = path;
   p.spec.source = path;
@@ -338,7 +351,14 @@ Status load_tokenizer_json(const std::string& path, std::unique_ptr<Tokenizer>* 
       max_id = std::max<int64_t>(max_id, id->get<int64_t>());
     }
   }
-  // Ids need not be dense; a gap is a piece that never matches and decodes to "".
+  // Ids need not be dense; a gap is a piece that never matches and decodes to "". But the table is
+  // sized by the largest id, so an id far beyond the tokens listed (a 3 KB file claiming id
+  // 120000008 asked for 4 GB) is refused: real vocabularies have few gaps, if any.
+  const int64_t listed = static_cast<int64_t>(vocab->size()) + static_cast<int64_t>(p.spec.specials.size());
+  if (max_id >= 2 * listed + kMaxIdSlack)
+    return p.bad("token id " + std::to_string(max_id) + " is far beyond the " + std::to_string(listed) +
+                 " tokens of model.vocab and added_tokens (ids may leave gaps, but fewer than " +
+                 std::to_string(listed + kMaxIdSlack) + ")");
   p.spec.pieces.assign(static_cast<size_t>(max_id + 1), std::string());
   p.spec.mergeable.assign(p.spec.pieces.size(), false);
   for (const auto& [piece, id] : vocab_ids) {

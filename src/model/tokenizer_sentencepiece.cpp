@@ -172,6 +172,10 @@ int32_t find_piece(const std::vector<std::string>& pieces, const std::string& te
 Status load_sentencepiece_model(const std::string& path, std::unique_ptr<Tokenizer>* out) {
   std::string data;
   LLMQ_RETURN_IF_ERROR(read_whole_file(path, &data));
+  return parse_sentencepiece_model(path, data, out);
+}
+
+Status parse_sentencepiece_model(const std::string& path, const std::string& data, std::unique_ptr<Tokenizer>* out) {
   std::vector<Piece> pieces;
   bool have_trainer = false;
   // TrainerSpec and NormalizerSpec defaults, as sentencepiece_model.proto declares them.
@@ -260,6 +264,10 @@ Status load_sentencepiece_model(const std::string& path, std::unique_ptr<Tokeniz
 Status load_llama2c_tokenizer(const std::string& path, std::unique_ptr<Tokenizer>* out) {
   std::string data;
   LLMQ_RETURN_IF_ERROR(read_whole_file(path, &data));
+  return parse_llama2c_tokenizer(path, data, out);
+}
+
+Status parse_llama2c_tokenizer(const std::string& path, const std::string& data, std::unique_ptr<Tokenizer>* out) {
   auto bad = [&path](const std::string& what) {
     return invalid_argument(path + ": not a valid llama2.c tokenizer: " + what);
   };

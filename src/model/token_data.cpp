@@ -1,0 +1,111 @@
+// Token data files (calibration and evaluation inputs): token ids separated by white space, one
+// sequence per line, or text encoded with the model's tokenizer. The file is read whole and parsed
+// from memory, so the parser can be driven without a file (fuzz/fuzz_token_file.cpp).
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "llmq/model_io.hpp"
+#include "llmq/tokenizer.hpp"
+
+namespace llmq {
+namespace {
+
+Status read_file_text(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {StatusCode::kIoError, "--data: cannot open " + path};
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return {StatusCode::kIoError, "--data: read failed for " + path};
+  *out = text.str();
+  return {};
+}
+
+// The id a word spells, if it is all one base-10 integer (std::stoll alone also takes a prefix).
+bool parse_id_word(const std::string& word, long long* id) {
+  size_t used = 0;
+  try {
+    *id = std::stoll(word, &used);
+  } catch (const std::exception&) {
+    return false;  // not a number, or beyond long long: text
+  }
+  return used == word.size();
+}
+
+}  // namespace
+
+Status parse_token_sequences(const std::string& source, const std::string& text, int64_t vocab_size,
+                             std::vector<std::vector<int32_t>>* out, const Tokenizer* tokenizer) {
+  out->clear();
+  std::istringstream in(text);
+  std::string line;
+  int64_t line_no = 0;
+  // Ids are int32 even when the vocabulary is unknown (vocab_size <= 0): a larger number must be
+  // refused, not wrapped into some other id.
+  const int64_t limit = vocab_size > 0 ? vocab_size : int64_t{std::numeric_limits<int32_t>::max()} + 1;
+  while (std::getline(in, line)) {
+    ++line_no;
+    std::istringstream ls(line);
+    std::vector<int32_t> seq;
+    std::string word;
+    while (ls >> word) {
+      long long v = 0;
+      if (!parse_id_word(word, &v)) {
+        if (tokenizer == nullptr)
+          return invalid_argument("--data: " + source + ":" + std::to_string(line_no) + ": '" + word +
+                                  "' is not a token id; text needs the model's tokenizer: a tokenizer.json or "
+                                  "tokenizer.model (Hugging Face) or tokenizer.bin (llama2.c) beside the model "
+                                  "enables text, else give token ids");
+        // Not all ids: the whole file is text (a line of digits in it is text too).
+        LLMQ_RETURN_IF_ERROR(parse_text_sequences(source, text, *tokenizer, out));
+        for (const auto& s : *out)
+          for (int32_t id : s)
+            if (vocab_size > 0 && id >= vocab_size)
+              return invalid_argument("--data: " + source + ": the tokenizer gave id " + std::to_string(id) +
+                                      ", outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")");
+        return {};
+      }
+      if (v < 0 || v >= limit)
+        return invalid_argument("--data: " + source + ":" + std::to_string(line_no) + ": token id " + word +
+                                " is outside the vocabulary [0, " + std::to_string(limit) + ")");
+      seq.push_back(static_cast<int32_t>(v));
+    }
+    if (!seq.empty()) out->push_back(std::move(seq));
+  }
+  if (out->empty()) return invalid_argument("--data: " + source + " holds no token ids");
+  return {};
+}
+
+Status parse_text_sequences(const std::string& source, const std::string& text, const Tokenizer& tok,
+                            std::vector<std::vector<int32_t>>* out) {
+  out->clear();
+  std::istringstream in(text);
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t\v\f") == std::string::npos) continue;
+    std::vector<int32_t> seq;
+    if (Status st = tok.encode(line, /*add_bos=*/true, &seq); !st.ok())
+      return {st.code(), "--data: " + source + ":" + std::to_string(line_no) + ": " + st.message()};
+    out->push_back(std::move(seq));
+  }
+  if (out->empty()) return invalid_argument("--data: " + source + " holds no text");
+  return {};
+}
+
+Status read_token_sequences(const std::string& path, int64_t vocab_size, std::vector<std::vector<int32_t>>* out,
+                            const Tokenizer* tokenizer) {
+  std::string text;
+  LLMQ_RETURN_IF_ERROR(read_file_text(path, &text));
+  return parse_token_sequences(path, text, vocab_size, out, tokenizer);
+}
+
+Status read_text_sequences(const std::string& path, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out) {
+  std::string text;
+  LLMQ_RETURN_IF_ERROR(read_file_text(path, &text));
+  return parse_text_sequences(path, text, tok, out);
+}
+
+}  // namespace llmq
