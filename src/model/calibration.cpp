@@ -3,8 +3,37 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+
+#include "llmq/quantized_model.hpp"
 
 namespace llmq {
+
+// Statistics against a model (kept out of calibration_stats.cpp, which the fuzz targets link
+// without the model code).
+Status CalibrationStats::check_matches(const ModelConfig& config) const {
+  std::map<std::string, int64_t> in_features;  // module -> input width
+  for (const LinearId& id : linear_ids(config)) in_features[id.hf_name(config)] = linear_shape(config, id)[1];
+  for (const auto& [name, l] : linears) {
+    const auto it = in_features.find(name);
+    if (it == in_features.end())
+      return invalid_argument("--stats: '" + name + "' is not a linear layer of this model (" +
+                              std::to_string(config.n_layers) + " layers, " + config.model_type +
+                              (config.is_moe() ? ", " + std::to_string(config.n_experts) + " experts" : "") +
+                              "); were the statistics measured on another model?");
+    if (l.in_features != it->second)
+      return invalid_argument("--stats: '" + name + "' has " + std::to_string(l.in_features) +
+                              " input channels; this model's has " + std::to_string(it->second) +
+                              "; were the statistics measured on another model?");
+    const bool bad_scalar = !std::isfinite(l.input_absmax) || l.input_absmax < 0 || !std::isfinite(l.weight_absmax) ||
+                            l.weight_absmax < 0 || l.rows_seen < 0;
+    auto bad = [](float v) { return !std::isfinite(v) || v < 0; };
+    if (bad_scalar || std::any_of(l.input_channel_absmax.begin(), l.input_channel_absmax.end(), bad) ||
+        std::any_of(l.weight_channel_absmax.begin(), l.weight_channel_absmax.end(), bad))
+      return invalid_argument("--stats: '" + name + "' holds a negative, infinite or NaN absmax or row count");
+  }
+  return {};
+}
 
 CalibrationBackend::CalibrationBackend(const ModelConfig& config, CalibrationStats* stats)
     : config_(config), stats_(stats) {}

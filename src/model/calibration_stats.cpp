@@ -3,18 +3,15 @@
 // corrupt file gets an error naming the linear and field rather than a nlohmann type error, and a
 // number that does not fit (1e300 as a count, 1e39 as a float absmax) is refused instead of being
 // cast into a wrong value.
-#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
-#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "llmq/atomic_io.hpp"
 #include "llmq/calibration.hpp"
-#include "llmq/quantized_model.hpp"
 
 namespace llmq {
 namespace {
@@ -159,30 +156,6 @@ Status CalibrationStats::parse(const std::string& source, const std::string& jso
     return bad_field(source, "linears", "expected an object of per-linear statistics");
   for (const auto& [name, v] : linears->items()) LLMQ_RETURN_IF_ERROR(parse_linear(source, name, v, &s.linears[name]));
   *out = std::move(s);
-  return {};
-}
-
-Status CalibrationStats::check_matches(const ModelConfig& config) const {
-  std::map<std::string, int64_t> in_features;  // module -> input width
-  for (const LinearId& id : linear_ids(config)) in_features[id.hf_name(config)] = linear_shape(config, id)[1];
-  for (const auto& [name, l] : linears) {
-    const auto it = in_features.find(name);
-    if (it == in_features.end())
-      return invalid_argument("--stats: '" + name + "' is not a linear layer of this model (" +
-                              std::to_string(config.n_layers) + " layers, " + config.model_type +
-                              (config.is_moe() ? ", " + std::to_string(config.n_experts) + " experts" : "") +
-                              "); were the statistics measured on another model?");
-    if (l.in_features != it->second)
-      return invalid_argument("--stats: '" + name + "' has " + std::to_string(l.in_features) +
-                              " input channels; this model's has " + std::to_string(it->second) +
-                              "; were the statistics measured on another model?");
-    const bool bad_scalar = !std::isfinite(l.input_absmax) || l.input_absmax < 0 || !std::isfinite(l.weight_absmax) ||
-                            l.weight_absmax < 0 || l.rows_seen < 0;
-    auto bad = [](float v) { return !std::isfinite(v) || v < 0; };
-    if (bad_scalar || std::any_of(l.input_channel_absmax.begin(), l.input_channel_absmax.end(), bad) ||
-        std::any_of(l.weight_channel_absmax.begin(), l.weight_channel_absmax.end(), bad))
-      return invalid_argument("--stats: '" + name + "' holds a negative, infinite or NaN absmax or row count");
-  }
   return {};
 }
 
