@@ -30,6 +30,14 @@
 namespace llmq {
 
 struct QuantizedModel;
+class TensorParallelGroup;
+
+// Rank `rank` of a tensor-parallel split over `size` GPUs (tensor_parallel.hpp): the loaders below
+// then keep only that rank's slice of every split linear. size 1: the whole model.
+struct TensorParallelRank {
+  int rank = 0;
+  int size = 1;
+};
 
 // Called with (done, total, what) while weights load or generate.
 using GpuProgressFn = std::function<void(int64_t done, int64_t total, const std::string& what)>;
@@ -44,34 +52,41 @@ class GpuModel {
   // Linear layers in `linear_dtype` (kBF16 or kF32), everything else as the CPU model has it
   // (norm gains float32; embeddings and lm_head BF16, or F32 when linear_dtype is kF32).
   static Status from_float(const ModelWeights& weights, DType linear_dtype, int device,
-                           std::unique_ptr<GpuModel>* out);
+                           std::unique_ptr<GpuModel>* out, TensorParallelRank tp = {});
   // The codes and scales of a QuantizedModel as they are (so the GPU computes the same quantized
   // model as the CPU reference), its smoothed norm gains, lm_head BF16 unless quantized.
   // Weight scales: per-tensor, per-channel or 128x128 blocks; activations: none (W8A16), dynamic
   // per-token / per-tensor / 1x128, or static per-tensor. Other schemes give kUnsupported.
-  static Status from_quantized(const QuantizedModel& model, int device, std::unique_ptr<GpuModel>* out);
+  static Status from_quantized(const QuantizedModel& model, int device, std::unique_ptr<GpuModel>* out,
+                               TensorParallelRank tp = {});
   // An unquantized Hugging Face checkpoint (BF16 / F16 / F32 safetensors, sharded or not) read
   // tensor by tensor from the memory map straight into device memory and quantized there under
   // `precision` ("bf16" or a dynamic scheme): the host never holds the model. The codes equal those
   // of the CPU path (cuda_quantize is bit for bit the CPU quantize of the same values).
   static Status from_checkpoint(const std::string& dir, const std::string& precision, int device,
-                                std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {});
+                                std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {},
+                                TensorParallelRank tp = {});
   // Seeded synthetic weights generated on the device (never zeros: normal-like values with a few
   // outlier input channels), quantized on the device under `precision`: "bf16" or a dynamic
   // scheme name ("fp8-dynamic", "fp8-block", "int8-w8a8", "fp8-tensor-dynamic", "fp8-weight-only"),
   // or "fp8-tensor-static" with a static activation scale of 1/448 x 8 (synthetic inputs are
-  // bounded). Fails with the bytes needed and free when the model does not fit.
+  // bounded). Fails with the bytes needed and free when the model does not fit. Every rank of a
+  // split generates the whole of each tensor and keeps its slice, so rank r of N holds exactly the
+  // weights of the same seed's single-GPU model.
   static Status synthetic(const ModelConfig& config, const std::string& precision, uint64_t seed, int device,
-                          std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {});
+                          std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {},
+                          TensorParallelRank tp = {});
 
   ~GpuModel();
   GpuModel(const GpuModel&) = delete;
   GpuModel& operator=(const GpuModel&) = delete;
 
-  const ModelConfig& config() const;
+  const ModelConfig& config() const;        // the whole model's
+  const ModelConfig& local_config() const;  // what this rank computes (tensor_parallel_config)
+  TensorParallelRank tensor_parallel() const;
   const std::string& precision() const;  // "bf16", "f32" or the scheme name
   int device() const;
-  int64_t weight_bytes() const;          // device bytes of every weight and scale
+  int64_t weight_bytes() const;          // device bytes of every weight and scale (this rank's)
 
   struct Impl;
   const Impl& impl() const { return *impl_; }
@@ -96,6 +111,9 @@ struct GpuRuntimeOptions {
   // the options kernel_attention_options gives; head_dim 64 or 128, BF16 KV cache). Decode
   // attention stays BF16.
   AttentionVariant prefill_attention = AttentionVariant::kBf16;
+  // A model split over several GPUs: its group's communicators (TensorParallelRuntime sets it).
+  // Needed, and only allowed, when the model's tensor_parallel().size > 1.
+  const TensorParallelGroup* tp_group = nullptr;
 };
 
 struct SamplingOptions {

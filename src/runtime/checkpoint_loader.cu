@@ -12,6 +12,7 @@
 #include "llmq/format.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/safetensors.hpp"
+#include "parallel/shard_linear.hpp"
 #include "runtime/gpu_model_build.hpp"
 #include "runtime/gpu_model_impl.hpp"
 
@@ -215,7 +216,7 @@ Status load_moe(const Loader& load, const ModelConfig& c, int64_t l, runtime::Gp
 }  // namespace
 
 Status GpuModel::from_checkpoint(const std::string& dir, const std::string& precision, int device,
-                                 std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress) {
+                                 std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress, TensorParallelRank tp) {
   std::unique_ptr<Checkpoint> ckpt;
   LLMQ_RETURN_IF_ERROR(Checkpoint::open(dir, &ckpt));
   ModelConfig c;
@@ -243,10 +244,14 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
                          "calibration statistics; quantize with `llmq quantize --stats` first, or use a dynamic scheme");
   }
   LLMQ_RETURN_IF_ERROR(runtime::select_device(device));
-  LLMQ_RETURN_IF_ERROR(runtime::check_fits(c, load.bf16 && !load.stored_quantized, label));
+  ModelConfig local;
+  LLMQ_RETURN_IF_ERROR(runtime::begin_tensor_parallel(c, tp, &local));
+  LLMQ_RETURN_IF_ERROR(runtime::check_fits(local, load.bf16 && !load.stored_quantized, label));
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;
-  g.config = c;
+  g.config = local;
+  g.full_config = c;
+  g.tp = tp;
   g.precision = label;
   g.device = device;
   LLMQ_RETURN_IF_ERROR(load.bf16_table("model.embed_tokens.weight", &g.embedding));
@@ -282,6 +287,7 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
                                        &gl.gate_up));
       LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "down_proj"), {p + "mlp.down_proj.weight"}, &gl.down));
     }
+    LLMQ_RETURN_IF_ERROR(runtime::shard_layer(c, tp, &gl));
     g.layers.push_back(std::move(gl));
   }
   LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());

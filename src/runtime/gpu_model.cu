@@ -12,6 +12,7 @@
 #include "llmq/format.hpp"
 #include "llmq/quantized_model.hpp"
 #include "llmq/scheme.hpp"
+#include "parallel/shard_linear.hpp"
 #include "runtime/gpu_model_build.hpp"
 #include "runtime/gpu_model_impl.hpp"
 #include "runtime/row_kernels.hpp"
@@ -35,7 +36,9 @@ int64_t GpuModel::Impl::bytes() const {
 
 GpuModel::GpuModel() : impl_(std::make_unique<Impl>()) {}
 GpuModel::~GpuModel() = default;
-const ModelConfig& GpuModel::config() const { return impl_->config; }
+const ModelConfig& GpuModel::config() const { return impl_->full_config; }
+const ModelConfig& GpuModel::local_config() const { return impl_->config; }
+TensorParallelRank GpuModel::tensor_parallel() const { return impl_->tp; }
 const std::string& GpuModel::precision() const { return impl_->precision; }
 int GpuModel::device() const { return impl_->device; }
 int64_t GpuModel::weight_bytes() const { return impl_->bytes(); }
@@ -301,15 +304,20 @@ Status quantize_part_on_device(const std::string& name, const TensorView& x, con
 
 using namespace runtime;  // the helpers above, in this file
 
-Status GpuModel::from_float(const ModelWeights& w, DType linear_dtype, int device, std::unique_ptr<GpuModel>* out) {
+Status GpuModel::from_float(const ModelWeights& w, DType linear_dtype, int device, std::unique_ptr<GpuModel>* out,
+                            TensorParallelRank tp) {
   LLMQ_RETURN_IF_ERROR(check_config(w.config));
+  ModelConfig local;
+  LLMQ_RETURN_IF_ERROR(begin_tensor_parallel(w.config, tp, &local));
   if (w.config.is_moe() && linear_dtype != DType::kBF16) return unsupported(kMoeNotF32);
   if (linear_dtype != DType::kF32 && linear_dtype != DType::kBF16)
     return invalid_argument(std::string("linear dtype: f32 or bf16, got ") + dtype_name(linear_dtype));
   LLMQ_RETURN_IF_ERROR(select_device(device));
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;
-  g.config = w.config;
+  g.config = local;
+  g.full_config = w.config;
+  g.tp = tp;
   g.precision = linear_dtype == DType::kF32 ? "f32" : "bf16";
   g.device = device;
   const Tensor& emb = w.token_embedding;
@@ -341,19 +349,24 @@ Status GpuModel::from_float(const ModelWeights& w, DType linear_dtype, int devic
       LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "gate_up"), {&L.mlp.gate, &L.mlp.up}, linear_dtype, &gl.gate_up));
       LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "down_proj"), {&L.mlp.down}, linear_dtype, &gl.down));
     }
+    LLMQ_RETURN_IF_ERROR(shard_layer(w.config, tp, &gl));
     g.layers.push_back(std::move(gl));
   }
   *out = std::move(m);
   return {};
 }
 
-Status GpuModel::from_quantized(const QuantizedModel& q, int device, std::unique_ptr<GpuModel>* out) {
+Status GpuModel::from_quantized(const QuantizedModel& q, int device, std::unique_ptr<GpuModel>* out, TensorParallelRank tp) {
   const ModelWeights& w = q.weights;
   LLMQ_RETURN_IF_ERROR(check_config(w.config));
+  ModelConfig local;
+  LLMQ_RETURN_IF_ERROR(begin_tensor_parallel(w.config, tp, &local));
   LLMQ_RETURN_IF_ERROR(select_device(device));
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;
-  g.config = w.config;
+  g.config = local;
+  g.full_config = w.config;
+  g.tp = tp;
   g.precision = q.scheme.name;
   g.device = device;
   const ModelConfig& c = w.config;
@@ -413,6 +426,7 @@ Status GpuModel::from_quantized(const QuantizedModel& q, int device, std::unique
       LLMQ_RETURN_IF_ERROR(quantized_linear(layer_name(i, "gate_up"), {qg, qu}, &gl.gate_up));
       LLMQ_RETURN_IF_ERROR(quantized_linear(layer_name(i, "down_proj"), {qd}, &gl.down));
     }
+    LLMQ_RETURN_IF_ERROR(shard_layer(w.config, tp, &gl));
     g.layers.push_back(std::move(gl));
   }
   *out = std::move(m);
@@ -467,8 +481,10 @@ Status synthetic_gains(int64_t dim, uint64_t seed, const std::string& what, Devi
 }  // namespace
 
 Status GpuModel::synthetic(const ModelConfig& c, const std::string& precision, uint64_t seed, int device,
-                           std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress) {
+                           std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress, TensorParallelRank tp) {
   LLMQ_RETURN_IF_ERROR(check_config(c));
+  ModelConfig local;
+  LLMQ_RETURN_IF_ERROR(begin_tensor_parallel(c, tp, &local));
   SyntheticPlan plan;
   if (precision != "bf16") {
     plan.bf16 = false;
@@ -478,10 +494,12 @@ Status GpuModel::synthetic(const ModelConfig& c, const std::string& precision, u
       return unsupported("synthetic " + precision + ": SmoothQuant and MSE-searched weights need a real model and calibration");
   }
   LLMQ_RETURN_IF_ERROR(select_device(device));
-  LLMQ_RETURN_IF_ERROR(check_fits(c, plan.bf16, precision));
+  LLMQ_RETURN_IF_ERROR(check_fits(local, plan.bf16, precision));
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;
-  g.config = c;
+  g.config = local;
+  g.full_config = c;
+  g.tp = tp;
   g.precision = precision;
   g.device = device;
   const int64_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
@@ -519,6 +537,7 @@ Status GpuModel::synthetic(const ModelConfig& c, const std::string& precision, u
       LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "gate_up"), 2 * c.hidden_dim, c.dim, plan, ls + 5, &gl.gate_up));
       LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "down_proj"), c.dim, c.hidden_dim, plan, ls + 6, &gl.down));
     }
+    LLMQ_RETURN_IF_ERROR(shard_layer(c, tp, &gl));
     g.layers.push_back(std::move(gl));
   }
   LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());

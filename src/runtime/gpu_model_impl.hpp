@@ -29,7 +29,9 @@ struct GpuLayer {
 namespace llmq {
 
 struct GpuModel::Impl {
-  ModelConfig config;
+  ModelConfig config;       // what this rank computes (tensor_parallel_config of full_config)
+  ModelConfig full_config;  // the whole model
+  TensorParallelRank tp;
   std::string precision;
   int device = 0;
   runtime::DeviceAllocation embedding;  // [vocab, dim], bf16 or f32

@@ -23,6 +23,7 @@
 #include "cuda/cuda_check.cuh"
 #include "llmq/cuda_quantize.hpp"
 #include "llmq/device.hpp"
+#include "llmq/tensor_parallel.hpp"
 #include "llmq/transformer.hpp"
 #include "runtime/attention.hpp"
 #include "runtime/gpu_model_impl.hpp"
@@ -94,7 +95,7 @@ struct PinnedBuffer {
 // profiler on the lent machines). The outputs are then meaningless; it exists for `llmq bench e2e`.
 enum Stage : uint32_t {
   kStageNorm = 1, kStageQkv = 2, kStageRope = 4, kStageAttention = 8, kStageOQuant = 16, kStageO = 32,
-  kStageGateUp = 64, kStageSilu = 128, kStageDown = 256, kStageLmHead = 512,
+  kStageGateUp = 64, kStageSilu = 128, kStageDown = 256, kStageLmHead = 512, kStageAllReduce = 1024,
 };
 uint32_t skip_stages_from_env() {
   const char* env = std::getenv("LLMQ_SKIP_STAGES");
@@ -102,7 +103,7 @@ uint32_t skip_stages_from_env() {
   static const std::pair<const char*, uint32_t> names[] = {
       {"norm", kStageNorm}, {"qkv", kStageQkv}, {"rope", kStageRope}, {"attention", kStageAttention},
       {"oquant", kStageOQuant}, {"o", kStageO}, {"gateup", kStageGateUp}, {"silu", kStageSilu},
-      {"down", kStageDown}, {"lmhead", kStageLmHead}};
+      {"down", kStageDown}, {"lmhead", kStageLmHead}, {"allreduce", kStageAllReduce}};
   uint32_t mask = 0;
   std::stringstream ss(env);
   std::string item;
@@ -127,6 +128,8 @@ struct GpuRuntime::Impl {
   runtime::LinearContext lin;
   DeviceAllocation gemm_workspace, quant_workspace, attn_workspace, argmax_workspace;
   runtime::QuantPrefillAttention quant_attention;  // --attention int8 / fp8 / half-int8
+  const TensorParallelGroup* group = nullptr;  // a model split over several GPUs (tensor_parallel.hpp)
+  int tp_rank = 0;
 
   DeviceAllocation x;  // f32 [rows, dim]
   ActBuffers in_attn, in_o, in_mlp, in_down, in_lm;
@@ -184,6 +187,12 @@ struct GpuRuntime::Impl {
   Status init(const GpuModel& gm, const GpuRuntimeOptions& o);
   Status produce(const GpuLinear& consumer, RowOpArgs op, ActBuffers& bufs, LinearInput* in, bool launch = true);
   Status forward(const StepMeta& m);
+  // Tensor parallelism: the partial sums of a row-parallel block ([tokens, dim] BF16) added up over
+  // the ranks, in place. Nothing on one GPU.
+  Status all_reduce(const DeviceAllocation& partial, int64_t tokens) const {
+    if (group == nullptr || (skip & kStageAllReduce) != 0) return {};
+    return group->all_reduce_bf16(tp_rank, partial.get(), tokens * c.dim, stream);
+  }
   // Profiling aid (LLMQ_SKIP_STAGES, see skip_stages_from_env): stages left out of the forward pass.
   uint32_t skip = skip_stages_from_env();
   bool run(uint32_t stage) const { return (skip & stage) == 0; }
@@ -216,6 +225,16 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   rows = align_up(std::max(o.max_step_tokens, o.max_batch), 4);
   lm_rows = align_up(std::max<int64_t>(o.max_batch, std::min<int64_t>(rows, 256)), 4);
   lengths.assign(static_cast<size_t>(o.max_batch), 0);
+  const TensorParallelRank tp = gm.tensor_parallel();
+  if (tp.size > 1) {
+    if (o.tp_group == nullptr || o.tp_group->size() != tp.size || o.tp_group->device(tp.rank) != model->device)
+      return invalid_argument("the model is rank " + std::to_string(tp.rank) + " of a " + std::to_string(tp.size) +
+                              "-way tensor-parallel split: its runtime needs the group of those devices (TensorParallelRuntime)");
+    group = o.tp_group;
+    tp_rank = tp.rank;
+  } else if (o.tp_group != nullptr && o.tp_group->size() > 1) {
+    return invalid_argument("a tensor-parallel group was given for a model that is not split");
+  }
 
   // Refuse early, with the numbers, when the cache and activations cannot fit.
   if (o.kv_cache_dtype != DType::kBF16 && o.kv_cache_dtype != DType::kE4M3)
@@ -451,6 +470,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     copy.src = attn_out.as<uint16_t>();
     LLMQ_RETURN_IF_ERROR(produce(L.o, copy, in_o, &in, run(kStageOQuant)));
     if (run(kStageO)) LLMQ_RETURN_IF_ERROR(run_linear(L.o, in, T, o_out.get(), LinearOut::kBF16, c.dim, lin));
+    LLMQ_RETURN_IF_ERROR(all_reduce(o_out, T));
 
     RowOpArgs norm2 = norm;
     norm2.delta = o_out.as<uint16_t>();
@@ -475,6 +495,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       mi.x_codes = in_mlp.codes.get();
       mi.x_scales = in_mlp.scales.as<float>();
       if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(runtime::moe_ffn(L.moe, moe, mi, T, down_out.as<uint16_t>(), lin));
+      LLMQ_RETURN_IF_ERROR(all_reduce(down_out, T));
       continue;
     }
     LLMQ_RETURN_IF_ERROR(produce(L.gate_up, norm2, in_mlp, &in, run(kStageNorm)));
@@ -487,6 +508,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     silu.src = gu_out.as<uint16_t>();
     LLMQ_RETURN_IF_ERROR(produce(L.down, silu, in_down, &in, run(kStageSilu)));
     if (run(kStageDown)) LLMQ_RETURN_IF_ERROR(run_linear(L.down, in, T, down_out.get(), LinearOut::kBF16, c.dim, lin));
+    LLMQ_RETURN_IF_ERROR(all_reduce(down_out, T));
   }
   return {};
 }

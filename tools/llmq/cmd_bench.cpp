@@ -43,6 +43,8 @@ struct BenchArgs {
   bool no_graphs = false;
   std::vector<std::string> kv_caches = {"bf16"};
   bool fit = false;
+  std::vector<int> tps = {1};       // tensor-parallel sizes (devices device .. device + tp - 1)
+  bool allreduce_share = false;     // time TP decode steps again without their all-reduces
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -74,45 +76,59 @@ double peak_flops(const std::string& device, bool eight_bit) {
   return eight_bit ? 2 * bf16 : bf16;
 }
 
-Status load_gpu_model(const BenchArgs& a, const std::string& precision, std::unique_ptr<GpuModel>* out) {
+// The model under `precision`, split over `tp` GPUs: every rank makes its own slice (synthetic
+// weights and checkpoints on the device; a host model is loaded or quantized once and shared).
+Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, std::unique_ptr<TensorParallelRuntime>* out) {
   const std::string prefix = "synthetic:";
+  const std::string what = (a.model.rfind(prefix, 0) == 0 ? "generating " : "loading ") + a.model + " " + precision +
+                           (tp > 1 ? " over " + std::to_string(tp) + " GPUs" : "");
+  Progress progress(what);
+  auto on_rank0 = [&](TensorParallelRank r) -> GpuProgressFn {
+    if (r.rank != 0) return {};
+    return [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
+  };
   if (a.model.rfind(prefix, 0) == 0) {
     ModelConfig c;
     LLMQ_RETURN_IF_ERROR(synthetic_model_config(a.model.substr(prefix.size()), &c));
-    Progress progress("generating " + a.model + " " + precision);
-    const Status st = GpuModel::synthetic(c, precision, a.seed, a.device, out,
-                                          [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); });
+    const Status st = load_tensor_parallel(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+      return GpuModel::synthetic(c, precision, a.seed, device, m, on_rank0(r), r);
+    }, out);
     progress.finish();
     return st;
   }
   // A Hugging Face directory streams from its memory map to the device (bf16, dynamic schemes, and
   // a quantized checkpoint as stored).
   if (std::filesystem::is_directory(a.model) && precision != "f32") {
-    Progress progress("loading " + a.model + " " + precision);
-    const Status st = GpuModel::from_checkpoint(a.model, precision, a.device, out,
-                                                [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); });
+    const Status st = load_tensor_parallel(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+      return GpuModel::from_checkpoint(a.model, precision, device, m, on_rank0(r), r);
+    }, out);
     progress.finish();
     if (st.code() != StatusCode::kUnsupported) return st;  // unsupported: static schemes, quantized checkpoints
   }
   ModelWeights w;
   LLMQ_RETURN_IF_ERROR(load_model(a.model, &w));
   if (precision == "bf16" || precision == "f32")
-    return GpuModel::from_float(w, precision == "bf16" ? DType::kBF16 : DType::kF32, a.device, out);
+    return load_tensor_parallel(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+      return GpuModel::from_float(w, precision == "bf16" ? DType::kBF16 : DType::kF32, device, m, r);
+    }, out);
   Scheme scheme;
   LLMQ_RETURN_IF_ERROR(find_scheme(precision, &scheme));
   if (scheme.needs_statistics())
     return invalid_argument("--precision " + precision + ": static and SmoothQuant schemes need calibration; bench them on a synthetic model or quantize first");
   QuantizedModel qm;
   LLMQ_RETURN_IF_ERROR(quantize_model(w, scheme, nullptr, {}, &qm));
-  return GpuModel::from_quantized(qm, a.device, out);
+  return load_tensor_parallel(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    return GpuModel::from_quantized(qm, device, m, r);
+  }, out);
 }
 
 // --fit: the longest context that `batch` sequences can have with this model and KV-cache format
 // in the memory that is free, found by creating the runtime (which refuses, with the numbers, what
 // does not fit), rounded down to 256 tokens; then a short timed decode at that size shows it runs.
 template <typename Emit>
-void fit_row(const BenchArgs& a, const GpuModel& model, const std::string& precision, const std::string& kv_cache,
+void fit_row(const BenchArgs& a, TensorParallelRuntime& tpr, const std::string& precision, const std::string& kv_cache,
              int64_t batch, Emit& emit, std::vector<std::string>* table) {
+  const GpuModel& model = tpr.model(0);
   auto options = [&](int64_t context) {
     GpuRuntimeOptions o;
     o.max_batch = batch;
@@ -122,10 +138,7 @@ void fit_row(const BenchArgs& a, const GpuModel& model, const std::string& preci
     o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
     return o;
   };
-  auto fits = [&](int64_t context) {
-    std::unique_ptr<GpuRuntime> rt;
-    return GpuRuntime::create(model, options(context), &rt).ok();
-  };
+  auto fits = [&](int64_t context) { return tpr.start(options(context)).ok(); };
   const int64_t model_context = std::max<int64_t>(model.config().max_seq_len, 256);
   int64_t lo = 0, hi = model_context / 256;  // in units of 256 tokens; lo fits (0: nothing does)
   if (fits(hi * 256)) lo = hi;
@@ -135,12 +148,10 @@ void fit_row(const BenchArgs& a, const GpuModel& model, const std::string& preci
   }
   const int64_t context = lo * 256;
   const int64_t steps = std::min<int64_t>(a.steps, 16), warmup = 2;
-  std::unique_ptr<GpuRuntime> rt;
   std::vector<double> ms;
-  Status st = context > warmup + steps + 1 ? GpuRuntime::create(model, options(context), &rt)
-                                           : unsupported("not even 256 tokens per sequence fit");
-  if (st.ok()) st = rt->fill_context_for_benchmark(batch, context - warmup - steps - 1, a.seed);
-  if (st.ok()) st = rt->time_decode(batch, warmup, steps, &ms);
+  Status st = context > warmup + steps + 1 ? tpr.start(options(context)) : unsupported("not even 256 tokens per sequence fit");
+  if (st.ok()) st = tpr.fill_context_for_benchmark(batch, context - warmup - steps - 1, a.seed);
+  if (st.ok()) st = tpr.time_decode(batch, warmup, steps, &ms);
   int64_t used = 0, total = 0;
   if (st.ok()) st = gpu_memory_in_use(a.device, &used, &total);
   if (!st.ok()) {
@@ -158,6 +169,16 @@ void fit_row(const BenchArgs& a, const GpuModel& model, const std::string& preci
                                precision, batch, kv_cache, context, model_context, batch * context, med,
                                static_cast<double>(used) / 1e9, static_cast<double>(total) / 1e9));
   fmt::print(stderr, "{}\n", table->back());
+}
+
+std::string describe_group(TensorParallelRuntime& tpr) {
+  std::string d;
+  for (int r = 0; r < tpr.size(); ++r) {
+    const ModelConfig& lc = tpr.model(r).local_config();
+    d += fmt::format("{}rank {} on GPU {}: {} q heads, {} kv heads, FFN {} ({:.1f} GB)", r ? "; " : "", r, tpr.model(r).device(),
+                     lc.n_heads, lc.n_kv_heads, lc.hidden_dim, static_cast<double>(tpr.model(r).weight_bytes()) / 1e9);
+  }
+  return d;
 }
 
 int run_e2e(const BenchArgs& a) {
@@ -182,24 +203,30 @@ int run_e2e(const BenchArgs& a) {
   fmt::print("llmq bench e2e: {} on {} (copy {:.0f} GB/s, commit {})\n", a.model, info.name, copy_bw / 1e9, commit);
   emit({{"kind", "copy"}, {"bytes_per_s", copy_bw}});
   std::vector<std::string> table;
+  for (const int tp : a.tps)
   for (const std::string& asked : a.precisions) {
-    std::unique_ptr<GpuModel> model;
-    if (Status st = load_gpu_model(a, asked, &model); !st.ok()) {
-      fmt::print(stderr, "llmq: {} {}: {}\n", a.model, asked, st.to_string());
-      emit({{"kind", "skipped"}, {"precision", asked}, {"reason", st.to_string()}});
-      table.push_back(fmt::format("{:<20} | {}", asked, st.to_string()));
+    std::unique_ptr<TensorParallelRuntime> tpr;
+    if (Status st = load_gpu_model(a, asked, tp, &tpr); !st.ok()) {
+      fmt::print(stderr, "llmq: {} {} tp={}: {}\n", a.model, asked, tp, st.to_string());
+      emit({{"kind", "skipped"}, {"precision", asked}, {"tp", tp}, {"reason", st.to_string()}});
+      table.push_back(fmt::format("{:<20} | tp={} {}", asked, tp, st.to_string()));
       continue;
     }
-    const std::string precision = model->precision();  // "checkpoint" becomes the stored scheme
+    const GpuModel* model = &tpr->model(0);
+    // "checkpoint" becomes the stored scheme; a split shows its size.
+    const std::string precision = model->precision() + (tp > 1 ? " tp" + std::to_string(tp) : "");
     const ModelConfig& c = model->config();
-    const int64_t kv_elements_per_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim;
+    const ModelConfig& lc = model->local_config();  // one rank's share
+    // Per rank: each rank reads its own slice of the weights and its own KV heads, in parallel.
+    const int64_t kv_elements_per_token = 2 * lc.n_layers * lc.n_kv_heads * lc.head_dim;
     // Weight bytes a decode step reads: everything but the embedding table (one row per token), and
     // of an MoE model's experts only those a step can route to: batch x top_k of them at most.
-    const bool eight_bit = precision != "bf16" && precision != "f32";
+    const bool eight_bit = model->precision() != "bf16" && model->precision() != "f32";
     const double all_weight_bytes = static_cast<double>(model->weight_bytes() - c.vocab_size * c.dim * 2);
-    const double expert_bytes = c.is_moe() ? static_cast<double>(c.n_layers * c.n_experts * 3 * c.hidden_dim * c.dim) *
+    const double expert_bytes = c.is_moe() ? static_cast<double>(lc.n_layers * lc.n_experts * 3 * lc.hidden_dim * lc.dim) *
                                                  (eight_bit ? 1.0 : 2.0)
                                            : 0.0;
+    if (tp > 1) fmt::print("tp={}: {}\n", tp, describe_group(*tpr));
     for (const std::string& kv_cache : a.kv_caches) {
       const int64_t kv_per_token = kv_elements_per_token * (kv_cache == "e4m3" ? 1 : 2);
       for (int64_t batch : a.batches) {
@@ -210,38 +237,54 @@ int run_e2e(const BenchArgs& a) {
           o.max_step_tokens = batch;
           o.cuda_graphs = !a.no_graphs;
           o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
-          std::unique_ptr<GpuRuntime> rt;
-          Status st = GpuRuntime::create(*model, o, &rt);
+          Status st = tpr->start(o);
           std::vector<double> ms;
-          if (st.ok()) st = rt->fill_context_for_benchmark(batch, ctx, a.seed);
-          if (st.ok()) st = rt->time_decode(batch, a.warmup, a.steps, &ms);
+          if (st.ok()) st = tpr->fill_context_for_benchmark(batch, ctx, a.seed);
+          if (st.ok()) st = tpr->time_decode(batch, a.warmup, a.steps, &ms);
           int64_t used = 0, total = 0;
           if (st.ok()) st = gpu_memory_in_use(a.device, &used, &total);
+          // The all-reduces' share of a step: the same steps timed with them left out (the ranks then
+          // run unsynchronised and their outputs are meaningless; only the time is kept).
+          std::vector<double> ms_without;
+          if (st.ok() && tp > 1 && a.allreduce_share) {
+            setenv("LLMQ_SKIP_STAGES", "allreduce", 1);
+            st = tpr->start(o);
+            unsetenv("LLMQ_SKIP_STAGES");
+            if (st.ok()) st = tpr->fill_context_for_benchmark(batch, ctx, a.seed);
+            if (st.ok()) st = tpr->time_decode(batch, a.warmup, a.steps, &ms_without);
+          }
           if (!st.ok()) {
             emit({{"kind", "decode"}, {"precision", precision}, {"batch", batch}, {"context", ctx}, {"skipped", st.to_string()}});
             table.push_back(fmt::format("{:<20} | decode b={:<3} ctx={:<5} | skipped: {}", precision, batch, ctx, st.message()));
             continue;
           }
           const double med = percentile(ms, 0.5), p90 = percentile(ms, 0.9);
+          const double without = ms_without.empty() ? 0.0 : percentile(ms_without, 0.5);
           const double kv_bytes = static_cast<double>(batch) * static_cast<double>(ctx + a.warmup + a.steps / 2) *
                                   static_cast<double>(kv_per_token);
           const double active_experts =
               c.is_moe() ? static_cast<double>(std::min(c.n_experts, batch * c.n_experts_per_token)) / static_cast<double>(c.n_experts) : 1.0;
           const double step_weight_bytes = all_weight_bytes - expert_bytes * (1.0 - active_experts);
           const double floor_ms = (step_weight_bytes + kv_bytes) / copy_bw * 1e3;
-          emit({{"kind", "decode"}, {"precision", precision}, {"batch", batch}, {"context", ctx}, {"steps", a.steps},
+          json row = {{"kind", "decode"}, {"precision", precision}, {"batch", batch}, {"context", ctx}, {"steps", a.steps},
                 {"tpot_ms_median", med}, {"tpot_ms_p90", p90}, {"tokens_per_s", static_cast<double>(batch) / med * 1e3},
                 {"active_expert_fraction", active_experts},
                 {"floor_ms", floor_ms}, {"weight_bytes", step_weight_bytes}, {"kv_bytes", kv_bytes},
-                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"kv_cache", kv_cache}, {"step_ms", ms}});
-          table.push_back(fmt::format("{:<20} | decode b={:<3} ctx={:<5} kv={} | {:8.3f} ms/step (p90 {:7.3f}) | {:8.0f} tok/s | floor {:6.3f} ms ({:4.2f}x) | {:5.1f} GB",
+                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"kv_cache", kv_cache}, {"step_ms", ms}, {"tp", tp}};
+          if (without > 0) {
+            row["tpot_ms_without_allreduce"] = without;
+            row["allreduce_share"] = (med - without) / med;
+          }
+          emit(row);
+          table.push_back(fmt::format("{:<20} | decode b={:<3} ctx={:<5} kv={} | {:8.3f} ms/step (p90 {:7.3f}) | {:8.0f} tok/s | floor {:6.3f} ms ({:4.2f}x) | {:5.1f} GB{}",
                                       precision, batch, ctx, kv_cache, med, p90, static_cast<double>(batch) / med * 1e3, floor_ms,
-                                      med / floor_ms, static_cast<double>(used) / 1e9));
+                                      med / floor_ms, static_cast<double>(used) / 1e9,
+                                      without > 0 ? fmt::format(" | all-reduce {:4.1f}% ({:.3f} ms)", 100 * (med - without) / med, med - without) : ""));
           fmt::print(stderr, "{}\n", table.back());
         }
       }
       if (a.fit)
-        for (int64_t batch : a.batches) fit_row(a, *model, precision, kv_cache, batch, emit, &table);
+        for (int64_t batch : a.batches) fit_row(a, *tpr, precision, kv_cache, batch, emit, &table);
     }  // kv_cache
     for (int64_t n : a.prefills)
       for (const std::string& attention_name : a.attentions) {
@@ -254,12 +297,11 @@ int run_e2e(const BenchArgs& a) {
       Status parsed = parse_attention_variant(attention_name, &attention);
       o.prefill_attention = attention;
       const std::string label = attention == AttentionVariant::kBf16 ? precision : precision + " attn " + attention_name;
-      std::unique_ptr<GpuRuntime> rt;
-      Status st = parsed.ok() ? GpuRuntime::create(*model, o, &rt) : parsed;
+      Status st = parsed.ok() ? tpr->start(o) : parsed;
       std::vector<double> ms;
       for (int r = 0; r <= a.prefill_runs && st.ok(); ++r) {  // run 0 warms up
         double t = 0.0;
-        st = rt->time_prefill(n, a.seed + static_cast<uint64_t>(r), &t);
+        st = tpr->time_prefill(n, a.seed + static_cast<uint64_t>(r), &t);
         if (r > 0) ms.push_back(t);
       }
       int64_t used = 0, total = 0;
@@ -274,11 +316,11 @@ int run_e2e(const BenchArgs& a) {
                            2.0 * static_cast<double>(c.dim * c.vocab_size) * static_cast<double>(n - 1);  // lm_head: last row only
       const double attn = 2.0 * 2.0 * static_cast<double>(c.n_layers * c.n_heads * c.head_dim) * static_cast<double>(n) *
                           static_cast<double>(n) / 2.0;  // QK^T and PV, causal half
-      const double peak = peak_flops(info.name, eight_bit);
+      const double peak = peak_flops(info.name, eight_bit) * tp;
       emit({{"kind", "prefill"}, {"precision", precision}, {"attention", attention_name}, {"tokens", n}, {"ttft_ms_median", med}, {"ttft_ms", ms},
             {"tokens_per_s", static_cast<double>(n) / med * 1e3}, {"matmul_flops", flops}, {"attention_flops", attn},
             {"peak_flops", peak}, {"mfu", peak > 0 ? flops / (med * 1e-3) / peak : 0.0},
-            {"mfu_with_attention", peak > 0 ? (flops + attn) / (med * 1e-3) / peak : 0.0}, {"gpu_memory_used", used}});
+            {"mfu_with_attention", peak > 0 ? (flops + attn) / (med * 1e-3) / peak : 0.0}, {"gpu_memory_used", used}, {"tp", tp}});
       table.push_back(fmt::format("{:<20} | prefill {:<5} | TTFT {:8.2f} ms | {:8.0f} tok/s | MFU {:4.1f}% (+attn {:4.1f}%) | {:5.1f} GB",
                                   label, n, med, static_cast<double>(n) / med * 1e3,
                                   peak > 0 ? 100 * flops / (med * 1e-3) / peak : 0.0,
@@ -316,6 +358,11 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
   e2e->add_option("--kv-cache", args->kv_caches, "KV cache elements: bf16 and/or e4m3 (comma separated)")
       ->delimiter(',')
       ->check(CLI::IsMember({"bf16", "e4m3"}));
+  e2e->add_option("--tp", args->tps, "tensor-parallel sizes, comma separated (GPUs --gpu .. --gpu + tp - 1; NCCL)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
+  e2e->add_flag("--allreduce-share", args->allreduce_share,
+                "tp > 1: time every decode row again without its all-reduces, to give their share of a step");
   e2e->add_flag("--fit", args->fit,
                 "per --batch and KV-cache format: the longest context that fits in free memory, and a decode at it");
   commands->push_back({e2e, [args] { return run_e2e(*args); }});

@@ -30,13 +30,14 @@ struct RunArgs {
   int gpu = 0;
   std::string kv_cache = "bf16";
   std::string attention = "bf16";
+  int tp = 1;  // GPUs --gpu .. --gpu + tp - 1, tensor parallel
 };
 
 // A Hugging Face directory streams straight from its memory map to the device (never the whole
 // model in host memory): a quantized checkpoint as stored, an unquantized one in BF16 or under a
 // dynamic --scheme. *out stays null when this path does not apply (not a directory, f32, static
 // schemes that need --stats): the model is then loaded on the host first.
-Status stream_to_gpu(const RunArgs& a, std::unique_ptr<GpuModel>* out) {
+Status stream_to_gpu(const RunArgs& a, std::unique_ptr<TensorParallelRuntime>* out) {
   if (a.device != "cuda" || !std::filesystem::is_directory(a.model) || a.precision == "f32" || !a.stats.empty()) return {};
   std::string precision = a.scheme.empty() ? a.precision : a.scheme;
   if (a.scheme.empty()) {
@@ -44,7 +45,9 @@ Status stream_to_gpu(const RunArgs& a, std::unique_ptr<GpuModel>* out) {
     LLMQ_RETURN_IF_ERROR(Checkpoint::open(a.model, &ckpt));
     if (is_quantized_checkpoint(*ckpt)) precision = "checkpoint";
   }
-  const Status st = GpuModel::from_checkpoint(a.model, precision, a.gpu, out);
+  const Status st = load_tensor_parallel(a.tp, a.gpu, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    return GpuModel::from_checkpoint(a.model, precision, device, m, {}, r);
+  }, out);
   if (st.code() == StatusCode::kUnsupported) {
     out->reset();
     return {};
@@ -54,16 +57,19 @@ Status stream_to_gpu(const RunArgs& a, std::unique_ptr<GpuModel>* out) {
 
 // The GPU model from a model loaded on the host (llama2.c files, the default model, f32, static
 // schemes).
-Status upload_to_gpu(const RunArgs& a, const ModelWeights& model, const QuantizedModel* qm, std::unique_ptr<GpuModel>* out) {
-  if (qm != nullptr) return GpuModel::from_quantized(*qm, a.gpu, out);
-  if (a.precision != "bf16" && a.precision != "f32")
+Status upload_to_gpu(const RunArgs& a, const ModelWeights& model, const QuantizedModel* qm,
+                     std::unique_ptr<TensorParallelRuntime>* out) {
+  if (qm == nullptr && a.precision != "bf16" && a.precision != "f32")
     return invalid_argument("--precision: bf16 or f32 (8-bit schemes: --scheme), got '" + a.precision + "'");
-  return GpuModel::from_float(model, a.precision == "f32" ? DType::kF32 : DType::kBF16, a.gpu, out);
+  return load_tensor_parallel(a.tp, a.gpu, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    if (qm != nullptr) return GpuModel::from_quantized(*qm, device, m, r);
+    return GpuModel::from_float(model, a.precision == "f32" ? DType::kF32 : DType::kBF16, device, m, r);
+  }, out);
 }
 
 // The GPU runtime: prefill the prompt but its last token, then `steps` - (prompt - 1) decode
 // steps from that token, sampled on the device (the same positions the CPU path runs).
-Status run_on_gpu(const RunArgs& a, const GpuModel& gm, const std::vector<int32_t>& prompt, std::vector<int32_t>* out) {
+Status run_on_gpu(const RunArgs& a, TensorParallelRuntime& rt, const std::vector<int32_t>& prompt, std::vector<int32_t>* out) {
   const int64_t generated = a.steps - static_cast<int64_t>(prompt.size()) + 1;
   if (generated < 1) return invalid_argument("--steps: " + std::to_string(a.steps) + " leaves no room after the prompt");
   GpuRuntimeOptions o;
@@ -71,24 +77,24 @@ Status run_on_gpu(const RunArgs& a, const GpuModel& gm, const std::vector<int32_
   o.max_step_tokens = std::max<int64_t>(1, static_cast<int64_t>(prompt.size()));
   o.kv_cache_dtype = a.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
   LLMQ_RETURN_IF_ERROR(parse_attention_variant(a.attention, &o.prefill_attention));
-  std::unique_ptr<GpuRuntime> rt;
-  LLMQ_RETURN_IF_ERROR(GpuRuntime::create(gm, o, &rt));
+  LLMQ_RETURN_IF_ERROR(rt.start(o));
   if (prompt.size() > 1) {
     std::vector<float> logits;
-    LLMQ_RETURN_IF_ERROR(rt->prefill({std::vector<int32_t>(prompt.begin(), prompt.end() - 1)}, false, &logits));
+    LLMQ_RETURN_IF_ERROR(rt.prefill({std::vector<int32_t>(prompt.begin(), prompt.end() - 1)}, false, &logits));
   }
   SamplingOptions s;
   s.temperature = a.temperature;
   s.top_p = a.topp;
   s.seed = a.seed;
   std::vector<std::vector<int32_t>> tokens;
-  LLMQ_RETURN_IF_ERROR(rt->generate({prompt.back()}, generated, s, &tokens));
+  LLMQ_RETURN_IF_ERROR(rt.generate({prompt.back()}, generated, s, &tokens));
   *out = tokens[0];
   return {};
 }
 
 int run(const RunArgs& a) {
-  std::unique_ptr<GpuModel> gpu_model;
+  if (a.tp > 1 && a.device != "cuda") return fail(invalid_argument("--tp: tensor parallelism runs on the GPU (--device cuda)"));
+  std::unique_ptr<TensorParallelRuntime> gpu_model;
   if (Status st = stream_to_gpu(a, &gpu_model); !st.ok()) return fail(st);
   ModelWeights model;
   if (gpu_model == nullptr)
@@ -174,6 +180,8 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
   cmd->add_option("--attention", args->attention, "--device cuda: prefill attention, bf16, half-int8, int8 or fp8")
       ->check(CLI::IsMember({"bf16", "half-int8", "int8", "fp8"}));
+  cmd->add_option("--tp", args->tp, "--device cuda: split the model over this many GPUs (tensor parallel, NCCL)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--kv-cache", args->kv_cache, "--device cuda: KV cache elements, bf16 or e4m3")
       ->check(CLI::IsMember({"bf16", "e4m3"}));
   commands->push_back({cmd, [args] { return run(*args); }});

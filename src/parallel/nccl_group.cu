@@ -1,0 +1,168 @@
+// TensorParallelGroup (tensor_parallel.hpp): NCCL communicators over devices of this process.
+// NCCL is opened with dlopen, not linked: llmq's binaries then start (and run on one GPU) where no
+// libnccl.so.2 is installed, and only --tp > 1 needs it. nccl.h gives the types and signatures.
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_check.cuh"
+#include "llmq/tensor_parallel.hpp"
+
+#if LLMQ_HAVE_NCCL_H
+#include <nccl.h>
+#endif
+
+namespace llmq {
+
+#if LLMQ_HAVE_NCCL_H
+namespace {
+
+// The NCCL entry points llmq uses, resolved once per process.
+struct NcclLibrary {
+  void* handle = nullptr;
+  std::string path;
+  decltype(&ncclGetVersion) get_version = nullptr;
+  decltype(&ncclCommInitAll) comm_init_all = nullptr;
+  decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+};
+
+Status open_nccl(const NcclLibrary** out) {
+  static NcclLibrary lib;
+  static Status status;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::vector<std::string> candidates;
+    if (const char* env = std::getenv("LLMQ_NCCL_LIBRARY"); env != nullptr && *env != '\0') candidates.push_back(env);
+    candidates.insert(candidates.end(), {"libnccl.so.2", "libnccl.so", "/usr/local/cuda/lib64/libnccl.so.2",
+                                         "/usr/local/cuda/lib/libnccl.so.2",
+                                         "/usr/local/cuda/targets/x86_64-linux/lib/libnccl.so.2",
+                                         "/usr/lib/x86_64-linux-gnu/libnccl.so.2"});
+    std::string tried;
+    for (const std::string& c : candidates) {
+      lib.handle = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (lib.handle != nullptr) {
+        lib.path = c;
+        break;
+      }
+      tried += (tried.empty() ? "" : ", ") + c;
+    }
+    if (lib.handle == nullptr) {
+      status = unsupported("tensor parallelism needs NCCL (libnccl.so.2), not found (tried " + tried +
+                           "): install it or point LLMQ_NCCL_LIBRARY at it");
+      return;
+    }
+    auto sym = [&](const char* name, auto* fn) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib.handle, name));
+      if (*fn == nullptr && status.ok()) status = unsupported(lib.path + " has no " + name);
+    };
+    sym("ncclGetVersion", &lib.get_version);
+    sym("ncclCommInitAll", &lib.comm_init_all);
+    sym("ncclCommDestroy", &lib.comm_destroy);
+    sym("ncclAllReduce", &lib.all_reduce);
+    sym("ncclGetErrorString", &lib.error_string);
+  });
+  *out = &lib;
+  return status;
+}
+
+Status nccl_status(const NcclLibrary& lib, ncclResult_t r, const std::string& what) {
+  if (r == ncclSuccess) return {};
+  return Status(StatusCode::kInternal, what + ": NCCL error " + std::to_string(static_cast<int>(r)) + " (" +
+                                           lib.error_string(r) + ")");
+}
+
+}  // namespace
+
+struct TensorParallelGroup::Impl {
+  const NcclLibrary* lib = nullptr;
+  std::vector<int> devices;
+  std::vector<ncclComm_t> comms;
+  int version = 0;
+  ~Impl() {
+    for (size_t i = 0; i < comms.size(); ++i)
+      if (comms[i] != nullptr) {
+        (void)cudaSetDevice(devices[i]);
+        (void)lib->comm_destroy(comms[i]);
+      }
+  }
+};
+
+TensorParallelGroup::TensorParallelGroup() : impl_(std::make_unique<Impl>()) {}
+TensorParallelGroup::~TensorParallelGroup() = default;
+
+Status TensorParallelGroup::create(const std::vector<int>& devices, std::unique_ptr<TensorParallelGroup>* out) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    count = 0;
+  }
+  if (devices.size() < 2) return invalid_argument("--tp: a tensor-parallel group needs 2 or more devices");
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i] < 0 || devices[i] >= count)
+      return invalid_argument("--tp " + std::to_string(devices.size()) + ": device " + std::to_string(devices[i]) +
+                              " does not exist (" + std::to_string(count) + " present)");
+    for (size_t j = 0; j < i; ++j)
+      if (devices[j] == devices[i]) return invalid_argument("--tp: device " + std::to_string(devices[i]) + " given twice");
+  }
+  const NcclLibrary* lib = nullptr;
+  LLMQ_RETURN_IF_ERROR(open_nccl(&lib));
+  // NVLink multicast (NVLS) can take a shared host's GPUs out of service: never let NCCL use it,
+  // whatever the environment says.
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  std::unique_ptr<TensorParallelGroup> g(new TensorParallelGroup());
+  Impl& s = *g->impl_;
+  s.lib = lib;
+  s.devices = devices;
+  s.comms.assign(devices.size(), nullptr);
+  LLMQ_RETURN_IF_ERROR(nccl_status(*lib, lib->get_version(&s.version), "ncclGetVersion"));
+  LLMQ_RETURN_IF_ERROR(nccl_status(*lib, lib->comm_init_all(s.comms.data(), static_cast<int>(devices.size()), devices.data()),
+                                   "ncclCommInitAll over " + std::to_string(devices.size()) + " devices"));
+  *out = std::move(g);
+  return {};
+}
+
+int TensorParallelGroup::size() const { return static_cast<int>(impl_->devices.size()); }
+int TensorParallelGroup::device(int rank) const { return impl_->devices.at(static_cast<size_t>(rank)); }
+
+std::string TensorParallelGroup::describe() const {
+  const int v = impl_->version;
+  std::string d;
+  for (int dev : impl_->devices) d += (d.empty() ? "" : ",") + std::to_string(dev);
+  // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
+  return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) +
+         " (" + impl_->lib->path + ") over devices " + d;
+}
+
+Status TensorParallelGroup::all_reduce_bf16(int rank, void* data, int64_t count, CudaStream stream) const {
+  if (rank < 0 || rank >= size()) return invalid_argument("all_reduce: rank " + std::to_string(rank));
+  if (count == 0) return {};
+  return nccl_status(*impl_->lib,
+                     impl_->lib->all_reduce(data, data, static_cast<size_t>(count), ncclBfloat16, ncclSum,
+                                            impl_->comms[static_cast<size_t>(rank)], stream),
+                     "all-reduce of " + std::to_string(count) + " bf16 values on rank " + std::to_string(rank));
+}
+
+#else  // no nccl.h at build time
+
+struct TensorParallelGroup::Impl {};
+TensorParallelGroup::TensorParallelGroup() : impl_(std::make_unique<Impl>()) {}
+TensorParallelGroup::~TensorParallelGroup() = default;
+Status TensorParallelGroup::create(const std::vector<int>&, std::unique_ptr<TensorParallelGroup>*) {
+  return unsupported("this llmq was built without nccl.h: tensor parallelism is not available");
+}
+int TensorParallelGroup::size() const { return 0; }
+int TensorParallelGroup::device(int) const { return -1; }
+std::string TensorParallelGroup::describe() const { return "no NCCL"; }
+Status TensorParallelGroup::all_reduce_bf16(int, void*, int64_t, CudaStream) const {
+  return unsupported("built without NCCL");
+}
+
+#endif
+
+}  // namespace llmq

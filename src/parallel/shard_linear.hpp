@@ -1,0 +1,25 @@
+// Cutting a GpuLinear / GpuLayer that sits on the device down to one rank's slice (the plan of
+// shard_plan.cpp): codes copied row range by row range, scales with them. The loaders build each
+// layer whole, then keep only the slice, so a rank's weights are bit for bit the single-GPU
+// model's. No CUDA headers here.
+#pragma once
+
+#include "llmq/tensor_parallel.hpp"
+#include "runtime/gpu_model_impl.hpp"
+
+namespace llmq::runtime {
+
+// Checks tp against `full` (rank in range, heads and FFN divisible) and gives the config the rank
+// computes.
+Status begin_tensor_parallel(const ModelConfig& full, TensorParallelRank tp, ModelConfig* local);
+
+// Replaces `linear` (on the current device) by its slice. Parts stay one tensor where their scales
+// allow (per-channel always; 128x128 blocks when every piece starts on a block), so the usual case
+// stays one GEMM. 128x128 block scales need the column slice on block boundaries: errors name the
+// linear.
+Status shard_linear(const LinearShard& shard, GpuLinear* linear);
+
+// Every split linear of a layer (and Qwen2's QKV bias); nothing when tp.size == 1.
+Status shard_layer(const ModelConfig& full, TensorParallelRank tp, GpuLayer* layer);
+
+}  // namespace llmq::runtime
