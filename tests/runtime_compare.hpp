@@ -60,6 +60,15 @@ std::string models_dir() { return testing::testdata_dir() + "/../models"; }
 std::string stories_path() { return models_dir() + "/stories260K.bin"; }
 bool have_stories() { return std::ifstream(stories_path(), std::ios::binary).good(); }
 
+// Token ids, whitespace separated (stories260K.greedy128.ids).
+std::vector<int32_t> read_ids(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<int32_t> v;
+  int32_t t;
+  while (f >> t) v.push_back(t);
+  return v;
+}
+
 struct Compare {
   double worst_rel = 0.0;
   double sum_sq_rel = 0.0;

@@ -106,14 +106,6 @@ TEST(GpuRuntime, SchemesMatchCpuReference) {
   }
 }
 
-std::vector<int32_t> read_ids(const std::string& path) {
-  std::ifstream f(path);
-  std::vector<int32_t> v;
-  int32_t t;
-  while (f >> t) v.push_back(t);
-  return v;
-}
-
 // llama2.c's greedy output from BOS, reproduced on the GPU with float weights, through CUDA graphs
 // and through step-by-step decoding (which must agree with each other exactly).
 TEST(GpuRuntime, Stories260KGreedyMatchesLlama2c) {

@@ -17,6 +17,11 @@
 // more: each rank's token scale is the absmax of its own slice of the row (finer than one GPU's).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <thread>
+
+#include "llmq/format.hpp"
+
 #include "llmq/tensor_parallel.hpp"
 #include "runtime_compare.hpp"
 
@@ -49,15 +54,7 @@ std::vector<int> tp_sizes() {
 }
 
 Status load(int tp, const ShardLoader& loader, std::unique_ptr<TensorParallelRuntime>* out) {
-  std::vector<int> devices;
-  for (int r = 0; r < tp; ++r) devices.push_back(r);
-  std::shared_ptr<TensorParallelGroup> group;
-  if (tp > 1) {
-    std::unique_ptr<TensorParallelGroup> g;
-    LLMQ_RETURN_IF_ERROR(TensorParallelGroup::create(devices, &g));
-    group = std::move(g);
-  }
-  return TensorParallelRuntime::load(std::move(group), devices, loader, out);
+  return TensorParallelRuntime::load(tp, 0, loader, out);
 }
 
 // A seeded prompt (prefill, every position), then kDecodeSteps decode steps of fixed tokens.
@@ -220,14 +217,6 @@ TEST(TensorParallel, SyntheticModelMatchesOneGpu) {
   }
 }
 
-std::vector<int32_t> read_ids(const std::string& path) {
-  std::ifstream f(path);
-  std::vector<int32_t> v;
-  int32_t t;
-  while (f >> t) v.push_back(t);
-  return v;
-}
-
 // llama2.c's greedy story from BOS, split 2 and 4 ways (8 heads, 4 kv heads, FFN 172), float
 // weights, through CUDA graphs with the all-reduces captured in them.
 TEST(TensorParallel, Stories260KGreedyMatchesLlama2c) {
@@ -255,6 +244,72 @@ TEST(TensorParallel, Stories260KGreedyMatchesLlama2c) {
     // One GPU reproduces all 128 with float weights; a split adds BF16 roundings of the partial
     // sums, which may flip a late near-tie, but not the first sentences.
     EXPECT_GE(same, 64u) << "tp " << tp;
+  }
+}
+
+// The group's all-reduce by itself, one thread per rank: decode-sized messages (the one-shot peer
+// kernel: every rank gets the float sum in rank order rounded once, bit for bit) and a large one
+// (NCCL's ring: within one BF16 rounding per addition), repeated so the staging slots and call
+// counters cycle, and the same with LLMQ_ALLREDUCE=nccl.
+TEST(TensorParallel, AllReduceSumsEveryRank) {
+  LLMQ_REQUIRE_GPUS(2);
+  for (const char* mode : {"default", "nccl"}) {
+    if (std::string(mode) == "nccl") setenv("LLMQ_ALLREDUCE", "nccl", 1);
+    const int n = gpu_count() >= 4 ? 4 : 2;
+    std::vector<int> devices;
+    for (int r = 0; r < n; ++r) devices.push_back(r);
+    std::unique_ptr<TensorParallelGroup> group;
+    const Status created = TensorParallelGroup::create(devices, &group);
+    unsetenv("LLMQ_ALLREDUCE");
+    ASSERT_TRUE(created.ok()) << created.to_string();
+    std::printf("  %s\n", group->describe().c_str());
+    for (int64_t count : {int64_t{8}, int64_t{8192}, int64_t{65536}, int64_t{8192}, int64_t{1} << 20, int64_t{8200}}) {
+      std::vector<std::vector<uint16_t>> in(static_cast<size_t>(n)), out(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        std::mt19937_64 rng(static_cast<uint64_t>(count * 10 + r));
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        for (int64_t i = 0; i < count; ++i) in[r].push_back(float_to_bf16_bits(i % 97 == 0 ? 300.0f : normal(rng)));
+      }
+      std::vector<Status> st(static_cast<size_t>(n));
+      std::vector<std::thread> threads;
+      for (int r = 0; r < n; ++r)
+        threads.emplace_back([&, r] {
+          st[r] = [&]() -> Status {
+            if (cudaSetDevice(r) != cudaSuccess) return Status(StatusCode::kInternal, "cudaSetDevice");
+            void* d = nullptr;
+            if (cudaMalloc(&d, count * 2) != cudaSuccess) return Status(StatusCode::kInternal, "cudaMalloc");
+            cudaMemcpy(d, in[r].data(), count * 2, cudaMemcpyHostToDevice);
+            const Status s = group->all_reduce_bf16(r, d, count, nullptr);
+            out[r].resize(static_cast<size_t>(count));
+            const cudaError_t e = cudaMemcpy(out[r].data(), d, count * 2, cudaMemcpyDeviceToHost);
+            cudaFree(d);
+            if (e != cudaSuccess) return Status(StatusCode::kInternal, cudaGetErrorString(e));
+            return s;
+          }();
+        });
+      for (auto& t : threads) t.join();
+      for (int r = 0; r < n; ++r) ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+      int64_t inexact = 0;
+      double worst = 0.0;
+      for (int64_t i = 0; i < count; ++i) {
+        float acc = 0.0f, magnitude = 0.0f;
+        for (int r = 0; r < n; ++r) {
+          acc += bf16_bits_to_float(in[r][i]);
+          magnitude += std::fabs(bf16_bits_to_float(in[r][i]));
+        }
+        const float want = bf16_bits_to_float(float_to_bf16_bits(acc));
+        for (int r = 1; r < n; ++r) ASSERT_EQ(out[r][i], out[0][i]) << "ranks disagree at " << i << ", count " << count;
+        const float got = bf16_bits_to_float(out[0][i]);
+        if (got != want) ++inexact;
+        // Relative to the magnitudes added (a sum that cancels keeps its partial sums' roundings).
+        worst = std::max(worst, std::fabs(static_cast<double>(got) - want) / magnitude);
+      }
+      std::printf("  %s all-reduce of %lld bf16 over %d ranks: %lld values differ from the rounded float sum, worst error %.2e of the magnitudes added\n",
+                  mode, static_cast<long long>(count), n, static_cast<long long>(inexact), worst);
+      const bool one_shot = std::string(mode) == "default" && count * 2 <= 512 * 1024 && count % 8 == 0;
+      if (one_shot) EXPECT_EQ(inexact, 0) << count;
+      EXPECT_LE(worst, n * std::ldexp(1.0, -8)) << count;
+    }
   }
 }
 

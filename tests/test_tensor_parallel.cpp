@@ -204,6 +204,33 @@ TEST(TensorParallelPlan, EveryExpertIsTheSumOfItsRanks) {
   }
 }
 
+// lm_head by vocabulary rows: the ranks' logits, side by side, are the whole row; a vocabulary the
+// ranks do not divide stays whole on every rank.
+TEST(TensorParallelPlan, LmHeadSlicesTileTheVocabulary) {
+  DefaultModelOptions mo;
+  mo.n_layers = 1;
+  const ModelWeights w = make_default_model(mo);
+  const ModelConfig& c = w.config;
+  const Matrix head = concat_rows({&w.lm_head.weight});
+  const int64_t t = 3, V = c.vocab_size;
+  const Matrix x = random_rows(t, c.dim, 4);
+  const Matrix whole = linear(x, t, c.dim, c.dim, head, V);
+  for (int tp : {2, 4}) {
+    Matrix joined(whole.size());
+    for (int r = 0; r < tp; ++r) {
+      const LinearShard s = linear_shard(c, ShardedLinear::kLmHead, {r, tp});
+      ASSERT_EQ(s.n() * tp, V);
+      const Matrix part = linear(x, t, c.dim, c.dim, slice(head, V, c.dim, s), s.n());
+      for (int64_t i = 0; i < t; ++i)
+        for (int64_t j = 0; j < s.n(); ++j) joined[i * V + r * s.n() + j] = part[i * s.n() + j];
+    }
+    EXPECT_EQ(joined, whole) << "tp " << tp;
+  }
+  ModelConfig odd = c;
+  odd.vocab_size = 300;
+  EXPECT_EQ(linear_shard(odd, ShardedLinear::kLmHead, {1, 8}).n(), 300);
+}
+
 TEST(TensorParallelPlan, ConfigChecksNameWhatDoesNotDivide) {
   ModelConfig big;
   ASSERT_TRUE(synthetic_model_config("llama3-70b", &big).ok());  // 64 heads, 8 kv heads, FFN 28672

@@ -6,8 +6,10 @@
 //     partial sum of the block's output, and one all-reduce per attention block and per MLP block
 //     (NCCL, BF16, in place) adds them up before the residual add;
 //   * MoE layers split every expert the same way (expert FFN columns), the router is replicated;
-//   * embeddings, norms and lm_head are replicated, so every rank ends a step with the same logits
-//     and samples the same token, and no other communication is needed.
+//   * lm_head is split by vocabulary rows (when N divides the vocabulary) and the logits are
+//     all-gathered, so every rank ends a step with the same logits and samples the same token;
+//   * embeddings and norms are replicated.
+// Per step that is 2 all-reduces per layer and one all-gather; nothing else crosses GPUs.
 // 8-bit weights are sliced as codes with their scales: per-channel scales follow their rows (and are
 // kept whole for row-parallel layers, whose rows are not split), 128x128 block scales follow their
 // blocks (so every rank's slice must be a multiple of 128). A rank's weights are then exactly the
@@ -42,7 +44,7 @@ ModelConfig tensor_parallel_config(const ModelConfig& full, int tp_size);
 Status check_tensor_parallel(const ModelConfig& full, int tp_size, bool block_scales);
 
 // The linears a split touches (norms, embeddings, the router and lm_head are replicated).
-enum class ShardedLinear { kQkv, kO, kGateUp, kDown, kExpertsGateUp, kExpertsDown };
+enum class ShardedLinear { kQkv, kO, kGateUp, kDown, kExpertsGateUp, kExpertsDown, kLmHead };
 const char* sharded_linear_name(ShardedLinear which);
 
 // The part of a linear's weight [n, k] (as the GPU runtime stores it: QKV and gate/up merged along
@@ -61,7 +63,9 @@ struct LinearShard {
 };
 LinearShard linear_shard(const ModelConfig& full, ShardedLinear which, TensorParallelRank tp);
 
-// NCCL communicators over devices of this process (ncclCommInitAll), one per rank. NCCL is loaded
+// NCCL communicators over devices of this process (ncclCommInitAll), one per rank, and for
+// decode-sized all-reduces (<= 512 KB) a one-shot kernel over peer access (p2p_all_reduce.hpp;
+// LLMQ_ALLREDUCE=nccl turns it off). NCCL is loaded
 // at run time (libnccl.so.2: $LLMQ_NCCL_LIBRARY, else the loader's search path, else the CUDA
 // toolkit's lib directories), so llmq's binaries start on machines without it. NVLink multicast
 // (NVLS) is always off: NCCL_NVLS_ENABLE=0 is set before the communicators are made.
@@ -78,6 +82,8 @@ class TensorParallelGroup {
   // Sum over the group of `count` BF16 values at `data` (rank `rank`'s device), in place, enqueued
   // on `stream`; every rank must call it with the same count, each from its own thread.
   Status all_reduce_bf16(int rank, void* data, int64_t count, CudaStream stream) const;
+  // recv [size][count] float32 gets every rank's `count` values (send may be recv + rank * count).
+  Status all_gather_f32(int rank, const void* send, void* recv, int64_t count, CudaStream stream) const;
 
   struct Impl;
 
@@ -98,6 +104,8 @@ class TensorParallelRuntime {
   // Loads every rank's shard in parallel (`group` may be null for one device: `devices` = {d}).
   static Status load(std::shared_ptr<TensorParallelGroup> group, const std::vector<int>& devices, const ShardLoader& loader,
                      std::unique_ptr<TensorParallelRuntime>* out);
+  // The same over devices first_device .. first_device + tp - 1, with a new group when tp > 1.
+  static Status load(int tp, int first_device, const ShardLoader& loader, std::unique_ptr<TensorParallelRuntime>* out);
   ~TensorParallelRuntime();
 
   // (Re)creates every rank's GpuRuntime with these options (the old ones are freed first).

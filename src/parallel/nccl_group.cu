@@ -11,6 +11,7 @@
 
 #include "cuda/cuda_check.cuh"
 #include "llmq/tensor_parallel.hpp"
+#include "parallel/p2p_all_reduce.hpp"
 
 #if LLMQ_HAVE_NCCL_H
 #include <nccl.h>
@@ -29,6 +30,7 @@ struct NcclLibrary {
   decltype(&ncclCommInitAll) comm_init_all = nullptr;
   decltype(&ncclCommDestroy) comm_destroy = nullptr;
   decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
   decltype(&ncclGetErrorString) error_string = nullptr;
 };
 
@@ -65,11 +67,16 @@ Status open_nccl(const NcclLibrary** out) {
     sym("ncclCommInitAll", &lib.comm_init_all);
     sym("ncclCommDestroy", &lib.comm_destroy);
     sym("ncclAllReduce", &lib.all_reduce);
+    sym("ncclAllGather", &lib.all_gather);
     sym("ncclGetErrorString", &lib.error_string);
   });
   *out = &lib;
   return status;
 }
+
+// Up to this size (decode steps up to batch 32 at hidden size 8192) all-reduces take the one-shot
+// peer kernel; prefill steps go through NCCL's bandwidth-optimal ring.
+constexpr int64_t kP2pAllReduceMaxBytes = 512 * 1024;
 
 Status nccl_status(const NcclLibrary& lib, ncclResult_t r, const std::string& what) {
   if (r == ncclSuccess) return {};
@@ -84,6 +91,8 @@ struct TensorParallelGroup::Impl {
   std::vector<int> devices;
   std::vector<ncclComm_t> comms;
   int version = 0;
+  // Decode-sized all-reduces (null when the GPUs lack peer access or LLMQ_ALLREDUCE=nccl).
+  std::unique_ptr<parallel::P2pAllReduce> p2p;
   ~Impl() {
     for (size_t i = 0; i < comms.size(); ++i)
       if (comms[i] != nullptr) {
@@ -123,6 +132,11 @@ Status TensorParallelGroup::create(const std::vector<int>& devices, std::unique_
   LLMQ_RETURN_IF_ERROR(nccl_status(*lib, lib->get_version(&s.version), "ncclGetVersion"));
   LLMQ_RETURN_IF_ERROR(nccl_status(*lib, lib->comm_init_all(s.comms.data(), static_cast<int>(devices.size()), devices.data()),
                                    "ncclCommInitAll over " + std::to_string(devices.size()) + " devices"));
+  const char* mode = std::getenv("LLMQ_ALLREDUCE");
+  if (mode == nullptr || std::string(mode) != "nccl") {
+    const Status st = parallel::P2pAllReduce::create(devices, kP2pAllReduceMaxBytes, &s.p2p);
+    if (!st.ok() && st.code() != StatusCode::kUnsupported) return st;
+  }
   *out = std::move(g);
   return {};
 }
@@ -136,16 +150,27 @@ std::string TensorParallelGroup::describe() const {
   for (int dev : impl_->devices) d += (d.empty() ? "" : ",") + std::to_string(dev);
   // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
   return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) +
-         " (" + impl_->lib->path + ") over devices " + d;
+         " (" + impl_->lib->path + ") over devices " + d +
+         (impl_->p2p ? ", one-shot peer all-reduce up to " + std::to_string(kP2pAllReduceMaxBytes / 1024) + " KB" : ", NCCL only");
 }
 
 Status TensorParallelGroup::all_reduce_bf16(int rank, void* data, int64_t count, CudaStream stream) const {
   if (rank < 0 || rank >= size()) return invalid_argument("all_reduce: rank " + std::to_string(rank));
   if (count == 0) return {};
+  if (impl_->p2p != nullptr && impl_->p2p->takes(data, count)) return impl_->p2p->run(rank, data, count, stream);
   return nccl_status(*impl_->lib,
                      impl_->lib->all_reduce(data, data, static_cast<size_t>(count), ncclBfloat16, ncclSum,
                                             impl_->comms[static_cast<size_t>(rank)], stream),
                      "all-reduce of " + std::to_string(count) + " bf16 values on rank " + std::to_string(rank));
+}
+
+Status TensorParallelGroup::all_gather_f32(int rank, const void* send, void* recv, int64_t count, CudaStream stream) const {
+  if (rank < 0 || rank >= size()) return invalid_argument("all_gather: rank " + std::to_string(rank));
+  if (count == 0) return {};
+  return nccl_status(*impl_->lib,
+                     impl_->lib->all_gather(send, recv, static_cast<size_t>(count), ncclFloat32,
+                                            impl_->comms[static_cast<size_t>(rank)], stream),
+                     "all-gather of " + std::to_string(count) + " floats on rank " + std::to_string(rank));
 }
 
 #else  // no nccl.h at build time
@@ -160,6 +185,9 @@ int TensorParallelGroup::size() const { return 0; }
 int TensorParallelGroup::device(int) const { return -1; }
 std::string TensorParallelGroup::describe() const { return "no NCCL"; }
 Status TensorParallelGroup::all_reduce_bf16(int, void*, int64_t, CudaStream) const {
+  return unsupported("built without NCCL");
+}
+Status TensorParallelGroup::all_gather_f32(int, const void*, void*, int64_t, CudaStream) const {
   return unsupported("built without NCCL");
 }
 

@@ -149,6 +149,11 @@ Status shard_linear(const LinearShard& s, GpuLinear* linear) {
   return {};
 }
 
+Status shard_lm_head(const ModelConfig& full, TensorParallelRank tp, GpuLinear* lm_head) {
+  if (tp.size <= 1 || full.vocab_size % tp.size != 0) return {};
+  return shard_linear(linear_shard(full, ShardedLinear::kLmHead, tp), lm_head);
+}
+
 Status shard_layer(const ModelConfig& full, TensorParallelRank tp, GpuLayer* layer) {
   if (tp.size <= 1) return {};
   GpuLayer& L = *layer;

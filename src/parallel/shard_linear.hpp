@@ -19,6 +19,10 @@ Status begin_tensor_parallel(const ModelConfig& full, TensorParallelRank tp, Mod
 // linear.
 Status shard_linear(const LinearShard& shard, GpuLinear* linear);
 
+// lm_head split by vocabulary rows (each rank computes V / N logits, gathered after), when N
+// divides the vocabulary; otherwise it stays whole on every rank.
+Status shard_lm_head(const ModelConfig& full, TensorParallelRank tp, GpuLinear* lm_head);
+
 // Every split linear of a layer (and Qwen2's QKV bias); nothing when tp.size == 1.
 Status shard_layer(const ModelConfig& full, TensorParallelRank tp, GpuLayer* layer);
 

@@ -50,6 +50,7 @@ const char* sharded_linear_name(ShardedLinear which) {
     case ShardedLinear::kDown: return "down_proj";
     case ShardedLinear::kExpertsGateUp: return "experts.gate_up";
     case ShardedLinear::kExpertsDown: return "experts.down";
+    case ShardedLinear::kLmHead: return "lm_head";
   }
   return "?";
 }
@@ -93,6 +94,11 @@ LinearShard linear_shard(const ModelConfig& full, ShardedLinear which, TensorPar
       s.col_begin = r * h;
       s.col_count = h;
       s.partial_sum = true;
+      break;
+    case ShardedLinear::kLmHead:  // [vocab, dim]: this rank's vocabulary rows (whole when N does not divide it)
+      if (full.vocab_size % tp.size == 0) s.rows = {{r * (full.vocab_size / tp.size), full.vocab_size / tp.size}};
+      else s.rows = {{0, full.vocab_size}};
+      s.col_count = full.dim;
       break;
   }
   return s;

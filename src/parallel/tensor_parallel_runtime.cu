@@ -55,6 +55,20 @@ Status TensorParallelRuntime::load(std::shared_ptr<TensorParallelGroup> group, c
   return {};
 }
 
+Status TensorParallelRuntime::load(int tp, int first_device, const ShardLoader& loader,
+                                   std::unique_ptr<TensorParallelRuntime>* out) {
+  if (tp < 1 || tp > 64) return invalid_argument("--tp: " + std::to_string(tp) + " outside [1, 64]");
+  std::vector<int> devices;
+  for (int r = 0; r < tp; ++r) devices.push_back(first_device + r);
+  std::shared_ptr<TensorParallelGroup> group;
+  if (tp > 1) {
+    std::unique_ptr<TensorParallelGroup> g;
+    LLMQ_RETURN_IF_ERROR(TensorParallelGroup::create(devices, &g));
+    group = std::move(g);
+  }
+  return load(std::move(group), devices, loader, out);
+}
+
 Status TensorParallelRuntime::start(const GpuRuntimeOptions& options) {
   runtimes_.resize(devices_.size());
   return on_every_rank([&](int r) {

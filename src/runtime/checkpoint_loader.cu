@@ -260,6 +260,7 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
   head.bf16 = true;  // lm_head stays BF16, as the export keeps it
   const bool tied = ckpt->find("lm_head.weight") == nullptr;
   LLMQ_RETURN_IF_ERROR(head.linear("lm_head", {tied ? "model.embed_tokens.weight" : "lm_head.weight"}, &g.lm_head));
+  LLMQ_RETURN_IF_ERROR(runtime::shard_lm_head(c, tp, &g.lm_head));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     if (progress) progress(l, c.n_layers, "loading layer " + std::to_string(l));
     const std::string p = "model.layers." + std::to_string(l) + ".";

@@ -325,6 +325,7 @@ Status GpuModel::from_float(const ModelWeights& w, DType linear_dtype, int devic
   LLMQ_RETURN_IF_ERROR(upload_as(emb.data_as<float>(), emb.numel(), linear_dtype, "embed_tokens", &g.embedding));
   LLMQ_RETURN_IF_ERROR(upload_f32(w.final_norm, "norm", &g.final_norm));
   LLMQ_RETURN_IF_ERROR(float_linear("lm_head", {&w.lm_head}, linear_dtype, &g.lm_head));
+  LLMQ_RETURN_IF_ERROR(shard_lm_head(w.config, tp, &g.lm_head));
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& L = w.layers[l];
     GpuLayer gl;
@@ -383,6 +384,7 @@ Status GpuModel::from_quantized(const QuantizedModel& q, int device, std::unique
   } else {
     LLMQ_RETURN_IF_ERROR(float_linear("lm_head", {&w.lm_head}, DType::kBF16, &g.lm_head));
   }
+  LLMQ_RETURN_IF_ERROR(shard_lm_head(w.config, tp, &g.lm_head));
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& L = w.layers[l];
     const int64_t i = static_cast<int64_t>(l);
@@ -508,6 +510,7 @@ Status GpuModel::synthetic(const ModelConfig& c, const std::string& precision, u
   LLMQ_RETURN_IF_ERROR(synthetic_gains(c.dim, seed + 1, "norm", &g.final_norm));
   SyntheticPlan bf16_plan;  // lm_head stays BF16, as the paper keeps it
   LLMQ_RETURN_IF_ERROR(synthetic_linear("lm_head", c.vocab_size, c.dim, bf16_plan, seed + 2, &g.lm_head));
+  LLMQ_RETURN_IF_ERROR(shard_lm_head(c, tp, &g.lm_head));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     if (progress) progress(l, c.n_layers, "generating layer " + std::to_string(l));
     GpuLayer gl;

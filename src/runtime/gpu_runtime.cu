@@ -136,6 +136,7 @@ struct GpuRuntime::Impl {
   DeviceAllocation qkv_out, q_rot, attn_out, o_out, gu_out, down_out;  // bf16
   runtime::MoeBuffers moe;  // MoE models only
   DeviceAllocation logits;  // f32 [lm_rows, vocab]
+  DeviceAllocation lm_gather;  // vocabulary-split lm_head: f32 [ranks, lm_rows, vocab / ranks]
   DeviceAllocation kv_cache;  // [2, layers, slots, capacity, kv_dim], bf16 or e4m3
   DeviceAllocation kv_scales;  // f32 [2, layers, n_kv_heads]: K then V (e4m3 cache)
   bool kv_fp8 = false;
@@ -243,7 +244,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   const int64_t kv_bytes = 2 * c.n_layers * o.max_batch * o.max_context * kv_dim * (kv_fp8 ? 1 : 2);
   const int64_t act_bytes = rows * (c.dim * 4 + 4 * c.dim * 3 + qkv_n * 2 + 2 * q_dim * 2 + q_dim * 3 + c.dim * 4 +
                                     2 * c.hidden_dim * 2 + c.hidden_dim * 3) +
-                            lm_rows * c.vocab_size * 4 +
+                            lm_rows * c.vocab_size * 4 * (model->lm_head.n < c.vocab_size ? 2 : 1) +
                             (c.is_moe() ? runtime::MoeBuffers::bytes_for(rows, c, model->layers.front().moe.block()) : 0);
   int64_t free_b = 0, total_b = 0;
   LLMQ_RETURN_IF_ERROR(runtime::device_memory_info(&free_b, &total_b));
@@ -277,6 +278,8 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * 2 * c.hidden_dim * 2, "gate_up output", &gu_out));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 2, "down_proj output", &down_out));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(lm_rows * c.vocab_size * 4, "logits", &logits));
+  if (model->lm_head.n < c.vocab_size)
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(lm_rows * c.vocab_size * 4, "gathered logits", &lm_gather));
   if (c.is_moe()) LLMQ_RETURN_IF_ERROR(moe.allocate(rows, c, model->layers.front().moe.block()));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kv_bytes, "KV cache", &kv_cache));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(kv_cache.get(), 0, static_cast<size_t>(kv_bytes)));
@@ -528,7 +531,20 @@ Status GpuRuntime::Impl::lm_head(const StepMeta& m, int64_t first, int64_t count
   LinearInput in;
   LLMQ_RETURN_IF_ERROR(produce(model->lm_head, norm, in_lm, &in));
   if (!run(kStageLmHead)) return {};
-  return run_linear(model->lm_head, in, count, logits.get(), LinearOut::kF32, c.vocab_size, lin);
+  const int64_t vl = model->lm_head.n;
+  if (vl == c.vocab_size) return run_linear(model->lm_head, in, count, logits.get(), LinearOut::kF32, c.vocab_size, lin);
+  // Vocabulary split over the ranks: this rank's [count, vl] block of the gather buffer, all-gathered
+  // rank-major, then laid out as rows of the whole vocabulary.
+  const int64_t ranks = c.vocab_size / vl;
+  float* chunk = lm_gather.as<float>() + tp_rank * count * vl;
+  LLMQ_RETURN_IF_ERROR(run_linear(model->lm_head, in, count, chunk, LinearOut::kF32, vl, lin));
+  LLMQ_RETURN_IF_ERROR(group->all_gather_f32(tp_rank, chunk, lm_gather.get(), count * vl, stream));
+  for (int64_t r = 0; r < ranks; ++r)
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(logits.as<float>() + r * vl, static_cast<size_t>(c.vocab_size * 4),
+                                                lm_gather.as<float>() + r * count * vl, static_cast<size_t>(vl * 4),
+                                                static_cast<size_t>(vl * 4), static_cast<size_t>(count), cudaMemcpyDeviceToDevice,
+                                                stream));
+  return {};
 }
 
 Status GpuRuntime::Impl::upload_meta(const std::vector<int32_t>& ints) {
@@ -890,7 +906,7 @@ int64_t GpuRuntime::device_bytes() const {
   const Impl& g = *impl_;
   int64_t b = g.x.bytes() + g.in_attn.bytes() + g.in_o.bytes() + g.in_mlp.bytes() + g.in_down.bytes() + g.in_lm.bytes();
   b += g.moe.bytes();
-  for (const DeviceAllocation* a : {&g.qkv_out, &g.q_rot, &g.attn_out, &g.o_out, &g.gu_out, &g.down_out, &g.logits,
+  for (const DeviceAllocation* a : {&g.qkv_out, &g.q_rot, &g.attn_out, &g.o_out, &g.gu_out, &g.down_out, &g.logits, &g.lm_gather,
                                     &g.kv_cache, &g.cos_sin, &g.meta, &g.dec, &g.history, &g.gemm_workspace,
                                     &g.quant_workspace, &g.attn_workspace, &g.argmax_workspace})
     b += a->bytes();

@@ -63,6 +63,7 @@ int TensorParallelGroup::size() const { return 0; }
 int TensorParallelGroup::device(int) const { return -1; }
 std::string TensorParallelGroup::describe() const { return "no CUDA"; }
 Status TensorParallelGroup::all_reduce_bf16(int, void*, int64_t, CudaStream) const { return no_cuda(); }
+Status TensorParallelGroup::all_gather_f32(int, const void*, void*, int64_t, CudaStream) const { return no_cuda(); }
 
 TensorParallelRuntime::TensorParallelRuntime() = default;
 TensorParallelRuntime::~TensorParallelRuntime() = default;
@@ -70,6 +71,7 @@ Status TensorParallelRuntime::load(std::shared_ptr<TensorParallelGroup>, const s
                                    std::unique_ptr<TensorParallelRuntime>*) {
   return no_cuda();
 }
+Status TensorParallelRuntime::load(int, int, const ShardLoader&, std::unique_ptr<TensorParallelRuntime>*) { return no_cuda(); }
 Status TensorParallelRuntime::start(const GpuRuntimeOptions&) { return no_cuda(); }
 int TensorParallelRuntime::size() const { return 0; }
 const GpuModel& TensorParallelRuntime::model(int rank) const { return *models_.at(static_cast<size_t>(rank)); }

@@ -36,19 +36,6 @@ void Progress::update(int64_t done, int64_t total) {
   std::fflush(stderr);
 }
 
-Status load_tensor_parallel(int tp, int first_gpu, const ShardLoader& loader, std::unique_ptr<TensorParallelRuntime>* out) {
-  if (tp < 1 || tp > 64) return invalid_argument("--tp: " + std::to_string(tp) + " outside [1, 64]");
-  std::vector<int> devices;
-  for (int r = 0; r < tp; ++r) devices.push_back(first_gpu + r);
-  std::shared_ptr<TensorParallelGroup> group;
-  if (tp > 1) {
-    std::unique_ptr<TensorParallelGroup> g;
-    LLMQ_RETURN_IF_ERROR(TensorParallelGroup::create(devices, &g));
-    group = std::move(g);
-  }
-  return TensorParallelRuntime::load(std::move(group), devices, loader, out);
-}
-
 void Progress::finish() {
   if (tty_ && last_percent_ >= 0) std::fprintf(stderr, "\n");
 }

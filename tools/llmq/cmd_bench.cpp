@@ -90,7 +90,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
   if (a.model.rfind(prefix, 0) == 0) {
     ModelConfig c;
     LLMQ_RETURN_IF_ERROR(synthetic_model_config(a.model.substr(prefix.size()), &c));
-    const Status st = load_tensor_parallel(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    const Status st = TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
       return GpuModel::synthetic(c, precision, a.seed, device, m, on_rank0(r), r);
     }, out);
     progress.finish();
@@ -99,7 +99,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
   // A Hugging Face directory streams from its memory map to the device (bf16, dynamic schemes, and
   // a quantized checkpoint as stored).
   if (std::filesystem::is_directory(a.model) && precision != "f32") {
-    const Status st = load_tensor_parallel(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    const Status st = TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
       return GpuModel::from_checkpoint(a.model, precision, device, m, on_rank0(r), r);
     }, out);
     progress.finish();
@@ -108,7 +108,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
   ModelWeights w;
   LLMQ_RETURN_IF_ERROR(load_model(a.model, &w));
   if (precision == "bf16" || precision == "f32")
-    return load_tensor_parallel(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    return TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
       return GpuModel::from_float(w, precision == "bf16" ? DType::kBF16 : DType::kF32, device, m, r);
     }, out);
   Scheme scheme;
@@ -117,7 +117,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
     return invalid_argument("--precision " + precision + ": static and SmoothQuant schemes need calibration; bench them on a synthetic model or quantize first");
   QuantizedModel qm;
   LLMQ_RETURN_IF_ERROR(quantize_model(w, scheme, nullptr, {}, &qm));
-  return load_tensor_parallel(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+  return TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
     return GpuModel::from_quantized(qm, device, m, r);
   }, out);
 }

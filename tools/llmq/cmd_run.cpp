@@ -45,7 +45,7 @@ Status stream_to_gpu(const RunArgs& a, std::unique_ptr<TensorParallelRuntime>* o
     LLMQ_RETURN_IF_ERROR(Checkpoint::open(a.model, &ckpt));
     if (is_quantized_checkpoint(*ckpt)) precision = "checkpoint";
   }
-  const Status st = load_tensor_parallel(a.tp, a.gpu, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+  const Status st = TensorParallelRuntime::load(a.tp, a.gpu, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
     return GpuModel::from_checkpoint(a.model, precision, device, m, {}, r);
   }, out);
   if (st.code() == StatusCode::kUnsupported) {
@@ -61,7 +61,7 @@ Status upload_to_gpu(const RunArgs& a, const ModelWeights& model, const Quantize
                      std::unique_ptr<TensorParallelRuntime>* out) {
   if (qm == nullptr && a.precision != "bf16" && a.precision != "f32")
     return invalid_argument("--precision: bf16 or f32 (8-bit schemes: --scheme), got '" + a.precision + "'");
-  return load_tensor_parallel(a.tp, a.gpu, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+  return TensorParallelRuntime::load(a.tp, a.gpu, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
     if (qm != nullptr) return GpuModel::from_quantized(*qm, device, m, r);
     return GpuModel::from_float(model, a.precision == "f32" ? DType::kF32 : DType::kBF16, device, m, r);
   }, out);

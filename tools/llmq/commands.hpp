@@ -31,10 +31,6 @@ void add_make_checkpoint_command(CLI::App& app, std::vector<Command>* commands);
 // Print "llmq: <status>" to stderr; exit code 2 for bad arguments, 1 otherwise.
 int fail(const Status& st);
 
-// A model over `tp` GPUs, devices first_gpu .. first_gpu + tp - 1, each rank's shard made by
-// `loader` (NCCL communicators between them when tp > 1; tp 1 is the plain single-GPU runtime).
-Status load_tensor_parallel(int tp, int first_gpu, const ShardLoader& loader, std::unique_ptr<TensorParallelRuntime>* out);
-
 // A progress bar on stderr, drawn only when stderr is a terminal.
 class Progress {
  public:

@@ -1,0 +1,157 @@
+// P2pAllReduce (p2p_all_reduce.hpp): the one-shot all-reduce kernel and its buffers.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "cuda/cuda_check.cuh"
+#include "parallel/p2p_all_reduce.hpp"
+
+namespace llmq::parallel {
+namespace {
+
+struct Args {
+  uint16_t* data;                             // this rank's partial sums, replaced by the total
+  uint16_t* staging[kP2pMaxRanks];            // every rank's staging buffer
+  uint32_t* flags[kP2pMaxRanks];              // every rank's flag array
+  uint32_t* counter;                          // this rank's per-block call counters
+  int rank;
+  int ranks;
+  int64_t count;                              // elements, a multiple of 8
+  int64_t slot_elements;                      // elements per staging slot
+  int64_t chunk;                              // elements per block, a multiple of 8
+};
+
+__device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void __launch_bounds__(512) p2p_all_reduce_kernel(Args a) {
+  const int b = blockIdx.x;
+  __shared__ uint32_t call_shared;
+  if (threadIdx.x == 0) call_shared = a.counter[b] + 1;
+  __syncthreads();
+  const uint32_t call = call_shared;
+  const int64_t slot = (call & 1) * a.slot_elements;
+  const int64_t begin = b * a.chunk, end = min(a.count, begin + a.chunk);
+  // 1. This block's chunk of the partial sums into this rank's staging slot (16-byte vectors).
+  uint16_t* own = a.staging[a.rank] + slot;
+  for (int64_t i = begin + threadIdx.x * 8; i < end; i += blockDim.x * 8)
+    *reinterpret_cast<uint4*>(own + i) = *reinterpret_cast<const uint4*>(a.data + i);
+  __syncthreads();
+  // 2. Tell every peer this block's chunk is there (release: the block's stores above come first),
+  //    and wait until every peer has said the same.
+  const int peer = threadIdx.x;
+  if (peer < a.ranks && peer != a.rank) {
+    store_release_sys(a.flags[peer] + a.rank * kP2pMaxBlocks + b, call);
+    const uint32_t* mine = a.flags[a.rank] + peer * kP2pMaxBlocks + b;
+    const uint64_t start = global_ns();
+    while (static_cast<int32_t>(load_acquire_sys(mine) - call) < 0) {
+      if (global_ns() - start > 20000000000ull) __trap();  // a rank that never came: fail, not hang
+    }
+  }
+  __syncthreads();
+  // 3. Sum every rank's chunk in rank order (the same bits on every rank), round once.
+  for (int64_t i = begin + threadIdx.x * 8; i < end; i += blockDim.x * 8) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int r = 0; r < a.ranks; ++r) {
+      const uint4 v = __ldcg(reinterpret_cast<const uint4*>(a.staging[r] + slot + i));
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(h[j]);
+        acc[2 * j] += f.x;
+        acc[2 * j + 1] += f.y;
+      }
+    }
+    uint4 out;
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
+    for (int j = 0; j < 4; ++j) o[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
+    *reinterpret_cast<uint4*>(a.data + i) = out;
+  }
+  if (threadIdx.x == 0) a.counter[b] = call;
+}
+
+}  // namespace
+
+P2pAllReduce::~P2pAllReduce() {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    (void)cudaSetDevice(devices_[r]);
+    ranks_[r] = Rank();
+  }
+}
+
+Status P2pAllReduce::create(const std::vector<int>& devices, int64_t max_bytes, std::unique_ptr<P2pAllReduce>* out) {
+  const int n = static_cast<int>(devices.size());
+  if (n < 2 || n > kP2pMaxRanks) return unsupported("one-shot all-reduce: 2 to 8 ranks");
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      if (i == j) continue;
+      int can = 0;
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, devices[i], devices[j]));
+      if (!can) return unsupported("GPU " + std::to_string(devices[i]) + " cannot access GPU " + std::to_string(devices[j]));
+    }
+  std::unique_ptr<P2pAllReduce> p(new P2pAllReduce());
+  p->devices_ = devices;
+  p->max_elements_ = max_bytes / 2 / 8 * 8;
+  p->ranks_.resize(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[i]));
+    for (int j = 0; j < n; ++j) {
+      if (i == j) continue;
+      const cudaError_t e = cudaDeviceEnablePeerAccess(devices[j], 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+      else LLMQ_CUDA_RETURN_IF_ERROR(e);
+    }
+    Rank& r = p->ranks_[static_cast<size_t>(i)];
+    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(2 * p->max_elements_ * 2, "all-reduce staging", &r.staging));
+    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(kP2pMaxRanks * kP2pMaxBlocks * 4, "all-reduce flags", &r.flags));
+    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(kP2pMaxBlocks * 4, "all-reduce counters", &r.counter));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(r.flags.get(), 0, static_cast<size_t>(r.flags.bytes())));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(r.counter.get(), 0, static_cast<size_t>(r.counter.bytes())));
+  }
+  for (int i = 0; i < n; ++i) {
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[i]));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  }
+  *out = std::move(p);
+  return {};
+}
+
+bool P2pAllReduce::takes(const void* data, int64_t count) const {
+  return count > 0 && count <= max_elements_ && count % 8 == 0 && reinterpret_cast<uintptr_t>(data) % 16 == 0;
+}
+
+Status P2pAllReduce::run(int rank, void* data, int64_t count, CudaStream stream) const {
+  if (!takes(data, count)) return invalid_argument("one-shot all-reduce: " + std::to_string(count) + " elements do not fit");
+  Args a;
+  std::memset(&a, 0, sizeof a);
+  a.data = static_cast<uint16_t*>(data);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    a.staging[r] = ranks_[r].staging.as<uint16_t>();
+    a.flags[r] = ranks_[r].flags.as<uint32_t>();
+  }
+  a.counter = ranks_[static_cast<size_t>(rank)].counter.as<uint32_t>();
+  a.rank = rank;
+  a.ranks = static_cast<int>(ranks_.size());
+  a.count = count;
+  a.slot_elements = max_elements_;
+  // About 1024 elements a block: enough blocks to spread the peer reads over SMs, few enough that
+  // the flag exchange (one per block and peer) stays small.
+  const int64_t blocks = std::min<int64_t>(kP2pMaxBlocks, (count + 1023) / 1024);
+  a.chunk = (count + blocks * 8 - 1) / (blocks * 8) * 8;
+  p2p_all_reduce_kernel<<<static_cast<unsigned>(blocks), 128, 0, stream>>>(a);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("p2p_all_reduce_kernel");
+  return {};
+}
+
+}  // namespace llmq::parallel
