@@ -15,6 +15,10 @@
 //       missing all-reduce gives distances near or above 1).
 // Schemes whose o_proj / down_proj activations are quantized per token at run time differ a bit
 // more: each rank's token scale is the absmax of its own slice of the row (finer than one GPU's).
+// Both they and MoE models have discrete steps (an activation code, a router's top-k choice) that
+// a rounding can flip, which moves a whole row: for them (2) is "no garbage row" (runtime_compare's
+// kSchemeGarbageBound); (1) still holds. Measured (H200, 4 GPUs): float dense worst rows 1.6-2.7e-2,
+// MoE BF16 3.8e-2 and once 0.16 at TP=4 (a routing flip), 8-bit 0.13-0.36.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -92,7 +96,7 @@ void cpu_run(Transformer* cpu, int64_t vocab, RunLogits* out) {
 
 // TP=1 and every TP size on `loader`'s model, against the CPU model `cpu` (the float model, or the
 // quantized one for 8-bit schemes).
-void check_split(const std::string& what, const ShardLoader& loader, Transformer* cpu, bool eight_bit, int max_tp = 64) {
+void check_split(const std::string& what, const ShardLoader& loader, Transformer* cpu, bool discrete, int max_tp = 64) {
   SCOPED_TRACE("REPRO " + what);
   std::unique_ptr<TensorParallelRuntime> one;
   Status st = load(1, loader, &one);
@@ -119,7 +123,7 @@ void check_split(const std::string& what, const ShardLoader& loader, Transformer
                 what.c_str(), tp, vs_single.worst_rel, vs_single.rms_rel(), static_cast<long long>(vs_single.top1_agree),
                 static_cast<long long>(vs_single.rows), tp, cost.rms_rel(), single_cost.rms_rel());
     EXPECT_LE(cost.rms_rel(), kTpAccuracyFactor * single_cost.rms_rel() + kTpAccuracySlack) << "tp " << tp;
-    if (eight_bit) {
+    if (discrete) {
       EXPECT_EQ(vs_single.over_garbage_bound, 0) << "tp " << tp;
     } else {
       EXPECT_LE(vs_single.worst_rel, kFloatLogitRelTolerance) << "tp " << tp;
@@ -176,7 +180,7 @@ TEST(TensorParallel, MoeModelMatchesOneGpu) {
   Transformer cpu(w);
   check_split("moe bf16", [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
     return GpuModel::from_float(w, DType::kBF16, device, m, r);
-  }, &cpu, false);
+  }, &cpu, true);
   Scheme scheme;
   ASSERT_TRUE(find_scheme("fp8-dynamic", &scheme).ok());
   QuantizedModel qm;

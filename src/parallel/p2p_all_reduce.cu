@@ -10,9 +10,11 @@
 namespace llmq::parallel {
 namespace {
 
+constexpr int kThreads = 128;
+
 struct Args {
   uint16_t* data;                             // this rank's partial sums, replaced by the total
-  uint16_t* staging[kP2pMaxRanks];            // every rank's staging buffer
+  uint16_t* staging[kP2pMaxRanks];            // every rank's staging buffer [2][ranks][slot_elements]
   uint32_t* flags[kP2pMaxRanks];              // every rank's flag array
   uint32_t* counter;                          // this rank's per-block call counters
   int rank;
@@ -36,21 +38,25 @@ __device__ __forceinline__ uint64_t global_ns() {
   return t;
 }
 
-__global__ void __launch_bounds__(512) p2p_all_reduce_kernel(Args a) {
+__global__ void __launch_bounds__(kThreads) p2p_all_reduce_kernel(Args a) {
   const int b = blockIdx.x;
   __shared__ uint32_t call_shared;
   if (threadIdx.x == 0) call_shared = a.counter[b] + 1;
   __syncthreads();
   const uint32_t call = call_shared;
-  const int64_t slot = (call & 1) * a.slot_elements;
+  // Slot (call parity, source rank) of every rank's staging buffer.
+  const int64_t parity = static_cast<int64_t>(call & 1) * a.ranks * a.slot_elements;
   const int64_t begin = b * a.chunk, end = min(a.count, begin + a.chunk);
-  // 1. This block's chunk of the partial sums into this rank's staging slot (16-byte vectors).
-  uint16_t* own = a.staging[a.rank] + slot;
-  for (int64_t i = begin + threadIdx.x * 8; i < end; i += blockDim.x * 8)
-    *reinterpret_cast<uint4*>(own + i) = *reinterpret_cast<const uint4*>(a.data + i);
+  // 1. Push this block's chunk of the partial sums into every peer's slot for this rank: stores
+  //    over the link are posted, so the only latency on the way is the flag's one way trip.
+  for (int64_t i = begin + threadIdx.x * 8; i < end; i += kThreads * 8) {
+    const uint4 v = *reinterpret_cast<const uint4*>(a.data + i);
+    for (int p = 0; p < a.ranks; ++p)
+      if (p != a.rank) *reinterpret_cast<uint4*>(a.staging[p] + parity + a.rank * a.slot_elements + i) = v;
+  }
   __syncthreads();
-  // 2. Tell every peer this block's chunk is there (release: the block's stores above come first),
-  //    and wait until every peer has said the same.
+  // 2. Tell every peer this block's chunk is there (release: the block's stores above come first,
+  //    through the barrier), and wait until every peer has said the same.
   const int peer = threadIdx.x;
   if (peer < a.ranks && peer != a.rank) {
     store_release_sys(a.flags[peer] + a.rank * kP2pMaxBlocks + b, call);
@@ -61,12 +67,19 @@ __global__ void __launch_bounds__(512) p2p_all_reduce_kernel(Args a) {
     }
   }
   __syncthreads();
-  // 3. Sum every rank's chunk in rank order (the same bits on every rank), round once.
-  for (int64_t i = begin + threadIdx.x * 8; i < end; i += blockDim.x * 8) {
+  // 3. Sum every rank's chunk in rank order (the same bits on every rank) from local memory, round
+  //    once. Loads first, then adds, so the loads are in flight together.
+  const uint16_t* slots = a.staging[a.rank] + parity;
+  for (int64_t i = begin + threadIdx.x * 8; i < end; i += kThreads * 8) {
+    uint4 v[kP2pMaxRanks];
+    for (int r = 0; r < kP2pMaxRanks; ++r)
+      if (r < a.ranks)
+        v[r] = r == a.rank ? *reinterpret_cast<const uint4*>(a.data + i)
+                           : __ldcg(reinterpret_cast<const uint4*>(slots + r * a.slot_elements + i));
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int r = 0; r < a.ranks; ++r) {
-      const uint4 v = __ldcg(reinterpret_cast<const uint4*>(a.staging[r] + slot + i));
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+    for (int r = 0; r < kP2pMaxRanks; ++r) {
+      if (r >= a.ranks) break;
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[r]);
       for (int j = 0; j < 4; ++j) {
         const float2 f = __bfloat1622float2(h[j]);
         acc[2 * j] += f.x;
@@ -113,7 +126,7 @@ Status P2pAllReduce::create(const std::vector<int>& devices, int64_t max_bytes, 
       else LLMQ_CUDA_RETURN_IF_ERROR(e);
     }
     Rank& r = p->ranks_[static_cast<size_t>(i)];
-    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(2 * p->max_elements_ * 2, "all-reduce staging", &r.staging));
+    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(2 * n * p->max_elements_ * 2, "all-reduce staging", &r.staging));
     LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(kP2pMaxRanks * kP2pMaxBlocks * 4, "all-reduce flags", &r.flags));
     LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(kP2pMaxBlocks * 4, "all-reduce counters", &r.counter));
     LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(r.flags.get(), 0, static_cast<size_t>(r.flags.bytes())));
@@ -145,11 +158,12 @@ Status P2pAllReduce::run(int rank, void* data, int64_t count, CudaStream stream)
   a.ranks = static_cast<int>(ranks_.size());
   a.count = count;
   a.slot_elements = max_elements_;
-  // About 1024 elements a block: enough blocks to spread the peer reads over SMs, few enough that
-  // the flag exchange (one per block and peer) stays small.
-  const int64_t blocks = std::min<int64_t>(kP2pMaxBlocks, (count + 1023) / 1024);
+  // Every call runs all kP2pMaxBlocks blocks (those past the data only exchange flags), so that
+  // every block's call counter is the call's: the double-buffering argument (a rank starts call
+  // e + 2 only after every peer has finished call e) needs one parity per call.
+  const int64_t blocks = kP2pMaxBlocks;
   a.chunk = (count + blocks * 8 - 1) / (blocks * 8) * 8;
-  p2p_all_reduce_kernel<<<static_cast<unsigned>(blocks), 128, 0, stream>>>(a);
+  p2p_all_reduce_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("p2p_all_reduce_kernel");
   return {};
 }

@@ -1,14 +1,15 @@
 // A one-shot all-reduce for the small messages of decode steps (tensor_parallel.hpp): every rank's
-// kernel copies its partial sums into its own staging buffer, tells every peer so through a flag in
-// the peer's memory, waits for theirs, and adds all ranks' buffers (read over NVLink / PCIe peer
-// access) in rank order into its output. One kernel, no proxy thread, no protocol: at 16 KB a
+// kernel writes its partial sums into its slot of every peer's staging buffer (over NVLink / PCIe
+// peer access), tells every peer so through a flag in the peer's memory, waits for theirs, and adds
+// the ranks' slots, now in its own memory, in rank order into its output. One kernel, no proxy thread, no protocol: at 16 KB a
 // call it costs a few microseconds where NCCL's ring costs about 7.5 (measured on H100s,
 // docs/tensor-parallel.md). Ranks add in the same order, so they get the same bits, and the sum is
 // accumulated in float and rounded to BF16 once.
 //
-// Staging buffers are double-buffered per block and flags carry a per-block call counter, so a
-// call needs one flag exchange and no second barrier: a rank can only start call e + 2 after every
-// peer signalled call e + 1, which they do only after finishing call e's reads. All ranks must call
+// Staging buffers are double-buffered by call parity and flags carry the call counter, so a call
+// needs one flag exchange and no second barrier: a rank can only start call e + 2 after every peer
+// signalled call e + 1, which they do only after finishing call e's reads. (Every call runs the same
+// grid, so every block's counter is the call's.) All ranks must call
 // it with the same counts in the same order (the runtime's forward pass does). A wait longer than
 // 20 s traps (a missing rank), so a broken group fails instead of hanging.
 // Larger messages (prefill) go to NCCL. No CUDA headers here.
@@ -25,7 +26,7 @@
 namespace llmq::parallel {
 
 constexpr int kP2pMaxRanks = 8;
-constexpr int kP2pMaxBlocks = 16;
+constexpr int kP2pMaxBlocks = 32;
 
 class P2pAllReduce {
  public:
@@ -39,7 +40,7 @@ class P2pAllReduce {
 
  private:
   struct Rank {
-    runtime::DeviceAllocation staging;  // bf16 [2 slots][max elements]
+    runtime::DeviceAllocation staging;  // bf16 [2 (call parity)][ranks (source)][max elements]
     runtime::DeviceAllocation flags;    // u32 [kP2pMaxRanks peers][kP2pMaxBlocks]: peers write their counters here
     runtime::DeviceAllocation counter;  // u32 [kP2pMaxBlocks]: calls so far, per block
   };
