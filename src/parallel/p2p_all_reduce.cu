@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/pdl.cuh"
 #include "parallel/p2p_all_reduce.hpp"
 
 namespace llmq::parallel {
@@ -40,6 +41,9 @@ __device__ __forceinline__ uint64_t global_ns() {
 
 __global__ void __launch_bounds__(kThreads) p2p_all_reduce_kernel(Args a) {
   const int b = blockIdx.x;
+  // Launched with PDL: the grid gets onto the SMs while the GEMM before it finishes; nothing it
+  // reads or writes is touched before this wait.
+  detail::pdl_wait();
   __shared__ uint32_t call_shared;
   if (threadIdx.x == 0) call_shared = a.counter[b] + 1;
   __syncthreads();
@@ -67,6 +71,7 @@ __global__ void __launch_bounds__(kThreads) p2p_all_reduce_kernel(Args a) {
     }
   }
   __syncthreads();
+  detail::pdl_launch_dependents();  // the next kernel may launch; it waits for this grid's writes
   // 3. Sum every rank's chunk in rank order (the same bits on every rank) from local memory, round
   //    once. Loads first, then adds, so the loads are in flight together.
   const uint16_t* slots = a.staging[a.rank] + parity;
@@ -163,7 +168,8 @@ Status P2pAllReduce::run(int rank, void* data, int64_t count, CudaStream stream)
   // e + 2 only after every peer has finished call e) needs one parity per call.
   const int64_t blocks = kP2pMaxBlocks;
   a.chunk = (count + blocks * 8 - 1) / (blocks * 8) * 8;
-  p2p_all_reduce_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(p2p_all_reduce_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
+                                                stream, a));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("p2p_all_reduce_kernel");
   return {};
 }

@@ -226,7 +226,11 @@ int run_e2e(const BenchArgs& a) {
     const double expert_bytes = c.is_moe() ? static_cast<double>(lc.n_layers * lc.n_experts * 3 * lc.hidden_dim * lc.dim) *
                                                  (eight_bit ? 1.0 : 2.0)
                                            : 0.0;
-    if (tp > 1) fmt::print("tp={}: {}\n", tp, describe_group(*tpr));
+    // How the ranks' partial sums are added: the one-shot peer kernel for decode-sized messages (and
+    // NCCL above), or NCCL alone (LLMQ_ALLREDUCE=nccl, for comparison).
+    const char* ar_env = std::getenv("LLMQ_ALLREDUCE");
+    const std::string allreduce = tp == 1 ? "none" : ar_env != nullptr && std::string(ar_env) == "nccl" ? "nccl" : "one-shot";
+    if (tp > 1) fmt::print("tp={} ({} all-reduce): {}\n", tp, allreduce, describe_group(*tpr));
     for (const std::string& kv_cache : a.kv_caches) {
       const int64_t kv_per_token = kv_elements_per_token * (kv_cache == "e4m3" ? 1 : 2);
       for (int64_t batch : a.batches) {
@@ -270,7 +274,8 @@ int run_e2e(const BenchArgs& a) {
                 {"tpot_ms_median", med}, {"tpot_ms_p90", p90}, {"tokens_per_s", static_cast<double>(batch) / med * 1e3},
                 {"active_expert_fraction", active_experts},
                 {"floor_ms", floor_ms}, {"weight_bytes", step_weight_bytes}, {"kv_bytes", kv_bytes},
-                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"kv_cache", kv_cache}, {"step_ms", ms}, {"tp", tp}};
+                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"kv_cache", kv_cache}, {"step_ms", ms}, {"tp", tp},
+                {"allreduce", allreduce}};
           if (without > 0) {
             row["tpot_ms_without_allreduce"] = without;
             row["allreduce_share"] = (med - without) / med;
@@ -320,7 +325,8 @@ int run_e2e(const BenchArgs& a) {
       emit({{"kind", "prefill"}, {"precision", precision}, {"attention", attention_name}, {"tokens", n}, {"ttft_ms_median", med}, {"ttft_ms", ms},
             {"tokens_per_s", static_cast<double>(n) / med * 1e3}, {"matmul_flops", flops}, {"attention_flops", attn},
             {"peak_flops", peak}, {"mfu", peak > 0 ? flops / (med * 1e-3) / peak : 0.0},
-            {"mfu_with_attention", peak > 0 ? (flops + attn) / (med * 1e-3) / peak : 0.0}, {"gpu_memory_used", used}, {"tp", tp}});
+            {"mfu_with_attention", peak > 0 ? (flops + attn) / (med * 1e-3) / peak : 0.0}, {"gpu_memory_used", used}, {"tp", tp},
+            {"allreduce", allreduce}});
       table.push_back(fmt::format("{:<20} | prefill {:<5} | TTFT {:8.2f} ms | {:8.0f} tok/s | MFU {:4.1f}% (+attn {:4.1f}%) | {:5.1f} GB",
                                   label, n, med, static_cast<double>(n) / med * 1e3,
                                   peak > 0 ? 100 * flops / (med * 1e-3) / peak : 0.0,
