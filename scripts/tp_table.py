@@ -22,7 +22,7 @@ def main(paths):
         tp = r.get("tp", 1)
         precision = r["precision"].split(" tp")[0]
         # TP=1 rows are the baseline of both all-reduce kinds.
-        kinds = ["one-shot", "nccl"] if tp == 1 else [r.get("allreduce", "one-shot")]
+        kinds = ["auto", "nccl"] if tp == 1 else [r.get("allreduce", "auto")]
         for ar in kinds:
             if r["kind"] == "decode":
                 decode.setdefault((r["device"], r["model"], precision, ar, r["batch"], r["context"]), {})[tp] = r

@@ -35,6 +35,10 @@
 
 namespace llmq {
 
+namespace parallel {
+class P2pAllReduce;
+}
+
 // What one rank computes: n_heads, n_kv_heads and hidden_dim divided by tp_size, the rest as `full`.
 ModelConfig tensor_parallel_config(const ModelConfig& full, int tp_size);
 
@@ -88,9 +92,14 @@ class TensorParallelGroup {
   struct Impl;
 
  private:
+  friend const parallel::P2pAllReduce* one_shot_all_reduce(const TensorParallelGroup& group);
   TensorParallelGroup();
   std::unique_ptr<Impl> impl_;
 };
+
+// The group's one-shot all-reduce (src/parallel/p2p_all_reduce.hpp), or null: for the runtime,
+// which folds it into its norms.
+const parallel::P2pAllReduce* one_shot_all_reduce(const TensorParallelGroup& group);
 
 // Makes rank `tp.rank`'s GpuModel on `device` (one of GpuModel's loaders with that tp).
 using ShardLoader = std::function<Status(TensorParallelRank tp, int device, std::unique_ptr<GpuModel>* out)>;

@@ -141,6 +141,8 @@ Status TensorParallelGroup::create(const std::vector<int>& devices, std::unique_
   return {};
 }
 
+const parallel::P2pAllReduce* one_shot_all_reduce(const TensorParallelGroup& group) { return group.impl_->p2p.get(); }
+
 int TensorParallelGroup::size() const { return static_cast<int>(impl_->devices.size()); }
 int TensorParallelGroup::device(int rank) const { return impl_->devices.at(static_cast<size_t>(rank)); }
 
@@ -176,6 +178,7 @@ Status TensorParallelGroup::all_gather_f32(int rank, const void* send, void* rec
 #else  // no nccl.h at build time
 
 struct TensorParallelGroup::Impl {};
+const parallel::P2pAllReduce* one_shot_all_reduce(const TensorParallelGroup&) { return nullptr; }
 TensorParallelGroup::TensorParallelGroup() : impl_(std::make_unique<Impl>()) {}
 TensorParallelGroup::~TensorParallelGroup() = default;
 Status TensorParallelGroup::create(const std::vector<int>&, std::unique_ptr<TensorParallelGroup>*) {

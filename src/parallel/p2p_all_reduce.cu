@@ -134,6 +134,13 @@ Status P2pAllReduce::create(const std::vector<int>& devices, int64_t max_bytes, 
     LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(2 * n * p->max_elements_ * 2, "all-reduce staging", &r.staging));
     LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(kP2pMaxRanks * kP2pMaxBlocks * 4, "all-reduce flags", &r.flags));
     LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(kP2pMaxBlocks * 4, "all-reduce counters", &r.counter));
+    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(2 * n * p->max_elements_ * 2, "fused all-reduce staging",
+                                                             &r.row_staging));
+    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(kP2pMaxRanks * runtime::kRowPeerMaxRows * 4, "fused all-reduce flags",
+                                                             &r.row_flags));
+    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(2 * 4, "fused all-reduce counter", &r.row_counter));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(r.row_flags.get(), 0, static_cast<size_t>(r.row_flags.bytes())));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(r.row_counter.get(), 0, static_cast<size_t>(r.row_counter.bytes())));
     LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(r.flags.get(), 0, static_cast<size_t>(r.flags.bytes())));
     LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(r.counter.get(), 0, static_cast<size_t>(r.counter.bytes())));
   }
@@ -143,6 +150,19 @@ Status P2pAllReduce::create(const std::vector<int>& devices, int64_t max_bytes, 
   }
   *out = std::move(p);
   return {};
+}
+
+runtime::RowPeerSum P2pAllReduce::row_sum(int rank) const {
+  runtime::RowPeerSum p;
+  p.ranks = static_cast<int>(ranks_.size());
+  p.rank = rank;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    p.staging[r] = ranks_[r].row_staging.as<uint16_t>();
+    p.flags[r] = ranks_[r].row_flags.as<uint32_t>();
+  }
+  p.counter = ranks_[static_cast<size_t>(rank)].row_counter.as<uint32_t>();
+  p.slot_elements = max_elements_;
+  return p;
 }
 
 bool P2pAllReduce::takes(const void* data, int64_t count) const {

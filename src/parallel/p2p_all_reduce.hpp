@@ -22,6 +22,7 @@
 #include "llmq/cuda_stream.hpp"
 #include "llmq/status.hpp"
 #include "runtime/device_memory.hpp"
+#include "runtime/row_kernels.hpp"
 
 namespace llmq::parallel {
 
@@ -37,12 +38,16 @@ class P2pAllReduce {
   bool takes(const void* data, int64_t count) const;
   // In place: data (rank's device) becomes the sum over ranks. Enqueued on `stream`.
   Status run(int rank, void* data, int64_t count, CudaStream stream) const;
+  // The same exchange done inside the next add + RMSNorm (row_kernels.hpp's RowPeerSum), with its
+  // own staging, flags and counter (a sequence of its own, so both kinds of call can interleave).
+  runtime::RowPeerSum row_sum(int rank) const;
 
  private:
   struct Rank {
     runtime::DeviceAllocation staging;  // bf16 [2 (call parity)][ranks (source)][max elements]
     runtime::DeviceAllocation flags;    // u32 [kP2pMaxRanks peers][kP2pMaxBlocks]: peers write their counters here
     runtime::DeviceAllocation counter;  // u32 [kP2pMaxBlocks]: calls so far, per block
+    runtime::DeviceAllocation row_staging, row_flags, row_counter;  // the norm-fused exchange's
   };
   std::vector<int> devices_;
   std::vector<Rank> ranks_;

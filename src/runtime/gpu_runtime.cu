@@ -25,6 +25,7 @@
 #include "llmq/device.hpp"
 #include "llmq/tensor_parallel.hpp"
 #include "llmq/transformer.hpp"
+#include "parallel/p2p_all_reduce.hpp"
 #include "runtime/attention.hpp"
 #include "runtime/gpu_model_impl.hpp"
 #include "runtime/quant_prefill_attention.hpp"
@@ -130,6 +131,7 @@ struct GpuRuntime::Impl {
   runtime::QuantPrefillAttention quant_attention;  // --attention int8 / fp8 / half-int8
   const TensorParallelGroup* group = nullptr;  // a model split over several GPUs (tensor_parallel.hpp)
   int tp_rank = 0;
+  runtime::RowPeerSum peer;  // the group's all-reduce folded into the norms (ranks 0: none)
 
   DeviceAllocation x;  // f32 [rows, dim]
   ActBuffers in_attn, in_o, in_mlp, in_down, in_lm;
@@ -194,6 +196,11 @@ struct GpuRuntime::Impl {
     if (group == nullptr || (skip & kStageAllReduce) != 0) return {};
     return group->all_reduce_bf16(tp_rank, partial.get(), tokens * c.dim, stream);
   }
+  // Whether a step of `tokens` rows adds its row-parallel partial sums inside the norms that read
+  // them (decode sizes) instead of all-reducing them first: one launch less per block.
+  bool fused_sum(int64_t tokens) const {
+    return peer.ranks > 1 && (skip & kStageAllReduce) == 0 && runtime::row_op_fuses_peer_sum(tokens, c.dim, peer.slot_elements);
+  }
   // Profiling aid (LLMQ_SKIP_STAGES, see skip_stages_from_env): stages left out of the forward pass.
   uint32_t skip = skip_stages_from_env();
   bool run(uint32_t stage) const { return (skip & stage) == 0; }
@@ -233,6 +240,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
                               "-way tensor-parallel split: its runtime needs the group of those devices (TensorParallelRuntime)");
     group = o.tp_group;
     tp_rank = tp.rank;
+    if (const parallel::P2pAllReduce* p = one_shot_all_reduce(*group)) peer = p->row_sum(tp_rank);
   } else if (o.tp_group != nullptr && o.tp_group->size() > 1) {
     return invalid_argument("a tensor-parallel group was given for a model that is not split");
   }
@@ -389,6 +397,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
   float* xr = x.as<float>();
   LLMQ_RETURN_IF_ERROR(runtime::embedding(m.tokens, T, model->embedding.get(), model->embedding_f32, c.dim, xr, stream));
   LinearInput in;
+  const bool fused = fused_sum(T);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const GpuLayer& L = model->layers[static_cast<size_t>(l)];
     RowOpArgs norm;
@@ -397,6 +406,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     norm.n = c.dim;
     norm.x = xr;
     norm.delta = l == 0 ? nullptr : down_out.as<uint16_t>();
+    if (fused && l > 0) norm.peer = peer;  // the previous layer's down_proj partial sums
     norm.gain = L.attn_norm.as<float>();
     norm.eps = eps;
     LLMQ_RETURN_IF_ERROR(produce(L.qkv, norm, in_attn, &in, run(kStageNorm)));
@@ -473,10 +483,11 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     copy.src = attn_out.as<uint16_t>();
     LLMQ_RETURN_IF_ERROR(produce(L.o, copy, in_o, &in, run(kStageOQuant)));
     if (run(kStageO)) LLMQ_RETURN_IF_ERROR(run_linear(L.o, in, T, o_out.get(), LinearOut::kBF16, c.dim, lin));
-    LLMQ_RETURN_IF_ERROR(all_reduce(o_out, T));
+    if (!fused) LLMQ_RETURN_IF_ERROR(all_reduce(o_out, T));
 
     RowOpArgs norm2 = norm;
     norm2.delta = o_out.as<uint16_t>();
+    norm2.peer = fused ? peer : runtime::RowPeerSum{};
     norm2.gain = L.ffn_norm.as<float>();
     if (L.moe.active()) {
       // The router reads the normalised rows in BF16; FP8 experts read their per-token E4M3 codes,
@@ -498,7 +509,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       mi.x_codes = in_mlp.codes.get();
       mi.x_scales = in_mlp.scales.as<float>();
       if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(runtime::moe_ffn(L.moe, moe, mi, T, down_out.as<uint16_t>(), lin));
-      LLMQ_RETURN_IF_ERROR(all_reduce(down_out, T));
+      if (!fused || l + 1 == c.n_layers) LLMQ_RETURN_IF_ERROR(all_reduce(down_out, T));
       continue;
     }
     LLMQ_RETURN_IF_ERROR(produce(L.gate_up, norm2, in_mlp, &in, run(kStageNorm)));
@@ -511,7 +522,8 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     silu.src = gu_out.as<uint16_t>();
     LLMQ_RETURN_IF_ERROR(produce(L.down, silu, in_down, &in, run(kStageSilu)));
     if (run(kStageDown)) LLMQ_RETURN_IF_ERROR(run_linear(L.down, in, T, down_out.get(), LinearOut::kBF16, c.dim, lin));
-    LLMQ_RETURN_IF_ERROR(all_reduce(down_out, T));
+    // The last layer's sums go to the final norm (lm_head), which all-reduces them first.
+    if (!fused || l + 1 == c.n_layers) LLMQ_RETURN_IF_ERROR(all_reduce(down_out, T));
   }
   return {};
 }

@@ -56,6 +56,7 @@ const GpuRuntimeOptions& GpuRuntime::options() const { return impl_->options; }
 std::vector<std::string> GpuRuntime::describe_linears(int64_t) const { return {}; }
 
 struct TensorParallelGroup::Impl {};
+const parallel::P2pAllReduce* one_shot_all_reduce(const TensorParallelGroup&) { return nullptr; }
 TensorParallelGroup::TensorParallelGroup() : impl_(std::make_unique<Impl>()) {}
 TensorParallelGroup::~TensorParallelGroup() = default;
 Status TensorParallelGroup::create(const std::vector<int>&, std::unique_ptr<TensorParallelGroup>*) { return no_cuda(); }

@@ -53,6 +53,78 @@ struct RowKernelArgs {
   ScaleParams scale;
 };
 
+__device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// RowPeerSum's exchange for CTA r (row_kernels.hpp): this rank's delta row into every peer's
+// staging, the flags, and the wait. Returns the call's parity offset into the staging buffers.
+// After the peers' flags the rows sit in this rank's own staging buffer.
+template <int C>
+__device__ int64_t peer_exchange(const RowPeerSum& p, const uint16_t* delta_row, int64_t r, int64_t n, const int64_t (&at)[C],
+                                 const bool (&on)[C], uint32_t* call_out) {
+  __shared__ uint32_t call_shared;
+  if (threadIdx.x == 0) call_shared = p.counter[0] + 1;
+  __syncthreads();
+  const uint32_t call = call_shared;
+  const int64_t parity = static_cast<int64_t>(call & 1) * p.ranks * p.slot_elements;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    if (!on[c]) continue;
+    const uint4 u = *reinterpret_cast<const uint4*>(delta_row + at[c]);
+    for (int q = 0; q < p.ranks; ++q)
+      if (q != p.rank) *reinterpret_cast<uint4*>(p.staging[q] + parity + p.rank * p.slot_elements + r * n + at[c]) = u;
+  }
+  __syncthreads();
+  const int q = threadIdx.x;
+  if (q < p.ranks && q != p.rank) {
+    store_release_sys(p.flags[q] + p.rank * kRowPeerMaxRows + r, call);
+    const uint32_t* mine = p.flags[p.rank] + q * kRowPeerMaxRows + r;
+    uint64_t start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    while (static_cast<int32_t>(load_acquire_sys(mine) - call) < 0) {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+      if (now - start > 20000000000ull) __trap();  // a rank that never came: fail, not hang
+    }
+  }
+  __syncthreads();
+  *call_out = call;
+  return parity;
+}
+
+// The delta of columns at .. at + 7: the ranks' rows added in rank order, rounded to BF16 once.
+__device__ __forceinline__ void peer_delta(const RowPeerSum& p, int64_t parity, const uint16_t* delta_row, int64_t r,
+                                           int64_t n, int64_t at, float (&d)[8]) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int q = 0; q < p.ranks; ++q) {
+    const uint4 u = q == p.rank ? *reinterpret_cast<const uint4*>(delta_row + at)
+                                : __ldcg(reinterpret_cast<const uint4*>(p.staging[p.rank] + parity + q * p.slot_elements + r * n + at));
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc[2 * i] += __uint_as_float(w[i] << 16);
+      acc[2 * i + 1] += __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) d[i] = __bfloat162float(__float2bfloat16_rn(acc[i]));
+}
+
+// The last CTA of a call to finish moves the call counter on (every CTA read it at its start).
+__device__ __forceinline__ void peer_call_done(const RowPeerSum& p, uint32_t call) {
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(p.counter + 1, 1u) == gridDim.x - 1) {
+    p.counter[1] = 0;
+    p.counter[0] = call;
+  }
+}
+
 __device__ __forceinline__ uint8_t encode(float v, bool int8) {
   if (int8) {
     const int r = __float2int_rn(v);  // NaN -> 0, as the reference's INT8 encoder
@@ -241,13 +313,17 @@ __global__ void __launch_bounds__(1024) row_op_registers_kernel(RowKernelArgs ar
     const int64_t in_row = a.row_index != nullptr ? a.row_index[r] : r;
     float* x = a.x + in_row * n;
     float ss = 0.0f;
+    const bool peer = a.peer.ranks > 1;
+    uint32_t call = 0;
+    const int64_t parity = peer ? peer_exchange<C>(a.peer, a.delta + in_row * n, r, n, at, on, &call) : 0;
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       if (!on[c]) continue;
       Vec<8>::load_f32(x + at[c], v[c]);
       if (a.delta != nullptr) {
         float d[8];
-        Vec<8>::load_bf16(a.delta + in_row * n + at[c], d);
+        if (peer) peer_delta(a.peer, parity, a.delta + in_row * n, r, n, at[c], d);
+        else Vec<8>::load_bf16(a.delta + in_row * n + at[c], d);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[c][i] += d[i];
         Vec<8>::store_f32(x + at[c], v[c]);
@@ -255,7 +331,8 @@ __global__ void __launch_bounds__(1024) row_op_registers_kernel(RowKernelArgs ar
 #pragma unroll
       for (int i = 0; i < 8; ++i) ss += v[c][i] * v[c][i];
     }
-    const float total = cta_sum(ss, red);
+    const float total = cta_sum(ss, red);  // its barrier: every thread is done with the staging rows
+    if (peer) peer_call_done(a.peer, call);
     const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fdiv_rn(total, static_cast<float>(n)) + a.eps));
 #pragma unroll
     for (int c = 0; c < C; ++c)
@@ -658,8 +735,17 @@ Status embedding(const int32_t* tokens, int64_t rows, const void* table, bool ta
   return {};
 }
 
+bool row_op_fuses_peer_sum(int64_t rows, int64_t n, int64_t slot_elements) {
+  return rows >= 1 && rows <= kRowPeerMaxRows && n % 8 == 0 && n / 8 <= 2048 && rows * n <= slot_elements;
+}
+
 Status row_op(const RowOpArgs& a, CudaStream stream) {
   if (a.rows == 0) return {};
+  if (a.peer.ranks > 1 && (a.fn != RowFn::kAddRmsNorm || a.delta == nullptr || !row_op_fuses_peer_sum(a.rows, a.n, a.peer.slot_elements) ||
+                           !aligned16(a.x) || !aligned16(a.delta) || !aligned16(a.gain) || !aligned16(a.out_bf16) ||
+                           !aligned16(a.codes) || a.peer.ranks > kRowPeerMaxRanks))
+    return invalid_argument("row_op: the peer sum runs in the decode norm kernel only (" + std::to_string(a.rows) + " rows of " +
+                            std::to_string(a.n) + ")");
   if (a.n <= 0 || a.n > kMaxRowElems)
     return invalid_argument("row_op: row width " + std::to_string(a.n) + " outside [1, " + std::to_string(kMaxRowElems) + "]");
   if (a.out != RowOut::kBF16 && a.spec.format != DType::kE4M3 && a.spec.format != DType::kI8)

@@ -22,6 +22,25 @@ Status embedding(const int32_t* tokens, int64_t rows, const void* table, bool ta
                  CudaStream stream);
 
 enum class RowFn { kAddRmsNorm, kSiluMul, kCopy };
+
+// Tensor parallelism (src/parallel/p2p_all_reduce.hpp's scheme inside the norm): with ranks > 1,
+// kAddRmsNorm's delta is the sum over the ranks of every rank's delta (their row-parallel partial
+// sums). Each CTA writes its row of `delta` into its slot of every peer's staging buffer, raises its
+// flag there, waits for the peers' flags and adds the rows in rank order, rounded to BF16 once as
+// the all-reduce kernel rounds: the all-reduce costs no launch of its own. Only the decode form of
+// the kernel does it (row_op_fuses_peer_sum).
+constexpr int kRowPeerMaxRanks = 8;
+constexpr int64_t kRowPeerMaxRows = 64;
+struct RowPeerSum {
+  int ranks = 0;  // 0 or 1: no exchange
+  int rank = 0;
+  uint16_t* staging[kRowPeerMaxRanks] = {};  // every rank's: bf16 [2 (call parity)][ranks (source)][slot_elements]
+  uint32_t* flags[kRowPeerMaxRanks] = {};    // every rank's: [ranks (source)][kRowPeerMaxRows]
+  uint32_t* counter = nullptr;               // this rank's: {calls so far, CTAs done with the current call}
+  int64_t slot_elements = 0;
+};
+// Whether a kAddRmsNorm of `rows` x `n` can sum its delta over ranks (the decode kernel's shapes).
+bool row_op_fuses_peer_sum(int64_t rows, int64_t n, int64_t slot_elements);
 enum class RowOut { kBF16, kCodesPerToken, kCodesStatic };
 
 struct RowOpArgs {
@@ -44,6 +63,7 @@ struct RowOpArgs {
   float* scales = nullptr;          // [rows]
   QuantSpec spec;                   // format and scale rules (kCodesPerToken)
   float static_scale = 0.0f;        // kCodesStatic
+  RowPeerSum peer;                  // kAddRmsNorm under tensor parallelism: delta summed over ranks
 };
 Status row_op(const RowOpArgs& args, CudaStream stream);
 

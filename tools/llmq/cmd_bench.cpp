@@ -226,10 +226,10 @@ int run_e2e(const BenchArgs& a) {
     const double expert_bytes = c.is_moe() ? static_cast<double>(lc.n_layers * lc.n_experts * 3 * lc.hidden_dim * lc.dim) *
                                                  (eight_bit ? 1.0 : 2.0)
                                            : 0.0;
-    // How the ranks' partial sums are added: the one-shot peer kernel for decode-sized messages (and
-    // NCCL above), or NCCL alone (LLMQ_ALLREDUCE=nccl, for comparison).
+    // How the ranks' partial sums are added: "auto" (the one-shot peer exchange, folded into the
+    // norms, for decode-sized messages; NCCL above), or NCCL alone (LLMQ_ALLREDUCE=nccl).
     const char* ar_env = std::getenv("LLMQ_ALLREDUCE");
-    const std::string allreduce = tp == 1 ? "none" : ar_env != nullptr && std::string(ar_env) == "nccl" ? "nccl" : "one-shot";
+    const std::string allreduce = tp == 1 ? "none" : ar_env != nullptr && std::string(ar_env) == "nccl" ? "nccl" : "auto";
     if (tp > 1) fmt::print("tp={} ({} all-reduce): {}\n", tp, allreduce, describe_group(*tpr));
     for (const std::string& kv_cache : a.kv_caches) {
       const int64_t kv_per_token = kv_elements_per_token * (kv_cache == "e4m3" ? 1 : 2);
