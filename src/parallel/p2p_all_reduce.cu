@@ -7,6 +7,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/pdl.cuh"
 #include "parallel/p2p_all_reduce.hpp"
+#include "parallel/peer_flags.cuh"
 
 namespace llmq::parallel {
 namespace {
@@ -24,20 +25,6 @@ struct Args {
   int64_t slot_elements;                      // elements per staging slot
   int64_t chunk;                              // elements per block, a multiple of 8
 };
-
-__device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __global__ void __launch_bounds__(kThreads) p2p_all_reduce_kernel(Args a) {
   const int b = blockIdx.x;
@@ -63,12 +50,8 @@ __global__ void __launch_bounds__(kThreads) p2p_all_reduce_kernel(Args a) {
   //    through the barrier), and wait until every peer has said the same.
   const int peer = threadIdx.x;
   if (peer < a.ranks && peer != a.rank) {
-    store_release_sys(a.flags[peer] + a.rank * kP2pMaxBlocks + b, call);
-    const uint32_t* mine = a.flags[a.rank] + peer * kP2pMaxBlocks + b;
-    const uint64_t start = global_ns();
-    while (static_cast<int32_t>(load_acquire_sys(mine) - call) < 0) {
-      if (global_ns() - start > 20000000000ull) __trap();  // a rank that never came: fail, not hang
-    }
+    peer_signal(a.flags[peer] + a.rank * kP2pMaxBlocks + b, call);
+    peer_wait(a.flags[a.rank] + peer * kP2pMaxBlocks + b, call);
   }
   __syncthreads();
   detail::pdl_launch_dependents();  // the next kernel may launch; it waits for this grid's writes

@@ -13,6 +13,7 @@
 #include "cuda/pdl.cuh"
 #include "cuda/quantize_kernels.cuh"
 #include "cuda/quantize_numerics.cuh"
+#include "parallel/peer_flags.cuh"
 #include "runtime/row_kernels.hpp"
 
 namespace llmq::runtime {
@@ -53,15 +54,6 @@ struct RowKernelArgs {
   ScaleParams scale;
 };
 
-__device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // RowPeerSum's exchange for CTA r (row_kernels.hpp): this rank's delta row into every peer's
 // staging, the flags, and the wait. Returns the call's parity offset into the staging buffers.
 // After the peers' flags the rows sit in this rank's own staging buffer.
@@ -83,14 +75,8 @@ __device__ int64_t peer_exchange(const RowPeerSum& p, const uint16_t* delta_row,
   __syncthreads();
   const int q = threadIdx.x;
   if (q < p.ranks && q != p.rank) {
-    store_release_sys(p.flags[q] + p.rank * kRowPeerMaxRows + r, call);
-    const uint32_t* mine = p.flags[p.rank] + q * kRowPeerMaxRows + r;
-    uint64_t start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    while (static_cast<int32_t>(load_acquire_sys(mine) - call) < 0) {
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-      if (now - start > 20000000000ull) __trap();  // a rank that never came: fail, not hang
-    }
+    parallel::peer_signal(p.flags[q] + p.rank * kRowPeerMaxRows + r, call);
+    parallel::peer_wait(p.flags[p.rank] + q * kRowPeerMaxRows + r, call);
   }
   __syncthreads();
   *call_out = call;

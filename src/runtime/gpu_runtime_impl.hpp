@@ -1,0 +1,211 @@
+// GpuRuntime::Impl (gpu_runtime.hpp): the buffers of one stream of work, shared by the forward
+// pass (gpu_runtime.cu) and the benchmark helpers (gpu_runtime_bench.cu). Internal header; CUDA
+// sources only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda/cuda_check.cuh"
+#include "llmq/gpu_runtime.hpp"
+#include "llmq/tensor_parallel.hpp"
+#include "parallel/p2p_all_reduce.hpp"
+#include "runtime/attention.hpp"
+#include "runtime/gpu_model_impl.hpp"
+#include "runtime/quant_prefill_attention.hpp"
+#include "runtime/row_kernels.hpp"
+
+namespace llmq {
+
+using runtime::ActQuant;
+using runtime::DeviceAllocation;
+using runtime::GpuLayer;
+using runtime::GpuLinear;
+using runtime::LinearInput;
+using runtime::LinearOut;
+using runtime::RowFn;
+using runtime::RowOpArgs;
+using runtime::RowOut;
+
+namespace runtime_detail {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t align_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// Where one step's metadata lives on the device.
+struct StepMeta {
+  const int32_t* tokens = nullptr;    // [T]
+  const int32_t* position = nullptr;  // [T]
+  const int32_t* tok_slot = nullptr;  // [T]
+  const int32_t* q_start = nullptr;   // [B + 1] (prefill)
+  const int32_t* kv_len = nullptr;    // [B]
+  const int32_t* seq_slot = nullptr;  // [B]
+  const int32_t* lm_rows = nullptr;   // [lm_count] or null (every row)
+  int64_t tokens_count = 0;
+  int64_t batch = 0;
+  int64_t max_q_len = 0;
+  int64_t max_kv_len = 0;
+  int64_t lm_count = 0;
+  bool decode = false;  // one token per sequence, in slot order
+  std::vector<runtime::PrefillSequence> seqs;  // prefill: the same sequences, on the host (8-bit attention)
+};
+
+// The activation buffers one linear's input can be produced into.
+struct ActBuffers {
+  DeviceAllocation bf16;    // [rows, k]
+  DeviceAllocation codes;   // [rows, k]
+  DeviceAllocation scales;  // [rows * ceil(k / 128)]
+  Status allocate(int64_t rows, int64_t k, const std::string& what) {
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * k * 2, what + " (bf16)", &bf16));
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * k, what + " (codes)", &codes));
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * ceil_div(k, 128) * 4, what + " (scales)", &scales));
+    // Rows past M (padding for cuBLASLt block scales) are read: keep them finite from the start.
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(bf16.get(), 0, static_cast<size_t>(bf16.bytes())));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(codes.get(), 0, static_cast<size_t>(codes.bytes())));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(scales.get(), 0, static_cast<size_t>(scales.bytes())));
+    return {};
+  }
+  int64_t bytes() const { return bf16.bytes() + codes.bytes() + scales.bytes(); }
+};
+
+struct PinnedBuffer {
+  void* ptr = nullptr;
+  ~PinnedBuffer() {
+    if (ptr != nullptr) (void)cudaFreeHost(ptr);
+  }
+};
+
+// LLMQ_SKIP_STAGES=rope,attention,... leaves those stages out of every forward pass, so that the
+// time of a stage inside a replayed decode step can be measured by difference (METHOD: no timeline
+// profiler on the lent machines). The outputs are then meaningless; it exists for `llmq bench e2e`.
+enum Stage : uint32_t {
+  kStageNorm = 1, kStageQkv = 2, kStageRope = 4, kStageAttention = 8, kStageOQuant = 16, kStageO = 32,
+  kStageGateUp = 64, kStageSilu = 128, kStageDown = 256, kStageLmHead = 512, kStageAllReduce = 1024,
+};
+inline uint32_t skip_stages_from_env() {
+  const char* env = std::getenv("LLMQ_SKIP_STAGES");
+  if (env == nullptr) return 0;
+  static const std::pair<const char*, uint32_t> names[] = {
+      {"norm", kStageNorm}, {"qkv", kStageQkv}, {"rope", kStageRope}, {"attention", kStageAttention},
+      {"oquant", kStageOQuant}, {"o", kStageO}, {"gateup", kStageGateUp}, {"silu", kStageSilu},
+      {"down", kStageDown}, {"lmhead", kStageLmHead}, {"allreduce", kStageAllReduce}};
+  uint32_t mask = 0;
+  std::stringstream ss(env);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    for (const auto& [name, bit] : names)
+      if (item == name) mask |= bit;
+  if (mask != 0) std::fprintf(stderr, "llmq: LLMQ_SKIP_STAGES=%s: stages left out, outputs meaningless\n", env);
+  return mask;
+}
+
+}  // namespace runtime_detail
+
+using namespace runtime_detail;  // StepMeta, ActBuffers, stages: the runtime files' own vocabulary
+
+struct GpuRuntime::Impl {
+  const GpuModel::Impl* model = nullptr;
+  GpuRuntimeOptions options;
+  ModelConfig c;
+  int64_t q_dim = 0, kv_dim = 0, qkv_n = 0;
+  int64_t rows = 0;      // activation rows: max(max_step_tokens, max_batch), padded to 4
+  int64_t lm_rows = 0;   // logits rows per lm_head call
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<CudaGemmRunner> gemm;
+  runtime::LinearContext lin;
+  DeviceAllocation gemm_workspace, quant_workspace, attn_workspace, argmax_workspace;
+  runtime::QuantPrefillAttention quant_attention;  // --attention int8 / fp8 / half-int8
+  const TensorParallelGroup* group = nullptr;  // a model split over several GPUs (tensor_parallel.hpp)
+  int tp_rank = 0;
+  runtime::RowPeerSum peer;  // the group's all-reduce folded into the norms (ranks 0: none)
+
+  DeviceAllocation x;  // f32 [rows, dim]
+  ActBuffers in_attn, in_o, in_mlp, in_down, in_lm;
+  DeviceAllocation qkv_out, q_rot, attn_out, o_out, gu_out, down_out;  // bf16
+  runtime::MoeBuffers moe;  // MoE models only
+  DeviceAllocation logits;  // f32 [lm_rows, vocab]
+  DeviceAllocation lm_gather;  // vocabulary-split lm_head: f32 [ranks, lm_rows, vocab / ranks]
+  DeviceAllocation kv_cache;  // [2, layers, slots, capacity, kv_dim], bf16 or e4m3
+  DeviceAllocation kv_scales;  // f32 [2, layers, n_kv_heads]: K then V (e4m3 cache)
+  bool kv_fp8 = false;
+  DeviceAllocation cos_sin;   // f32 [capacity, head_dim / 2, 2]
+
+  // Step metadata (prefill and explicit decode): one device block, filled from pinned memory.
+  DeviceAllocation meta;
+  PinnedBuffer meta_host;
+  int64_t meta_ints = 0;
+  // Decode state read and advanced by graph replays.
+  DeviceAllocation dec;  // int32: tokens, position, kv_len, slot, next [max_batch each], step [1]
+  DeviceAllocation history;  // int32 [history_rows, max_batch]
+  int64_t history_rows = 0;
+  std::map<std::tuple<int64_t, float, float, uint64_t>, cudaGraphExec_t> graphs;
+
+  std::vector<int64_t> lengths;
+
+  ~Impl() {
+    for (auto& [key, exec] : graphs) (void)cudaGraphExecDestroy(exec);
+    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  }
+
+  // Layer l's K (which = 0) or V (which = 1) cache, whatever its element size.
+  void* cache(int which, int64_t layer) const {
+    const int64_t elem = kv_fp8 ? 1 : 2;
+    return kv_cache.as<char>() + (which * c.n_layers + layer) * options.max_batch * options.max_context * kv_dim * elem;
+  }
+  uint16_t* k_cache(int64_t layer) const { return kv_fp8 ? nullptr : static_cast<uint16_t*>(cache(0, layer)); }
+  uint16_t* v_cache(int64_t layer) const { return kv_fp8 ? nullptr : static_cast<uint16_t*>(cache(1, layer)); }
+  uint8_t* k_cache8(int64_t layer) const { return kv_fp8 ? static_cast<uint8_t*>(cache(0, layer)) : nullptr; }
+  uint8_t* v_cache8(int64_t layer) const { return kv_fp8 ? static_cast<uint8_t*>(cache(1, layer)) : nullptr; }
+  const float* k_scale(int64_t layer) const { return kv_fp8 ? kv_scales.as<float>() + layer * c.n_kv_heads : nullptr; }
+  const float* v_scale(int64_t layer) const {
+    return kv_fp8 ? kv_scales.as<float>() + (c.n_layers + layer) * c.n_kv_heads : nullptr;
+  }
+  int32_t* dec_ptr(int i) const { return dec.as<int32_t>() + i * options.max_batch; }
+  int32_t* dec_step() const { return dec.as<int32_t>() + 5 * options.max_batch; }
+
+  template <typename AttentionArgs>
+  void set_cache(int64_t layer, AttentionArgs* a) const {
+    a->k_cache = k_cache(layer);
+    a->v_cache = v_cache(layer);
+    a->kv_dtype = kv_fp8 ? runtime::KvCacheDType::kE4M3 : runtime::KvCacheDType::kBF16;
+    a->k_cache8 = k_cache8(layer);
+    a->v_cache8 = v_cache8(layer);
+    a->k_scale = k_scale(layer);
+    a->v_scale = v_scale(layer);
+  }
+  Status init(const GpuModel& gm, const GpuRuntimeOptions& o);
+  Status produce(const GpuLinear& consumer, RowOpArgs op, ActBuffers& bufs, LinearInput* in, bool launch = true);
+  Status forward(const StepMeta& m);
+  // Tensor parallelism: the partial sums of a row-parallel block ([tokens, dim] BF16) added up over
+  // the ranks, in place. Nothing on one GPU.
+  Status all_reduce(const DeviceAllocation& partial, int64_t tokens) const {
+    if (group == nullptr || (skip & kStageAllReduce) != 0) return {};
+    return group->all_reduce_bf16(tp_rank, partial.get(), tokens * c.dim, stream);
+  }
+  // Whether a step of `tokens` rows adds its row-parallel partial sums inside the norms that read
+  // them (decode sizes) instead of all-reducing them first: one launch less per block.
+  bool fused_sum(int64_t tokens) const {
+    return peer.ranks > 1 && (skip & kStageAllReduce) == 0 && runtime::row_op_fuses_peer_sum(tokens, c.dim, peer.slot_elements);
+  }
+  // Profiling aid (LLMQ_SKIP_STAGES, see skip_stages_from_env): stages left out of the forward pass.
+  uint32_t skip = skip_stages_from_env();
+  bool run(uint32_t stage) const { return (skip & stage) == 0; }
+  Status lm_head(const StepMeta& m, int64_t first, int64_t count);
+  Status upload_meta(const std::vector<int32_t>& ints);
+  Status prefill_step(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& segs,
+                      const std::vector<std::vector<int32_t>>& tokens, bool all_positions,
+                      std::vector<std::pair<int64_t, std::vector<float>>>* out);
+  Status decode_graph(int64_t batch, const SamplingOptions& s, cudaGraphExec_t* exec);
+  Status decode_body(int64_t batch, const SamplingOptions& s);
+  Status start_decode_state(const std::vector<int32_t>& first);
+};
+
+}  // namespace llmq
