@@ -21,8 +21,9 @@ def main(paths):
             continue
         tp = r.get("tp", 1)
         precision = r["precision"].split(" tp")[0]
-        # TP=1 rows are the baseline of both all-reduce kinds.
-        kinds = ["auto", "nccl"] if tp == 1 else [r.get("allreduce", "auto")]
+        # TP=1 rows are the baseline of every all-reduce kind and of expert parallelism.
+        kinds = ["auto", "nccl", "auto ep", "nccl ep"] if tp == 1 else \
+            [r.get("allreduce", "auto") + (" ep" if r.get("expert_parallel") else "")]
         for ar in kinds:
             if r["kind"] == "decode":
                 decode.setdefault((r["device"], r["model"], precision, ar, r["batch"], r["context"]), {})[tp] = r

@@ -190,6 +190,15 @@ TEST(TensorParallel, MoeModelMatchesOneGpu) {
   check_split("moe fp8-dynamic", [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
     return GpuModel::from_quantized(qm, device, m, r);
   }, &cpu_q, true);
+  // Expert parallelism: whole experts per rank (2 of the 4 at TP=2, 1 at TP=4).
+  check_split("moe bf16 ep", [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    r.expert_parallel = true;
+    return GpuModel::from_float(w, DType::kBF16, device, m, r);
+  }, &cpu, true);
+  check_split("moe fp8-dynamic ep", [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    r.expert_parallel = true;
+    return GpuModel::from_quantized(qm, device, m, r);
+  }, &cpu_q, true);
 }
 
 // Synthetic weights (what the benchmarks run): every rank generates the whole tensors of the same

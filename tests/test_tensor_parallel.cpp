@@ -204,6 +204,67 @@ TEST(TensorParallelPlan, EveryExpertIsTheSumOfItsRanks) {
   }
 }
 
+// Expert parallelism: rank r's stacked slices are experts [r E / N, (r + 1) E / N) whole, so every
+// expert lives on exactly one rank and the sum over ranks of each rank's experts' weighted outputs is
+// the whole MoE block's.
+TEST(TensorParallelPlan, ExpertParallelRanksHoldWholeExperts) {
+  DefaultModelOptions mo;
+  mo.n_layers = 1;
+  mo.n_experts = 4;
+  const ModelWeights w = make_default_model(mo);
+  const ModelConfig& c = w.config;
+  std::vector<const Tensor*> gu_parts, down_parts;
+  for (const Expert& e : w.layers[0].experts) {
+    gu_parts.insert(gu_parts.end(), {&e.gate.weight, &e.up.weight});
+    down_parts.push_back(&e.down.weight);
+  }
+  const Matrix gate_up = concat_rows(gu_parts), down = concat_rows(down_parts);
+  const int64_t t = 3, h = c.hidden_dim, E = c.n_experts;
+  const Matrix x = random_rows(t, c.dim, 5);
+  const std::vector<float> weight = {0.6f, 0.0f, 0.3f, 0.1f};  // a routing: experts 0, 2, 3
+  Matrix whole(static_cast<size_t>(t * c.dim), 0.0f);
+  std::vector<Matrix> expert_out;
+  for (int64_t e = 0; e < E; ++e) {
+    expert_out.push_back(mlp(x, t, c.dim, Matrix(gate_up.begin() + e * 2 * h * c.dim, gate_up.begin() + (e + 1) * 2 * h * c.dim),
+                             Matrix(down.begin() + e * c.dim * h, down.begin() + (e + 1) * c.dim * h), h));
+    for (size_t i = 0; i < whole.size(); ++i) whole[i] += weight[e] * expert_out.back()[i];
+  }
+  EXPECT_EQ(tensor_parallel_config(c, 2, true).hidden_dim, h);
+  EXPECT_EQ(tensor_parallel_config(c, 2, true).n_heads, c.n_heads / 2);
+  for (int tp : {2, 4}) {
+    const int64_t local = E / tp;
+    std::vector<Matrix> partial;
+    for (int r = 0; r < tp; ++r) {
+      TensorParallelRank rank{r, tp, true};
+      const LinearShard sg = linear_shard(c, ShardedLinear::kExpertsGateUp, rank);
+      const LinearShard sd = linear_shard(c, ShardedLinear::kExpertsDown, rank);
+      EXPECT_TRUE(sd.partial_sum);
+      const Matrix g = slice(gate_up, E * 2 * h, c.dim, sg), d = slice(down, E * c.dim, h, sd);
+      ASSERT_EQ(g.size(), static_cast<size_t>(local * 2 * h * c.dim));
+      Matrix mine(whole.size(), 0.0f);
+      for (int64_t j = 0; j < local; ++j) {
+        const Matrix y = mlp(x, t, c.dim, Matrix(g.begin() + j * 2 * h * c.dim, g.begin() + (j + 1) * 2 * h * c.dim),
+                             Matrix(d.begin() + j * c.dim * h, d.begin() + (j + 1) * c.dim * h), h);
+        EXPECT_EQ(y, expert_out[static_cast<size_t>(r * local + j)]) << "rank " << r << " expert " << j;
+        for (size_t i = 0; i < mine.size(); ++i) mine[i] += weight[r * local + j] * y[i];
+      }
+      partial.push_back(mine);
+    }
+    expect_close(sum(partial), whole, "expert parallel tp " + std::to_string(tp));
+  }
+  // Experts that the ranks do not divide, and a dense model, are refused with the reason.
+  ModelConfig six = c;
+  six.n_experts = 6;
+  Status st = check_tensor_parallel(six, 4, false, true);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("num_local_experts 6"), std::string::npos) << st.to_string();
+  DefaultModelOptions dense;
+  dense.n_layers = 1;
+  st = check_tensor_parallel(make_default_model(dense).config, 2, false, true);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("MoE"), std::string::npos) << st.to_string();
+}
+
 // lm_head by vocabulary rows: the ranks' logits, side by side, are the whole row; a vocabulary the
 // ranks do not divide stays whole on every rank.
 TEST(TensorParallelPlan, LmHeadSlicesTileTheVocabulary) {

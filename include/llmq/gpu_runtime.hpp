@@ -37,6 +37,9 @@ class TensorParallelGroup;
 struct TensorParallelRank {
   int rank = 0;
   int size = 1;
+  // MoE layers: whole experts per rank (experts [rank E / size, (rank + 1) E / size)) instead of
+  // every expert's FFN columns (expert parallelism; attention stays split by heads).
+  bool expert_parallel = false;
 };
 
 // Called with (done, total, what) while weights load or generate.

@@ -5,7 +5,9 @@
 //   * row-parallel: o_proj and down_proj take the matching input columns, so each rank computes a
 //     partial sum of the block's output, and one all-reduce per attention block and per MLP block
 //     (NCCL, BF16, in place) adds them up before the residual add;
-//   * MoE layers split every expert the same way (expert FFN columns), the router is replicated;
+//   * MoE layers split every expert the same way (expert FFN columns), or, with expert parallelism,
+//     give each rank whole experts (E / N of them; every rank routes every token with the
+//     replicated router and adds up only its own experts' share, which the same all-reduce sums);
 //   * lm_head is split by vocabulary rows (when N divides the vocabulary) and the logits are
 //     all-gathered, so every rank ends a step with the same logits and samples the same token;
 //   * embeddings and norms are replicated.
@@ -39,13 +41,15 @@ namespace parallel {
 class P2pAllReduce;
 }
 
-// What one rank computes: n_heads, n_kv_heads and hidden_dim divided by tp_size, the rest as `full`.
-ModelConfig tensor_parallel_config(const ModelConfig& full, int tp_size);
+// What one rank computes: n_heads, n_kv_heads and hidden_dim divided by tp_size, the rest as `full`
+// (with expert_parallel, an MoE model's hidden_dim stays whole: the experts are, and n_experts
+// stays the router's).
+ModelConfig tensor_parallel_config(const ModelConfig& full, int tp_size, bool expert_parallel = false);
 
 // Whether `full` splits over tp_size ranks; errors name the field that does not divide. With
 // `block_scales` (128x128 weight blocks, fp8-block) every rank's slice of q, kv and FFN columns
-// must also be a multiple of 128.
-Status check_tensor_parallel(const ModelConfig& full, int tp_size, bool block_scales);
+// must also be a multiple of 128. With expert_parallel the experts (an MoE model's) must divide.
+Status check_tensor_parallel(const ModelConfig& full, int tp_size, bool block_scales, bool expert_parallel = false);
 
 // The linears a split touches (norms, embeddings, the router and lm_head are replicated).
 enum class ShardedLinear { kQkv, kO, kGateUp, kDown, kExpertsGateUp, kExpertsDown, kLmHead };

@@ -91,8 +91,8 @@ Status slice_f32(const DeviceAllocation& full, const LinearShard& s, const std::
 Status begin_tensor_parallel(const ModelConfig& full, TensorParallelRank tp, ModelConfig* local) {
   if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size)
     return invalid_argument("tensor parallel rank " + std::to_string(tp.rank) + " of " + std::to_string(tp.size));
-  LLMQ_RETURN_IF_ERROR(check_tensor_parallel(full, tp.size, false));
-  *local = tensor_parallel_config(full, tp.size);
+  LLMQ_RETURN_IF_ERROR(check_tensor_parallel(full, tp.size, false, tp.expert_parallel));
+  *local = tensor_parallel_config(full, tp.size, tp.expert_parallel);
   return {};
 }
 
@@ -164,6 +164,10 @@ Status shard_layer(const ModelConfig& full, TensorParallelRank tp, GpuLayer* lay
   if (L.moe.active()) {
     LLMQ_RETURN_IF_ERROR(shard_linear(linear_shard(full, ShardedLinear::kExpertsGateUp, tp), &L.moe.gate_up));
     LLMQ_RETURN_IF_ERROR(shard_linear(linear_shard(full, ShardedLinear::kExpertsDown, tp), &L.moe.down));
+    if (tp.expert_parallel) {
+      L.moe.local_experts = L.moe.experts / tp.size;
+      L.moe.expert_begin = tp.rank * L.moe.local_experts;
+    }
     LLMQ_RETURN_IF_ERROR(check_moe_linear(L.moe.gate_up));
     return check_moe_linear(L.moe.down);
   }

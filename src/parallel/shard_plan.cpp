@@ -5,17 +5,17 @@
 
 namespace llmq {
 
-ModelConfig tensor_parallel_config(const ModelConfig& full, int tp_size) {
+ModelConfig tensor_parallel_config(const ModelConfig& full, int tp_size, bool expert_parallel) {
   ModelConfig c = full;
   if (tp_size > 1) {
     c.n_heads = full.n_heads / tp_size;
     c.n_kv_heads = full.n_kv_heads / tp_size;
-    c.hidden_dim = full.hidden_dim / tp_size;
+    if (!(expert_parallel && full.is_moe())) c.hidden_dim = full.hidden_dim / tp_size;
   }
   return c;
 }
 
-Status check_tensor_parallel(const ModelConfig& full, int tp_size, bool block_scales) {
+Status check_tensor_parallel(const ModelConfig& full, int tp_size, bool block_scales, bool expert_parallel) {
   if (tp_size < 1 || tp_size > 64) return invalid_argument("--tp: " + std::to_string(tp_size) + " outside [1, 64]");
   if (tp_size == 1) return {};
   const std::string n = std::to_string(tp_size);
@@ -24,10 +24,15 @@ Status check_tensor_parallel(const ModelConfig& full, int tp_size, bool block_sc
     return invalid_argument("--tp " + n + ": num_key_value_heads " + std::to_string(full.n_kv_heads) + " is not divisible by " + n);
   if (full.n_heads % tp_size != 0)
     return invalid_argument("--tp " + n + ": num_attention_heads " + std::to_string(full.n_heads) + " is not divisible by " + n);
-  if (full.hidden_dim % tp_size != 0)
+  if (expert_parallel) {
+    if (!full.is_moe()) return invalid_argument("--ep: expert parallelism needs an MoE model");
+    if (full.n_experts % tp_size != 0)
+      return invalid_argument("--ep --tp " + n + ": num_local_experts " + std::to_string(full.n_experts) + " is not divisible by " + n);
+  } else if (full.hidden_dim % tp_size != 0) {
     return invalid_argument("--tp " + n + ": intermediate_size " + std::to_string(full.hidden_dim) + " is not divisible by " + n);
+  }
   if (block_scales) {
-    const ModelConfig c = tensor_parallel_config(full, tp_size);
+    const ModelConfig c = tensor_parallel_config(full, tp_size, expert_parallel);
     const struct {
       const char* what;
       int64_t size;
@@ -62,7 +67,7 @@ int64_t LinearShard::n() const {
 }
 
 LinearShard linear_shard(const ModelConfig& full, ShardedLinear which, TensorParallelRank tp) {
-  const ModelConfig c = tensor_parallel_config(full, tp.size);
+  const ModelConfig c = tensor_parallel_config(full, tp.size, tp.expert_parallel);
   const int64_t r = tp.rank;
   const int64_t q_full = full.n_heads * full.head_dim, kv_full = full.n_kv_heads * full.head_dim;
   const int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
@@ -80,16 +85,31 @@ LinearShard linear_shard(const ModelConfig& full, ShardedLinear which, TensorPar
       s.col_count = q;
       s.partial_sum = true;
       break;
+    case ShardedLinear::kExpertsGateUp:  // [experts * 2 h_full, dim]
+      if (tp.expert_parallel) {  // this rank's whole experts
+        const int64_t local = experts / tp.size;
+        s.rows = {{r * local * 2 * h_full, local * 2 * h_full}};
+        s.col_count = full.dim;
+        break;
+      }
+      [[fallthrough]];  // else the same as a dense gate/up within every expert
     case ShardedLinear::kGateUp:  // [2 h_full, dim]: this rank's gate columns, then its up columns
-    case ShardedLinear::kExpertsGateUp:  // [experts * 2 h_full, dim], the same within every expert
       for (int64_t e = 0; e < (which == ShardedLinear::kGateUp ? 1 : experts); ++e) {
         s.rows.push_back({e * 2 * h_full + r * h, h});
         s.rows.push_back({e * 2 * h_full + h_full + r * h, h});
       }
       s.col_count = full.dim;
       break;
-    case ShardedLinear::kDown:  // [dim, h_full]
     case ShardedLinear::kExpertsDown:  // [experts * dim, h_full]
+      if (tp.expert_parallel) {  // this rank's whole experts; its output sums only their share
+        const int64_t local = experts / tp.size;
+        s.rows = {{r * local * full.dim, local * full.dim}};
+        s.col_count = h_full;
+        s.partial_sum = true;
+        break;
+      }
+      [[fallthrough]];
+    case ShardedLinear::kDown:  // [dim, h_full]
       s.rows = {{0, (which == ShardedLinear::kDown ? 1 : experts) * full.dim}};
       s.col_begin = r * h;
       s.col_count = h;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "cuda/cuda_check.cuh"
 #include "llmq/cuda_moe.hpp"
 #include "llmq/cuda_quantize.hpp"
 #include "runtime/moe_ffn.hpp"
@@ -73,11 +74,13 @@ namespace {
 MoeGroupedGemm grouped(const GpuMoe& moe, const GpuLinear& l, const MoeBuffers& buf, int64_t tokens) {
   MoeGroupedGemm g;
   g.rows = tokens * moe.top_k;
-  g.experts = moe.experts;
-  g.n = l.n / moe.experts;
+  // Expert parallelism: only this rank's experts, whose rows the routing put at offsets
+  // [expert_begin, expert_begin + held] of the whole permutation.
+  g.experts = moe.held();
+  g.n = l.n / moe.held();
   g.k = l.k;
   g.max_rows_per_expert = tokens;  // a token meets an expert at most once
-  g.expert_offsets = buf.offsets.as<int32_t>();
+  g.expert_offsets = buf.offsets.as<int32_t>() + moe.expert_begin;
   g.w = l.parts[0].w.get();
   g.w_dtype = l.parts[0].w_dtype;
   g.w_scale = l.parts[0].w_scale.as<float>();  // null for BF16 experts
@@ -108,7 +111,7 @@ Status quantize_1x128(const void* bf16, int64_t rows, int64_t n, const QuantSpec
 Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t tokens, uint16_t* out,
                const LinearContext& ctx) {
   if (tokens == 0) return {};
-  const int64_t slots = tokens * moe.top_k, dim = moe.down.n / moe.experts, hidden = moe.down.k;
+  const int64_t slots = tokens * moe.top_k, dim = moe.down.n / moe.held(), hidden = moe.down.k;
   LinearInput rin;
   rin.bf16 = x.x_bf16;
   LLMQ_RETURN_IF_ERROR(run_linear(moe.router, rin, tokens, buf.logits.get(), LinearOut::kF32, moe.experts, ctx));
@@ -177,6 +180,10 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
     LLMQ_RETURN_IF_ERROR(quantize_1x128(buf.act_bf16.get(), slots, hidden, moe.down.act_spec, buf.act_codes.get(),
                                         buf.act_scales.as<float>(), buf.quant_workspace, ctx.stream));
 
+  // Expert parallelism: the rows of other ranks' experts stay zero, so the combine adds only this
+  // rank's share (the all-reduce after the block adds the ranks').
+  if (moe.held() < moe.experts)
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buf.down_out.get(), 0, static_cast<size_t>(slots * dim * 2), ctx.stream));
   MoeGroupedGemm g2 = grouped(moe, moe.down, buf, tokens);
   g2.a = buf.act_codes.get();
   g2.a_scale = bf16 ? nullptr : buf.act_scales.as<float>();
@@ -197,7 +204,9 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
 std::string describe_moe(const GpuMoe& moe, int64_t tokens, const LinearContext& ctx) {
   const bool decode = decode_sized(tokens, ctx);
   const int launches = (decode ? 6 : 7) + (moe.block() ? 1 : 0);  // block: SiLU, then a 1x128 quantize
-  return "moe " + std::to_string(moe.experts) + " experts top-" + std::to_string(moe.top_k) + ": router " +
+  const std::string held = moe.held() < moe.experts ? " (experts " + std::to_string(moe.expert_begin) + ".." +
+                                                          std::to_string(moe.expert_begin + moe.held() - 1) + " here)" : "";
+  return "moe " + std::to_string(moe.experts) + " experts" + held + " top-" + std::to_string(moe.top_k) + ": router " +
          linear_path(moe.router, tokens, ctx) + ", route, " + (decode ? "" : "gather, ") + "grouped " +
          (decode ? "decode-gemm" : "wgmma") + " gate/up, silu-quant, grouped " + (decode ? "decode-gemm" : "wgmma") +
          " down, combine (" + std::to_string(launches) + " launches, + the norm)";

@@ -23,11 +23,16 @@
 namespace llmq::runtime {
 
 struct GpuMoe {
-  int64_t experts = 0;  // 0: a dense layer
+  int64_t experts = 0;  // 0: a dense layer (the router's experts: every one)
   int64_t top_k = 0;
+  // Expert parallelism (tensor_parallel.hpp): this rank holds experts [expert_begin, expert_begin +
+  // local_experts) only; 0: all of them.
+  int64_t expert_begin = 0;
+  int64_t local_experts = 0;
+  int64_t held() const { return local_experts > 0 ? local_experts : experts; }
   GpuLinear router;   // [experts, dim], BF16
-  GpuLinear gate_up;  // one part, E4M3 [experts * 2 hidden, dim]: expert e's gate rows, then its up rows
-  GpuLinear down;     // one part, E4M3 [experts * dim, hidden]
+  GpuLinear gate_up;  // one part, E4M3 [held * 2 hidden, dim]: expert e's gate rows, then its up rows
+  GpuLinear down;     // one part, E4M3 [held * dim, hidden]
   bool active() const { return experts > 0; }
   bool bf16() const { return !gate_up.parts.empty() && gate_up.parts[0].w_dtype == DType::kBF16; }
   // 128x128 weight blocks with 1x128 activation blocks (fp8-block).

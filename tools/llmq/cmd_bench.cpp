@@ -45,6 +45,7 @@ struct BenchArgs {
   bool fit = false;
   std::vector<int> tps = {1};       // tensor-parallel sizes (devices device .. device + tp - 1)
   bool allreduce_share = false;     // time TP decode steps again without their all-reduces
+  bool ep = false;                  // MoE: whole experts per rank (expert parallelism)
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -91,6 +92,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
     ModelConfig c;
     LLMQ_RETURN_IF_ERROR(synthetic_model_config(a.model.substr(prefix.size()), &c));
     const Status st = TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    r.expert_parallel = a.ep;
       return GpuModel::synthetic(c, precision, a.seed, device, m, on_rank0(r), r);
     }, out);
     progress.finish();
@@ -100,6 +102,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
   // a quantized checkpoint as stored).
   if (std::filesystem::is_directory(a.model) && precision != "f32") {
     const Status st = TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    r.expert_parallel = a.ep;
       return GpuModel::from_checkpoint(a.model, precision, device, m, on_rank0(r), r);
     }, out);
     progress.finish();
@@ -109,6 +112,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
   LLMQ_RETURN_IF_ERROR(load_model(a.model, &w));
   if (precision == "bf16" || precision == "f32")
     return TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    r.expert_parallel = a.ep;
       return GpuModel::from_float(w, precision == "bf16" ? DType::kBF16 : DType::kF32, device, m, r);
     }, out);
   Scheme scheme;
@@ -118,6 +122,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
   QuantizedModel qm;
   LLMQ_RETURN_IF_ERROR(quantize_model(w, scheme, nullptr, {}, &qm));
   return TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    r.expert_parallel = a.ep;
     return GpuModel::from_quantized(qm, device, m, r);
   }, out);
 }
@@ -214,7 +219,7 @@ int run_e2e(const BenchArgs& a) {
     }
     const GpuModel* model = &tpr->model(0);
     // "checkpoint" becomes the stored scheme; a split shows its size.
-    const std::string precision = model->precision() + (tp > 1 ? " tp" + std::to_string(tp) : "");
+    const std::string precision = model->precision() + (tp > 1 ? " tp" + std::to_string(tp) + (a.ep ? " ep" : "") : "");
     const ModelConfig& c = model->config();
     const ModelConfig& lc = model->local_config();  // one rank's share
     // Per rank: each rank reads its own slice of the weights and its own KV heads, in parallel.
@@ -223,7 +228,8 @@ int run_e2e(const BenchArgs& a) {
     // of an MoE model's experts only those a step can route to: batch x top_k of them at most.
     const bool eight_bit = model->precision() != "bf16" && model->precision() != "f32";
     const double all_weight_bytes = static_cast<double>(model->weight_bytes() - c.vocab_size * c.dim * 2);
-    const double expert_bytes = c.is_moe() ? static_cast<double>(lc.n_layers * lc.n_experts * 3 * lc.hidden_dim * lc.dim) *
+    // Each rank holds 1/tp of the expert weights, split by FFN columns or (--ep) by whole experts.
+    const double expert_bytes = c.is_moe() ? static_cast<double>(c.n_layers * c.n_experts * 3 * c.hidden_dim * c.dim) / tp *
                                                  (eight_bit ? 1.0 : 2.0)
                                            : 0.0;
     // How the ranks' partial sums are added: "auto" (the one-shot peer exchange, folded into the
@@ -275,7 +281,7 @@ int run_e2e(const BenchArgs& a) {
                 {"active_expert_fraction", active_experts},
                 {"floor_ms", floor_ms}, {"weight_bytes", step_weight_bytes}, {"kv_bytes", kv_bytes},
                 {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"kv_cache", kv_cache}, {"step_ms", ms}, {"tp", tp},
-                {"allreduce", allreduce}};
+                {"allreduce", allreduce}, {"expert_parallel", tp > 1 && a.ep}};
           if (without > 0) {
             row["tpot_ms_without_allreduce"] = without;
             row["allreduce_share"] = (med - without) / med;
@@ -326,7 +332,7 @@ int run_e2e(const BenchArgs& a) {
             {"tokens_per_s", static_cast<double>(n) / med * 1e3}, {"matmul_flops", flops}, {"attention_flops", attn},
             {"peak_flops", peak}, {"mfu", peak > 0 ? flops / (med * 1e-3) / peak : 0.0},
             {"mfu_with_attention", peak > 0 ? (flops + attn) / (med * 1e-3) / peak : 0.0}, {"gpu_memory_used", used}, {"tp", tp},
-            {"allreduce", allreduce}});
+            {"allreduce", allreduce}, {"expert_parallel", tp > 1 && a.ep}});
       table.push_back(fmt::format("{:<20} | prefill {:<5} | TTFT {:8.2f} ms | {:8.0f} tok/s | MFU {:4.1f}% (+attn {:4.1f}%) | {:5.1f} GB",
                                   label, n, med, static_cast<double>(n) / med * 1e3,
                                   peak > 0 ? 100 * flops / (med * 1e-3) / peak : 0.0,
@@ -367,6 +373,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
   e2e->add_option("--tp", args->tps, "tensor-parallel sizes, comma separated (GPUs --gpu .. --gpu + tp - 1; NCCL)")
       ->delimiter(',')
       ->check(CLI::Range(1, 64));
+  e2e->add_flag("--ep", args->ep, "tp > 1 on an MoE model: whole experts per GPU (expert parallelism) instead of every expert's columns");
   e2e->add_flag("--allreduce-share", args->allreduce_share,
                 "tp > 1: time every decode row again without its all-reduces, to give their share of a step");
   e2e->add_flag("--fit", args->fit,

@@ -31,6 +31,7 @@ struct RunArgs {
   std::string kv_cache = "bf16";
   std::string attention = "bf16";
   int tp = 1;  // GPUs --gpu .. --gpu + tp - 1, tensor parallel
+  bool ep = false;  // MoE: whole experts per GPU
 };
 
 // A Hugging Face directory streams straight from its memory map to the device (never the whole
@@ -46,6 +47,7 @@ Status stream_to_gpu(const RunArgs& a, std::unique_ptr<TensorParallelRuntime>* o
     if (is_quantized_checkpoint(*ckpt)) precision = "checkpoint";
   }
   const Status st = TensorParallelRuntime::load(a.tp, a.gpu, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    r.expert_parallel = a.ep;
     return GpuModel::from_checkpoint(a.model, precision, device, m, {}, r);
   }, out);
   if (st.code() == StatusCode::kUnsupported) {
@@ -62,6 +64,7 @@ Status upload_to_gpu(const RunArgs& a, const ModelWeights& model, const Quantize
   if (qm == nullptr && a.precision != "bf16" && a.precision != "f32")
     return invalid_argument("--precision: bf16 or f32 (8-bit schemes: --scheme), got '" + a.precision + "'");
   return TensorParallelRuntime::load(a.tp, a.gpu, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    r.expert_parallel = a.ep;
     if (qm != nullptr) return GpuModel::from_quantized(*qm, device, m, r);
     return GpuModel::from_float(model, a.precision == "f32" ? DType::kF32 : DType::kBF16, device, m, r);
   }, out);
@@ -182,6 +185,7 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands) {
       ->check(CLI::IsMember({"bf16", "half-int8", "int8", "fp8"}));
   cmd->add_option("--tp", args->tp, "--device cuda: split the model over this many GPUs (tensor parallel, NCCL)")
       ->check(CLI::Range(1, 64));
+  cmd->add_flag("--ep", args->ep, "--tp > 1 on an MoE model: whole experts per GPU (expert parallelism)");
   cmd->add_option("--kv-cache", args->kv_cache, "--device cuda: KV cache elements, bf16 or e4m3")
       ->check(CLI::IsMember({"bf16", "e4m3"}));
   commands->push_back({cmd, [args] { return run(*args); }});
