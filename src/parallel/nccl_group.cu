@@ -1,6 +1,7 @@
 // TensorParallelGroup (tensor_parallel.hpp): NCCL communicators over devices of this process.
 // NCCL is opened with dlopen, not linked: llmq's binaries then start (and run on one GPU) where no
 // libnccl.so.2 is installed, and only --tp > 1 needs it. nccl.h gives the types and signatures.
+//
 // nvcc (13.0) reports `status = call();` as discarding a [[nodiscard]] value: the value it means is
 // the reference operator= returns, not the call's Status, which is kept and checked.
 #pragma nv_diag_suppress 2810

@@ -1,6 +1,7 @@
 // TensorParallelRuntime (tensor_parallel.hpp): one GpuModel and GpuRuntime per rank, every call run
 // on all ranks at once, one thread per rank. The ranks agree on everything the host decides (the
 // same arguments reach every rank), so they enqueue the same steps and meet at each all-reduce.
+//
 // nvcc (13.0) reports `status = call();` as discarding a [[nodiscard]] value: the value it means is
 // the reference operator= returns, not the call's Status, which is kept and checked.
 #pragma nv_diag_suppress 2810
