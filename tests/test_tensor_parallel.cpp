@@ -166,19 +166,38 @@ TEST(TensorParallelPlan, MlpIsTheSumOfItsRanks) {
   }
 }
 
-// Experts stacked as the GPU runtime holds them: [experts * 2 h, dim] and [experts * dim, h].
-TEST(TensorParallelPlan, EveryExpertIsTheSumOfItsRanks) {
+// A one-layer MoE model (4 experts) and its experts stacked as the GPU runtime holds them:
+// gate_up [experts * 2 h, dim] (each expert's gate rows, then its up rows) and down [experts * dim, h].
+struct StackedExperts {
+  ModelWeights w;
+  Matrix gate_up, down;
+};
+StackedExperts stacked_experts() {
   DefaultModelOptions mo;
   mo.n_layers = 1;
   mo.n_experts = 4;
-  const ModelWeights w = make_default_model(mo);
-  const ModelConfig& c = w.config;
+  StackedExperts s{make_default_model(mo), {}, {}};
   std::vector<const Tensor*> gu_parts, down_parts;
-  for (const Expert& e : w.layers[0].experts) {
+  for (const Expert& e : s.w.layers[0].experts) {
     gu_parts.insert(gu_parts.end(), {&e.gate.weight, &e.up.weight});
     down_parts.push_back(&e.down.weight);
   }
-  const Matrix gate_up = concat_rows(gu_parts), down = concat_rows(down_parts);
+  s.gate_up = concat_rows(gu_parts);
+  s.down = concat_rows(down_parts);
+  return s;
+}
+
+// Expert j's MLP from stacked gate/up and down slices whose experts have FFN width h.
+Matrix expert_mlp(const Matrix& x, int64_t t, int64_t dim, const Matrix& gate_up, const Matrix& down, int64_t j, int64_t h) {
+  return mlp(x, t, dim, Matrix(gate_up.begin() + j * 2 * h * dim, gate_up.begin() + (j + 1) * 2 * h * dim),
+             Matrix(down.begin() + j * dim * h, down.begin() + (j + 1) * dim * h), h);
+}
+
+TEST(TensorParallelPlan, EveryExpertIsTheSumOfItsRanks) {
+  const StackedExperts model = stacked_experts();
+  const ModelConfig& c = model.w.config;
+  const Matrix& gate_up = model.gate_up;
+  const Matrix& down = model.down;
   const int64_t t = 4, h = c.hidden_dim, E = c.n_experts;
   const Matrix x = random_rows(t, c.dim, 3);
   for (int tp : {2, 4}) {
@@ -189,17 +208,11 @@ TEST(TensorParallelPlan, EveryExpertIsTheSumOfItsRanks) {
     }
     const int64_t hl = h / tp;
     for (int64_t e = 0; e < E; ++e) {
-      const Matrix gu_e(gate_up.begin() + e * 2 * h * c.dim, gate_up.begin() + (e + 1) * 2 * h * c.dim);
-      const Matrix d_e(down.begin() + e * c.dim * h, down.begin() + (e + 1) * c.dim * h);
       std::vector<Matrix> partial;
-      for (int r = 0; r < tp; ++r) {
-        // Expert e's rows of the rank's stacked slices: 2 hl gate/up rows, dim down rows.
-        const Matrix& g = gu_slices[static_cast<size_t>(r)];
-        const Matrix& d = down_slices[static_cast<size_t>(r)];
-        partial.push_back(mlp(x, t, c.dim, Matrix(g.begin() + e * 2 * hl * c.dim, g.begin() + (e + 1) * 2 * hl * c.dim),
-                              Matrix(d.begin() + e * c.dim * hl, d.begin() + (e + 1) * c.dim * hl), hl));
-      }
-      expect_close(sum(partial), mlp(x, t, c.dim, gu_e, d_e, h), "expert " + std::to_string(e) + " tp " + std::to_string(tp));
+      for (int r = 0; r < tp; ++r)  // expert e's rows of the rank's stacked slices (FFN width hl)
+        partial.push_back(expert_mlp(x, t, c.dim, gu_slices[static_cast<size_t>(r)], down_slices[static_cast<size_t>(r)], e, hl));
+      expect_close(sum(partial), expert_mlp(x, t, c.dim, gate_up, down, e, h),
+                   "expert " + std::to_string(e) + " tp " + std::to_string(tp));
     }
   }
 }
@@ -208,25 +221,17 @@ TEST(TensorParallelPlan, EveryExpertIsTheSumOfItsRanks) {
 // expert lives on exactly one rank and the sum over ranks of each rank's experts' weighted outputs is
 // the whole MoE block's.
 TEST(TensorParallelPlan, ExpertParallelRanksHoldWholeExperts) {
-  DefaultModelOptions mo;
-  mo.n_layers = 1;
-  mo.n_experts = 4;
-  const ModelWeights w = make_default_model(mo);
-  const ModelConfig& c = w.config;
-  std::vector<const Tensor*> gu_parts, down_parts;
-  for (const Expert& e : w.layers[0].experts) {
-    gu_parts.insert(gu_parts.end(), {&e.gate.weight, &e.up.weight});
-    down_parts.push_back(&e.down.weight);
-  }
-  const Matrix gate_up = concat_rows(gu_parts), down = concat_rows(down_parts);
+  const StackedExperts model = stacked_experts();
+  const ModelConfig& c = model.w.config;
+  const Matrix& gate_up = model.gate_up;
+  const Matrix& down = model.down;
   const int64_t t = 3, h = c.hidden_dim, E = c.n_experts;
   const Matrix x = random_rows(t, c.dim, 5);
   const std::vector<float> weight = {0.6f, 0.0f, 0.3f, 0.1f};  // a routing: experts 0, 2, 3
   Matrix whole(static_cast<size_t>(t * c.dim), 0.0f);
   std::vector<Matrix> expert_out;
   for (int64_t e = 0; e < E; ++e) {
-    expert_out.push_back(mlp(x, t, c.dim, Matrix(gate_up.begin() + e * 2 * h * c.dim, gate_up.begin() + (e + 1) * 2 * h * c.dim),
-                             Matrix(down.begin() + e * c.dim * h, down.begin() + (e + 1) * c.dim * h), h));
+    expert_out.push_back(expert_mlp(x, t, c.dim, gate_up, down, e, h));
     for (size_t i = 0; i < whole.size(); ++i) whole[i] += weight[e] * expert_out.back()[i];
   }
   EXPECT_EQ(tensor_parallel_config(c, 2, true).hidden_dim, h);
@@ -243,8 +248,7 @@ TEST(TensorParallelPlan, ExpertParallelRanksHoldWholeExperts) {
       ASSERT_EQ(g.size(), static_cast<size_t>(local * 2 * h * c.dim));
       Matrix mine(whole.size(), 0.0f);
       for (int64_t j = 0; j < local; ++j) {
-        const Matrix y = mlp(x, t, c.dim, Matrix(g.begin() + j * 2 * h * c.dim, g.begin() + (j + 1) * 2 * h * c.dim),
-                             Matrix(d.begin() + j * c.dim * h, d.begin() + (j + 1) * c.dim * h), h);
+        const Matrix y = expert_mlp(x, t, c.dim, g, d, j, h);
         EXPECT_EQ(y, expert_out[static_cast<size_t>(r * local + j)]) << "rank " << r << " expert " << j;
         for (size_t i = 0; i < mine.size(); ++i) mine[i] += weight[r * local + j] * y[i];
       }
