@@ -87,6 +87,8 @@ class TensorParallelGroup {
   int size() const;
   int device(int rank) const;
   std::string describe() const;  // "NCCL 2.28.9 over devices 0,1"
+  // Whether decode-sized all-reduces take the one-shot peer exchange (else all go to NCCL).
+  bool one_shot() const;
   // Sum over the group of `count` BF16 values at `data` (rank `rank`'s device), in place, enqueued
   // on `stream`; every rank must call it with the same count, each from its own thread.
   Status all_reduce_bf16(int rank, void* data, int64_t count, CudaStream stream) const;
@@ -126,6 +128,7 @@ class TensorParallelRuntime {
 
   int size() const;
   const GpuModel& model(int rank) const;
+  const TensorParallelGroup* group() const { return group_.get(); }  // null for one device
   GpuRuntime& runtime(int rank);  // after start()
   const ModelConfig& config() const;  // the full model's
 

@@ -81,13 +81,26 @@ struct Sm90Params {
 __device__ __forceinline__ void named_barrier_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void named_barrier_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 
-// Pins the P fragments: computed before this point, kept unchanged up to it.
-template <int N>
-__device__ __forceinline__ void fence_p(uint32_t (&p)[N][4]) {
+// acc = A B over kSteps k steps of 32, as one commit group: A from register fragments, B from
+// shared memory (its descriptor moves 32 bytes, 2 units, per step); the first step overwrites acc.
+// E4M3 x E4M3 (kFp8), else INT8 B times signed (kSignedA: Q) or unsigned (P) 8-bit A.
+template <bool kFp8, bool kSignedA, typename Acc, int kSteps>
+__device__ __forceinline__ void wgmma_rs_product(Acc (&acc)[64], uint32_t (&a)[kSteps][4], uint64_t desc) {
+  wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < N; ++kk)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(p[kk][i])::"memory");
+  for (int k = 0; k < kSteps; ++k) {
+    if constexpr (kFp8) {
+      if (k == 0) wgmma_m64n128k32_e4m3_rs<false>(acc, a[k], desc);
+      else wgmma_m64n128k32_e4m3_rs<true>(acc, a[k], desc + 2 * k);
+    } else if constexpr (kSignedA) {
+      if (k == 0) wgmma_m64n128k32_s8_rs<false>(acc, a[k], desc);
+      else wgmma_m64n128k32_s8_rs<true>(acc, a[k], desc + 2 * k);
+    } else {
+      if (k == 0) wgmma_m64n128k32_u8s8_rs<false>(acc, a[k], desc);
+      else wgmma_m64n128k32_u8s8_rs<true>(acc, a[k], desc + 2 * k);
+    }
+  }
+  wgmma_commit_group();
 }
 
 // Reinterprets a flat wgmma accumulator array as the [n-tile][4] view quantize_p_tile and
@@ -220,18 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int stage = tile % kStages;
     mbarrier_wait(smem_u32(&sh.full[stage]), (tile / kStages) & 1);
     const uint64_t desc_k = make_smem_desc_k_sw128(smem_u32(sh.k[stage]));
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 32; ++ks) {  // +32 bytes (2 descriptor units) per k step
-      if constexpr (kFp8) {
-        if (ks == 0) wgmma_m64n128k32_e4m3_rs<false>(sacc, q_frag[ks], desc_k);
-        else wgmma_m64n128k32_e4m3_rs<true>(sacc, q_frag[ks], desc_k + 2 * ks);
-      } else {
-        if (ks == 0) wgmma_m64n128k32_s8_rs<false>(sacc, q_frag[ks], desc_k);
-        else wgmma_m64n128k32_s8_rs<true>(sacc, q_frag[ks], desc_k + 2 * ks);
-      }
-    }
-    wgmma_commit_group();
+    wgmma_rs_product<kFp8, true>(sacc, q_frag, desc_k);  // S = Q K^T (INT8 x INT8 or E4M3)
   };
   // Every thread arrives: an arrive releases only its own thread's earlier reads of the slot (the
   // scales), so one lane arriving for its warp leaves the others' reads unordered before the
@@ -280,20 +282,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // P V, fresh per tile (INT32 exact, or FP32: the two-level accumulation of FP8).
     Acc pv[kHeadDim / 2];
     const uint64_t desc_v = make_smem_desc_k_sw128(smem_u32(sh.vt[s]));
-    fence_p(p_frag);  // P complete before the fence (else ptxas injects one before each product)
+    int8_gemm::fence_registers(p_frag);  // P complete before the fence (else ptxas injects one before each product)
     if (it < n_turns) named_barrier_sync(1 + wg);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 32; ++kk) {
-      if constexpr (kFp8) {
-        if (kk == 0) wgmma_m64n128k32_e4m3_rs<false>(pv, p_frag[kk], desc_v);
-        else wgmma_m64n128k32_e4m3_rs<true>(pv, p_frag[kk], desc_v + 2 * kk);
-      } else {
-        if (kk == 0) wgmma_m64n128k32_u8s8_rs<false>(pv, p_frag[kk], desc_v);
-        else wgmma_m64n128k32_u8s8_rs<true>(pv, p_frag[kk], desc_v + 2 * kk);
-      }
-    }
-    wgmma_commit_group();
+    wgmma_rs_product<kFp8, false>(pv, p_frag, desc_v);  // P V (unsigned P x INT8 V, or E4M3)
     if constexpr (decltype(has_next)::value) issue_scores(it + 1);
     if (it < n_turns && !(wg == 1 && it == n_turns - 1)) named_barrier_arrive(2 - wg);
     if constexpr (decltype(has_next)::value) {
@@ -302,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait_group<0>();
     }
     int8_gemm::fence_registers(pv);
-    fence_p(p_frag);  // read by P V_it until here
+    int8_gemm::fence_registers(p_frag);  // read by P V_it until here
     fold_pv_tile<kHeadDim>(as_tiles(o), as_tiles(pv), corr, carry, sh.v_scale[s], t);  // the scale pairs
     release(s);
   };

@@ -20,10 +20,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <string>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/device_facts.cuh"
 #include "cuda/int8_gemm_epilogue.cuh"
 #include "cuda/int8_gemm_mma_sync.cuh"
 #include "cuda/sm90_tma.cuh"
@@ -192,26 +192,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 
 int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
-struct DeviceFacts {
-  int ordinal = 0;
-  int major = 0;
-  int minor = 0;
-  int sms = 0;
-};
-
-Status query_device(DeviceFacts* out) {
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&out->ordinal));
-  LLMQ_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&out->major, cudaDevAttrComputeCapabilityMajor, out->ordinal));
-  LLMQ_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&out->minor, cudaDevAttrComputeCapabilityMinor, out->ordinal));
-  LLMQ_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&out->sms, cudaDevAttrMultiProcessorCount, out->ordinal));
-  return {};
-}
-
-// sm_90a machine code runs on compute capability 9.0 only.
-bool has_wgmma(const DeviceFacts& dev) { return dev.major == 9 && dev.minor == 0; }
+// The device's facts are cuda::current_device_facts' (cached: this runs per GEMM).
+using cuda::DeviceFacts;
+inline bool has_wgmma(const DeviceFacts& dev) { return cuda::has_sm90a(dev); }
 
 template <int kBlockN>
 void fill_sm90_plan(int64_t m, int64_t n, int sms, Int8GemmPlan* plan) {
@@ -288,18 +271,6 @@ Status make_plan(int64_t m, int64_t n, const Int8GemmConfig& config, const Devic
   return {};
 }
 
-// Raises a kernel's dynamic shared-memory limit once per device (an attribute of the function on
-// that device's context); `done_devices` is one bit per device ordinal, owned by the caller's
-// instantiation so that each kernel keeps its own record.
-Status allow_smem(const void* kernel, size_t bytes, int ordinal, std::atomic<uint64_t>* done_devices) {
-  const uint64_t bit = ordinal < 64 ? (uint64_t{1} << ordinal) : 0;
-  if (bit != 0 && (done_devices->load(std::memory_order_acquire) & bit) != 0) return {};
-  LLMQ_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  done_devices->fetch_or(bit, std::memory_order_acq_rel);
-  return {};
-}
-
 template <int kBlockN, OutputKind kOut>
 Status launch_sm90(const int8_t* a, const int8_t* b, const EpilogueParams& p, int64_t k,
                    const Int8GemmPlan& plan, const DeviceFacts& dev, cudaStream_t stream) {
@@ -312,9 +283,8 @@ Status launch_sm90(const int8_t* a, const int8_t* b, const EpilogueParams& p, in
   sched.num_n_blocks = static_cast<int>(ceil_div(p.n, kBlockN));
   sched.num_tiles = static_cast<int>(plan.tiles);
   auto kernel = int8_gemm_sm90_kernel<kBlockN, kOut>;
-  static std::atomic<uint64_t> smem_configured{0};
-  LLMQ_RETURN_IF_ERROR(allow_smem(reinterpret_cast<const void*>(kernel), plan.smem_bytes, dev.ordinal,
-                                  &smem_configured));
+  LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(plan.smem_bytes),
+                                                dev.ordinal));
   kernel<<<plan.grid, kSm90Threads, plan.smem_bytes, stream>>>(map_a, map_b, p, sched,
                                                                static_cast<int>(k));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("int8_gemm_sm90_kernel");
@@ -325,7 +295,7 @@ template <OutputKind kOut>
 Status run(const int8_t* a, const int8_t* b, const EpilogueParams& p, int64_t k,
            const Int8GemmConfig& config, cudaStream_t stream) {
   DeviceFacts dev;
-  LLMQ_RETURN_IF_ERROR(query_device(&dev));
+  LLMQ_RETURN_IF_ERROR(cuda::current_device_facts(&dev));
   Int8GemmPlan plan;
   LLMQ_RETURN_IF_ERROR(make_plan(p.m, p.n, config, dev, &plan));
   if (plan.kernel == Int8GemmKernel::kWgmma) {
@@ -384,8 +354,8 @@ Status cuda_int8_gemm_plan(int64_t m, int64_t n, int64_t k, const Int8GemmConfig
                            Int8GemmPlan* plan) {
   if (plan == nullptr) return invalid_argument("plan: null");
   LLMQ_RETURN_IF_ERROR(cuda_int8_gemm_can_implement(m, n, k));
-  int8_gemm::DeviceFacts dev;
-  LLMQ_RETURN_IF_ERROR(int8_gemm::query_device(&dev));
+  cuda::DeviceFacts dev;
+  LLMQ_RETURN_IF_ERROR(cuda::current_device_facts(&dev));
   return int8_gemm::make_plan(m, n, config, dev, plan);
 }
 

@@ -77,6 +77,15 @@ __device__ __forceinline__ void fence_registers(float (&d)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// The same for register A fragments ([k steps][4] 32-bit words): computed before this point and
+// kept unchanged up to it (else ptxas may move their writes next to each product).
+template <int kSteps>
+__device__ __forceinline__ void fence_registers(uint32_t (&a)[kSteps][4]) {
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[k][i])::"memory");
+}
 
 // The wrappers below were generated (operand lists of 32 to 128 registers); the PTX is the same
 // instruction at three widths. scale-d is a predicate: false makes D = A * B (no accumulate).

@@ -22,10 +22,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <string>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/device_facts.cuh"
 #include "cuda/sm90_tma.cuh"
 #include "llmq/cuda_moe.hpp"
 #include "moe/moe_decode_gemm.hpp"
@@ -301,17 +301,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
-struct DeviceFacts {
-  int ordinal = 0, major = 0, minor = 0, sms = 0;
-};
-
-Status query_device(DeviceFacts* f) {
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&f->ordinal));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&f->major, cudaDevAttrComputeCapabilityMajor, f->ordinal));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&f->minor, cudaDevAttrComputeCapabilityMinor, f->ordinal));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&f->sms, cudaDevAttrMultiProcessorCount, f->ordinal));
-  return {};
-}
+// The device's facts are cuda::current_device_facts' (cached: this runs per expert linear per layer).
+using cuda::DeviceFacts;
 
 template <bool kBf16, bool kBlock = false>
 Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_t stream) {
@@ -331,14 +322,8 @@ Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_
   p.n_blocks = static_cast<int>(ceil_div(g.n, kBlockN));
   p.scale_k_blocks = static_cast<int>(ceil_div(g.k, 128));
   const size_t smem = smem_bytes(g.experts);
-  static std::atomic<uint64_t> configured{0};  // one bit per device ordinal
-  const uint64_t bit = dev.ordinal < 64 ? uint64_t{1} << dev.ordinal : 0;
-  if (bit == 0 || (configured.load() & bit) == 0) {
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(moe_grouped_gemm_sm90_kernel<kBf16, kBlock>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(smem_bytes(kMaxExperts))));
-    configured.fetch_or(bit);
-  }
+  LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(moe_grouped_gemm_sm90_kernel<kBf16, kBlock>),
+                                                static_cast<int>(smem_bytes(kMaxExperts)), dev.ordinal));
   // Upper bound on tiles: each expert adds at most one partial M-block to ceil(rows / 128).
   const int64_t max_tiles = (ceil_div(g.rows, kBlockM) + g.experts) * p.n_blocks;
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, dev.sms));
@@ -389,7 +374,7 @@ Status check(const MoeGroupedGemm& g) {
 
 MoeGemmKernel pick(const MoeGroupedGemm& g, const DeviceFacts& dev) {
   const bool same_types = g.a_dtype == g.w_dtype;  // E4M3 x E4M3 or BF16 x BF16
-  const bool wgmma_ok = dev.major == 9 && dev.minor == 0 && g.a_rows == nullptr && same_types;
+  const bool wgmma_ok = cuda::has_sm90a(dev) && g.a_rows == nullptr && same_types;
   if (!wgmma_ok || g.max_rows_per_expert <= kMoeDecodeMaxRows) return MoeGemmKernel::kDecode;
   return MoeGemmKernel::kWgmma;
 }
@@ -399,12 +384,12 @@ MoeGemmKernel pick(const MoeGroupedGemm& g, const DeviceFacts& dev) {
 Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemmKernel kernel) {
   LLMQ_RETURN_IF_ERROR(moe::check(g));
   if (g.rows == 0 || g.max_rows_per_expert == 0) return {};
-  moe::DeviceFacts dev;
-  LLMQ_RETURN_IF_ERROR(moe::query_device(&dev));
+  cuda::DeviceFacts dev;
+  LLMQ_RETURN_IF_ERROR(cuda::current_device_facts(&dev));
   if (kernel == MoeGemmKernel::kAuto) kernel = moe::pick(g, dev);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (kernel == MoeGemmKernel::kWgmma) {
-    if (!(dev.major == 9 && dev.minor == 0))
+    if (!cuda::has_sm90a(dev))
       return unsupported("kernel: the wgmma grouped GEMM needs an sm_90 GPU, this one is sm_" +
                          std::to_string(dev.major) + std::to_string(dev.minor));
     if (g.a_rows != nullptr) return invalid_argument("a_rows: the wgmma kernel reads contiguous rows (gather first)");
@@ -416,8 +401,8 @@ Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemm
 }
 
 MoeGemmKernel cuda_moe_grouped_gemm_kernel(const MoeGroupedGemm& g) {
-  moe::DeviceFacts dev;
-  if (!moe::query_device(&dev).ok()) return MoeGemmKernel::kDecode;
+  cuda::DeviceFacts dev;
+  if (!cuda::current_device_facts(&dev).ok()) return MoeGemmKernel::kDecode;
   return moe::pick(g, dev);
 }
 

@@ -150,6 +150,7 @@ const parallel::P2pAllReduce* one_shot_all_reduce(const TensorParallelGroup& gro
 
 int TensorParallelGroup::size() const { return static_cast<int>(impl_->devices.size()); }
 int TensorParallelGroup::device(int rank) const { return impl_->devices.at(static_cast<size_t>(rank)); }
+bool TensorParallelGroup::one_shot() const { return impl_->p2p != nullptr; }
 
 std::string TensorParallelGroup::describe() const {
   const int v = impl_->version;
@@ -192,6 +193,7 @@ Status TensorParallelGroup::create(const std::vector<int>&, std::unique_ptr<Tens
 int TensorParallelGroup::size() const { return 0; }
 int TensorParallelGroup::device(int) const { return -1; }
 std::string TensorParallelGroup::describe() const { return "no NCCL"; }
+bool TensorParallelGroup::one_shot() const { return false; }
 Status TensorParallelGroup::all_reduce_bf16(int, void*, int64_t, CudaStream) const {
   return unsupported("built without NCCL");
 }

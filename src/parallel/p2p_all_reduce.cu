@@ -7,7 +7,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/pdl.cuh"
 #include "parallel/p2p_all_reduce.hpp"
-#include "parallel/peer_flags.cuh"
+#include "parallel/peer_exchange.cuh"
 
 namespace llmq::parallel {
 namespace {
@@ -35,45 +35,19 @@ __global__ void __launch_bounds__(kThreads) p2p_all_reduce_kernel(Args a) {
   if (threadIdx.x == 0) call_shared = a.counter[b] + 1;
   __syncthreads();
   const uint32_t call = call_shared;
-  // Slot (call parity, source rank) of every rank's staging buffer.
-  const int64_t parity = static_cast<int64_t>(call & 1) * a.ranks * a.slot_elements;
   const int64_t begin = b * a.chunk, end = min(a.count, begin + a.chunk);
   // 1. Push this block's chunk of the partial sums into every peer's slot for this rank: stores
   //    over the link are posted, so the only latency on the way is the flag's one way trip.
-  for (int64_t i = begin + threadIdx.x * 8; i < end; i += kThreads * 8) {
-    const uint4 v = *reinterpret_cast<const uint4*>(a.data + i);
-    for (int p = 0; p < a.ranks; ++p)
-      if (p != a.rank) *reinterpret_cast<uint4*>(a.staging[p] + parity + a.rank * a.slot_elements + i) = v;
-  }
-  __syncthreads();
-  // 2. Tell every peer this block's chunk is there (release: the block's stores above come first,
-  //    through the barrier), and wait until every peer has said the same.
-  const int peer = threadIdx.x;
-  if (peer < a.ranks && peer != a.rank) {
-    peer_signal(a.flags[peer] + a.rank * kP2pMaxBlocks + b, call);
-    peer_wait(a.flags[a.rank] + peer * kP2pMaxBlocks + b, call);
-  }
-  __syncthreads();
+  for (int64_t i = begin + threadIdx.x * 8; i < end; i += kThreads * 8)
+    peer_push(*reinterpret_cast<const uint4*>(a.data + i), a.staging, a.rank, a.ranks, a.slot_elements, call, i);
+  // 2. Tell every peer this block's chunk is there, and wait until every peer has said the same.
+  peer_handshake(a.flags, a.rank, a.ranks, kP2pMaxBlocks, b, call);
   detail::pdl_launch_dependents();  // the next kernel may launch; it waits for this grid's writes
   // 3. Sum every rank's chunk in rank order (the same bits on every rank) from local memory, round
-  //    once. Loads first, then adds, so the loads are in flight together.
-  const uint16_t* slots = a.staging[a.rank] + parity;
+  //    once.
   for (int64_t i = begin + threadIdx.x * 8; i < end; i += kThreads * 8) {
-    uint4 v[kP2pMaxRanks];
-    for (int r = 0; r < kP2pMaxRanks; ++r)
-      if (r < a.ranks)
-        v[r] = r == a.rank ? *reinterpret_cast<const uint4*>(a.data + i)
-                           : __ldcg(reinterpret_cast<const uint4*>(slots + r * a.slot_elements + i));
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int r = 0; r < kP2pMaxRanks; ++r) {
-      if (r >= a.ranks) break;
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[r]);
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(h[j]);
-        acc[2 * j] += f.x;
-        acc[2 * j + 1] += f.y;
-      }
-    }
+    float acc[8];
+    peer_sum8(*reinterpret_cast<const uint4*>(a.data + i), a.staging[a.rank], a.rank, a.ranks, a.slot_elements, call, i, acc);
     uint4 out;
     __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
     for (int j = 0; j < 4; ++j) o[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);

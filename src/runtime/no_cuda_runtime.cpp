@@ -63,6 +63,7 @@ Status TensorParallelGroup::create(const std::vector<int>&, std::unique_ptr<Tens
 int TensorParallelGroup::size() const { return 0; }
 int TensorParallelGroup::device(int) const { return -1; }
 std::string TensorParallelGroup::describe() const { return "no CUDA"; }
+bool TensorParallelGroup::one_shot() const { return false; }
 Status TensorParallelGroup::all_reduce_bf16(int, void*, int64_t, CudaStream) const { return no_cuda(); }
 Status TensorParallelGroup::all_gather_f32(int, const void*, void*, int64_t, CudaStream) const { return no_cuda(); }
 

@@ -233,9 +233,9 @@ int run_e2e(const BenchArgs& a) {
                                                  (eight_bit ? 1.0 : 2.0)
                                            : 0.0;
     // How the ranks' partial sums are added: "auto" (the one-shot peer exchange, folded into the
-    // norms, for decode-sized messages; NCCL above), or NCCL alone (LLMQ_ALLREDUCE=nccl).
-    const char* ar_env = std::getenv("LLMQ_ALLREDUCE");
-    const std::string allreduce = tp == 1 ? "none" : ar_env != nullptr && std::string(ar_env) == "nccl" ? "nccl" : "auto";
+    // norms, for decode-sized messages; NCCL above), or NCCL alone (LLMQ_ALLREDUCE=nccl, or GPUs
+    // without peer access).
+    const std::string allreduce = tpr->group() == nullptr ? "none" : tpr->group()->one_shot() ? "auto" : "nccl";
     if (tp > 1) fmt::print("tp={} ({} all-reduce): {}\n", tp, allreduce, describe_group(*tpr));
     for (const std::string& kv_cache : a.kv_caches) {
       const int64_t kv_per_token = kv_elements_per_token * (kv_cache == "e4m3" ? 1 : 2);

@@ -1,0 +1,53 @@
+// Small device helpers of the runtime's per-row kernels (row_kernels.cu) and its decoding and
+// fill kernels (sampling_kernels.cu): BF16 access, CTA-wide sum / max, the 8-bit encoder. Internal
+// header; CUDA sources only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace llmq::runtime {
+
+__device__ __forceinline__ float bf16_at(const uint16_t* p, int64_t i) {
+  return __bfloat162float(__ushort_as_bfloat16(p[i]));
+}
+__device__ __forceinline__ uint16_t to_bf16(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
+// Sum / max over the CTA, returned to every thread. `red` is 32 floats of shared memory; the
+// barriers before and after keep consecutive calls from overwriting slots still being read.
+__device__ inline float cta_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) s += red[w];
+  return s;
+}
+__device__ inline float cta_max(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  float m = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) m = fmaxf(m, red[w]);
+  return m;
+}
+
+__device__ __forceinline__ uint8_t encode(float v, bool int8) {
+  if (int8) {
+    const int r = __float2int_rn(v);  // NaN -> 0, as the reference's INT8 encoder
+    return static_cast<uint8_t>(static_cast<int8_t>(r < -128 ? -128 : (r > 127 ? 127 : r)));
+  }
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+// Grid-stride launches: 256-thread CTAs, at most 65536 of them.
+inline unsigned grid_for(int64_t count) {
+  const int64_t g = (count + 255) / 256;
+  return static_cast<unsigned>(g < 65536 ? (g > 0 ? g : 1) : 65536);
+}
+
+}  // namespace llmq::runtime
