@@ -12,7 +12,7 @@ namespace {
 void check_export_layout(const WeightSource& src, const Scheme& scheme, const std::string& out,
                          const ExportSummary& sum, DType keep_dtype) {
   const ModelConfig& c = src.config();
-  EXPECT_EQ(dir_entries(out), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(dir_entries(out), (std::vector<std::string>{".llmq-output", "config.json", "model.safetensors"}));
   const json config = json::parse(read_text(out + "/config.json"));
   ASSERT_TRUE(config.contains("quantization_config"));
   const json& q = config["quantization_config"];
@@ -424,10 +424,21 @@ TEST(Export, ExistingOutputIsRefusedUnlessOverwrite) {
   EXPECT_TRUE(contains(st.message(), "--out")) << st.message();
   EXPECT_TRUE(contains(st.message(), "exists")) << st.message();
   EXPECT_EQ(dir_entries(out), std::vector<std::string>{"keep.txt"}) << "a refused export touches nothing";
+  // Not even with overwrite: the directory is not an llmq output (it has no .llmq-output marker).
   ExportOptions overwrite;
   overwrite.overwrite = true;
+  const Status forced = export_quantized(*src, scheme, nullptr, out, overwrite, &sum);
+  ASSERT_FALSE(forced.ok());
+  EXPECT_TRUE(contains(forced.message(), "not an llmq output directory")) << forced.message();
+  EXPECT_EQ(dir_entries(out), std::vector<std::string>{"keep.txt"}) << "a refused export touches nothing";
+  // An llmq output is refused without overwrite and replaced with it.
+  fs::remove_all(out);
+  ASSERT_TRUE(export_quantized(*src, scheme, nullptr, out, {}, &sum).ok());
+  const Status again = export_quantized(*src, scheme, nullptr, out, {}, &sum);
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(contains(again.message(), "--force")) << again.message();
   ASSERT_TRUE(export_quantized(*src, scheme, nullptr, out, overwrite, &sum).ok());
-  EXPECT_EQ(dir_entries(out), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(dir_entries(out), (std::vector<std::string>{".llmq-output", "config.json", "model.safetensors"}));
   EXPECT_EQ(dir_entries(dir.path()), std::vector<std::string>{"out"}) << "no temp directory left";
 }
 
@@ -440,13 +451,13 @@ TEST(Export, TrailingSlashInTheOutputPathWorks) {
   ExportSummary sum;
   const Status st = export_quantized(*src, scheme, nullptr, dir.file("out/"), {}, &sum);
   ASSERT_TRUE(st.ok()) << st.to_string() << " REPRO out='<tmp>/out/'";
-  EXPECT_EQ(dir_entries(dir.file("out")), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(dir_entries(dir.file("out")), (std::vector<std::string>{".llmq-output", "config.json", "model.safetensors"}));
   EXPECT_EQ(dir_entries(dir.path()), std::vector<std::string>{"out"});
   ExportOptions overwrite;
   overwrite.overwrite = true;
   const Status again = export_quantized(*src, scheme, nullptr, dir.file("out/"), overwrite, &sum);
   ASSERT_TRUE(again.ok()) << again.to_string();
-  EXPECT_EQ(dir_entries(dir.file("out")), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(dir_entries(dir.file("out")), (std::vector<std::string>{".llmq-output", "config.json", "model.safetensors"}));
 }
 
 TEST(Export, NeverWritesOverItsInput) {
@@ -559,7 +570,7 @@ TEST(Export, AQuantizedCheckpointIsRefusedAsInput) {
   write_text(bare + "/config.json", hf_config_json(model.config));
   const Status st2 = checkpoint_weight_source(bare, &src);
   ASSERT_FALSE(st2.ok());
-  EXPECT_TRUE(contains(st2.message(), "8-bit tensor")) << st2.message();
+  EXPECT_TRUE(contains(st2.message(), "no quantization_config")) << st2.message();
 }
 
 TEST(Export, ShardsWriteAnIndexAndLoadBack) {
@@ -579,7 +590,7 @@ TEST(Export, ShardsWriteAnIndexAndLoadBack) {
   EXPECT_EQ(sn.bytes, s1.bytes);
   EXPECT_EQ(sn.tensors, s1.tensors);
 
-  std::vector<std::string> want_files = {"config.json", "model.safetensors.index.json"};
+  std::vector<std::string> want_files = {".llmq-output", "config.json", "model.safetensors.index.json"};
   char file[64];
   for (int64_t i = 1; i <= sn.shards; ++i) {
     std::snprintf(file, sizeof file, "model-%05lld-of-%05lld.safetensors", static_cast<long long>(i),

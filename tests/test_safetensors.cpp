@@ -1155,24 +1155,36 @@ TEST(HfModel, ShardedTinyLlamaLoads) {
   expect_tiny_model(load_ok(dir.path()), s, b);
 }
 
-TEST(HfModel, TiedAndAbsentLmHeadCopyTheEmbedding) {
-  for (const bool tie_in_config : {true, false}) {
-    SCOPED_TRACE(tie_in_config ? "tie_word_embeddings: true" : "lm_head.weight absent");
-    TempDir dir;
-    ASSERT_TRUE(dir.ok());
-    TinySpec s;
-    s.tie = tie_in_config;
-    s.write_lm_head = false;
-    CheckpointBuilder b(kSeed + 2);
-    add_tiny_model(&b, s, kAllF32);
-    ASSERT_TRUE(b.write(dir.path(), tiny_config(s)).ok());
-    ModelWeights w = load_ok(dir.path());
-    expect_tiny_model(w, s, b);
-    // A copy, not an alias: changing one leaves the other.
-    ASSERT_GT(w.lm_head.weight.numel(), 0);
-    w.lm_head.weight.data_as<float>()[0] += 1.0f;
-    EXPECT_NE(w.lm_head.weight.data_as<float>()[0], w.token_embedding.data_as<float>()[0]);
-  }
+TEST(HfModel, TiedLmHeadCopiesTheEmbedding) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  TinySpec s;
+  s.tie = true;
+  s.write_lm_head = false;
+  CheckpointBuilder b(kSeed + 2);
+  add_tiny_model(&b, s, kAllF32);
+  ASSERT_TRUE(b.write(dir.path(), tiny_config(s)).ok());
+  ModelWeights w = load_ok(dir.path());
+  expect_tiny_model(w, s, b);
+  // A copy, not an alias: changing one leaves the other.
+  ASSERT_GT(w.lm_head.weight.numel(), 0);
+  w.lm_head.weight.data_as<float>()[0] += 1.0f;
+  EXPECT_NE(w.lm_head.weight.data_as<float>()[0], w.token_embedding.data_as<float>()[0]);
+}
+
+// An untied config without lm_head.weight is not silently tied: transformers would start the
+// classifier from random weights, so the two files describe different models.
+TEST(HfModel, UntiedConfigWithoutLmHeadIsRefused) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  TinySpec s;
+  s.tie = false;
+  s.write_lm_head = false;
+  CheckpointBuilder b(kSeed + 2);
+  add_tiny_model(&b, s, kAllF32);
+  ASSERT_TRUE(b.write(dir.path(), tiny_config(s)).ok());
+  ModelWeights w;
+  expect_error_mentions(load_hf_model(dir.path(), &w), {"lm_head.weight", "tie_word_embeddings"});
 }
 
 TEST(HfModel, Qwen2BiasesLoadAndAreRequired) {
@@ -1281,6 +1293,9 @@ TEST(HfModel, Fp8PerChannelAndPerTensorScalesDequantize) {
     if (contains(m, "o_proj")) return WeightStore::kE4M3PerTensorScalar;
     return WeightStore::kE4M3PerChannel;  // MLP and lm_head, with an ignored input_scale
   });
+  // 8-bit weights are read only under a quantization_config (without one, transformers would
+  // load the codes as plain numbers).
+  s.extra = {{"quantization_config", {{"quant_method", "fp8"}}}};
   ASSERT_TRUE(b.write(dir.path(), tiny_config(s)).ok());
   expect_tiny_model(load_ok(dir.path()), s, b);
 }
@@ -1305,6 +1320,7 @@ TEST(HfModel, BlockFp8ScaleInvDequantizes) {
     TempDir dir;
     ASSERT_TRUE(dir.ok());
     TinySpec s = partial_block_spec();
+    s.extra = {{"quantization_config", {{"quant_method", "fp8"}}}};
     if (block_rows != 128)
       s.extra = {{"quantization_config", {{"quant_method", "fp8"}, {"weight_block_size", {block_rows, block_cols}}}}};
     CheckpointBuilder b(kSeed + 7);

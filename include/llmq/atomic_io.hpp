@@ -1,12 +1,15 @@
 // Durable file writing: a file is either absent, its old self, or complete. Written beside its
 // destination, fsynced, renamed into place, and the directory fsynced, so neither a crash nor
 // kill -9 leaves a half-written file under the final name. Plus a streaming checksum, which
-// --resume uses to tell a finished shard from a torn or altered one.
+// --resume uses to tell a finished shard from a torn or altered one. Temporary files are always
+// new files (O_CREAT | O_EXCL | O_NOFOLLOW): a file or symbolic link planted under the name is
+// never opened, let alone written through.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "llmq/output_dir.hpp"
 #include "llmq/status.hpp"
 
 namespace llmq {
@@ -39,10 +42,19 @@ Status write_fully(int fd, const void* data, int64_t n, const std::string& path)
 // fsync a directory, so the names created, renamed or removed in it survive a crash.
 Status fsync_directory(const std::string& dir);
 
-// Write `text` to path: a temporary file beside it, fsync, rename over path, fsync the directory.
+// Write `text` to path: a new temporary file beside it, fsync, rename over path, fsync the
+// directory. For paths inside a directory llmq made (staging); a path a user names goes through
+// write_output_file.
 Status write_file_atomic(const std::string& path, const std::string& text);
 
-// Copy a file's bytes to `to` (created or truncated) and fsync it. The caller renames or commits.
+// A command's single-file output (calibrate's statistics, logits) written as write_file_atomic
+// does, under the output rules (output_dir.hpp: check_output_path decides, before the temporary is
+// made and again before the rename): never an input or inside one, and an existing file replaced
+// only when it is a previous llmq output of rules.kind.
+Status write_output_file(const std::string& path, const std::string& bytes, const OutputRules& rules);
+
+// Copy a regular file's bytes to `to` (a new file: an existing one is an error) and fsync it. The
+// caller renames or commits. A FIFO or device as `from` is refused, never read.
 Status copy_file_synced(const std::string& from, const std::string& to);
 
 // The directory part of a path ("." for a bare name).

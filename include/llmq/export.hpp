@@ -55,7 +55,11 @@ struct ExportOptions {
   DType keep_dtype = DType::kBF16;  // embeddings, norms, lm_head and routers
   int64_t max_shard_bytes = int64_t{4} << 30;
   bool dry_run = false;             // plan and report, write nothing
-  bool overwrite = false;           // replace an existing output directory (never the input)
+  bool overwrite = false;           // replace a previous llmq output directory (never anything else)
+  // Every path the run reads besides source.directory(), which is always one (--model as a
+  // llama2.c file, a tokenizer beside it, --stats): the output is never one of them, inside one or
+  // around one (check_output_path in output_dir.hpp decides).
+  std::vector<std::string> inputs;
   bool resume = false;              // reuse shards a killed run finished (same inputs and options)
   NonFinitePolicy nonfinite = NonFinitePolicy::kError;  // NaN / Inf in a weight (nonfinite.hpp)
   bool unquantized = false;         // write every tensor in keep_dtype: a plain HF checkpoint

@@ -36,6 +36,10 @@ struct ModelConfig {
   int64_t head_dim = 0;              // dim / n_heads unless the config says otherwise
   int64_t vocab_size = 0;
   int64_t max_seq_len = 2048;
+  // Sliding-window attention (Mistral's sliding_window; Qwen2's when use_sliding_window puts some
+  // layer in a window): the window in positions, 0 for none. llmq does not implement windows yet,
+  // so sequences are limited to it; within the window a window and full attention agree exactly.
+  int64_t sliding_window = 0;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;

@@ -10,9 +10,13 @@
 
 namespace llmq {
 
-// "" or "default": the seeded default model; "default-moe": its Mixtral-style sibling; a directory: a Hugging Face checkpoint; a file: a
-// llama2.c checkpoint. `description` says which ("llama2.c stories260K.bin", ...).
+// "default": the seeded default model; "default-moe": its Mixtral-style sibling; a directory: a
+// Hugging Face checkpoint; a regular file: a llama2.c checkpoint. An empty path is an error (it
+// names nothing; it does not mean the default model). `description` says which ("llama2.c
+// stories260K.bin", ...).
 Status load_model(const std::string& path, ModelWeights* out, std::string* description = nullptr);
+// Whether `path` names one of the built-in models load_model generates ("default", "default-moe").
+inline bool is_builtin_model(const std::string& path) { return path == "default" || path == "default-moe"; }
 
 class Tokenizer;
 
@@ -22,6 +26,12 @@ class Tokenizer;
 // which tokenizer files enable text. Ids are checked against vocab_size (when > 0).
 Status read_token_sequences(const std::string& path, int64_t vocab_size, std::vector<std::vector<int32_t>>* out,
                             const Tokenizer* tokenizer = nullptr);
+
+// Token ids given as text on a command line ("1 15 243"): words of decimal digits separated by
+// white space, each in [0, vocab_size). A sign, a fraction, a number beyond the vocabulary (never
+// wrapped into another id: 4294967297 is not 1) or anything else is an error naming `what` (the
+// option) and the word.
+Status parse_token_ids(const std::string& what, const std::string& text, int64_t vocab_size, std::vector<int32_t>* out);
 
 // Text data: each line with any non-space character is one sequence, encoded with BOS (a trailing
 // "\r" of CRLF files is dropped).

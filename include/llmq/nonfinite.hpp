@@ -30,4 +30,10 @@ NonFiniteCount count_nonfinite(const float* data, int64_t n);
 Status apply_nonfinite_policy(const std::string& name, NonFinitePolicy policy, Tensor* t, int64_t* replaced = nullptr,
                               int64_t first_row = 0);
 
+// Logits of n rows of `vocab` are a model's answer only when finite and not all equal: NaN/Inf
+// (weights that overflow float32, a broken scale) or a constant row (an output that no longer
+// depends on the input: zeroed or degenerate weights) are an error, never output. The message
+// names the row as `row_label` + (first_row + i), e.g. "position 17".
+Status check_logits(const float* logits, int64_t n, int64_t vocab, const std::string& row_label, int64_t first_row);
+
 }  // namespace llmq

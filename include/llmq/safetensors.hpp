@@ -138,6 +138,17 @@ std::string shard_file_name(size_t index, size_t count);
 Status parse_hf_config(const std::string& json_text, ModelConfig* out);
 // quantization_config.weight_block_size ([rows, cols]) of a block-FP8 config.json, else 128 x 128.
 Status parse_hf_weight_block_size(const std::string& json_text, int64_t* rows, int64_t* cols);
+// The one checked way a Hugging Face checkpoint is opened as a model (every loader uses it):
+// Checkpoint::open, config.json parsed (errors name the directory), and check_hf_checkpoint.
+Status open_hf_checkpoint(const std::string& dir, std::unique_ptr<Checkpoint>* ckpt, ModelConfig* config);
+// Every tensor `config` implies is present with its shape and a dtype the model can read (8-bit
+// linear weights only under a quantization_config); lm_head present exactly when untied; and no
+// tensor the model would not read (another layer, expert or stray name; a scale beside a float
+// weight). Errors name the directory and the tensor. Stops at the first missing tensor, so a
+// config that claims absurd counts costs no more than the checkpoint's own tensor count.
+Status check_hf_checkpoint(const Checkpoint& ckpt, const ModelConfig& config);
+// Whether config.json text carries a quantization_config object.
+bool config_has_quantization(const std::string& config_json);
 // Load a Hugging Face directory into float32 weights. Quantized checkpoints llmq writes (FP8 /
 // INT8 with weight_scale or weight_scale_inv) are dequantized on load.
 Status load_hf_model(const std::string& dir, ModelWeights* out);

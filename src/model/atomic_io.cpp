@@ -1,13 +1,16 @@
-// Durable writes (temp file, fsync, rename, fsync the directory) and the shard checksum.
+// Durable writes (new temp file, fsync, rename, fsync the directory), the user-named single-file
+// output under the output rules, and the shard checksum.
 #include "llmq/atomic_io.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <vector>
 
 namespace llmq {
@@ -133,26 +136,39 @@ Status fsync_directory(const std::string& dir) {
 
 namespace {
 
-// Create `tmp`, let `produce` write into its descriptor, fsync and close it; on failure the
-// temporary file is removed.
+// Let `produce` write into the new file `fd` (named `path`), then fsync and close it; on failure
+// the file is removed.
 template <typename Produce>
-Status write_synced(const std::string& tmp, Produce produce) {
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error(tmp + ": cannot create: " + std::strerror(errno));
+Status finish_synced(int fd, const std::string& path, Produce produce) {
   Status st = produce(fd);
-  if (st.ok() && ::fsync(fd) != 0) st = io_error(tmp + ": fsync failed: " + std::strerror(errno));
-  if (::close(fd) != 0 && st.ok()) st = io_error(tmp + ": close failed: " + std::strerror(errno));
-  if (!st.ok()) ::unlink(tmp.c_str());
+  if (st.ok() && ::fsync(fd) != 0) st = io_error(path + ": fsync failed: " + std::strerror(errno));
+  if (::close(fd) != 0 && st.ok()) st = io_error(path + ": close failed: " + std::strerror(errno));
+  if (!st.ok()) ::unlink(path.c_str());
   return st;
 }
 
-}  // namespace
+// A new file, never an existing one and never through a link: O_EXCL refuses any name that is
+// taken (a link included), O_NOFOLLOW says so in as many words.
+int create_new_file(const std::string& path) {
+  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+}
 
-Status write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp-" + std::to_string(static_cast<long long>(::getpid()));
-  LLMQ_RETURN_IF_ERROR(write_synced(tmp, [&](int fd) {
-    return write_fully(fd, reinterpret_cast<const uint8_t*>(text.data()), static_cast<int64_t>(text.size()), tmp);
-  }));
+// Create a new temporary file beside `path` (<path>.tmp-<pid>, or with a random tail when a dead
+// process of the same pid left that name) and write it through `produce`, synced. *tmp: its name.
+template <typename Produce>
+Status write_temporary(const std::string& path, std::string* tmp, Produce produce) {
+  const std::string base = path + ".tmp-" + std::to_string(static_cast<long long>(::getpid()));
+  std::random_device random;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    *tmp = attempt == 0 ? base : base + "-" + checksum_hex((uint64_t{random()} << 32) ^ random());
+    const int fd = create_new_file(*tmp);
+    if (fd >= 0) return finish_synced(fd, *tmp, produce);
+    if (errno != EEXIST) return io_error(*tmp + ": cannot create: " + std::strerror(errno));
+  }
+  return io_error(path + ": cannot create a temporary file beside it (" + base + "-* all taken)");
+}
+
+Status rename_into_place(const std::string& tmp, const std::string& path) {
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
@@ -161,21 +177,62 @@ Status write_file_atomic(const std::string& path, const std::string& text) {
   return fsync_directory(parent_directory(path));
 }
 
+}  // namespace
+
+Status write_file_atomic(const std::string& path, const std::string& text) {
+  std::string tmp;
+  LLMQ_RETURN_IF_ERROR(write_temporary(path, &tmp, [&](int fd) {
+    return write_fully(fd, reinterpret_cast<const uint8_t*>(text.data()), static_cast<int64_t>(text.size()), tmp);
+  }));
+  return rename_into_place(tmp, path);
+}
+
+Status write_output_file(const std::string& path, const std::string& bytes, const OutputRules& rules) {
+  if (rules.kind == OutputKind::kDirectory)
+    return {StatusCode::kInternal, "write_output_file: " + path + " is a directory output (use OutputDir)"};
+  LLMQ_RETURN_IF_ERROR(check_output_path(path, rules));
+  const std::string dest = normalized_output_path(path);
+  std::string tmp;
+  LLMQ_RETURN_IF_ERROR(write_temporary(dest, &tmp, [&](int fd) {
+    return write_fully(fd, reinterpret_cast<const uint8_t*>(bytes.data()), static_cast<int64_t>(bytes.size()), tmp);
+  }));
+  // Decided again now: a file may have appeared at the destination while this one was written.
+  // (rename acts on the name: a link swapped in after this is replaced, never followed.)
+  if (Status st = check_output_path(path, rules); !st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  return rename_into_place(tmp, dest);
+}
+
 Status copy_file_synced(const std::string& from, const std::string& to) {
-  const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; anything but a regular file is refused
+  // before a byte is read (a FIFO or /dev/zero would never end).
+  const int in = ::open(from.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (in < 0) return io_error(from + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(in, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(in);
+    return invalid_argument(from + ": not a regular file; llmq copies only regular files");
+  }
+  const int out = create_new_file(to);
+  if (out < 0) {
+    const int err = errno;
+    ::close(in);
+    return io_error(to + ": cannot create: " + std::strerror(err));
+  }
   std::vector<uint8_t> buffer(static_cast<size_t>(kCopyChunkBytes));
-  const Status st = write_synced(to, [&](int out) -> Status {
+  const Status result = finish_synced(out, to, [&](int fd) -> Status {
     for (;;) {
       const ssize_t r = ::read(in, buffer.data(), buffer.size());
       if (r < 0 && errno == EINTR) continue;
       if (r < 0) return io_error(from + ": read failed: " + std::strerror(errno));
       if (r == 0) return {};
-      LLMQ_RETURN_IF_ERROR(write_fully(out, buffer.data(), r, to));
+      LLMQ_RETURN_IF_ERROR(write_fully(fd, buffer.data(), r, to));
     }
   });
   ::close(in);
-  return st;
+  return result;
 }
 
 }  // namespace llmq

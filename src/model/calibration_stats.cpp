@@ -12,6 +12,7 @@
 
 #include "llmq/atomic_io.hpp"
 #include "llmq/calibration.hpp"
+#include "model/input_file.hpp"
 
 namespace llmq {
 namespace {
@@ -122,28 +123,26 @@ Status CalibrationStats::save(const std::string& path) const {
                 {"weight_channel_absmax", s.weight_channel_absmax}};
   }
   j["linears"] = ls;
-  // Durable and all-or-nothing: a crash leaves the old file or the new one.
-  const Status st = write_file_atomic(path, j.dump(1) + "\n");
-  if (!st.ok()) return {st.code(), "stats: " + st.message()};
-  return {};
+  // Durable and all-or-nothing (a crash leaves the old file or the new one), and under the output
+  // rules (output_dir.hpp): never the model or data these statistics came from, nor a file inside
+  // them; an existing file is replaced only when it is itself llmq statistics (calibrate has always
+  // rewritten its output, which is recomputable, so no --force is asked for that).
+  OutputRules rules;
+  rules.kind = OutputKind::kStatsFile;
+  rules.inputs = {model, data};
+  rules.overwrite = true;
+  return write_output_file(path, j.dump(1) + "\n", rules);
 }
 
 Status CalibrationStats::load(const std::string& path, CalibrationStats* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {StatusCode::kIoError, "--stats: cannot open " + path};
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return {StatusCode::kIoError, "--stats: read failed for " + path};
-  return parse(path, text.str(), out);
+  std::string text;
+  LLMQ_RETURN_IF_ERROR(read_input_file("--stats", path, kMaxSideFileBytes, &text));
+  return parse(path, text, out);
 }
 
 Status CalibrationStats::parse(const std::string& source, const std::string& json_text, CalibrationStats* out) {
   json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const std::exception& e) {
-    return invalid_argument("--stats: " + source + ": not valid JSON: " + e.what());
-  }
+  LLMQ_RETURN_IF_ERROR(parse_json_text("--stats: " + source, json_text, &j));
   const json* format = j.is_object() ? member(j, "format") : nullptr;
   if (format == nullptr || *format != kFormat)
     return invalid_argument("--stats: " + source + " is not an llmq calibration file (format " + kFormat + ")");

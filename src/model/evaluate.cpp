@@ -72,6 +72,11 @@ Status evaluate_windows(Transformer* base, const std::vector<WindowLogitsFn>& ca
     scored += score_n;
     if (options.progress) options.progress(scored, total);
   }
+  // A perplexity of no tokens is exp(0) = 1 and a KL of nothing is 0: numbers that look like a
+  // perfect result. Say so instead.
+  if (scored == 0)
+    return invalid_argument("evaluation scored no tokens: every sequence is at most one token long (after BOS), or "
+                            "--max-tokens is 0; give sequences of two or more tokens");
   return {};
 }
 

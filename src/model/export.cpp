@@ -14,14 +14,17 @@
 //   derives the block from the scale grid (172 rows in 2 scale rows: blocks of 86) or refuses.
 // Everything else (embeddings, norms, lm_head, routers) is kept in options.keep_dtype (BF16).
 // The directory is staged in <out>.llmq-partial and swapped into place at the end (output_dir.hpp):
-// a killed run leaves no output or the old one; --resume keeps the shards it had finished.
+// a killed run leaves no output or the old one; --resume keeps the shards it had finished. The
+// output rules (never an input, replace only an llmq output) and every input the copy reads are
+// checked before anything is created.
 #include "llmq/export.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -36,8 +39,6 @@
 
 namespace llmq {
 namespace {
-
-namespace fs = std::filesystem;
 
 struct ModuleInfo {
   LinearId id;
@@ -189,10 +190,35 @@ std::string stats_fingerprint(const CalibrationStats* stats) {
   return checksum_hex(sum.digest());
 }
 
+// Files copied from a Hugging Face input directory beside the weights, when present.
+constexpr const char* kSideFiles[] = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                                      "special_tokens_map.json", "generation_config.json"};
+
+// The side files of `dir` that exist, each checked to be a regular file (a link to one is fine, as
+// Hugging Face's cache makes them): a FIFO or device would hang the copy or never end.
+Status find_side_files(const std::string& dir, std::vector<std::string>* files) {
+  files->clear();
+  if (dir.empty()) return {};
+  for (const char* f : kSideFiles) {
+    const std::string path = dir + "/" + f;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) continue;  // absent: nothing to copy
+    if (::stat(path.c_str(), &st) != 0)
+      return invalid_argument("--model: " + path + ": cannot read (" + std::strerror(errno) +
+                              "); it is a tokenizer file quantize copies into the output");
+    if (!S_ISREG(st.st_mode))
+      return invalid_argument("--model: " + path +
+                              " is not a regular file; it is a tokenizer file quantize copies into the output");
+    files->push_back(f);
+  }
+  return {};
+}
+
 // Every shard, the index, config.json and the tokenizer files into the staging directory, each
 // fsynced; shards an earlier run finished under the same plan are kept as they are.
-Status write_staged(const WeightSource& source, const std::vector<std::vector<SafetensorsWriteEntry>>& shards,
-                    int64_t total_bytes, const std::string& config_text, OutputDir* dir) {
+Status write_staged(const WeightSource& source, const std::vector<std::string>& side_files,
+                    const std::vector<std::vector<SafetensorsWriteEntry>>& shards, int64_t total_bytes,
+                    const std::string& config_text, OutputDir* dir) {
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file = shard_file_name(i, shards.size());
@@ -207,14 +233,8 @@ Status write_staged(const WeightSource& source, const std::vector<std::vector<Sa
     LLMQ_RETURN_IF_ERROR(write_file_atomic(dir->path("model.safetensors.index.json"), index.dump(2) + "\n"));
   }
   LLMQ_RETURN_IF_ERROR(write_file_atomic(dir->path("config.json"), config_text + "\n"));
-  if (!source.directory().empty()) {
-    for (const char* f : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                          "generation_config.json"}) {
-      const fs::path from = fs::path(source.directory()) / f;
-      std::error_code ec;
-      if (fs::exists(from, ec)) LLMQ_RETURN_IF_ERROR(copy_file_synced(from.string(), dir->path(f)));
-    }
-  }
+  for (const std::string& f : side_files)
+    LLMQ_RETURN_IF_ERROR(copy_file_synced(source.directory() + "/" + f, dir->path(f)));
   return fsync_directory(dir->staging());
 }
 
@@ -230,24 +250,21 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
   if (stats != nullptr) LLMQ_RETURN_IF_ERROR(stats->check_matches(source.config()));
   if (options.keep_dtype != DType::kBF16 && options.keep_dtype != DType::kF16 && options.keep_dtype != DType::kF32)
     return invalid_argument("--keep-dtype: must be bf16, f16 or f32");
-  fs::path out_path = fs::absolute(out_dir).lexically_normal();
-  // "out/" (and "out/.") normalize to "out/", whose file name is empty: the temp directory
-  // "out/" + ".tmp-<pid>" would then sit inside the output and be deleted with it.
-  if (!out_path.has_filename() && out_path != out_path.root_path()) out_path = out_path.parent_path();
-  if (!source.directory().empty()) {
-    std::error_code ec;
-    if (fs::equivalent(out_path, source.directory(), ec))
-      return invalid_argument("--out: " + out_dir + " is the input directory; llmq never overwrites its input");
-    // Replacing a directory that holds the input would delete the input with it.
-    std::error_code ec_in, ec_out;
-    const fs::path in = fs::weakly_canonical(fs::absolute(source.directory()), ec_in);
-    const fs::path out = fs::weakly_canonical(out_path, ec_out);
-    if (!ec_in && !ec_out && std::mismatch(out.begin(), out.end(), in.begin(), in.end()).first == out.end())
-      return invalid_argument("--out: " + out_dir + " holds the input directory " + source.directory() +
-                              "; llmq never overwrites its input");
-  }
-  if (fs::exists(out_path) && !options.overwrite && !options.dry_run)
-    return invalid_argument("--out: " + out_dir + " exists (pass --force to replace it)");
+  // The output rules and every input, before any work and before anything is created; a dry run
+  // says whether the real run could write there (less the --force it may not have been given).
+  OutputRules rules;
+  rules.writer = "llmq quantize";
+  rules.inputs = options.inputs;
+  if (!source.directory().empty()) rules.inputs.push_back(source.directory());
+  rules.overwrite = options.overwrite;
+  OutputRules planned = rules;
+  planned.overwrite = options.overwrite || options.dry_run;
+  LLMQ_RETURN_IF_ERROR(check_output_path(out_dir, planned));
+  std::vector<std::string> side_files;
+  LLMQ_RETURN_IF_ERROR(find_side_files(source.directory(), &side_files));
+  // Set when reading or checking the input fails while the shards are written: such a failure
+  // leaves no staging directory behind (a failure to write keeps finished shards for --resume).
+  bool input_failed = false;
 
   const ModelConfig& config = source.config();
   std::map<std::string, ModuleInfo> modules;  // module name -> info
@@ -306,9 +323,11 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
             "last one; transformers: the block derived from the scale grid), so llmq does not write them. "
             "Use a per-channel scheme (fp8-dynamic) for this model");
       ++sum.quantized_linears;
-      entries.push_back({name, wdtype, shape, [&cache, module](uint8_t* dst) -> Status {
+      entries.push_back({name, wdtype, shape, [&cache, module, &input_failed](uint8_t* dst) -> Status {
                            const QuantizedTensor* q = nullptr;
-                           LLMQ_RETURN_IF_ERROR(cache.get(module, &q));
+                           const Status st = cache.get(module, &q);
+                           input_failed |= !st.ok();
+                           LLMQ_RETURN_IF_ERROR(st);
                            std::memcpy(dst, q->data.data(), static_cast<size_t>(q->data.nbytes()));
                            return {};
                          }});
@@ -322,9 +341,11 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
       } else {
         scale_shape = {1};
       }
-      entries.push_back({scale_name, DType::kF32, scale_shape, [&cache, module](uint8_t* dst) -> Status {
+      entries.push_back({scale_name, DType::kF32, scale_shape, [&cache, module, &input_failed](uint8_t* dst) -> Status {
                            const QuantizedTensor* q = nullptr;
-                           LLMQ_RETURN_IF_ERROR(cache.get(module, &q));
+                           const Status st = cache.get(module, &q);
+                           input_failed |= !st.ok();
+                           LLMQ_RETURN_IF_ERROR(st);
                            std::memcpy(dst, q->scales.scales.data(), static_cast<size_t>(q->scales.scales.nbytes()));
                            return {};
                          }});
@@ -356,11 +377,13 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
       if (const auto it = smooth_of.find(module); it != smooth_of.end()) multiply = &it->second;
     const NonFinitePolicy policy = options.nonfinite;
     // Rows [r, r + n) of dimension 0, streamed: a 2 GB embedding never sits in memory whole.
-    auto fill_rows = [&source, name, keep, divide, multiply, policy, &nonfinite_replaced](
+    auto fill_rows = [&source, name, keep, divide, multiply, policy, &nonfinite_replaced, &input_failed](
                          int64_t r, int64_t n, uint8_t* dst) -> Status {
       Tensor t;
-      LLMQ_RETURN_IF_ERROR(source.read_rows(name, r, n, &t));
-      LLMQ_RETURN_IF_ERROR(apply_nonfinite_policy(name, policy, &t, &nonfinite_replaced, r));
+      Status st = source.read_rows(name, r, n, &t);
+      if (st.ok()) st = apply_nonfinite_policy(name, policy, &t, &nonfinite_replaced, r);
+      input_failed |= !st.ok();
+      LLMQ_RETURN_IF_ERROR(st);
       if (divide != nullptr) {  // a norm gain [dim]: element i is row r + i
         float* p = t.data_as<float>();
         for (int64_t i = 0; i < t.numel(); ++i) p[i] /= (*divide)[static_cast<size_t>(r + i)];
@@ -413,15 +436,19 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
   plan_sum.update(plan_text.data(), static_cast<int64_t>(plan_text.size()));
 
   std::unique_ptr<OutputDir> staging;
-  LLMQ_RETURN_IF_ERROR(OutputDir::begin(out_path.string(), checksum_hex(plan_sum.digest()), options.resume, &staging));
-  if (Status st = write_staged(source, shards, sum.bytes, config_json.dump(2), staging.get()); !st.ok()) {
-    // An I/O error (a full disk) keeps the shards already finished for --resume; any other error
-    // means the input or the request is wrong, and a rerun starts over anyway.
-    if (st.code() != StatusCode::kIoError || staging->completed_count() == 0) staging->abandon();
+  LLMQ_RETURN_IF_ERROR(OutputDir::begin(out_dir, rules, checksum_hex(plan_sum.digest()), options.resume, &staging));
+  if (Status st = write_staged(source, side_files, shards, sum.bytes, config_json.dump(2), staging.get());
+      !st.ok()) {
+    // A failure to write (a full disk) keeps the shards already finished for --resume, as does a
+    // --resume run the shards of the run it resumed. Anything else (the input does not read, a
+    // NaN, a wrong request) leaves nothing behind: a rerun starts over anyway.
+    const bool resumable = st.code() == StatusCode::kIoError && !input_failed && staging->completed_count() > 0;
+    const bool earlier_work = options.resume && staging->reused_count() > 0;
+    if (!resumable && !earlier_work) staging->abandon();
     return st;
   }
   sum.reused_shards = staging->reused_count();
-  LLMQ_RETURN_IF_ERROR(staging->commit(options.overwrite));
+  LLMQ_RETURN_IF_ERROR(staging->commit());
   sum.nonfinite_replaced = nonfinite_replaced;
   *summary = sum;
   return {};

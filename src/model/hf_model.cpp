@@ -18,9 +18,6 @@ namespace {
 
 using json = nlohmann::json;
 
-// vLLM / DeepSeek block FP8 quantizes 128 x 128 tiles unless quantization_config says otherwise.
-constexpr int64_t kDefaultWeightBlock = 128;
-
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -30,98 +27,6 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 // a >= 0, b > 0. Not (a + b - 1) / b: weight_block_size comes from config.json and may be as
 // large as INT64_MAX, where that sum overflows.
 int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
-
-// ---- config.json field readers. A null value counts as absent: configs write "head_dim": null,
-// ---- "rope_scaling": null, "sliding_window": null.
-
-const json* field(const json& obj, const char* key) {
-  const auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-// `parent` names the enclosing object in messages ("rope_scaling." for its fields).
-Status missing(const std::string& key) { return invalid_argument("config.json: " + key + ": missing"); }
-
-Status read_int(const json& obj, const std::string& key, bool required, int64_t* out, const std::string& parent = "") {
-  const json* v = field(obj, key.c_str());
-  if (v == nullptr) return required ? missing(parent + key) : Status();
-  if (!v->is_number_integer())
-    return invalid_argument("config.json: " + parent + key + ": expected an integer, got " + v->dump());
-  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    return invalid_argument("config.json: " + parent + key + ": " + v->dump() + " is too large");
-  *out = v->get<int64_t>();
-  return {};
-}
-
-Status read_double(const json& obj, const std::string& key, bool required, double* out,
-                   const std::string& parent = "") {
-  const json* v = field(obj, key.c_str());
-  if (v == nullptr) return required ? missing(parent + key) : Status();
-  if (!v->is_number())
-    return invalid_argument("config.json: " + parent + key + ": expected a number, got " + v->dump());
-  *out = v->get<double>();
-  return {};
-}
-
-Status read_bool(const json& obj, const std::string& key, bool* out) {
-  const json* v = field(obj, key.c_str());
-  if (v == nullptr) return {};
-  if (!v->is_boolean()) return invalid_argument("config.json: " + key + ": expected true or false, got " + v->dump());
-  *out = v->get<bool>();
-  return {};
-}
-
-Status read_string(const json& obj, const std::string& key, bool required, std::string* out,
-                   const std::string& parent = "") {
-  const json* v = field(obj, key.c_str());
-  if (v == nullptr) return required ? missing(parent + key) : Status();
-  if (!v->is_string())
-    return invalid_argument("config.json: " + parent + key + ": expected a string, got " + v->dump());
-  *out = v->get<std::string>();
-  return {};
-}
-
-// bos_token_id / eos_token_id: an integer, or a list of them (Llama 3.1 lists three EOS tokens;
-// the first is the one generation stops on by default).
-Status read_token_id(const json& obj, const std::string& key, int32_t* out) {
-  const json* v = field(obj, key.c_str());
-  if (v == nullptr) return {};
-  const json* id = v;
-  if (v->is_array()) {
-    if (v->empty()) return {};
-    id = &(*v)[0];
-  }
-  if (!id->is_number_integer() || id->get<int64_t>() < 0 ||
-      id->get<int64_t>() > std::numeric_limits<int32_t>::max())
-    return invalid_argument("config.json: " + key + ": expected a token id, got " + v->dump());
-  *out = static_cast<int32_t>(id->get<int64_t>());
-  return {};
-}
-
-Status parse_rope_scaling(const json& rs, RopeScaling* out) {
-  if (!rs.is_object()) return invalid_argument("config.json: rope_scaling: expected an object, got " + rs.dump());
-  std::string type;
-  const std::string parent = "rope_scaling.";
-  LLMQ_RETURN_IF_ERROR(read_string(rs, "rope_type", false, &type, parent));
-  if (type.empty()) LLMQ_RETURN_IF_ERROR(read_string(rs, "type", false, &type, parent));
-  if (type == "default") return {};  // transformers' name for plain RoPE
-  if (type != "llama3")
-    return unsupported("config.json: rope_scaling: rope type '" + type + "' is not supported (only 'llama3')");
-  RopeScaling r;
-  r.enabled = true;
-  // Llama 3 configs give all four; transformers refuses the rope type without them.
-  LLMQ_RETURN_IF_ERROR(read_double(rs, "factor", true, &r.factor, parent));
-  LLMQ_RETURN_IF_ERROR(read_double(rs, "low_freq_factor", true, &r.low_freq_factor, parent));
-  LLMQ_RETURN_IF_ERROR(read_double(rs, "high_freq_factor", true, &r.high_freq_factor, parent));
-  LLMQ_RETURN_IF_ERROR(read_int(rs, "original_max_position_embeddings", true, &r.original_max_position, parent));
-  if (!(r.factor > 0) || !(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor) ||
-      r.original_max_position <= 0)
-    return invalid_argument("config.json: rope_scaling: need factor > 0, 0 < low_freq_factor < high_freq_factor, "
-                            "original_max_position_embeddings > 0, got " + rs.dump());
-  *out = r;
-  return {};
-}
 
 // ---- weights
 
@@ -266,109 +171,13 @@ class HfLoader {
 
 }  // namespace
 
-Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const std::exception& e) {
-    return invalid_argument(std::string("config.json: not valid JSON: ") + e.what());
-  }
-  if (!j.is_object()) return invalid_argument("config.json: not a JSON object");
-
-  ModelConfig c;
-  LLMQ_RETURN_IF_ERROR(read_string(j, "model_type", true, &c.model_type));
-  static const std::set<std::string> kSupported = {"llama", "mistral", "qwen2", "mixtral"};
-  if (kSupported.count(c.model_type) == 0)
-    return unsupported("config.json: model_type '" + c.model_type +
-                       "' is not supported (llama, mistral, qwen2, mixtral)");
-  const bool mixtral = c.model_type == "mixtral";
-
-  LLMQ_RETURN_IF_ERROR(read_int(j, "hidden_size", true, &c.dim));
-  LLMQ_RETURN_IF_ERROR(read_int(j, "intermediate_size", true, &c.hidden_dim));
-  LLMQ_RETURN_IF_ERROR(read_int(j, "num_hidden_layers", true, &c.n_layers));
-  LLMQ_RETURN_IF_ERROR(read_int(j, "num_attention_heads", true, &c.n_heads));
-  LLMQ_RETURN_IF_ERROR(read_int(j, "vocab_size", true, &c.vocab_size));
-  c.n_kv_heads = c.n_heads;  // no GQA unless stated
-  LLMQ_RETURN_IF_ERROR(read_int(j, "num_key_value_heads", false, &c.n_kv_heads));
-  c.head_dim = 0;
-  LLMQ_RETURN_IF_ERROR(read_int(j, "head_dim", false, &c.head_dim));
-  if (c.head_dim == 0 && c.n_heads > 0) {
-    if (c.dim % c.n_heads != 0)
-      return invalid_argument("config.json: head_dim: missing, and hidden_size " + std::to_string(c.dim) +
-                              " is not a multiple of num_attention_heads " + std::to_string(c.n_heads));
-    c.head_dim = c.dim / c.n_heads;
-  }
-  c.max_seq_len = 2048;
-  LLMQ_RETURN_IF_ERROR(read_int(j, "max_position_embeddings", false, &c.max_seq_len));
-  // transformers' class defaults where a config leaves a field out.
-  c.norm_eps = mixtral ? 1e-5 : 1e-6;
-  LLMQ_RETURN_IF_ERROR(read_double(j, "rms_norm_eps", false, &c.norm_eps));
-  c.rope_theta = mixtral ? 1e6 : 10000.0;
-  LLMQ_RETURN_IF_ERROR(read_double(j, "rope_theta", false, &c.rope_theta));
-  if (const json* rs = field(j, "rope_scaling")) LLMQ_RETURN_IF_ERROR(parse_rope_scaling(*rs, &c.rope_scaling));
-  c.rope_style = RopeStyle::kHalf;  // transformers' rotate_half
-  c.tie_embeddings = false;
-  LLMQ_RETURN_IF_ERROR(read_bool(j, "tie_word_embeddings", &c.tie_embeddings));
-  c.attention_bias = c.model_type == "qwen2";
-  LLMQ_RETURN_IF_ERROR(read_bool(j, "attention_bias", &c.attention_bias));
-
-  // Things llmq's transformer does not compute: refuse rather than run a different model.
-  bool mlp_bias = false;
-  LLMQ_RETURN_IF_ERROR(read_bool(j, "mlp_bias", &mlp_bias));
-  if (mlp_bias) return unsupported("config.json: mlp_bias: MLP biases are not supported");
-  std::string act = "silu";
-  LLMQ_RETURN_IF_ERROR(read_string(j, "hidden_act", false, &act));
-  if (act != "silu") return unsupported("config.json: hidden_act: '" + act + "' is not supported (only silu)");
-  // A sliding window only differs from full attention past the window, so the window bounds the
-  // sequence length (Mistral v0.1: 4096; Qwen2 only when use_sliding_window is true).
-  bool window_on = c.model_type != "qwen2";
-  LLMQ_RETURN_IF_ERROR(read_bool(j, "use_sliding_window", &window_on));
-  int64_t window = 0;
-  LLMQ_RETURN_IF_ERROR(read_int(j, "sliding_window", false, &window));
-  if (window_on && window > 0 && window < c.max_seq_len) c.max_seq_len = window;
-
-  if (mixtral) {
-    LLMQ_RETURN_IF_ERROR(read_int(j, "num_local_experts", true, &c.n_experts));
-    LLMQ_RETURN_IF_ERROR(read_int(j, "num_experts_per_tok", true, &c.n_experts_per_token));
-    if (c.n_experts <= 0) return invalid_argument("config.json: num_local_experts: must be positive");
-  }
-  LLMQ_RETURN_IF_ERROR(read_token_id(j, "bos_token_id", &c.bos_token));
-  LLMQ_RETURN_IF_ERROR(read_token_id(j, "eos_token_id", &c.eos_token));
-  // validate() names the ModelConfig field; the prefix names the file it came from.
-  if (Status st = c.validate(); !st.ok()) return Status(st.code(), "config.json: " + st.message());
-  *out = std::move(c);
-  return {};
-}
-
-Status parse_hf_weight_block_size(const std::string& config_text, int64_t* rows, int64_t* cols) {
-  *rows = *cols = kDefaultWeightBlock;
-  const json j = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return {};  // parse_hf_config has already accepted it
-  const json* qc = field(j, "quantization_config");
-  if (qc == nullptr || !qc->is_object()) return {};
-  const json* wbs = field(*qc, "weight_block_size");
-  if (wbs == nullptr) return {};
-  if (!wbs->is_array() || wbs->size() != 2 || !(*wbs)[0].is_number_integer() || !(*wbs)[1].is_number_integer() ||
-      (*wbs)[0].get<int64_t>() <= 0 || (*wbs)[1].get<int64_t>() <= 0)
-    return invalid_argument("config.json: quantization_config.weight_block_size: expected [rows, cols], got " +
-                            wbs->dump());
-  *rows = (*wbs)[0].get<int64_t>();
-  *cols = (*wbs)[1].get<int64_t>();
-  return {};
-}
-
 Status load_hf_model(const std::string& dir, ModelWeights* out) {
   std::unique_ptr<Checkpoint> ckpt;
-  LLMQ_RETURN_IF_ERROR(Checkpoint::open(dir, &ckpt));
   ModelConfig config;
-  const Status config_status = parse_hf_config(ckpt->config_json(), &config);
-  if (!config_status.ok()) return Status(config_status.code(), dir + ": " + config_status.message());
+  LLMQ_RETURN_IF_ERROR(open_hf_checkpoint(dir, &ckpt, &config));
   int64_t block_rows = 0, block_cols = 0;
   const Status block_status = parse_hf_weight_block_size(ckpt->config_json(), &block_rows, &block_cols);
   if (!block_status.ok()) return Status(block_status.code(), dir + ": " + block_status.message());
-
-  // An absent lm_head means the classifier shares the embedding (transformers ties it).
-  if (!config.tie_embeddings && ckpt->find("lm_head.weight") == nullptr) config.tie_embeddings = true;
 
   const HfLoader load(*ckpt, config, block_rows, block_cols);
   const int64_t dim = config.dim, hidden = config.hidden_dim;

@@ -6,6 +6,8 @@
 //    to 256 bytes, then the norms first (export.py's version1_export order), see kV1Order.
 // Linear weights are row-major [out, in] in both, exactly nn.Linear's layout. The file size must
 // match the header exactly, so a truncated or padded file is caught before anything is trusted.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "llmq/model.hpp"
+#include "model/input_file.hpp"
 
 namespace llmq {
 namespace {
@@ -159,6 +162,11 @@ float* slot_data(ModelWeights* w, Tensor* wcls, const Segment& s, int64_t l) {
 
 Status load_llama2c(const std::string& path, ModelWeights* out) {
   if (out == nullptr) return invalid_argument("load_llama2c: out is null");
+  // Regular files only: a FIFO or a device would be read until it ends (input_file.hpp).
+  int fd = -1;
+  int64_t size = 0;
+  LLMQ_RETURN_IF_ERROR(open_input_file(path, &fd, &size));
+  ::close(fd);
   std::ifstream in(path, std::ios::binary);
   if (!in) return file_error(path, "cannot open for reading");
   return load_llama2c(path, in, out);

@@ -1,6 +1,8 @@
 // ModelConfig validation, linear-layer names and the weight inventory.
 #include "llmq/model.hpp"
 
+#include <cstdio>
+
 #include "llmq/nonfinite.hpp"
 
 namespace llmq {
@@ -13,6 +15,13 @@ bool bytes_fit(const int64_t (&factors)[4]) {
   for (int64_t f : factors)
     if (__builtin_mul_overflow(p, f, &p)) return false;
   return true;
+}
+
+// A double for a message: "1e-09", not std::to_string's "0.000000".
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.10g", v);
+  return buf;
 }
 
 }  // namespace
@@ -37,6 +46,8 @@ Status ModelConfig::validate() const {
   if (n_experts < 0 || (n_experts > 0 && (n_experts_per_token <= 0 || n_experts_per_token > n_experts)))
     return invalid_argument("config.n_experts_per_token: need 1 <= k <= n_experts (" + std::to_string(n_experts) +
                             "), got " + std::to_string(n_experts_per_token));
+  if (sliding_window < 0)
+    return invalid_argument("config.sliding_window: must be 0 (none) or positive, got " + std::to_string(sliding_window));
   // A corrupt config can hold sizes whose products overflow int64 where loaders and the transformer
   // form them (q_proj rows = n_heads * head_dim, vocab x dim tensors, the KV cache): undefined
   // behaviour there, so they are refused here, naming the product.
@@ -52,8 +63,54 @@ Status ModelConfig::validate() const {
   };
   for (const auto& p : products)
     if (!bytes_fit(p.factors)) return invalid_argument(std::string("config: ") + p.what + " overflows int64");
-  if (!(norm_eps > 0)) return invalid_argument("config.norm_eps: must be positive");
-  if (!(rope_theta > 0)) return invalid_argument("config.rope_theta: must be positive");
+  // Caps on each size. Real models sit far below them (Llama 3.1 405B: hidden 16384, intermediate
+  // 53248, 126 layers, 128 heads, head_dim 128, vocab 128256, 131072 positions; the largest MoE
+  // have a few hundred experts, top-8; Llama 4 Scout: 10M positions), so a value past a cap is a
+  // corrupt or hostile file, and refusing it here keeps every loader (llama2.c included) from
+  // sizing a buffer, a loop or a tensor list by it before a single weight has been checked.
+  const struct {
+    const char* field;
+    int64_t value;
+    int64_t cap;
+  } caps[] = {
+      {"dim (hidden_size)", dim, int64_t{1} << 17},
+      {"hidden_dim (intermediate_size)", hidden_dim, int64_t{1} << 20},
+      {"n_layers (num_hidden_layers)", n_layers, 4096},
+      {"n_heads (num_attention_heads)", n_heads, 4096},
+      {"n_kv_heads (num_key_value_heads)", n_kv_heads, 4096},
+      {"head_dim", head_dim, 4096},
+      {"vocab_size", vocab_size, int64_t{1} << 24},
+      {"max_seq_len (max_position_embeddings)", max_seq_len, int64_t{1} << 26},
+      {"n_experts (num_local_experts)", n_experts, 4096},
+      {"sliding_window", sliding_window, int64_t{1} << 26},
+  };
+  for (const auto& c : caps)
+    if (c.value > c.cap)
+      return invalid_argument(std::string("config.") + c.field + ": " + std::to_string(c.value) +
+                              " is beyond what any real model has (at most " + std::to_string(c.cap) + ")");
+  // Negated comparisons so that NaN fails too.
+  if (!(norm_eps > 0 && norm_eps <= 0.1))
+    return invalid_argument("config.norm_eps (rms_norm_eps): must be in (0, 0.1], got " + num(norm_eps));
+  // 1e12 is far above every published theta (Llama 3: 5e5; long-context models: 1e8 or so) and
+  // keeps theta^(2j/d) finite in float.
+  if (!(rope_theta > 0 && rope_theta <= 1e12))
+    return invalid_argument("config.rope_theta: must be finite and in (0, 1e12], got " + num(rope_theta));
+  if (rope_scaling.enabled) {
+    const RopeScaling& r = rope_scaling;
+    auto finite_positive = [](double v) { return v > 0 && v <= 1e12; };  // false for NaN and Inf
+    if (!finite_positive(r.factor))
+      return invalid_argument("config.rope_scaling.factor: must be finite and positive, got " + num(r.factor));
+    if (!finite_positive(r.low_freq_factor))
+      return invalid_argument("config.rope_scaling.low_freq_factor: must be finite and positive, got " +
+                              num(r.low_freq_factor));
+    // Llama 3's smoothing divides by high_freq_factor - low_freq_factor.
+    if (!finite_positive(r.high_freq_factor) || !(r.high_freq_factor > r.low_freq_factor))
+      return invalid_argument("config.rope_scaling.high_freq_factor: must be finite and above low_freq_factor (" +
+                              num(r.low_freq_factor) + "), got " + num(r.high_freq_factor));
+    if (r.original_max_position <= 0 || r.original_max_position > (int64_t{1} << 26))
+      return invalid_argument("config.rope_scaling.original_max_position_embeddings: must be in [1, 2^26], got " +
+                              std::to_string(r.original_max_position));
+  }
   return {};
 }
 

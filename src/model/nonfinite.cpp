@@ -40,4 +40,22 @@ Status apply_nonfinite_policy(const std::string& name, NonFinitePolicy policy, T
                           "; llmq refuses non-finite weights (llmq quantize --nonfinite zero replaces them with 0)");
 }
 
+Status check_logits(const float* logits, int64_t n, int64_t vocab, const std::string& row_label, int64_t first_row) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = logits + i * vocab;
+    const NonFiniteCount bad = count_nonfinite(row, vocab);
+    const std::string where = "the model's logits at " + row_label + std::to_string(first_row + i);
+    if (bad.total() > 0)
+      return invalid_argument(where + " hold " + std::to_string(bad.nan) + " NaN and " + std::to_string(bad.inf) +
+                              " Inf of " + std::to_string(vocab) + " (first at token " + std::to_string(bad.first) +
+                              "): the weights overflow float32 or are corrupt");
+    bool constant = vocab > 1;
+    for (int64_t v = 1; v < vocab && constant; ++v) constant = row[v] == row[0];
+    if (constant)
+      return invalid_argument(where + " are all " + std::to_string(row[0]) +
+                              ": the output does not depend on the input (degenerate weights, e.g. a zero lm_head or norm)");
+  }
+  return {};
+}
+
 }  // namespace llmq

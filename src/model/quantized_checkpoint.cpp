@@ -7,6 +7,7 @@
 
 #include "llmq/export.hpp"
 #include "llmq/safetensors.hpp"
+#include "model/input_file.hpp"
 
 namespace llmq {
 namespace {
@@ -50,11 +51,7 @@ Status activation_spec(const nlohmann::json& q, DType format, bool* quantize_inp
 
 Status parse_quantization_config(const Checkpoint& ckpt, nlohmann::json* q) {
   nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(ckpt.config_json());
-  } catch (const std::exception& e) {
-    return invalid_argument(ckpt.dir() + "/config.json: " + e.what());
-  }
+  LLMQ_RETURN_IF_ERROR(parse_json_text(ckpt.dir() + "/config.json", ckpt.config_json(), &config));
   if (!config.contains("quantization_config") || !config["quantization_config"].is_object())
     return invalid_argument(ckpt.dir() + " has no quantization_config in config.json");
   *q = config["quantization_config"];

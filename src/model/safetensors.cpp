@@ -23,6 +23,7 @@
 
 #include "llmq/atomic_io.hpp"
 #include "llmq/format.hpp"
+#include "model/input_file.hpp"
 
 // Safetensors data is little-endian; elements are read and written by memcpy.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "llmq's safetensors code assumes a little-endian host");
@@ -30,6 +31,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "llmq's safetensors cod
 namespace llmq {
 namespace {
 
+using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
 // The reference implementation refuses headers above 100 MB, so a corrupt length never makes us
@@ -40,6 +42,8 @@ constexpr uint64_t kMaxHeaderBytes = 100000000;
 constexpr int64_t kDataAlignment = 8;
 constexpr int64_t kLengthPrefixBytes = 8;
 constexpr const char* kMetadataKey = "__metadata__";
+// A header is {name: {dtype, shape: [...], data_offsets: [...]}, __metadata__: {k: v}}: 3 deep.
+constexpr int64_t kMaxHeaderDepth = 3;
 // fill_rows blocks: large enough that write(2) and the fill loops run at full speed, small
 // enough that the largest tensor of a 70B model (a 2 GB embedding) never sits in memory whole.
 constexpr int64_t kRowBlockBytes = int64_t{64} << 20;
@@ -56,6 +60,11 @@ constexpr SafetensorsName kSafetensorsNames[] = {
 Status io_error(std::string message) { return {StatusCode::kIoError, std::move(message)}; }
 
 std::string errno_text(int err) { return std::strerror(err); }
+
+std::string fmt_hex(uint8_t b) {
+  const char* digits = "0123456789abcdef";
+  return {digits[b >> 4], digits[b & 15]};
+}
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -82,7 +91,7 @@ Status shape_bytes(DType dtype, const std::vector<int64_t>& shape, int64_t* nume
 }
 
 // A JSON integer in [0, INT64_MAX].
-bool json_to_index(const ordered_json& v, int64_t* out) {
+bool json_to_index(const json& v, int64_t* out) {
   if (!v.is_number_unsigned()) return false;
   const uint64_t u = v.get<uint64_t>();
   if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
@@ -96,6 +105,30 @@ Status check_prefix_fits(const std::string& path, int64_t size) {
   return invalid_argument(path + ": " + std::to_string(size) +
                           " bytes is too short for the 8-byte header length: not a safetensors file");
 }
+
+// SAX handler that only notes the first key seen twice in the top-level object (parse errors
+// surface from the DOM parse that follows).
+struct TopLevelKeys {
+  int64_t depth = 0;
+  std::set<std::string> seen;
+  std::string duplicate;
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const std::string&) { return true; }
+  bool string(std::string&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(std::size_t) { return ++depth, true; }
+  bool end_object() { return --depth, true; }
+  bool start_array(std::size_t) { return ++depth, true; }
+  bool end_array() { return --depth, true; }
+  bool key(std::string& k) {
+    if (depth == 1 && !seen.insert(k).second && duplicate.empty()) duplicate = k;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) { throw e; }
+};
 
 // Parse and validate the header of a file of `file_size` (>= 8) bytes mapped at `bytes`.
 Status parse_header(const std::string& path, const uint8_t* bytes, int64_t file_size,
@@ -115,24 +148,33 @@ Status parse_header(const std::string& path, const uint8_t* bytes, int64_t file_
   const int64_t data_offset = kLengthPrefixBytes + static_cast<int64_t>(header_len);
   const int64_t data_size = file_size - data_offset;
 
+  // As the reference implementation reads it: the header starts with '{' and may be padded at
+  // the end with spaces (0x20) only; everything else after the JSON is an error.
+  int64_t json_len = static_cast<int64_t>(header_len);
+  while (json_len > 0 && text[json_len - 1] == ' ') --json_len;
+  if (json_len == 0 || text[0] != '{')
+    return invalid_argument(path + ": header is not a JSON object (it must start with '{'): not a safetensors file");
+  if (text[json_len - 1] != '}')
+    return invalid_argument(path + ": header has bytes other than spaces after its JSON object (last byte 0x" +
+                            fmt_hex(static_cast<uint8_t>(text[json_len - 1])) + ")");
+
   // nlohmann keeps only the last of duplicate keys; a duplicated tensor name must be an error, so
-  // the top-level keys are collected as they are parsed.
-  std::set<std::string> seen_keys;
-  std::string duplicate_key;
-  const ordered_json::parser_callback_t on_event = [&](int depth, ordered_json::parse_event_t event,
-                                                       ordered_json& parsed) {
-    if (event == ordered_json::parse_event_t::key && depth == 1 && parsed.is_string()) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      if (!seen_keys.insert(key).second && duplicate_key.empty()) duplicate_key = key;
-    }
-    return true;
-  };
-  ordered_json header;
+  // a first SAX pass collects the top-level keys. (Not a parser callback: nlohmann's callback
+  // parser rescans the parent object at every end_object, quadratic in the tensor count; and
+  // nlohmann::json, a std::map, not ordered_json, whose inserts search linearly.)
+  const int64_t depth = json_nesting_depth(text, text + json_len);
+  if (depth > kMaxHeaderDepth)
+    return invalid_argument(path + ": header JSON is nested " + std::to_string(depth) +
+                            " levels deep; a safetensors header has " + std::to_string(kMaxHeaderDepth));
+  TopLevelKeys keys;
+  json header;
   try {
-    header = ordered_json::parse(text, text + header_len, on_event);
+    json::sax_parse(text, text + json_len, &keys);
+    header = json::parse(text, text + json_len);
   } catch (const std::exception& e) {
     return invalid_argument(path + ": header is not valid JSON: " + e.what());
   }
+  const std::string& duplicate_key = keys.duplicate;
   if (!duplicate_key.empty()) return invalid_argument(path + ": header lists '" + duplicate_key + "' twice");
   if (!header.is_object()) return invalid_argument(path + ": header is not a JSON object");
 
@@ -140,7 +182,7 @@ Status parse_header(const std::string& path, const uint8_t* bytes, int64_t file_
   std::map<std::string, std::string> meta;
   for (const auto& item : header.items()) {
     const std::string& name = item.key();
-    const ordered_json& value = item.value();
+    const json& value = item.value();
     if (name == kMetadataKey) {
       if (!value.is_object()) return invalid_argument(path + ": __metadata__ is not a JSON object");
       for (const auto& m : value.items()) {
@@ -152,6 +194,7 @@ Status parse_header(const std::string& path, const uint8_t* bytes, int64_t file_
       continue;
     }
     const std::string where = path + ": tensor '" + name + "': ";
+    if (name.empty()) return invalid_argument(path + ": a tensor has an empty name");
     if (!value.is_object()) return invalid_argument(where + "entry is not a JSON object");
     const auto dtype_it = value.find("dtype");
     const auto shape_it = value.find("shape");
@@ -221,19 +264,13 @@ Status parse_header(const std::string& path, const uint8_t* bytes, int64_t file_
   return {};
 }
 
-Status read_text_file(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return io_error(path + ": cannot open: " + errno_text(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return io_error(path + ": read failed");
-  *out = ss.str();
+// Whether `path` is there as a regular file; something else under that name (a FIFO, a device,
+// a directory, a symbolic-link loop) is an error naming it, never read.
+Status find_input_file(const std::string& path, bool* exists) {
+  std::string why;
+  *exists = is_input_file(path, &why);
+  if (!*exists && !why.empty()) return invalid_argument(why);
   return {};
-}
-
-bool file_exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
 }
 
 // Elementwise conversion of n elements at src (any alignment: memcpy) to float32.
@@ -281,11 +318,7 @@ Status parse_safetensors_header(const std::string& source, const uint8_t* bytes,
 Status parse_safetensors_index(const std::string& source, const std::string& json_text,
                                std::map<std::string, std::string>* weight_map) {
   nlohmann::json index;
-  try {
-    index = nlohmann::json::parse(json_text);
-  } catch (const std::exception& e) {
-    return invalid_argument(source + ": not valid JSON: " + e.what());
-  }
+  LLMQ_RETURN_IF_ERROR(parse_json_text(source, json_text, &index));
   const auto wm = index.is_object() ? index.find("weight_map") : index.end();
   if (wm == index.end() || !wm->is_object()) return invalid_argument(source + ": no \"weight_map\" object");
   std::map<std::string, std::string> map;
@@ -308,19 +341,9 @@ Status parse_safetensors_index(const std::string& source, const std::string& jso
 Status SafetensorsFile::open(const std::string& path, std::unique_ptr<SafetensorsFile>* out) {
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return io_error(path + ": cannot open: " + errno_text(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return io_error(path + ": fstat failed: " + errno_text(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return invalid_argument(path + ": not a regular file");
-  }
-  const int64_t size = static_cast<int64_t>(st.st_size);
+  int fd = -1;
+  int64_t size = 0;
+  LLMQ_RETURN_IF_ERROR(open_input_file(path, &fd, &size));  // regular files only; a FIFO never blocks us
   if (Status short_status = check_prefix_fits(path, size); !short_status.ok()) {
     ::close(fd);
     return short_status;
@@ -375,31 +398,34 @@ Status Checkpoint::open(const std::string& dir, std::unique_ptr<Checkpoint>* out
   auto ckpt = std::make_unique<Checkpoint>();
   ckpt->dir_ = dir;
   const std::string config_path = dir + "/config.json";
-  if (!file_exists(config_path))
-    return io_error(config_path + ": missing (a Hugging Face checkpoint directory needs config.json)");
-  LLMQ_RETURN_IF_ERROR(read_text_file(config_path, &ckpt->config_json_));
+  bool exists = false;
+  LLMQ_RETURN_IF_ERROR(find_input_file(config_path, &exists));
+  if (!exists) return io_error(config_path + ": missing (a Hugging Face checkpoint directory needs config.json)");
+  LLMQ_RETURN_IF_ERROR(read_input_file("config.json", config_path, kMaxConfigJsonBytes, &ckpt->config_json_));
 
   const std::string index_path = dir + "/model.safetensors.index.json";
   std::vector<std::string> shards;
   std::map<std::string, std::string> weight_map;  // tensor -> shard file
-  if (file_exists(index_path)) {
+  LLMQ_RETURN_IF_ERROR(find_input_file(index_path, &exists));
+  if (exists) {
     std::string text;
-    LLMQ_RETURN_IF_ERROR(read_text_file(index_path, &text));
+    LLMQ_RETURN_IF_ERROR(read_input_file("safetensors index", index_path, kMaxSideFileBytes, &text));
     LLMQ_RETURN_IF_ERROR(parse_safetensors_index(index_path, text, &weight_map));
     std::set<std::string> shard_set;
     for (const auto& item : weight_map) shard_set.insert(item.second);
     shards.assign(shard_set.begin(), shard_set.end());  // model-00001-of-0000N sorts in order
   } else {
     const std::string single = dir + "/model.safetensors";
-    if (!file_exists(single))
-      return io_error(dir + ": neither model.safetensors nor model.safetensors.index.json exists");
+    LLMQ_RETURN_IF_ERROR(find_input_file(single, &exists));
+    if (!exists) return io_error(dir + ": neither model.safetensors nor model.safetensors.index.json exists");
     shards.push_back("model.safetensors");
   }
 
   std::map<std::string, std::string> shard_of;  // tensor -> shard that holds it
   for (const std::string& shard : shards) {
     const std::string shard_path = dir + "/" + shard;
-    if (!file_exists(shard_path))
+    LLMQ_RETURN_IF_ERROR(find_input_file(shard_path, &exists));
+    if (!exists)
       return io_error(index_path + ": shard '" + shard + "' is listed but " + shard_path + " does not exist");
     std::unique_ptr<SafetensorsFile> file;
     LLMQ_RETURN_IF_ERROR(SafetensorsFile::open(shard_path, &file));
@@ -518,12 +544,19 @@ Status Checkpoint::read_f32_rows(const std::string& name, int64_t row_begin, int
 
 Status write_safetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
                          const std::map<std::string, std::string>& metadata, SafetensorsWritten* written) {
-  // Everything that can be checked is checked before a file is created.
-  ordered_json header = ordered_json::object();
-  if (!metadata.empty()) {
-    ordered_json meta = ordered_json::object();
-    for (const auto& [key, value] : metadata) meta[key] = value;
-    header[kMetadataKey] = std::move(meta);  // first, as the reference writer puts it
+  // Everything that can be checked is checked before a file is created. The header text is
+  // built entry by entry in the caller's order (an ordered_json object would search its keys
+  // linearly on every insert: quadratic in the tensor count); the bytes are what dumping the
+  // ordered object gives.
+  std::string header_text = "{";
+  try {
+    if (!metadata.empty()) {
+      ordered_json meta = ordered_json::object();
+      for (const auto& [key, value] : metadata) meta[key] = value;
+      header_text += ordered_json(kMetadataKey).dump() + ":" + meta.dump();  // first, as the reference writer puts it
+    }
+  } catch (const std::exception& e) {  // e.g. a value that is not valid UTF-8
+    return invalid_argument(path + ": cannot encode the metadata: " + e.what());
   }
   std::set<std::string> names;
   std::vector<int64_t> sizes;
@@ -545,16 +578,16 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
     entry["dtype"] = dtype;
     entry["shape"] = e.shape;
     entry["data_offsets"] = {offset, offset + nbytes};
-    header[e.name] = std::move(entry);
+    try {
+      if (header_text.size() > 1) header_text += ",";
+      header_text += ordered_json(e.name).dump() + ":" + entry.dump();
+    } catch (const std::exception& ex) {  // e.g. a name that is not valid UTF-8
+      return invalid_argument(path + ": cannot encode the header: " + ex.what());
+    }
     sizes.push_back(nbytes);
     offset += nbytes;
   }
-  std::string header_text;
-  try {
-    header_text = header.dump();
-  } catch (const std::exception& e) {  // e.g. a name that is not valid UTF-8
-    return invalid_argument(path + ": cannot encode the header: " + e.what());
-  }
+  header_text += "}";
   // Pad with spaces (valid trailing JSON whitespace) so the data section is 8-byte aligned.
   header_text.append(static_cast<size_t>((kDataAlignment - static_cast<int64_t>(header_text.size()) % kDataAlignment) %
                                          kDataAlignment),
@@ -600,14 +633,16 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     const int64_t nbytes = sizes[i];
-    const int64_t rows = e.fill_rows ? e.shape[0] : 1;
+    // A tensor of no bytes is one (empty) fill, whatever its first dimension says: [2^40, 0]
+    // must not loop 2^40 / block times.
+    const int64_t rows = e.fill_rows && nbytes > 0 ? e.shape[0] : 1;
     const int64_t row_bytes = rows > 0 ? nbytes / rows : 0;
     const int64_t block = e.fill_rows ? std::max<int64_t>(1, kRowBlockBytes / std::max<int64_t>(row_bytes, 1)) : 1;
     for (int64_t r = 0; r < rows; r += block) {
       const int64_t n = std::min(block, rows - r);
-      const int64_t bytes = e.fill_rows ? n * row_bytes : nbytes;
+      const int64_t bytes = e.fill_rows && nbytes > 0 ? n * row_bytes : nbytes;
       const Status fill_status =
-          e.fill_rows ? run_fill(bytes, [&](uint8_t* dst) { return e.fill_rows(r, n, dst); }) : run_fill(bytes, e.fill);
+          e.fill_rows && nbytes > 0 ? run_fill(bytes, [&](uint8_t* dst) { return e.fill_rows(r, n, dst); }) : run_fill(bytes, e.fill);
       if (!fill_status.ok())
         return fail(Status(fill_status.code(), path + ": tensor '" + e.name + "': " + fill_status.message()));
       st = emit(buffer.data(), bytes);

@@ -1,17 +1,16 @@
 // Synthetic Hugging Face checkpoints, generated while they are written (synthetic_checkpoint.hpp).
 #include "llmq/synthetic_checkpoint.hpp"
 
-#include <sys/stat.h>
-
-#include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "llmq/atomic_io.hpp"
 #include "llmq/export.hpp"
 #include "llmq/format.hpp"
+#include "llmq/output_dir.hpp"
 #include "llmq/quantized_model.hpp"
 #include "llmq/safetensors.hpp"
 
@@ -108,8 +107,6 @@ Status write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpo
   LLMQ_RETURN_IF_ERROR(options.config.validate());
   if (options.dtype != DType::kBF16 && options.dtype != DType::kF16 && options.dtype != DType::kF32)
     return invalid_argument("synthetic checkpoint: dtype must be bf16, f16 or f32");
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    return {StatusCode::kIoError, dir + ": cannot create: " + std::strerror(errno)};
   std::vector<SafetensorsWriteEntry> entries;
   uint64_t tensor_seed = splitmix64(options.seed);
   for (const HfTensorSpec& spec : hf_tensor_specs(options.config)) {
@@ -125,21 +122,43 @@ Status write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpo
     entries.push_back(std::move(entry));
   }
   const std::vector<std::vector<SafetensorsWriteEntry>> shards = split_into_shards(entries, options.max_shard_bytes);
+  const std::string config_text = hf_config_json(options.config) + "\n";
+
+  // Written as every llmq output directory is (output_dir.hpp): staged, marked and swapped into
+  // place, so it never writes into a directory it did not make. An existing path is refused, a
+  // previous output included: there is no option to replace one.
+  OutputRules rules;
+  rules.writer = "llmq make-checkpoint";
+  const std::string plan_text = config_text + dtype_name(options.dtype) + " " + std::to_string(options.seed) + " " +
+                                std::to_string(options.max_shard_bytes);
+  Checksum plan;
+  plan.update(plan_text.data(), static_cast<int64_t>(plan_text.size()));
+  std::unique_ptr<OutputDir> out;
+  LLMQ_RETURN_IF_ERROR(OutputDir::begin(dir, rules, checksum_hex(plan.digest()), /*resume=*/false, &out));
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   int64_t total = 0;
-  for (size_t i = 0; i < shards.size(); ++i) {
+  Status st;
+  for (size_t i = 0; i < shards.size() && st.ok(); ++i) {
     const std::string file = shard_file_name(i, shards.size());
     for (const auto& e : shards[i]) {
       weight_map[e.name] = file;
       total += safetensors_entry_bytes(e);
     }
-    LLMQ_RETURN_IF_ERROR(write_safetensors(dir + "/" + file, shards[i]));
+    SafetensorsWritten written;
+    st = write_safetensors(out->path(file), shards[i], {{"format", "pt"}}, &written);
+    if (st.ok()) st = out->mark_complete(file, written.bytes, written.checksum);
   }
-  if (shards.size() > 1) {
+  if (st.ok() && shards.size() > 1) {
     const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    LLMQ_RETURN_IF_ERROR(write_file_atomic(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
+    st = write_file_atomic(out->path("model.safetensors.index.json"), index.dump(2) + "\n");
   }
-  LLMQ_RETURN_IF_ERROR(write_file_atomic(dir + "/config.json", hf_config_json(options.config) + "\n"));
+  if (st.ok()) st = write_file_atomic(out->path("config.json"), config_text);
+  if (st.ok()) st = fsync_directory(out->staging());
+  if (st.ok()) st = out->commit();
+  if (!st.ok()) {
+    out->abandon();  // nothing to resume: a rerun generates the same bytes
+    return st;
+  }
   if (bytes != nullptr) *bytes = total;
   return {};
 }

@@ -1,24 +1,20 @@
 // Token data files (calibration and evaluation inputs): token ids separated by white space, one
 // sequence per line, or text encoded with the model's tokenizer. The file is read whole and parsed
 // from memory, so the parser can be driven without a file (fuzz/fuzz_token_file.cpp).
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <sstream>
 
 #include "llmq/model_io.hpp"
 #include "llmq/tokenizer.hpp"
+#include "model/input_file.hpp"
 
 namespace llmq {
 namespace {
 
 Status read_file_text(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {StatusCode::kIoError, "--data: cannot open " + path};
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return {StatusCode::kIoError, "--data: read failed for " + path};
-  *out = text.str();
-  return {};
+  return read_input_file("--data", path, kMaxSideFileBytes, out);
 }
 
 // The id a word spells, if it is all one base-10 integer (std::stoll alone also takes a prefix).
@@ -73,6 +69,24 @@ Status parse_token_sequences(const std::string& source, const std::string& text,
     if (!seq.empty()) out->push_back(std::move(seq));
   }
   if (out->empty()) return invalid_argument("--data: " + source + " holds no token ids");
+  return {};
+}
+
+Status parse_token_ids(const std::string& what, const std::string& text, int64_t vocab_size, std::vector<int32_t>* out) {
+  std::vector<int32_t> ids;
+  std::istringstream in(text);
+  std::string word;
+  while (in >> word) {
+    // Digits only, and at most 18 of them (below 2^63) before the value is compared: no sign, no
+    // wrap-around, no prefix taken from a longer word.
+    const bool digits = word.find_first_not_of("0123456789") == std::string::npos;
+    const std::string significant = word.substr(std::min(word.find_first_not_of('0'), word.size()));
+    if (!digits || significant.size() > 18 || std::stoll("0" + significant) >= vocab_size)
+      return invalid_argument(what + ": '" + word + "' is not a token id of this model (decimal, in [0, " +
+                              std::to_string(vocab_size) + "))");
+    ids.push_back(static_cast<int32_t>(std::stoll("0" + significant)));
+  }
+  *out = std::move(ids);
   return {};
 }
 

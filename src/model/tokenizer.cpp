@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iterator>
 
+#include "llmq/model_io.hpp"
+#include "model/input_file.hpp"
 #include "model/tokenizer_bpe.hpp"
 
 namespace llmq {
@@ -30,9 +32,15 @@ bool is_tokenizer_file_name(const std::string& name) {
   return ends_with(name, ".json") || ends_with(name, ".model") || is_llama2c_tokenizer_name(name);
 }
 
+// Present under that name as anything but a directory: a FIFO, a device or a link loop named
+// tokenizer.json is found here and then refused by name when read (read_input_file), rather than
+// skipped as if there were no tokenizer.
 bool is_file(const fs::path& p) {
   std::error_code ec;
-  return fs::is_regular_file(p, ec);
+  const fs::file_status st = fs::symlink_status(p, ec);
+  if (ec || !fs::exists(st)) return false;
+  std::error_code ec2;
+  return !fs::is_directory(p, ec2);
 }
 
 // The files looked for, in order, for a model path (what find() tries and load()'s error lists).
@@ -55,7 +63,7 @@ std::vector<fs::path> candidates(const std::string& model_dir_or_file) {
 }  // namespace
 
 std::string Tokenizer::find(const std::string& model_dir_or_file) {
-  if (model_dir_or_file.empty() || model_dir_or_file == "default") return "";
+  if (model_dir_or_file.empty() || is_builtin_model(model_dir_or_file)) return "";
   for (const fs::path& p : candidates(model_dir_or_file))
     if (is_file(p)) return p.string();
   return "";
@@ -93,12 +101,9 @@ std::string Tokenizer::decode(const std::vector<int32_t>& tokens) const {
 
 namespace tokenizer_detail {
 
+// Tokenizer files are side files: regular files only, bounded (input_file.hpp).
 Status read_whole_file(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {StatusCode::kIoError, path + ": cannot open"};
-  out->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (in.bad()) return {StatusCode::kIoError, path + ": read failed"};
-  return {};
+  return read_input_file("tokenizer", path, kMaxSideFileBytes, out);
 }
 
 }  // namespace tokenizer_detail

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/tokenizer_bpe.hpp"
+#include "model/input_file.hpp"
 
 namespace llmq::tokenizer_detail {
 namespace {
@@ -239,11 +240,7 @@ Status config_token(const std::string& config_path, const json& cfg, const char*
 }
 
 Status parse_json_object(const std::string& path, const std::string& text, json* out) {
-  try {
-    *out = json::parse(text);
-  } catch (const std::exception& e) {
-    return invalid_argument(path + ": not valid JSON: " + e.what());
-  }
+  LLMQ_RETURN_IF_ERROR(parse_json_text(path, text, out));
   if (!out->is_object()) return invalid_argument(path + ": expected a JSON object");
   return {};
 }

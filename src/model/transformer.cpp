@@ -12,6 +12,7 @@
 #include "llmq/transformer.hpp"
 
 #include "llmq/format.hpp"
+#include "llmq/nonfinite.hpp"
 
 namespace llmq {
 namespace {
@@ -281,10 +282,16 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
   if (n < 0) return invalid_argument("forward: n = " + std::to_string(n));
   if (n == 0) return {};
   if (tokens == nullptr || logits == nullptr) return invalid_argument("forward: tokens or logits is null");
-  if (start_pos < 0 || start_pos + n > c.max_seq_len)
-    return invalid_argument("forward: positions " + std::to_string(start_pos) + " .. " +
-                            std::to_string(start_pos + n - 1) + " are outside [0, max_seq_len = " +
-                            std::to_string(c.max_seq_len) + ")");
+  if (start_pos < 0 || start_pos > c.max_seq_len - n)  // not start_pos + n, which can overflow
+    return invalid_argument("forward: " + std::to_string(n) + " positions from " + std::to_string(start_pos) +
+                            " are outside [0, max_seq_len = " + std::to_string(c.max_seq_len) + ")");
+  // Within the window, sliding-window attention and full attention see the same keys, so the model
+  // runs exactly up to it; past it this forward pass would compute full attention, another model.
+  if (c.sliding_window > 0 && start_pos + n > c.sliding_window)
+    return unsupported("sliding-window attention (config.json sliding_window = " + std::to_string(c.sliding_window) +
+                       ") is not implemented yet: llmq runs at most " + std::to_string(c.sliding_window) +
+                       " positions of this model (asked for positions " + std::to_string(start_pos) + " .. " +
+                       std::to_string(start_pos + n - 1) + ")");
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
       return invalid_argument("forward: tokens[" + std::to_string(i) + "] = " + std::to_string(tokens[i]) +
@@ -459,7 +466,8 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
   }
 
   for (int64_t i = 0; i < n; ++i) rmsnorm(&xb[i * dim], &x[i * dim], weights_.final_norm.data_as<float>(), dim, eps);
-  return backend_->forward(weights_.lm_head, xb.data(), n, logits);
+  LLMQ_RETURN_IF_ERROR(backend_->forward(weights_.lm_head, xb.data(), n, logits));
+  return check_logits(logits, n, c.vocab_size, "position ", start_pos);
 }
 
 }  // namespace llmq

@@ -145,40 +145,6 @@ class CheckpointSource : public WeightSource {
   ModelConfig config_;
 };
 
-// The streaming quantizer never builds the model, so it checks here what load_hf_model checks as
-// it loads: every tensor config.json implies is present, of that shape, in a float dtype; no
-// layer beyond num_hidden_layers; and an lm_head unless the embeddings are tied.
-Status check_against_config(const Checkpoint& ckpt, const ModelConfig& config) {
-  const std::string where = "--model: " + ckpt.dir() + ": ";
-  std::set<std::string> expected;
-  for (const HfTensorSpec& spec : hf_tensor_specs(config)) {
-    expected.insert(spec.name);
-    const SafetensorsTensorInfo* info = ckpt.find(spec.name);
-    if (info == nullptr) {
-      if (spec.name == "lm_head.weight")
-        return invalid_argument(where + "no lm_head.weight, and config.json's tie_word_embeddings is false: a loader "
-                                "would start lm_head from random weights");
-      return invalid_argument(where + "tensor '" + spec.name + "' is missing (config.json: " + config.model_type + ", " +
-                              std::to_string(config.n_layers) + " layers)");
-    }
-    if (info->shape != spec.shape)
-      return invalid_argument(where + "tensor '" + spec.name + "' has shape " + shape_string(info->shape) +
-                              ", config.json implies " + shape_string(spec.shape));
-    if (!is_high_precision(info->dtype))
-      return invalid_argument(where + "tensor '" + spec.name + "' is " + dtype_name(info->dtype) +
-                              "; weights must be F32, F64, F16 or BF16");
-  }
-  const std::string layers = "model.layers.";
-  for (const std::string& name : ckpt.tensor_names()) {
-    if (expected.count(name) != 0 || name.rfind(layers, 0) != 0) continue;
-    const int64_t layer = std::atoll(name.c_str() + layers.size());
-    if (layer >= config.n_layers)
-      return invalid_argument(where + "tensor '" + name + "' belongs to layer " + std::to_string(layer) +
-                              ", but config.json's num_hidden_layers is " + std::to_string(config.n_layers));
-  }
-  return {};
-}
-
 }  // namespace
 
 Status WeightSource::read_rows(const std::string& name, int64_t row_begin, int64_t rows, Tensor* out) const {
@@ -204,56 +170,12 @@ std::unique_ptr<WeightSource> memory_weight_source(const ModelWeights& model) {
 
 Status checkpoint_weight_source(const std::string& dir, std::unique_ptr<WeightSource>* out) {
   std::unique_ptr<Checkpoint> ckpt;
-  LLMQ_RETURN_IF_ERROR(Checkpoint::open(dir, &ckpt));
   ModelConfig config;
-  LLMQ_RETURN_IF_ERROR(parse_hf_config(ckpt->config_json(), &config));
-  try {
-    if (nlohmann::json::parse(ckpt->config_json()).contains("quantization_config"))
-      return invalid_argument("--model: " + dir + " is already quantized (config.json has quantization_config)");
-  } catch (const std::exception& e) {
-    return invalid_argument("--model: " + dir + "/config.json: " + e.what());
-  }
-  for (const std::string& name : ckpt->tensor_names()) {
-    const SafetensorsTensorInfo* info = ckpt->find(name);
-    if (info != nullptr && (is_fp8(info->dtype) || info->dtype == DType::kI8))
-      return invalid_argument("--model: " + dir + " holds 8-bit tensor " + name + "; quantize from the original weights");
-  }
-  LLMQ_RETURN_IF_ERROR(check_against_config(*ckpt, config));
+  LLMQ_RETURN_IF_ERROR(open_hf_checkpoint(dir, &ckpt, &config));
+  if (config_has_quantization(ckpt->config_json()))
+    return invalid_argument("--model: " + dir + " is already quantized (config.json has quantization_config)");
   *out = std::make_unique<CheckpointSource>(std::move(ckpt), std::move(config));
   return {};
-}
-
-std::string hf_config_json(const ModelConfig& c) {
-  nlohmann::ordered_json j;
-  j["architectures"] = {c.is_moe() ? "MixtralForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = c.is_moe() ? "mixtral" : "llama";
-  j["hidden_size"] = c.dim;
-  j["intermediate_size"] = c.hidden_dim;
-  j["num_hidden_layers"] = c.n_layers;
-  j["num_attention_heads"] = c.n_heads;
-  j["num_key_value_heads"] = c.n_kv_heads;
-  j["head_dim"] = c.head_dim;
-  j["vocab_size"] = c.vocab_size;
-  j["max_position_embeddings"] = c.max_seq_len;
-  j["rms_norm_eps"] = c.norm_eps;
-  j["rope_theta"] = c.rope_theta;
-  if (c.rope_scaling.enabled)
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", c.rope_scaling.factor},
-                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
-  j["tie_word_embeddings"] = c.tie_embeddings;
-  j["hidden_act"] = "silu";
-  j["attention_bias"] = c.attention_bias;
-  j["bos_token_id"] = c.bos_token;
-  j["eos_token_id"] = c.eos_token;
-  j["torch_dtype"] = "bfloat16";
-  if (c.is_moe()) {
-    j["num_local_experts"] = c.n_experts;
-    j["num_experts_per_tok"] = c.n_experts_per_token;
-  }
-  return j.dump(2);
 }
 
 }  // namespace llmq

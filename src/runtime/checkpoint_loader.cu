@@ -218,9 +218,8 @@ Status load_moe(const Loader& load, const ModelConfig& c, int64_t l, runtime::Gp
 Status GpuModel::from_checkpoint(const std::string& dir, const std::string& precision, int device,
                                  std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress, TensorParallelRank tp) {
   std::unique_ptr<Checkpoint> ckpt;
-  LLMQ_RETURN_IF_ERROR(Checkpoint::open(dir, &ckpt));
   ModelConfig c;
-  LLMQ_RETURN_IF_ERROR(parse_hf_config(ckpt->config_json(), &c));
+  LLMQ_RETURN_IF_ERROR(open_hf_checkpoint(dir, &ckpt, &c));  // the checks every loader makes
   LLMQ_RETURN_IF_ERROR(runtime::check_config(c));
   Loader load{*ckpt};
   std::string label = precision;
@@ -258,7 +257,7 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
   LLMQ_RETURN_IF_ERROR(load.small_f32("model.norm.weight", &g.final_norm));
   Loader head = load;
   head.bf16 = true;  // lm_head stays BF16, as the export keeps it
-  const bool tied = ckpt->find("lm_head.weight") == nullptr;
+  const bool tied = c.tie_embeddings;
   LLMQ_RETURN_IF_ERROR(head.linear("lm_head", {tied ? "model.embed_tokens.weight" : "lm_head.weight"}, &g.lm_head));
   LLMQ_RETURN_IF_ERROR(runtime::shard_lm_head(c, tp, &g.lm_head));
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -267,7 +266,7 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
     GpuLayer gl;
     LLMQ_RETURN_IF_ERROR(load.small_f32(p + "input_layernorm.weight", &gl.attn_norm));
     LLMQ_RETURN_IF_ERROR(load.small_f32(p + "post_attention_layernorm.weight", &gl.ffn_norm));
-    if (ckpt->find(p + "self_attn.q_proj.bias") != nullptr) {
+    if (c.attention_bias) {
       std::vector<float> bias;
       for (const char* r : {"q_proj", "k_proj", "v_proj"}) {
         Tensor t;

@@ -238,7 +238,12 @@ Status select_device(int device) {
 std::string layer_name(int64_t l, const char* what) { return "layers." + std::to_string(l) + "." + what; }
 
 Status check_config(const ModelConfig& c) {
-  return c.validate();
+  LLMQ_RETURN_IF_ERROR(c.validate());
+  // Llama's attention_bias also biases o_proj (Qwen2's does not); the GPU layers add q/k/v
+  // biases only, so such a model is refused rather than run without its o_proj bias.
+  if (c.attention_bias && c.model_type == "llama")
+    return unsupported("the GPU runtime does not add an o_proj bias (a llama model with attention_bias: true)");
+  return {};
 }
 
 int64_t model_bytes(const ModelConfig& c, bool bf16_linears) {

@@ -17,10 +17,24 @@
 
 #include "llmq/cuda_quantize.hpp"
 #include "llmq/device.hpp"
+#include "llmq/nonfinite.hpp"
 #include "llmq/transformer.hpp"
 #include "runtime/gpu_runtime_impl.hpp"
 
 namespace llmq {
+namespace {
+
+// Sliding-window attention is not implemented: a sequence may hold up to the window, where a
+// window and full attention agree, and no more (as Transformer::forward refuses on the CPU).
+Status check_window(const ModelConfig& c, const char* what, int64_t positions) {
+  if (c.sliding_window <= 0 || positions <= c.sliding_window) return {};
+  return unsupported(std::string(what) + ": sliding-window attention (config.json sliding_window = " +
+                     std::to_string(c.sliding_window) + ") is not implemented yet: llmq runs at most " +
+                     std::to_string(c.sliding_window) + " positions of this model (asked for " +
+                     std::to_string(positions) + ")");
+}
+
+}  // namespace
 
 GpuRuntime::GpuRuntime() : impl_(std::make_unique<Impl>()) {}
 GpuRuntime::~GpuRuntime() = default;
@@ -445,6 +459,7 @@ Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool
       return invalid_argument("prefill: sequence " + std::to_string(b) + " would hold " +
                               std::to_string(g.lengths[b] + static_cast<int64_t>(tokens[b].size())) +
                               " positions, the KV cache has " + std::to_string(g.options.max_context));
+    LLMQ_RETURN_IF_ERROR(check_window(g.c, "prefill", g.lengths[b] + static_cast<int64_t>(tokens[b].size())));
     for (size_t i = 0; i < tokens[b].size(); ++i)
       if (tokens[b][i] < 0 || tokens[b][i] >= g.c.vocab_size)
         return invalid_argument("prefill: token " + std::to_string(tokens[b][i]) + " (sequence " + std::to_string(b) +
@@ -473,7 +488,7 @@ Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool
   logits->clear();
   // Rows come out in step order, which is sequence order, then position order.
   for (auto& [b, row] : rows) logits->insert(logits->end(), row.begin(), row.end());
-  return {};
+  return check_logits(logits->data(), static_cast<int64_t>(rows.size()), g.c.vocab_size, "prefill row ", 0);
 }
 
 Status GpuRuntime::decode(const std::vector<int32_t>& tokens, std::vector<float>* logits) {
@@ -491,6 +506,7 @@ Status GpuRuntime::decode(const std::vector<int32_t>& tokens, std::vector<float>
     if (g.lengths[static_cast<size_t>(b)] + 1 > g.options.max_context)
       return invalid_argument("decode: sequence " + std::to_string(b) + " is full (" + std::to_string(g.options.max_context) +
                               " positions)");
+    LLMQ_RETURN_IF_ERROR(check_window(g.c, "decode", g.lengths[static_cast<size_t>(b)] + 1));
     tok.push_back(t);
     pos.push_back(static_cast<int32_t>(g.lengths[static_cast<size_t>(b)]));
     slot.push_back(static_cast<int32_t>(b));
@@ -521,7 +537,7 @@ Status GpuRuntime::decode(const std::vector<int32_t>& tokens, std::vector<float>
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), g.logits.get(), logits->size() * 4, cudaMemcpyDeviceToHost, g.stream));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
   for (int64_t b = 0; b < B; ++b) ++g.lengths[static_cast<size_t>(b)];
-  return {};
+  return check_logits(logits->data(), B, g.c.vocab_size, "decode row ", 0);
 }
 
 // One decode step of sequences 0 .. batch - 1 from the device state, then sample and advance.
@@ -595,6 +611,7 @@ Status GpuRuntime::generate(const std::vector<int32_t>& first, int64_t steps, co
       return invalid_argument("generate: sequence " + std::to_string(b) + " would hold " +
                               std::to_string(g.lengths[static_cast<size_t>(b)] + steps) + " positions, the KV cache has " +
                               std::to_string(g.options.max_context));
+    LLMQ_RETURN_IF_ERROR(check_window(g.c, "generate", g.lengths[static_cast<size_t>(b)] + steps));
   }
   if (sampling.temperature > 0.0f && !(sampling.top_p > 0.0f && sampling.top_p <= 1.0f))
     return invalid_argument("--top-p: " + std::to_string(sampling.top_p) + " outside (0, 1]");

@@ -29,6 +29,7 @@ struct AttentionArgs {
   int threads = 0;
   uint64_t seed = 1;
   std::string json_path;
+  bool model_given = false;   // --model was passed (even as ""), as opposed to left out
   std::string model;          // real activations: Q, K, V of every layer of this model
   int64_t prompt_tokens = 256;
 };
@@ -161,7 +162,7 @@ int run_accuracy(const AttentionArgs& a) {
     json.open(a.json_path, std::ios::app);
     if (!json) return fail(Status(StatusCode::kIoError, "--json: cannot open " + a.json_path));
   }
-  if (!a.model.empty()) return run_on_model(a, &json);
+  if (a.model_given) return run_on_model(a, &json);  // an explicit --model "" is refused by load_model
   fmt::print("8-bit attention vs float (CPU specification), heads {}, head_dim {}, {}\n", a.heads, a.head_dim,
              a.causal ? "causal" : "non-causal");
   fmt::print("{:<9} {:>6} | {:<32} | {:>8} {:>8} {:>10} {:>9}\n", "inputs", "tokens", "variant", "MRE", "rel L1",
@@ -206,7 +207,10 @@ void add_attention_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--threads", args->threads, "CPU threads (0: all)")->check(CLI::Range(0, 4096));
   cmd->add_option("--seed", args->seed, "seed of the inputs");
   cmd->add_option("--json", args->json_path, "append JSON lines here");
-  cmd->add_option("--model", args->model,
+  cmd->add_option_function<std::string>("--model", [args](const std::string& m) {
+        args->model = m;
+        args->model_given = true;
+      },
                   "instead of random inputs: every layer's Q, K, V of this model (llama2.c .bin, HF directory or "
                   "'default') on a seeded random prompt");
   cmd->add_option("--prompt-tokens", args->prompt_tokens, "prompt length with --model")->check(CLI::Range(1, 1 << 16));

@@ -100,7 +100,8 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
   }
   // A Hugging Face directory streams from its memory map to the device (bf16, dynamic schemes, and
   // a quantized checkpoint as stored).
-  if (std::filesystem::is_directory(a.model) && precision != "f32") {
+  std::error_code ec;  // the non-throwing overload: a link loop is an error of load_model below, not an exception
+  if (std::filesystem::is_directory(a.model, ec) && precision != "f32") {
     const Status st = TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
     r.expert_parallel = a.ep;
       return GpuModel::from_checkpoint(a.model, precision, device, m, on_rank0(r), r);

@@ -5,13 +5,14 @@
 #include "commands.hpp"
 #include "llmq/calibration.hpp"
 #include "llmq/model_io.hpp"
+#include "llmq/output_dir.hpp"
 #include "llmq/tokenizer.hpp"
 
 namespace llmq::cli {
 namespace {
 
 struct CalibrateArgs {
-  std::string model;
+  std::string model = "default";  // an explicit --model "" is refused by load_model
   std::string data;
   std::string out = "llmq-stats.json";
   int64_t context = 256;
@@ -21,6 +22,14 @@ struct CalibrateArgs {
 };
 
 int run(const CalibrateArgs& a) {
+  // The output rules before any work (output_dir.hpp; save() decides again as it writes): never the
+  // model, its tokenizer or the data, nor a file inside them; an existing file only when it is
+  // llmq statistics.
+  OutputRules out_rules;
+  out_rules.kind = OutputKind::kStatsFile;
+  out_rules.inputs = {a.model, a.data, Tokenizer::find(a.model)};
+  out_rules.overwrite = true;
+  if (Status st = check_output_path(a.out, out_rules); !st.ok()) return fail(st);
   ModelWeights model;
   std::string description;
   if (Status st = load_model(a.model, &model, &description); !st.ok()) return fail(st);
@@ -34,13 +43,13 @@ int run(const CalibrateArgs& a) {
                 " tokens, seeds from " + std::to_string(a.seed);
   } else {
     std::unique_ptr<Tokenizer> tokenizer;  // text data needs one; token-id files do not
-    if (!a.model.empty() && !Tokenizer::find(a.model).empty())
+    if (!is_builtin_model(a.model) && !Tokenizer::find(a.model).empty())
       if (Status st = Tokenizer::load(a.model, &tokenizer); !st.ok()) return fail(st);
     if (Status st = read_token_sequences(a.data, model.config.vocab_size, &sequences, tokenizer.get()); !st.ok())
       return fail(st);
   }
   CalibrationStats stats;
-  stats.model = a.model.empty() ? "default" : a.model;
+  stats.model = a.model;
   stats.data = data_name;
   Progress progress("calibrate");
   int64_t total = 0, done = 0;
@@ -67,7 +76,9 @@ void add_calibrate_command(CLI::App& app, std::vector<Command>* commands) {
   CLI::App* cmd = app.add_subcommand("calibrate", "measure per-tensor and per-channel absmax of every linear input");
   cmd->add_option("--model", args->model, "llama2.c .bin, Hugging Face directory, or 'default'");
   cmd->add_option("--data", args->data, "token-id file (one sequence per line); default: the model's own samples");
-  cmd->add_option("-o,--out", args->out, "statistics file (JSON)");
+  cmd->add_option("-o,--out", args->out,
+                  "statistics file (JSON). Never the model, the data or a file inside them; an existing file is\n"
+                  "replaced only when it is an llmq calibration file");
   cmd->add_option("--context", args->context, "tokens per forward window")->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--samples", args->samples, "without --data: sequences to sample")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--length", args->length, "without --data: tokens per sampled sequence")->check(CLI::Range(1, 1 << 20));

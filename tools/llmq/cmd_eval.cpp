@@ -20,7 +20,7 @@ namespace llmq::cli {
 namespace {
 
 struct EvalArgs {
-  std::string model;
+  std::string model = "default";  // an explicit --model "" is refused by load_model
   std::vector<std::string> quantized;
   std::string schemes;
   std::string data;
@@ -75,7 +75,7 @@ int run(const EvalArgs& a) {
                             a.seed + static_cast<uint64_t>(a.samples) - 1);
   } else {
     std::unique_ptr<Tokenizer> tokenizer;  // text data needs one; token-id files do not
-    if (!a.model.empty() && !Tokenizer::find(a.model).empty())
+    if (!is_builtin_model(a.model) && !Tokenizer::find(a.model).empty())
       if (Status st = Tokenizer::load(a.model, &tokenizer); !st.ok()) return fail(st);
     if (Status st = read_token_sequences(a.data, model.config.vocab_size, &sequences, tokenizer.get()); !st.ok())
       return fail(st);

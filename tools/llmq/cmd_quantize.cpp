@@ -9,6 +9,7 @@
 #include "commands.hpp"
 #include "llmq/export.hpp"
 #include "llmq/model_io.hpp"
+#include "llmq/tokenizer.hpp"
 
 namespace llmq::cli {
 namespace {
@@ -66,14 +67,12 @@ int run(const QuantizeArgs& a) {
   if (!keep) return fail(invalid_argument("--keep-dtype: unknown dtype '" + a.keep_dtype + "'"));
   options.keep_dtype = *keep;
 
+  // What the output must never be, be inside or hold: export_quantized decides (output_dir.hpp),
+  // with the Hugging Face directory it reads added by itself.
+  options.inputs = {a.model, a.stats, Tokenizer::find(a.model)};
+
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!a.model.empty() && !fs::is_directory(a.model, ec) && fs::exists(a.model, ec)) {
-    // A llama2.c file: refuse an output directory that would contain (and so replace) it.
-    const fs::path in = fs::absolute(a.model).lexically_normal(), out = fs::absolute(a.out).lexically_normal();
-    if (in.string().rfind(out.string() + "/", 0) == 0)
-      return fail(invalid_argument("--out: " + a.out + " contains the input " + a.model));
-  }
   ModelWeights model;
   std::unique_ptr<WeightSource> source;
   if (!a.model.empty() && fs::is_directory(a.model, ec)) {
@@ -111,7 +110,9 @@ void add_quantize_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--scheme", args->scheme, "quantization scheme (llmq schemes lists them); 'none' writes an unquantized checkpoint");
   cmd->add_option("--stats", args->stats, "calibration statistics (static schemes, SmoothQuant)");
   cmd->add_option("-o,--out", args->out,
-                  "output directory (staged in <out>.llmq-partial, then swapped into place)")->required();
+                  "output directory (staged in <out>.llmq-partial, then swapped into place). Never an input,\n"
+                  "inside one or holding one; an existing path is replaced only when it is an llmq output\n"
+                  "directory (it holds the .llmq-output marker) and --force is given")->required();
   cmd->add_option("--keep-dtype", args->keep_dtype, "dtype of tensors not quantized: bf16, f16 or f32");
   cmd->add_option("--format", args->format,
                   "auto (the scheme's own), compressed-tensors or fp8. Who loads what:\n"
@@ -123,7 +124,9 @@ void add_quantize_command(CLI::App& app, std::vector<Command>* commands) {
                   "  blocks), as are weights not a whole number of 128x128 blocks (engines disagree on edges).");
   cmd->add_flag("--quantize-lm-head", args->quantize_lm_head, "quantize lm_head too (kept by default)");
   cmd->add_flag("--dry-run", args->dry_run, "plan and report; write nothing");
-  cmd->add_flag("--force", args->force, "replace an existing output directory (never the input)");
+  cmd->add_flag("--force", args->force,
+                "replace a previous llmq output directory (never an input, a symbolic link or anything llmq did "
+                "not write)");
   cmd->add_flag("--resume", args->resume,
                 "keep the shards an interrupted run (same inputs and options) finished in <out>.llmq-partial");
   cmd->add_option("--nonfinite", args->nonfinite,

@@ -16,7 +16,7 @@ namespace llmq::cli {
 namespace {
 
 struct RunArgs {
-  std::string model;
+  std::string model = "default";  // an explicit --model "" is refused by load_model
   std::string prompt_ids;
   int64_t steps = 256;
   float temperature = 1.0f;
@@ -39,7 +39,8 @@ struct RunArgs {
 // dynamic --scheme. *out stays null when this path does not apply (not a directory, f32, static
 // schemes that need --stats): the model is then loaded on the host first.
 Status stream_to_gpu(const RunArgs& a, std::unique_ptr<TensorParallelRuntime>* out) {
-  if (a.device != "cuda" || !std::filesystem::is_directory(a.model) || a.precision == "f32" || !a.stats.empty()) return {};
+  std::error_code ec;  // the non-throwing overload: a link loop is an error of load_model, not an exception
+  if (a.device != "cuda" || !std::filesystem::is_directory(a.model, ec) || a.precision == "f32" || !a.stats.empty()) return {};
   std::string precision = a.scheme.empty() ? a.precision : a.scheme;
   if (a.scheme.empty()) {
     std::unique_ptr<Checkpoint> ckpt;
@@ -104,15 +105,10 @@ int run(const RunArgs& a) {
     if (Status st = load_model(a.model, &model); !st.ok()) return fail(st);
   const ModelConfig& config = gpu_model != nullptr ? gpu_model->config() : model.config;
   std::vector<int32_t> prompt = {config.bos_token};
-  if (!a.prompt_ids.empty()) {
-    std::istringstream in(a.prompt_ids);
-    long long v;
-    while (in >> v) {
-      if (v < 0 || v >= config.vocab_size)
-        return fail(invalid_argument("--prompt-ids: " + std::to_string(v) + " is outside the vocabulary"));
-      prompt.push_back(static_cast<int32_t>(v));
-    }
-    if (!in.eof()) return fail(invalid_argument("--prompt-ids: expected space-separated token ids"));
+  {
+    std::vector<int32_t> ids;
+    if (Status st = parse_token_ids("--prompt-ids", a.prompt_ids, config.vocab_size, &ids); !st.ok()) return fail(st);
+    prompt.insert(prompt.end(), ids.begin(), ids.end());
   }
   if (a.temperature > 0.0f && a.seed == 0)
     return fail(invalid_argument("--seed: sampling (temperature > 0) needs an explicit non-zero seed"));
@@ -144,7 +140,7 @@ int run(const RunArgs& a) {
     if (Status st = generate(&transformer, prompt, g, &out); !st.ok()) return fail(st);
   }
   std::unique_ptr<Tokenizer> tokenizer;
-  if (!a.ids && !a.model.empty() && !Tokenizer::find(a.model).empty())
+  if (!a.ids && !is_builtin_model(a.model) && !Tokenizer::find(a.model).empty())
     if (Status st = Tokenizer::load(a.model, &tokenizer); !st.ok()) return fail(st);
   if (tokenizer == nullptr) {
     if (!a.ids) std::fprintf(stderr, "llmq: no tokenizer beside the model; printing token ids\n");

@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <new>
 
 #include "llmq/format.hpp"
 #include "llmq/status.hpp"
@@ -56,7 +58,7 @@ int run_convert(const std::string& format_name, const std::vector<double>& value
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run_main(int argc, char** argv) {
   CLI::App app{"llmq: 8-bit (FP8 / INT8) quantization of large language models, with the accuracy measured"};
   app.require_subcommand(0, 1);
   llmq::cli::ReportOptions report_options;
@@ -103,4 +105,20 @@ int main(int argc, char** argv) {
   }
   if (*convert) return run_convert(format_name, values, nosat, stochastic, seed);
   return run_report(report_options);
+}
+
+// The one boundary where exceptions stop: whatever escapes a command (std::bad_alloc from an
+// allocation the checks let through, a std::filesystem error, a bug) becomes an error message and
+// exit status 1, never std::terminate's abort.
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fputs("llmq: out of memory\n", stderr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llmq: internal error: %s\n", e.what());
+  } catch (...) {
+    std::fputs("llmq: internal error: an unknown exception\n", stderr);
+  }
+  return 1;
 }

@@ -1,0 +1,63 @@
+// The whole load path of a Hugging Face checkpoint, not only its parsers: config.json and one
+// model.safetensors from the input are written into a directory and opened the way every command
+// opens a model (open_hf_checkpoint: config semantics, header, the config-vs-tensor checks), then
+// loaded into float32 weights (load_hf_model: dequantization of 8-bit weights included).
+// Input layout: 4 bytes little-endian n, then n bytes of config.json, then the safetensors file.
+// Invariants: an error names the directory; a model that loads matches its own config (every
+// layer, tensor shapes as the config says) and holds only finite weights.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "fuzz_support.hpp"
+#include "llmq/safetensors.hpp"
+
+namespace {
+
+// One directory per fuzzing process, rewritten for every input.
+const std::string& work_dir() {
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/llmq-fuzz-load-XXXXXX";
+    const char* made = ::mkdtemp(tmpl);
+    if (made == nullptr) llmq::fuzz::invariant_failed("mkdtemp failed");
+    return std::string(made);
+  }();
+  return dir;
+}
+
+void write_file(const std::string& path, const uint8_t* data, size_t size) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  if (!out) llmq::fuzz::invariant_failed("cannot write", path);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace llmq;
+  if (size < 4) return 0;
+  const size_t n = static_cast<size_t>(data[0]) | static_cast<size_t>(data[1]) << 8 |
+                   static_cast<size_t>(data[2]) << 16 | static_cast<size_t>(data[3]) << 24;
+  if (n > size - 4) return 0;
+  const std::string& dir = work_dir();
+  write_file(dir + "/config.json", data + 4, n);
+  write_file(dir + "/model.safetensors", data + 4 + n, size - 4 - n);
+
+  std::unique_ptr<Checkpoint> ckpt;
+  ModelConfig config;
+  const Status opened = open_hf_checkpoint(dir, &ckpt, &config);
+  fuzz::require_named_error(opened, dir);
+  ModelWeights w;
+  const Status loaded = load_hf_model(dir, &w);
+  fuzz::require_named_error(loaded, dir);
+  fuzz::require(opened.ok() || !loaded.ok(), "load_hf_model accepted what open_hf_checkpoint refuses");
+  if (!loaded.ok()) return 0;
+  fuzz::require(w.config.validate().ok(), "loaded a model whose config validate() refuses");
+  fuzz::require(static_cast<int64_t>(w.layers.size()) == w.config.n_layers, "layer count differs from the config");
+  fuzz::require(w.token_embedding.shape() == std::vector<int64_t>{w.config.vocab_size, w.config.dim},
+                "embedding shape differs from the config");
+  fuzz::require(w.check_finite(dir).ok(), "loaded non-finite weights");
+  return 0;
+}

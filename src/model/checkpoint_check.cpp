@@ -1,0 +1,162 @@
+// The one checked way a Hugging Face checkpoint becomes a model: every loader (the CPU model, the
+// quantized-checkpoint reader, the streaming quantizer, the GPU loaders, and so every command)
+// opens it through open_hf_checkpoint, so a checkpoint that disagrees with its config.json is
+// refused the same way everywhere instead of being run as a truncated or re-tied model.
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "llmq/dtype.hpp"
+#include "llmq/safetensors.hpp"
+#include "model/input_file.hpp"
+
+namespace llmq {
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// A tensor the config implies: its name, shape, and whether a quantized checkpoint may store it
+// in 8 bits (linear and embedding weights; never norms or biases).
+struct ExpectedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool may_be_8bit = false;
+};
+
+// Visit the tensors `c` implies, in checkpoint order, stopping at the first error `fn` returns.
+// Lazy on purpose: a config claiming 10^9 layers fails at the first missing tensor, after at
+// most as many steps as the checkpoint has tensors, instead of building 10^10 names first.
+template <typename Fn>
+Status visit_expected(const ModelConfig& c, Fn fn) {
+  LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{"model.embed_tokens.weight", {c.vocab_size, c.dim}, true}));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{p + "input_layernorm.weight", {c.dim}, false}));
+    LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{p + "post_attention_layernorm.weight", {c.dim}, false}));
+    auto linear = [&](const LinearId& id) -> Status {
+      const std::vector<int64_t> shape = linear_shape(c, id);
+      LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{id.hf_name(c) + ".weight", shape, true}));
+      // transformers: Llama's attention_bias puts a bias on q, k, v and o; Qwen2's on q, k, v.
+      const bool qkv = id.role == LinearRole::kQ || id.role == LinearRole::kK || id.role == LinearRole::kV;
+      const bool o = id.role == LinearRole::kO && c.model_type == "llama";
+      if (c.attention_bias && (qkv || o)) LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{id.hf_name(c) + ".bias", {shape[0]}, false}));
+      return {};
+    };
+    for (LinearRole r : {LinearRole::kQ, LinearRole::kK, LinearRole::kV, LinearRole::kO})
+      LLMQ_RETURN_IF_ERROR(linear({i, r, -1}));
+    if (c.is_moe()) {
+      LLMQ_RETURN_IF_ERROR(linear({i, LinearRole::kRouter, -1}));
+      for (int64_t e = 0; e < c.n_experts; ++e)
+        for (LinearRole r : {LinearRole::kGate, LinearRole::kUp, LinearRole::kDown}) LLMQ_RETURN_IF_ERROR(linear({i, r, e}));
+    } else {
+      for (LinearRole r : {LinearRole::kGate, LinearRole::kUp, LinearRole::kDown}) LLMQ_RETURN_IF_ERROR(linear({i, r, -1}));
+    }
+  }
+  LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{"model.norm.weight", {c.dim}, false}));
+  if (!c.tie_embeddings) LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{"lm_head.weight", {c.vocab_size, c.dim}, true}));
+  return {};
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_8bit(DType d) { return is_fp8(d) || d == DType::kI8; }
+
+// The tensors a quantized linear weight brings with it (export.cpp writes them; vLLM and
+// compressed-tensors name them so).
+constexpr const char* kCompanionSuffixes[] = {".weight_scale", ".weight_scale_inv", ".input_scale", ".weight_zero_point"};
+
+}  // namespace
+
+bool config_has_quantization(const std::string& config_json) {
+  nlohmann::json j;
+  if (!parse_json_text("config.json", config_json, &j).ok() || !j.is_object()) return false;
+  const auto it = j.find("quantization_config");
+  return it != j.end() && it->is_object();
+}
+
+Status check_hf_checkpoint(const Checkpoint& ckpt, const ModelConfig& config) {
+  const std::string where = ckpt.dir() + ": ";
+  const bool quantized = config_has_quantization(ckpt.config_json());
+  std::set<std::string> expected, stored_8bit;
+  LLMQ_RETURN_IF_ERROR(visit_expected(config, [&](const ExpectedTensor& t) -> Status {
+    const SafetensorsTensorInfo* info = ckpt.find(t.name);
+    if (info == nullptr) {
+      if (t.name == "lm_head.weight")
+        return invalid_argument(where + "no lm_head.weight, and config.json's tie_word_embeddings is false: "
+                                "transformers would start lm_head from random weights");
+      return invalid_argument(where + "tensor '" + t.name + "' is missing (config.json: " + config.model_type + ", " +
+                              std::to_string(config.n_layers) + " layers" +
+                              (config.is_moe() ? ", " + std::to_string(config.n_experts) + " experts" : "") + ")");
+    }
+    if (info->shape != t.shape)
+      return invalid_argument(where + "tensor '" + t.name + "' has shape " + shape_text(info->shape) +
+                              ", config.json implies " + shape_text(t.shape));
+    if (is_8bit(info->dtype)) {
+      if (!t.may_be_8bit)
+        return invalid_argument(where + "tensor '" + t.name + "' is " + dtype_name(info->dtype) +
+                                "; norms and biases must be F32, F64, F16 or BF16");
+      if (!quantized)
+        return invalid_argument(where + "tensor '" + t.name + "' is " + dtype_name(info->dtype) +
+                                " but config.json has no quantization_config saying how to read it");
+      stored_8bit.insert(t.name);
+    } else if (!is_high_precision(info->dtype)) {
+      return invalid_argument(where + "tensor '" + t.name + "' is " + dtype_name(info->dtype) +
+                              "; weights must be F32, F64, F16, BF16 (or FP8/INT8 in a quantized checkpoint)");
+    }
+    expected.insert(t.name);
+    return {};
+  }));
+  if (config.tie_embeddings && ckpt.find("lm_head.weight") != nullptr)
+    return invalid_argument(where + "tensor 'lm_head.weight' is present, but config.json's tie_word_embeddings is "
+                            "true: the classifier is the embedding, and loaders disagree on which of the two wins");
+  // Nothing the model would not read: an extra layer or expert, a stray tensor, a scale beside a
+  // weight stored in float. transformers drops such tensors with a warning; llmq refuses them,
+  // since they mean the config and the weights describe different models.
+  const std::string layers = "model.layers.";
+  for (const std::string& name : ckpt.tensor_names()) {
+    if (expected.count(name) != 0) continue;
+    // A buffer old checkpoints saved; transformers recomputes it from the config.
+    if (ends_with(name, ".rotary_emb.inv_freq")) continue;
+    bool companion = false;
+    for (const char* suffix : kCompanionSuffixes)
+      if (ends_with(name, suffix) && stored_8bit.count(name.substr(0, name.size() - std::string(suffix).size()) + ".weight") != 0)
+        companion = true;
+    if (companion) continue;
+    if (name.rfind(layers, 0) == 0) {
+      const std::string rest = name.substr(layers.size());
+      size_t digits = 0;
+      while (digits < rest.size() && digits < 18 && rest[digits] >= '0' && rest[digits] <= '9') ++digits;
+      if (digits > 0 && std::stoll(rest.substr(0, digits)) >= config.n_layers)
+        return invalid_argument(where + "tensor '" + name + "' belongs to layer " + rest.substr(0, digits) +
+                                ", but config.json's num_hidden_layers is " + std::to_string(config.n_layers));
+    }
+    for (const char* suffix : kCompanionSuffixes)
+      if (ends_with(name, suffix))
+        return invalid_argument(where + "tensor '" + name + "' is a quantization scale, but the weight it belongs to is "
+                                "not stored in 8 bits (or is not part of the model)");
+    return invalid_argument(where + "tensor '" + name + "' is not part of the model config.json describes (" +
+                            config.model_type + ", " + std::to_string(config.n_layers) + " layers" +
+                            (config.is_moe() ? ", " + std::to_string(config.n_experts) + " experts" : "") +
+                            "); refusing rather than ignoring it");
+  }
+  return {};
+}
+
+Status open_hf_checkpoint(const std::string& dir, std::unique_ptr<Checkpoint>* ckpt, ModelConfig* config) {
+  std::unique_ptr<Checkpoint> c;
+  LLMQ_RETURN_IF_ERROR(Checkpoint::open(dir, &c));
+  ModelConfig mc;
+  if (Status st = parse_hf_config(c->config_json(), &mc); !st.ok()) return Status(st.code(), dir + "/" + st.message());
+  LLMQ_RETURN_IF_ERROR(check_hf_checkpoint(*c, mc));
+  *ckpt = std::move(c);
+  *config = std::move(mc);
+  return {};
+}
+
+}  // namespace llmq
