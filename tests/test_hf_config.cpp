@@ -39,9 +39,7 @@ std::string read_text(const std::string& path) {
 }
 
 void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  ASSERT_TRUE(out.good()) << path;
+  EXPECT_TRUE((std::ofstream(path, std::ios::binary) << text).good()) << path;
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
@@ -161,8 +159,7 @@ TEST_P(AgainstTransformers, Transformers4SpellingGivesTheSameLogits) {
   TempDir tmp("llmq_hf4");
   const std::string dir = rewritten(tmp, GetParam(), to_transformers4);
   const std::string text = read_text(dir + "/config.json");
-  ASSERT_FALSE(contains(text, "rope_parameters"));
-  ASSERT_TRUE(contains(text, "\"rope_theta\""));
+  ASSERT_TRUE(!contains(text, "rope_parameters") && contains(text, "\"rope_theta\"")) << text;
   expect_matches_transformers(run_against(dir, kData + "/" + GetParam()));
 }
 
@@ -185,11 +182,9 @@ TEST(HfConfigFormats, BothSpellingsReadTheSameRope) {
   for (const json& j : {v5, v4}) {
     const ModelConfig c = parsed(j);
     EXPECT_EQ(c.rope_theta, 500000.0);
-    EXPECT_TRUE(c.rope_scaling.enabled);
-    EXPECT_EQ(c.rope_scaling.factor, 8.0);
-    EXPECT_EQ(c.rope_scaling.low_freq_factor, 1.0);
-    EXPECT_EQ(c.rope_scaling.high_freq_factor, 4.0);
-    EXPECT_EQ(c.rope_scaling.original_max_position, 16);
+    const RopeScaling& r = c.rope_scaling;
+    EXPECT_TRUE(r.enabled);
+    EXPECT_TRUE(r.factor == 8.0 && r.low_freq_factor == 1.0 && r.high_freq_factor == 4.0 && r.original_max_position == 16);
   }
   // Both spellings at once, agreeing, as a config converted by hand might be: accepted.
   json both = v5;
@@ -250,20 +245,18 @@ const char* kHubConfigs[] = {
     // meta-llama/Llama-3.2-1B
     R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
         "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
-        "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072,
-        "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16,
-        "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
-        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false,
+        "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+        "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
         "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
         "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})",
     // huggyllama/llama-7b (a LLaMA 1 conversion)
     R"({"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-        "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008,
-        "max_position_embeddings": 2048, "max_sequence_length": 2048, "model_type": "llama",
-        "num_attention_heads": 32, "num_hidden_layers": 32, "pad_token_id": 0, "rms_norm_eps": 1e-06,
-        "tie_word_embeddings": false, "torch_dtype": "float16", "transformers_version": "4.28.0.dev0",
-        "use_cache": true, "vocab_size": 32000})",
+        "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 2048,
+        "max_sequence_length": 2048, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "pad_token_id": 0, "rms_norm_eps": 1e-06, "tie_word_embeddings": false, "torch_dtype": "float16",
+        "transformers_version": "4.28.0.dev0", "use_cache": true, "vocab_size": 32000})",
     // mistralai/Mistral-7B-v0.1
     R"({"architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
         "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
@@ -284,24 +277,23 @@ const char* kHubConfigs[] = {
         "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
         "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
         "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": false,
-        "torch_dtype": "bfloat16", "transformers_version": "4.37.2", "use_cache": true,
-        "use_sliding_window": false, "vocab_size": 152064})",
+        "torch_dtype": "bfloat16", "transformers_version": "4.37.2", "use_cache": true, "use_sliding_window": false,
+        "vocab_size": 152064})",
     // Qwen/Qwen2.5-0.5B-Instruct
     R"({"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
         "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
-        "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21,
-        "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
-        "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": true,
-        "use_sliding_window": false, "vocab_size": 151936})",
+        "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+        "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+        "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})",
     // mistralai/Mixtral-8x7B-v0.1
     R"({"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
         "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
         "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
         "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
-        "output_router_logits": false, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
-        "router_aux_loss_coef": 0.02, "sliding_window": null, "tie_word_embeddings": false,
-        "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0", "use_cache": true, "vocab_size": 32000})",
+        "output_router_logits": false, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+        "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+        "transformers_version": "4.36.0.dev0", "use_cache": true, "vocab_size": 32000})",
 };
 
 TEST(HfConfigAccepts, HubConfigs) {
@@ -536,6 +528,8 @@ TEST(HfConfigRefuses, OutOfRangeValuesNameTheField) {
       {"high below low", rope("high_freq_factor", 0.5), bad, {"high_freq_factor"}},
       {"original positions 0", rope("original_max_position_embeddings", 0), bad, {"original_max_position_embeddings"}},
       {"pretraining_tp 0", set("pretraining_tp", 0), bad, {"pretraining_tp"}},
+      {"BOS past the vocabulary", set("bos_token_id", 64), bad, {"bos_token_id"}},
+      {"EOS past the vocabulary", set("eos_token_id", json::array({2000000000, 2})), bad, {"eos_token_id"}},
   });
   json moe = llama3();
   moe["model_type"] = "mixtral";
@@ -557,14 +551,9 @@ TEST(HfConfigRefuses, OutOfRangeValuesNameTheField) {
   expect_refused(parse_hf_config(text, &inf), bad, {"1e999"});
   // The caps leave room: the largest real sizes pass.
   json big = llama3();
-  big["hidden_size"] = 16384;
-  big["intermediate_size"] = 53248;
-  big["num_hidden_layers"] = 126;
-  big["num_attention_heads"] = 128;
-  big["head_dim"] = 128;
-  big["num_key_value_heads"] = 8;
-  big["vocab_size"] = 256000;
-  big["max_position_embeddings"] = 10485760;
+  big.update(json{{"hidden_size", 16384}, {"intermediate_size", 53248}, {"num_hidden_layers", 126},
+                  {"num_attention_heads", 128}, {"head_dim", 128}, {"num_key_value_heads", 8}, {"vocab_size", 256000},
+                  {"max_position_embeddings", 10485760}});
   big["rope_parameters"]["rope_theta"] = 1e9;
   EXPECT_EQ(parsed(big).max_seq_len, 10485760);
 }
@@ -585,22 +574,14 @@ TEST(HfConfigRefuses, ValidateChecksRangesForEveryLoader) {
   refused([](ModelConfig& c) { c.norm_eps = std::nan(""); }, "norm_eps");
   refused([](ModelConfig& c) { c.n_layers = 1 << 20; }, "n_layers");
   refused([](ModelConfig& c) { c.sliding_window = -1; }, "sliding_window");
-  refused([](ModelConfig& c) {
-    c.rope_scaling.enabled = true;
-    c.rope_scaling.factor = INFINITY;
-  }, "rope_scaling.factor");
+  refused([](ModelConfig& c) { c.rope_scaling.enabled = true; c.rope_scaling.factor = INFINITY; }, "scaling.factor");
 }
 
 // ---------------------------------------------------------------------------------------------
 // Sliding windows
 
-json qwen2_base() {
-  json j = json::parse(kHubConfigs[6]);  // Qwen2-7B: 28 layers, max_window_layers 28
-  return j;
-}
-
 TEST(HfConfigSlidingWindow, Qwen2FollowsUseSlidingWindowAndItsLayers) {
-  json j = qwen2_base();
+  json j = json::parse(kHubConfigs[6]);  // Qwen2-7B: 28 layers, max_window_layers 28
   EXPECT_EQ(parsed(j).sliding_window, 0);  // use_sliding_window false
   j["use_sliding_window"] = true;
   j["sliding_window"] = 4096;
@@ -640,8 +621,7 @@ TEST(HfConfigSlidingWindow, WriterKeepsTheWindow) {
 
 ModelWeights windowed_model(int64_t window) {
   DefaultModelOptions o;
-  o.dim = 64, o.hidden_dim = 128, o.n_layers = 2, o.n_heads = 4, o.n_kv_heads = 2, o.vocab_size = 64;
-  o.max_seq_len = 256;
+  o.dim = 64, o.hidden_dim = 128, o.n_layers = 2, o.n_heads = 4, o.n_kv_heads = 2, o.vocab_size = 64, o.max_seq_len = 256;
   ModelWeights w = make_default_model(o);
   w.config.model_type = "mistral";
   w.config.sliding_window = window;
@@ -696,18 +676,17 @@ TEST(HfConfigSlidingWindow, LogitsCommandRefusesPastTheWindow) {
     j.erase("attention_bias");
     j["sliding_window"] = 8;
   });
-  std::string ids;
-  for (int i = 0; i < 48; ++i) ids += std::to_string((7 * i + 3) % 64) + " ";
+  auto ids = [](int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += std::to_string((7 * i + 3) % 64) + " ";
+    return s;
+  };
   std::string out;
-  EXPECT_NE(run_cli("logits --model '" + dir + "' --ids '" + ids + "' -o '" + tmp.file("l48.bin") + "'", &out), 0);
+  EXPECT_NE(run_cli("logits --model '" + dir + "' --ids '" + ids(48) + "' -o '" + tmp.file("l48.bin") + "'", &out), 0);
   EXPECT_TRUE(contains(out, "sliding-window attention (config.json sliding_window = 8) is not implemented yet: "
-                            "llmq runs at most 8 positions of this model"))
-      << out;
+                            "llmq runs at most 8 positions of this model")) << out;
   EXPECT_FALSE(fs::exists(tmp.file("l48.bin")));
-  std::string eight;
-  for (int i = 0; i < 8; ++i) eight += std::to_string((7 * i + 3) % 64) + " ";
-  EXPECT_EQ(run_cli("logits --model '" + dir + "' --ids '" + eight + "' -o '" + tmp.file("l8.bin") + "'", &out), 0)
-      << out;
+  EXPECT_EQ(run_cli("logits --model '" + dir + "' --ids '" + ids(8) + "' -o '" + tmp.file("l8.bin") + "'", &out), 0) << out;
   EXPECT_EQ(fs::file_size(tmp.file("l8.bin")), 8u * 64u * sizeof(float));
   // A config key llmq does not understand stops the command too, naming it.
   const std::string odd = rewritten(tmp, "qwen2-theta", [](json& j) { j["use_mrope"] = false; });

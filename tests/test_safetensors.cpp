@@ -722,10 +722,14 @@ TEST(HfConfig, Qwen2HasAttentionBiasAndIgnoresADisabledSlidingWindow) {
   EXPECT_FALSE(c.rope_scaling.enabled);
   EXPECT_EQ(c.bos_token, 151643);
   EXPECT_EQ(c.eos_token, 151645);
-  // An explicit attention_bias wins over the model type's default.
+  // transformers' Qwen2 always has q/k/v biases and never reads attention_bias: a config that
+  // says false is refused rather than run without them.
   json j = json::parse(kQwen2Config);
   j["attention_bias"] = false;
-  EXPECT_FALSE(parsed_config(j.dump()).attention_bias);
+  ModelConfig refused;
+  const Status st = parse_hf_config(j.dump(), &refused);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
+  EXPECT_NE(st.message().find("attention_bias"), std::string::npos) << st.to_string();
 }
 
 TEST(HfConfig, MixtralExperts) {
@@ -755,9 +759,12 @@ TEST(HfConfig, MistralHeadDimAndSlidingWindow) {
   const ModelConfig c = parsed_config(nemo.dump());
   EXPECT_EQ(c.head_dim, 128);
   EXPECT_FALSE(c.is_moe());
-  // Mistral 7B v0.1: a 4096-token window bounds the sequence length.
+  // Mistral 7B v0.1: a 4096-token window is recorded as a window, not taken as the context length
+  // (sequences past it are refused until sliding-window attention is implemented).
   nemo["sliding_window"] = 4096;
-  EXPECT_EQ(parsed_config(nemo.dump()).max_seq_len, 4096);
+  const ModelConfig windowed = parsed_config(nemo.dump());
+  EXPECT_EQ(windowed.sliding_window, 4096);
+  EXPECT_EQ(windowed.max_seq_len, c.max_seq_len);
 }
 
 TEST(HfConfig, DefaultsForAbsentFields) {
@@ -1359,7 +1366,9 @@ TEST(HfModel, QuantizedWeightsWithoutUsableScalesAreErrors) {
     ASSERT_TRUE(dir.ok());
     CheckpointBuilder b(kSeed + 8);
     add_tiny_model(&b, s, [store = store](const std::string& m) { return contains(m, "o_proj") ? store : WeightStore::kF32; });
-    ASSERT_TRUE(b.write(dir.path(), tiny_config(s)).ok());
+    TinySpec quantized = s;  // 8-bit weights are read only under a quantization_config
+    quantized.extra = {{"quantization_config", {{"quant_method", "fp8"}}}};
+    ASSERT_TRUE(b.write(dir.path(), tiny_config(quantized)).ok());
     ModelWeights w;
     expect_error_mentions(load_hf_model(dir.path(), &w), mentions);
   }

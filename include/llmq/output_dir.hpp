@@ -41,6 +41,7 @@ enum class OutputKind {
   kDirectory,  // quantize, make-checkpoint: staged, then swapped in; carries the .llmq-output marker
   kStatsFile,  // calibrate: replaces only a file that reads as an llmq calibration file
   kRawFile,    // logits: raw float32, nothing to recognize it by; replaces a regular file with --force
+  kJsonLines,  // bench / attention-accuracy --json: appended to; only an empty file or one of JSON lines
 };
 
 struct OutputRules {

@@ -20,7 +20,8 @@ struct HfTensorSpec {
   std::vector<int64_t> shape;
 };
 // Every tensor of a dense or Mixtral model (lm_head unless tied; q/k/v biases when
-// attention_bias).
+// attention_bias, and o_proj's too for a llama model, as transformers has them): the same list
+// check_hf_checkpoint holds a checkpoint to (checkpoint_check.cpp).
 std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& config);
 
 struct SyntheticCheckpointOptions {
@@ -28,6 +29,7 @@ struct SyntheticCheckpointOptions {
   DType dtype = DType::kBF16;  // BF16, F16 or F32
   int64_t max_shard_bytes = int64_t{4} << 30;
   uint64_t seed = 1;
+  bool overwrite = false;  // replace a previous llmq output directory at the path (never anything else)
 };
 
 // Write config.json, the shards and (when sharded) model.safetensors.index.json into `dir`

@@ -13,6 +13,8 @@
 #include <random>
 #include <vector>
 
+#include "model/input_file.hpp"
+
 namespace llmq {
 namespace {
 
@@ -208,13 +210,9 @@ Status write_output_file(const std::string& path, const std::string& bytes, cons
 Status copy_file_synced(const std::string& from, const std::string& to) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer; anything but a regular file is refused
   // before a byte is read (a FIFO or /dev/zero would never end).
-  const int in = ::open(from.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (in < 0) return io_error(from + ": cannot open: " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(in, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(in);
-    return invalid_argument(from + ": not a regular file; llmq copies only regular files");
-  }
+  int in = -1;
+  int64_t size = 0;
+  LLMQ_RETURN_IF_ERROR(open_input_file(from, &in, &size));  // says what it is when not a regular file
   const int out = create_new_file(to);
   if (out < 0) {
     const int err = errno;

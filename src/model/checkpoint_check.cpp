@@ -8,6 +8,7 @@
 
 #include "llmq/dtype.hpp"
 #include "llmq/safetensors.hpp"
+#include "llmq/synthetic_checkpoint.hpp"
 #include "model/input_file.hpp"
 
 namespace llmq {
@@ -72,6 +73,16 @@ bool is_8bit(DType d) { return is_fp8(d) || d == DType::kI8; }
 constexpr const char* kCompanionSuffixes[] = {".weight_scale", ".weight_scale_inv", ".input_scale", ".weight_zero_point"};
 
 }  // namespace
+
+// The writer's list is the checker's list: one enumeration of what a config implies.
+std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
+  std::vector<HfTensorSpec> specs;
+  (void)visit_expected(c, [&specs](const ExpectedTensor& t) {
+    specs.push_back({t.name, t.shape});
+    return Status();
+  });
+  return specs;
+}
 
 bool config_has_quantization(const std::string& config_json) {
   nlohmann::json j;

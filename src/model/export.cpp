@@ -36,6 +36,7 @@
 #include "llmq/output_dir.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/scale.hpp"
+#include "model/input_file.hpp"
 
 namespace llmq {
 namespace {
@@ -203,12 +204,10 @@ Status find_side_files(const std::string& dir, std::vector<std::string>* files) 
     const std::string path = dir + "/" + f;
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0) continue;  // absent: nothing to copy
-    if (::stat(path.c_str(), &st) != 0)
-      return invalid_argument("--model: " + path + ": cannot read (" + std::strerror(errno) +
-                              "); it is a tokenizer file quantize copies into the output");
-    if (!S_ISREG(st.st_mode))
-      return invalid_argument("--model: " + path +
-                              " is not a regular file; it is a tokenizer file quantize copies into the output");
+    std::string why;  // names what it is instead: a FIFO, a device, a directory, a link loop
+    if (!is_input_file(path, &why))
+      return invalid_argument("--model: " + (why.empty() ? path + ": cannot read" : why) +
+                              "; it is a tokenizer file quantize copies into the output");
     files->push_back(f);
   }
   return {};

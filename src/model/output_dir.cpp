@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmq/atomic_io.hpp"
+#include "model/input_file.hpp"
 
 namespace llmq {
 namespace {
@@ -52,6 +53,25 @@ bool read_regular_file(const std::string& path, int64_t max_bytes, std::string* 
     }
   }
   ::close(fd);
+  return ok;
+}
+
+// The first `n` bytes of a regular file (never through a symbolic link, never waiting on a FIFO).
+bool read_regular_prefix(const std::string& path, int64_t n, std::string* out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  out->assign(static_cast<size_t>(n), '\0');
+  int64_t done = 0;
+  while (ok && done < n) {
+    const ssize_t r = ::read(fd, &(*out)[static_cast<size_t>(done)], static_cast<size_t>(n - done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    done += r;
+  }
+  ::close(fd);
+  out->resize(static_cast<size_t>(done));
   return ok;
 }
 
@@ -151,6 +171,21 @@ Status check_existing(const std::string& shown, const std::string& path, const O
     case OutputKind::kRawFile:
       if (!S_ISREG(st.st_mode)) return invalid_argument(where + " exists and is not a regular file" + only_own);
       break;
+    case OutputKind::kJsonLines: {
+      // Appended to, not replaced: an empty file, or one whose first line is a JSON object (what
+      // llmq's --json writes), never a model file or anything else that would be corrupted.
+      if (!S_ISREG(st.st_mode)) return invalid_argument(where + " exists and is not a regular file" + only_own);
+      std::string head;
+      const int64_t peek = std::min<int64_t>(static_cast<int64_t>(st.st_size), kMaxMarkerBytes * 16);
+      if (peek == 0) return {};
+      if (!read_regular_prefix(path, peek, &head))
+        return invalid_argument(where + ": cannot read it to see whether it holds JSON lines");
+      const std::string first = head.substr(0, head.find('\n'));
+      nlohmann::json j;
+      if (head.find('\n') == std::string::npos || !parse_json_text(where, first, &j).ok() || !j.is_object())
+        return invalid_argument(where + " exists and is not a file of JSON lines; llmq appends only to its own");
+      return {};
+    }
   }
   if (!rules.overwrite) return invalid_argument(where + " exists (pass --force to replace it)");
   return {};
@@ -324,7 +359,8 @@ Status OutputDir::load_manifest(bool resume) {
   reusable_.clear();
   std::string text;
   if (read_regular_file(path(manifest_name()), kMaxManifestBytes, &text)) {
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json j;
+    if (!parse_json_text(path(manifest_name()), text, &j).ok()) j = nullptr;  // bounded depth, no exception
     // A manifest that does not parse was torn by a crash during its own rename window (it is
     // written atomically, so this should not happen) or edited: trust none of it.
     if (j.is_object() && j.value("format", "") == kManifestFormat && j.contains("files") && j["files"].is_object()) {

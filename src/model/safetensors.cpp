@@ -148,15 +148,21 @@ Status parse_header(const std::string& path, const uint8_t* bytes, int64_t file_
   const int64_t data_offset = kLengthPrefixBytes + static_cast<int64_t>(header_len);
   const int64_t data_size = file_size - data_offset;
 
-  // As the reference implementation reads it: the header starts with '{' and may be padded at
-  // the end with spaces (0x20) only; everything else after the JSON is an error.
-  int64_t json_len = static_cast<int64_t>(header_len);
-  while (json_len > 0 && text[json_len - 1] == ' ') --json_len;
-  if (json_len == 0 || text[0] != '{')
+  // As the reference implementation reads it (serde_json over the UTF-8 header, which skips JSON
+  // whitespace around the value; its tests pad with "\r \t\n" after and before the object): one
+  // JSON object with only space, tab, CR or LF around it. NUL padding, a second value or any
+  // other byte inside the declared length is an error.
+  auto json_space = [](char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; };
+  int64_t json_begin = 0, json_len = static_cast<int64_t>(header_len);
+  while (json_begin < json_len && json_space(text[json_begin])) ++json_begin;
+  while (json_len > json_begin && json_space(text[json_len - 1])) --json_len;
+  if (json_len == json_begin || text[json_begin] != '{')
     return invalid_argument(path + ": header is not a JSON object (it must start with '{'): not a safetensors file");
   if (text[json_len - 1] != '}')
-    return invalid_argument(path + ": header has bytes other than spaces after its JSON object (last byte 0x" +
+    return invalid_argument(path + ": header has bytes other than JSON whitespace after its object (last byte 0x" +
                             fmt_hex(static_cast<uint8_t>(text[json_len - 1])) + ")");
+  text += json_begin;
+  json_len -= json_begin;
 
   // nlohmann keeps only the last of duplicate keys; a duplicated tensor name must be an error, so
   // a first SAX pass collects the top-level keys. (Not a parser callback: nlohmann's callback

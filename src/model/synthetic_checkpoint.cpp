@@ -81,28 +81,6 @@ Status fill_tensor(const HfTensorSpec& spec, DType dtype, uint64_t tensor_seed, 
 
 }  // namespace
 
-std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
-  std::vector<HfTensorSpec> specs;
-  specs.push_back({"model.embed_tokens.weight", {c.vocab_size, c.dim}});
-  int64_t layer = -1;
-  for (const LinearId& id : linear_ids(c)) {
-    if (id.role == LinearRole::kLmHead) continue;
-    if (id.layer != layer) {
-      layer = id.layer;
-      const std::string p = "model.layers." + std::to_string(layer) + ".";
-      specs.push_back({p + "input_layernorm.weight", {c.dim}});
-      specs.push_back({p + "post_attention_layernorm.weight", {c.dim}});
-    }
-    const std::vector<int64_t> shape = linear_shape(c, id);
-    specs.push_back({id.hf_name(c) + ".weight", shape});
-    const bool qkv = id.role == LinearRole::kQ || id.role == LinearRole::kK || id.role == LinearRole::kV;
-    if (c.attention_bias && qkv) specs.push_back({id.hf_name(c) + ".bias", {shape[0]}});
-  }
-  specs.push_back({"model.norm.weight", {c.dim}});
-  if (!c.tie_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, c.dim}});
-  return specs;
-}
-
 Status write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpointOptions& options, int64_t* bytes) {
   LLMQ_RETURN_IF_ERROR(options.config.validate());
   if (options.dtype != DType::kBF16 && options.dtype != DType::kF16 && options.dtype != DType::kF32)
@@ -125,10 +103,11 @@ Status write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpo
   const std::string config_text = hf_config_json(options.config) + "\n";
 
   // Written as every llmq output directory is (output_dir.hpp): staged, marked and swapped into
-  // place, so it never writes into a directory it did not make. An existing path is refused, a
-  // previous output included: there is no option to replace one.
+  // place, so it never writes into a directory it did not make. An existing path is refused
+  // unless it is a previous llmq output and options.overwrite (--force) is set.
   OutputRules rules;
   rules.writer = "llmq make-checkpoint";
+  rules.overwrite = options.overwrite;
   const std::string plan_text = config_text + dtype_name(options.dtype) + " " + std::to_string(options.seed) + " " +
                                 std::to_string(options.max_shard_bytes);
   Checksum plan;

@@ -32,15 +32,13 @@ bool is_tokenizer_file_name(const std::string& name) {
   return ends_with(name, ".json") || ends_with(name, ".model") || is_llama2c_tokenizer_name(name);
 }
 
-// Present under that name as anything but a directory: a FIFO, a device or a link loop named
+// Present under that name as anything: a FIFO, a device, a directory or a link loop named
 // tokenizer.json is found here and then refused by name when read (read_input_file), rather than
 // skipped as if there were no tokenizer.
 bool is_file(const fs::path& p) {
   std::error_code ec;
   const fs::file_status st = fs::symlink_status(p, ec);
-  if (ec || !fs::exists(st)) return false;
-  std::error_code ec2;
-  return !fs::is_directory(p, ec2);
+  return !ec && fs::exists(st);
 }
 
 // The files looked for, in order, for a model path (what find() tries and load()'s error lists).

@@ -257,22 +257,29 @@ Status resolve_special_ids(Parser* p, const std::unordered_map<std::string, int3
   const fs::path dir = fs::path(p->path).parent_path();
   bool have_bos = false, have_eos = false;
   int32_t bos = -1, eos = -1;
-  std::error_code ec;
-  if (const fs::path cfg_path = dir / "tokenizer_config.json"; fs::is_regular_file(cfg_path, ec)) {
+  // Present under the name as anything (a FIFO, a directory, a link loop): read, and so refused by
+  // name (read_input_file), rather than skipped as if absent.
+  auto present = [](const fs::path& path) {
+    std::error_code ec;
+    return fs::exists(fs::symlink_status(path, ec));
+  };
+  if (const fs::path cfg_path = dir / "tokenizer_config.json"; present(cfg_path)) {
     json cfg;
     LLMQ_RETURN_IF_ERROR(read_json(cfg_path.string(), &cfg));
     LLMQ_RETURN_IF_ERROR(config_token(cfg_path.string(), cfg, "bos_token", ids, &have_bos, &bos));
     LLMQ_RETURN_IF_ERROR(config_token(cfg_path.string(), cfg, "eos_token", ids, &have_eos, &eos));
   }
-  if ((!have_bos || !have_eos) && fs::is_regular_file(dir / "config.json", ec)) {
+  if ((!have_bos || !have_eos) && present(dir / "config.json")) {
     json cfg;
     LLMQ_RETURN_IF_ERROR(read_json((dir / "config.json").string(), &cfg));
     auto read_id = [&](const char* key, bool* have, int32_t* id) {
       const json* v = field(cfg, key);
       if (v && v->is_array() && !v->empty()) v = &(*v)[0];  // eos_token_id: [128001, 128009]
+      // An id outside int32 is no token (never wrapped into one); the vocabulary check below refuses it.
       if (*have || !v || !v->is_number_integer()) return;
       *have = true;
-      *id = v->get<int32_t>();
+      const int64_t wide = v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX ? -1 : v->get<int64_t>();
+      *id = wide >= 0 && wide <= INT32_MAX ? static_cast<int32_t>(wide) : -1;
     };
     read_id("bos_token_id", &have_bos, &bos);
     read_id("eos_token_id", &have_eos, &eos);

@@ -14,6 +14,7 @@
 #include "commands.hpp"
 #include "llmq/model.hpp"
 #include "llmq/model_io.hpp"
+#include "llmq/output_dir.hpp"
 #include "llmq/quant_attention.hpp"
 #include "llmq/transformer.hpp"
 
@@ -159,6 +160,12 @@ int run_on_model(const AttentionArgs& a, std::ofstream* json) {
 int run_accuracy(const AttentionArgs& a) {
   std::ofstream json;
   if (!a.json_path.empty()) {
+    // Appended to: never an input, never through a link, only a file of JSON lines (output_dir.hpp).
+    OutputRules rules;
+    rules.kind = OutputKind::kJsonLines;
+    rules.option = "--json";
+    rules.inputs = a.model_given ? std::vector<std::string>{a.model} : std::vector<std::string>{};
+    if (Status st = check_output_path(a.json_path, rules); !st.ok()) return fail(st);
     json.open(a.json_path, std::ios::app);
     if (!json) return fail(Status(StatusCode::kIoError, "--json: cannot open " + a.json_path));
   }

@@ -20,6 +20,7 @@
 #include "llmq/device.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/model_io.hpp"
+#include "llmq/output_dir.hpp"
 #include "llmq/quantized_model.hpp"
 
 namespace llmq::cli {
@@ -194,6 +195,12 @@ int run_e2e(const BenchArgs& a) {
   const std::string commit = commit_env != nullptr ? commit_env : "unknown";
   std::ofstream json_out;
   if (!a.json_path.empty()) {
+    // Appended to: never an input, never through a link, only a file of JSON lines (output_dir.hpp).
+    OutputRules rules;
+    rules.kind = OutputKind::kJsonLines;
+    rules.option = "--json";
+    rules.inputs = std::vector<std::string>{a.model};
+    if (Status st = check_output_path(a.json_path, rules); !st.ok()) return fail(st);
     json_out.open(a.json_path, std::ios::app);
     if (!json_out) return fail(Status(StatusCode::kIoError, "--json: cannot open " + a.json_path));
   }

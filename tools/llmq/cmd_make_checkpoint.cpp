@@ -16,6 +16,7 @@ struct MakeCheckpointArgs {
   std::string dtype = "bf16";
   int64_t shard_mb = 4096;
   uint64_t seed = 1;
+  bool force = false;
 };
 
 int run(const MakeCheckpointArgs& a) {
@@ -27,6 +28,7 @@ int run(const MakeCheckpointArgs& a) {
   else o.dtype = DType::kF32;
   o.max_shard_bytes = a.shard_mb << 20;
   o.seed = a.seed;
+  o.overwrite = a.force;
   int64_t bytes = 0;
   if (Status st = write_synthetic_checkpoint(a.out, o, &bytes); !st.ok()) return fail(st);
   std::printf("wrote %s: %s shapes, %lld layers, %.3f GB of %s weights\n", a.out.c_str(), a.shape.c_str(),
@@ -48,6 +50,7 @@ void add_make_checkpoint_command(CLI::App& app, std::vector<Command>* commands) 
   cmd->add_option("--dtype", args->dtype, "bf16, f16 or f32")->check(CLI::IsMember({"bf16", "f16", "f32"}));
   cmd->add_option("--shard-mb", args->shard_mb, "largest shard in MiB")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_option("--seed", args->seed, "seed of the weights");
+  cmd->add_flag("--force", args->force, "replace a previous llmq output at --out (never anything else)");
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 
