@@ -689,7 +689,7 @@ TEST(HfConfigSlidingWindow, LogitsCommandRefusesPastTheWindow) {
   EXPECT_EQ(run_cli("logits --model '" + dir + "' --ids '" + ids(8) + "' -o '" + tmp.file("l8.bin") + "'", &out), 0) << out;
   EXPECT_EQ(fs::file_size(tmp.file("l8.bin")), 8u * 64u * sizeof(float));
   // A config key llmq does not understand stops the command too, naming it.
-  const std::string odd = rewritten(tmp, "qwen2-theta", [](json& j) { j["use_mrope"] = false; });
+  const std::string odd = rewritten(tmp, "qwen2-theta", [](json& j) { j["use_mrope"] = true; });
   EXPECT_NE(run_cli("logits --model '" + odd + "' --ids '1 2 3' -o '" + tmp.file("odd.bin") + "'", &out), 0);
   EXPECT_TRUE(contains(out, "field 'use_mrope' is not understood by llmq")) << out;
 }

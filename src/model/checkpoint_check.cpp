@@ -2,6 +2,7 @@
 // quantized-checkpoint reader, the streaming quantizer, the GPU loaders, and so every command)
 // opens it through open_hf_checkpoint, so a checkpoint that disagrees with its config.json is
 // refused the same way everywhere instead of being run as a truncated or re-tied model.
+#include <cstring>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -94,6 +95,14 @@ bool config_has_quantization(const std::string& config_json) {
 Status check_hf_checkpoint(const Checkpoint& ckpt, const ModelConfig& config) {
   const std::string where = ckpt.dir() + ": ";
   const bool quantized = config_has_quantization(ckpt.config_json());
+  bool kv_scales_declared = false;
+  if (quantized) {
+    nlohmann::json j;
+    if (parse_json_text("config.json", ckpt.config_json(), &j).ok()) {
+      const auto it = j["quantization_config"].find("kv_cache_scheme");
+      kv_scales_declared = it != j["quantization_config"].end() && it->is_object();
+    }
+  }
   std::set<std::string> expected, stored_8bit;
   LLMQ_RETURN_IF_ERROR(visit_expected(config, [&](const ExpectedTensor& t) -> Status {
     const SafetensorsTensorInfo* info = ckpt.find(t.name);
@@ -123,9 +132,18 @@ Status check_hf_checkpoint(const Checkpoint& ckpt, const ModelConfig& config) {
     expected.insert(t.name);
     return {};
   }));
-  if (config.tie_embeddings && ckpt.find("lm_head.weight") != nullptr)
-    return invalid_argument(where + "tensor 'lm_head.weight' is present, but config.json's tie_word_embeddings is "
-                            "true: the classifier is the embedding, and loaders disagree on which of the two wins");
+  // Tied, with an lm_head.weight stored anyway (merges and conversions write the duplicate): fine
+  // when it is the embedding byte for byte; otherwise loaders disagree on which of the two wins.
+  if (config.tie_embeddings && ckpt.find("lm_head.weight") != nullptr) {
+    TensorView head, embed;
+    const bool same = ckpt.view("lm_head.weight", &head).ok() && ckpt.view("model.embed_tokens.weight", &embed).ok() &&
+                      head.dtype == embed.dtype && head.shape == embed.shape &&
+                      std::memcmp(head.data, embed.data, static_cast<size_t>(ckpt.find("lm_head.weight")->nbytes)) == 0;
+    if (!same)
+      return invalid_argument(where + "tensor 'lm_head.weight' differs from the embedding, but config.json's "
+                              "tie_word_embeddings is true: loaders disagree on which of the two wins");
+    expected.insert("lm_head.weight");
+  }
   // Nothing the model would not read: an extra layer or expert, a stray tensor, a scale beside a
   // weight stored in float. transformers drops such tensors with a warning; llmq refuses them,
   // since they mean the config and the weights describe different models.
@@ -134,6 +152,10 @@ Status check_hf_checkpoint(const Checkpoint& ckpt, const ModelConfig& config) {
     if (expected.count(name) != 0) continue;
     // A buffer old checkpoints saved; transformers recomputes it from the config.
     if (ends_with(name, ".rotary_emb.inv_freq")) continue;
+    // KV-cache scales of a compressed-tensors checkpoint whose config declares kv_cache_scheme:
+    // they describe an FP8 KV cache for an engine; llmq's KV cache precision is its own option
+    // (--kv-cache), and the weights are read in full either way.
+    if (kv_scales_declared && (ends_with(name, ".self_attn.k_scale") || ends_with(name, ".self_attn.v_scale"))) continue;
     bool companion = false;
     for (const char* suffix : kCompanionSuffixes)
       if (ends_with(name, suffix) && stored_8bit.count(name.substr(0, name.size() - std::string(suffix).size()) + ".weight") != 0)
@@ -159,11 +181,52 @@ Status check_hf_checkpoint(const Checkpoint& ckpt, const ModelConfig& config) {
   return {};
 }
 
+// The quantization_config fields the readers (quantized_checkpoint.cpp, the GPU loader) take as
+// given: checked here once, so a malformed one is an error naming the field, not an exception or
+// an out-of-bounds read in a loader (some run on worker threads).
+static Status check_quantization_fields(const std::string& config_json) {
+  if (!config_has_quantization(config_json)) return {};
+  int64_t rows = 0, cols = 0;
+  LLMQ_RETURN_IF_ERROR(parse_hf_weight_block_size(config_json, &rows, &cols));
+  nlohmann::json j;
+  LLMQ_RETURN_IF_ERROR(parse_json_text("config.json", config_json, &j));
+  const nlohmann::json& q = j["quantization_config"];
+  for (const char* key : {"quant_method", "llmq_scheme", "activation_scheme", "format"}) {
+    const auto it = q.find(key);
+    if (it != q.end() && !it->is_null() && !it->is_string())
+      return invalid_argument(std::string("config.json: quantization_config.") + key + ": expected a string, got " +
+                              it->dump());
+  }
+  const auto groups = q.find("config_groups");
+  if (groups != q.end() && !groups->is_null()) {
+    if (!groups->is_object()) return invalid_argument("config.json: quantization_config.config_groups: expected an object");
+    for (const auto& [name, g] : groups->items()) {
+      if (!g.is_object())
+        return invalid_argument("config.json: quantization_config.config_groups." + name + ": expected an object");
+      const auto a = g.find("input_activations");
+      if (a != g.end() && !a->is_null() && !a->is_object())
+        return invalid_argument("config.json: quantization_config.config_groups." + name +
+                                ".input_activations: expected an object or null");
+      if (a != g.end() && a->is_object())
+        for (const char* key : {"strategy", "dynamic"}) {
+          const auto v = a->find(key);
+          const bool ok = v == a->end() || v->is_null() || (key[0] == 's' ? v->is_string() : v->is_boolean());
+          if (!ok)
+            return invalid_argument("config.json: quantization_config.config_groups." + name + ".input_activations." +
+                                    key + ": unexpected " + v->dump());
+        }
+    }
+  }
+  return {};
+}
+
 Status open_hf_checkpoint(const std::string& dir, std::unique_ptr<Checkpoint>* ckpt, ModelConfig* config) {
   std::unique_ptr<Checkpoint> c;
   LLMQ_RETURN_IF_ERROR(Checkpoint::open(dir, &c));
   ModelConfig mc;
   if (Status st = parse_hf_config(c->config_json(), &mc); !st.ok()) return Status(st.code(), dir + "/" + st.message());
+  if (Status st = check_quantization_fields(c->config_json()); !st.ok())
+    return Status(st.code(), dir + "/" + st.message());
   LLMQ_RETURN_IF_ERROR(check_hf_checkpoint(*c, mc));
   *ckpt = std::move(c);
   *config = std::move(mc);

@@ -213,6 +213,14 @@ Status find_side_files(const std::string& dir, std::vector<std::string>* files) 
   return {};
 }
 
+// An error reading or checking the input while a shard is written names the input (the model
+// directory when there is one), not the staging file being written.
+Status input_error(const WeightSource& source, const Status& st) {
+  const std::string dir = source.directory();
+  if (dir.empty() || st.message().find(dir) != std::string::npos) return Status(st.code(), "--model: " + st.message());
+  return Status(st.code(), "--model: " + dir + ": " + st.message());
+}
+
 // Every shard, the index, config.json and the tokenizer files into the staging directory, each
 // fsynced; shards an earlier run finished under the same plan are kept as they are.
 Status write_staged(const WeightSource& source, const std::vector<std::string>& side_files,
@@ -322,11 +330,11 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
             "last one; transformers: the block derived from the scale grid), so llmq does not write them. "
             "Use a per-channel scheme (fp8-dynamic) for this model");
       ++sum.quantized_linears;
-      entries.push_back({name, wdtype, shape, [&cache, module, &input_failed](uint8_t* dst) -> Status {
+      entries.push_back({name, wdtype, shape, [&source, &cache, module, &input_failed](uint8_t* dst) -> Status {
                            const QuantizedTensor* q = nullptr;
                            const Status st = cache.get(module, &q);
                            input_failed |= !st.ok();
-                           LLMQ_RETURN_IF_ERROR(st);
+                           if (!st.ok()) return input_error(source, st);
                            std::memcpy(dst, q->data.data(), static_cast<size_t>(q->data.nbytes()));
                            return {};
                          }});
@@ -340,11 +348,11 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
       } else {
         scale_shape = {1};
       }
-      entries.push_back({scale_name, DType::kF32, scale_shape, [&cache, module, &input_failed](uint8_t* dst) -> Status {
+      entries.push_back({scale_name, DType::kF32, scale_shape, [&source, &cache, module, &input_failed](uint8_t* dst) -> Status {
                            const QuantizedTensor* q = nullptr;
                            const Status st = cache.get(module, &q);
                            input_failed |= !st.ok();
-                           LLMQ_RETURN_IF_ERROR(st);
+                           if (!st.ok()) return input_error(source, st);
                            std::memcpy(dst, q->scales.scales.data(), static_cast<size_t>(q->scales.scales.nbytes()));
                            return {};
                          }});
@@ -382,7 +390,7 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
       Status st = source.read_rows(name, r, n, &t);
       if (st.ok()) st = apply_nonfinite_policy(name, policy, &t, &nonfinite_replaced, r);
       input_failed |= !st.ok();
-      LLMQ_RETURN_IF_ERROR(st);
+      if (!st.ok()) return input_error(source, st);
       if (divide != nullptr) {  // a norm gain [dim]: element i is row r + i
         float* p = t.data_as<float>();
         for (int64_t i = 0; i < t.numel(); ++i) p[i] /= (*divide)[static_cast<size_t>(r + i)];
@@ -400,11 +408,7 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
   sum.tensors = static_cast<int64_t>(entries.size());
 
   nlohmann::ordered_json config_json;
-  try {
-    config_json = nlohmann::ordered_json::parse(source.config_json());
-  } catch (const std::exception& e) {
-    return invalid_argument(std::string("config.json: ") + e.what());
-  }
+  LLMQ_RETURN_IF_ERROR(parse_json_text("config.json", source.config_json(), &config_json));
   config_json["torch_dtype"] = options.keep_dtype == DType::kBF16  ? "bfloat16"
                                : options.keep_dtype == DType::kF16 ? "float16"
                                                                    : "float32";

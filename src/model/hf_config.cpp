@@ -53,7 +53,9 @@ const std::set<std::string>& ignored_keys() {
       // loss and router-logit outputs are training-only, the jitter noise applies only in training
       // mode), harmless on any model type.
       "use_cache", "initializer_range", "attention_dropout", "router_aux_loss_coef", "output_router_logits",
-      "router_jitter_noise"};
+      "router_jitter_noise",
+      // SmolLM / SmolLM2 (llama) configs carry this marker of their conversion; no class reads it.
+      "is_llama_config"};
   return keys;
 }
 
@@ -66,7 +68,7 @@ const std::set<std::string>& read_keys() {
       "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "bos_token_id", "eos_token_id",
       "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "num_local_experts",
       "num_experts_per_tok", "pretraining_tp", "pruned_heads", "is_encoder_decoder", "add_cross_attention",
-      "tie_encoder_decoder", "quantization_config", "max_sequence_length"};
+      "tie_encoder_decoder", "quantization_config", "max_sequence_length", "use_mrope", "rope_interleaved"};
   return keys;
 }
 
@@ -297,7 +299,9 @@ Status read_rope(const json& j, double default_theta, ModelConfig* c) {
 
 Status read_sliding_window(const json& j, ModelConfig* c) {
   const std::string& type = c->model_type;
-  int64_t window = 0;
+  // Absent (not null) means the config class's default: MistralConfig's is 4096 (transformers 4
+  // and 5); Mixtral's and Qwen2's none. Only an explicit null says "no window" for mistral.
+  int64_t window = type == "mistral" && j.find("sliding_window") == j.end() ? 4096 : 0;
   if (field(j, "sliding_window") != nullptr) {
     LLMQ_RETURN_IF_ERROR(read_int(j, "sliding_window", true, &window));
     if (window <= 0)
@@ -434,6 +438,13 @@ Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
     return unsupported("config.json: max_sequence_length (" + std::to_string(max_sequence_length) +
                        ") differs from max_position_embeddings (" + std::to_string(c.max_seq_len) +
                        "); transformers reads only the latter; refusing to pick one");
+  // Qwen2's multimodal RoPE (use_mrope, DeepSeek-R1-Distill-Qwen and Qwen2.5-Math configs carry it
+  // as false) and SmolLM's rope_interleaved (false there): only the values that mean plain RoPE.
+  for (const char* flag : {"use_mrope", "rope_interleaved"}) {
+    bool on = false;
+    LLMQ_RETURN_IF_ERROR(read_bool(j, flag, &on));
+    if (on) return not_understood(flag, type);
+  }
   c.norm_eps = mixtral ? 1e-5 : 1e-6;
   LLMQ_RETURN_IF_ERROR(read_double(j, "rms_norm_eps", false, &c.norm_eps));
   LLMQ_RETURN_IF_ERROR(read_rope(j, mixtral ? 1e6 : 10000.0, &c));
@@ -556,6 +567,8 @@ std::string hf_config_json(const ModelConfig& c) {
       j["max_window_layers"] = 0;
     }
     j["sliding_window"] = c.sliding_window;
+  } else if (type != "llama") {
+    j["sliding_window"] = nullptr;  // explicit: an absent key means 4096 to transformers' Mistral
   }
   if (c.is_moe()) {
     j["num_local_experts"] = c.n_experts;

@@ -157,6 +157,9 @@ Status check_existing(const std::string& shown, const std::string& path, const O
     case OutputKind::kDirectory: {
       if (!S_ISDIR(st.st_mode)) return invalid_argument(where + " exists and is not a directory" + only_own);
       std::string why;
+      std::error_code ec;
+      // An empty directory of this user (mkdir out before quantize -o out) holds nothing to lose.
+      if (fs::is_empty(path, ec) && !ec) break;
       if (!is_llmq_output_directory(path, &why))
         return invalid_argument(where + " exists and is not an llmq output directory (" + why + ")" + only_own +
                                 " (remove it yourself if it is one an older llmq wrote)");
@@ -364,7 +367,7 @@ Status OutputDir::load_manifest(bool resume) {
     // A manifest that does not parse was torn by a crash during its own rename window (it is
     // written atomically, so this should not happen) or edited: trust none of it.
     if (j.is_object() && j.value("format", "") == kManifestFormat && j.contains("files") && j["files"].is_object()) {
-      const std::string old_plan = j.value("plan", "");
+      const std::string old_plan = j.contains("plan") && j["plan"].is_string() ? j["plan"].get<std::string>() : "";
       if (resume && old_plan != plan_)
         return invalid_argument("--resume: " + staging_ + " holds a run with different inputs or options (plan " +
                                 old_plan + ", now " + plan_ + "); rerun without --resume to start over");

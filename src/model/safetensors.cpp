@@ -600,7 +600,8 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
                      ' ');
 
   const std::string tmp = path + ".tmp-" + std::to_string(static_cast<long long>(::getpid()));
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A new file (O_EXCL), never one planted under the name nor a link followed (O_NOFOLLOW).
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return io_error(tmp + ": cannot create: " + errno_text(errno));
   // Any failure from here removes the temporary file; the destination is only touched by rename.
   auto fail = [&](Status s) {
@@ -649,8 +650,12 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsW
       const int64_t bytes = e.fill_rows && nbytes > 0 ? n * row_bytes : nbytes;
       const Status fill_status =
           e.fill_rows && nbytes > 0 ? run_fill(bytes, [&](uint8_t* dst) { return e.fill_rows(r, n, dst); }) : run_fill(bytes, e.fill);
-      if (!fill_status.ok())
+      if (!fill_status.ok()) {
+        // A fill that names its tensor failed on its input (a NaN weight, an unreadable source):
+        // its message stands alone, since the file being written is not at fault.
+        if (fill_status.message().find("'" + e.name + "'") != std::string::npos) return fail(fill_status);
         return fail(Status(fill_status.code(), path + ": tensor '" + e.name + "': " + fill_status.message()));
+      }
       st = emit(buffer.data(), bytes);
       if (!st.ok()) return fail(st);
     }

@@ -17,15 +17,15 @@ Status read_file_text(const std::string& path, std::string* out) {
   return read_input_file("--data", path, kMaxSideFileBytes, out);
 }
 
-// The id a word spells, if it is all one base-10 integer (std::stoll alone also takes a prefix).
+// The id a word spells: decimal digits only, at most 18 of them once leading zeros are dropped (so
+// below 2^63 before any comparison): no sign, no wrap-around, no prefix taken from a longer word.
+// The one rule for ids in data files and on the command line.
 bool parse_id_word(const std::string& word, long long* id) {
-  size_t used = 0;
-  try {
-    *id = std::stoll(word, &used);
-  } catch (const std::exception&) {
-    return false;  // not a number, or beyond long long: text
-  }
-  return used == word.size();
+  if (word.empty() || word.find_first_not_of("0123456789") != std::string::npos) return false;
+  const std::string significant = word.substr(std::min(word.find_first_not_of('0'), word.size()));
+  if (significant.size() > 18) return false;
+  *id = significant.empty() ? 0 : std::stoll(significant);
+  return true;
 }
 
 }  // namespace
@@ -46,6 +46,12 @@ Status parse_token_sequences(const std::string& source, const std::string& text,
     std::string word;
     while (ls >> word) {
       long long v = 0;
+      // A signed number is an id out of range, not text: "-1" names no token of any vocabulary.
+      const bool signed_number = (word[0] == '-' || word[0] == '+') && word.size() > 1 &&
+                                 word.find_first_not_of("0123456789", 1) == std::string::npos;
+      if (signed_number)
+        return invalid_argument("--data: " + source + ":" + std::to_string(line_no) + ": token id " + word +
+                                " is outside the vocabulary [0, " + std::to_string(limit) + ")");
       if (!parse_id_word(word, &v)) {
         if (tokenizer == nullptr)
           return invalid_argument("--data: " + source + ":" + std::to_string(line_no) + ": '" + word +
@@ -77,14 +83,11 @@ Status parse_token_ids(const std::string& what, const std::string& text, int64_t
   std::istringstream in(text);
   std::string word;
   while (in >> word) {
-    // Digits only, and at most 18 of them (below 2^63) before the value is compared: no sign, no
-    // wrap-around, no prefix taken from a longer word.
-    const bool digits = word.find_first_not_of("0123456789") == std::string::npos;
-    const std::string significant = word.substr(std::min(word.find_first_not_of('0'), word.size()));
-    if (!digits || significant.size() > 18 || std::stoll("0" + significant) >= vocab_size)
+    long long v = 0;
+    if (!parse_id_word(word, &v) || v >= vocab_size)
       return invalid_argument(what + ": '" + word + "' is not a token id of this model (decimal, in [0, " +
                               std::to_string(vocab_size) + "))");
-    ids.push_back(static_cast<int32_t>(std::stoll("0" + significant)));
+    ids.push_back(static_cast<int32_t>(v));
   }
   *out = std::move(ids);
   return {};

@@ -8,6 +8,8 @@
 
 #include <cuda_runtime.h>
 
+#include <new>
+#include <stdexcept>
 #include <thread>
 
 #include "cuda/cuda_check.cuh"
@@ -27,9 +29,17 @@ TensorParallelRuntime::~TensorParallelRuntime() {
 
 Status TensorParallelRuntime::on_every_rank(const std::function<Status(int rank)>& fn) {
   const int n = size();
+  // Ranks run on worker threads, where an exception would reach std::terminate: it becomes the
+  // rank's Status instead (the CLI's boundary in main() sees only the calling thread).
   auto run_rank = [&](int r) -> Status {
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices_[static_cast<size_t>(r)]));
-    return fn(r);
+    try {
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices_[static_cast<size_t>(r)]));
+      return fn(r);
+    } catch (const std::bad_alloc&) {
+      return Status(StatusCode::kInternal, "out of host memory");
+    } catch (const std::exception& e) {
+      return Status(StatusCode::kInternal, std::string("unexpected exception: ") + e.what());
+    }
   };
   if (n == 1) return run_rank(0);
   std::vector<Status> results(static_cast<size_t>(n));

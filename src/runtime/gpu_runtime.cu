@@ -134,6 +134,8 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(runtime::argmax_workspace_bytes(o.max_batch), "argmax workspace",
                                                   &argmax_workspace));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_workspace.get(), 0, static_cast<size_t>(argmax_workspace.bytes())));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(4, "logits flag", &logits_flag));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(logits_flag.get(), 0, 4));
 
   // RoPE (cos, sin) per position and pair, computed exactly as the CPU reference computes them.
   const std::vector<float> inv = rope_inv_freq(c);
@@ -555,6 +557,7 @@ Status GpuRuntime::Impl::decode_body(int64_t batch, const SamplingOptions& s) {
   m.decode = true;
   LLMQ_RETURN_IF_ERROR(forward(m));
   LLMQ_RETURN_IF_ERROR(lm_head(m, 0, batch));
+  LLMQ_RETURN_IF_ERROR(runtime::flag_unusable_rows(logits.as<float>(), batch, c.vocab_size, logits_flag.as<int32_t>(), stream));
   LLMQ_RETURN_IF_ERROR(runtime::sample_rows(logits.as<float>(), batch, c.vocab_size, s.temperature, s.top_p, s.seed,
                                             dec_step(), dec_ptr(4), argmax_workspace.get(), stream));
   return runtime::advance_decode(dec_ptr(4), batch, dec_ptr(0), dec_ptr(1), dec_ptr(2), dec_step(), history.as<int32_t>(),
@@ -616,6 +619,7 @@ Status GpuRuntime::generate(const std::vector<int32_t>& first, int64_t steps, co
   if (sampling.temperature > 0.0f && !(sampling.top_p > 0.0f && sampling.top_p <= 1.0f))
     return invalid_argument("--top-p: " + std::to_string(sampling.top_p) + " outside (0, 1]");
   LLMQ_RETURN_IF_ERROR(g.start_decode_state(first));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g.logits_flag.get(), 0, 4, g.stream));
   cudaGraphExec_t exec = nullptr;
   for (int64_t s = 0; s < steps; ++s) {
     // The first step of a new graph key runs eagerly: it makes cuBLASLt's plans and the kernels'
@@ -627,7 +631,12 @@ Status GpuRuntime::generate(const std::vector<int32_t>& first, int64_t steps, co
   std::vector<int32_t> hist(static_cast<size_t>(steps * B));
   if (steps > 0)
     LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(hist.data(), g.history.get(), hist.size() * 4, cudaMemcpyDeviceToHost, g.stream));
+  int32_t unusable = 0;
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&unusable, g.logits_flag.get(), 4, cudaMemcpyDeviceToHost, g.stream));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
+  if (unusable != 0)
+    return invalid_argument("generate: the model's logits held NaN/Inf or were all equal in a sampled row: the weights "
+                            "overflow or are degenerate, and the tokens are no answer");
   out->assign(static_cast<size_t>(B), {});
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t s = 0; s < steps; ++s) (*out)[static_cast<size_t>(b)].push_back(hist[static_cast<size_t>(s * B + b)]);
@@ -664,7 +673,7 @@ int64_t GpuRuntime::device_bytes() const {
   b += g.moe.bytes();
   for (const DeviceAllocation* a : {&g.qkv_out, &g.q_rot, &g.attn_out, &g.o_out, &g.gu_out, &g.down_out, &g.logits, &g.lm_gather,
                                     &g.kv_cache, &g.cos_sin, &g.meta, &g.dec, &g.history, &g.gemm_workspace,
-                                    &g.quant_workspace, &g.attn_workspace, &g.argmax_workspace})
+                                    &g.quant_workspace, &g.attn_workspace, &g.argmax_workspace, &g.logits_flag})
     b += a->bytes();
   return b;
 }

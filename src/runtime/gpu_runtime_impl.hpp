@@ -122,6 +122,7 @@ struct GpuRuntime::Impl {
   std::unique_ptr<CudaGemmRunner> gemm;
   runtime::LinearContext lin;
   DeviceAllocation gemm_workspace, quant_workspace, attn_workspace, argmax_workspace;
+  DeviceAllocation logits_flag;  // int32, set by the device when a sampled row is NaN/Inf or constant
   runtime::QuantPrefillAttention quant_attention;  // --attention int8 / fp8 / half-int8
   const TensorParallelGroup* group = nullptr;  // a model split over several GPUs (tensor_parallel.hpp)
   int tp_rank = 0;

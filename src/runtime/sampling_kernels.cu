@@ -56,6 +56,26 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
   }
 }
 
+// *flag = 1 when a row of logits holds a NaN or Inf or is constant (vocab > 1): what check_logits
+// refuses on the host, for the rows sampled on the device (argmax would return token 0 for both).
+constexpr int kFlagThreads = 256;
+__global__ void __launch_bounds__(kFlagThreads) flag_unusable_rows_kernel(const float* logits, int64_t vocab,
+                                                                           int32_t* flag) {
+  detail::pdl_wait();
+  detail::pdl_launch_dependents();
+  const float* row = logits + blockIdx.x * vocab;
+  const float first = row[0];
+  int bad = 0, differs = 0;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = row[i];
+    bad |= !isfinite(v);
+    differs |= v != first;
+  }
+  bad = __syncthreads_or(bad);
+  differs = __syncthreads_or(differs);
+  if (threadIdx.x == 0 && (bad || (!differs && vocab > 1))) *flag = 1;
+}
+
 // One slice of a row per CTA; the CTAs of a row meet in keys[row] (value bits made orderable as
 // unsigned, in the high word; the complement of the index in the low word, so equal values keep
 // the lowest index) and the last CTA to finish writes the token and zeroes the workspace again.
@@ -249,6 +269,14 @@ Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* to
   LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(argmax_kernel, dim3(static_cast<unsigned>(rows)), dim3(kArgmaxThreads), 0, stream,
                                                 logits, vocab, tokens));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("argmax_kernel");
+  return {};
+}
+
+Status flag_unusable_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* flag, CudaStream stream) {
+  if (rows == 0) return {};
+  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(flag_unusable_rows_kernel, dim3(static_cast<unsigned>(rows)),
+                                                dim3(kFlagThreads), 0, stream, logits, vocab, flag));
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("flag_unusable_rows_kernel");
   return {};
 }
 

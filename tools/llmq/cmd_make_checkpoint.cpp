@@ -44,8 +44,8 @@ void add_make_checkpoint_command(CLI::App& app, std::vector<Command>* commands) 
   cmd->add_option("--shape", args->shape, "model shapes: llama3-8b, llama3-70b, mistral-7b, qwen2-7b, mixtral-8x7b, tiny, ...");
   cmd->add_option("--layers", args->layers, "number of layers (default: the model's own)")->check(CLI::Range(1, 100000));
   cmd->add_option("-o,--out", args->out,
-                  "output directory, new: an existing path (an earlier output included) is refused, never\n"
-                  "replaced; staged in <out>.llmq-partial and swapped into place")
+                  "output directory: staged in <out>.llmq-partial and swapped into place; an existing path is\n"
+                  "refused unless it is an earlier llmq output and --force is given")
       ->required();
   cmd->add_option("--dtype", args->dtype, "bf16, f16 or f32")->check(CLI::IsMember({"bf16", "f16", "f32"}));
   cmd->add_option("--shard-mb", args->shard_mb, "largest shard in MiB")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));

@@ -15,7 +15,7 @@ namespace llmq::cli {
 namespace {
 
 struct QuantizeArgs {
-  std::string model;
+  std::string model = "default";  // an explicit --model "" is refused by load_model
   std::string scheme = kDefaultScheme;
   std::string stats;
   std::string out;
@@ -75,7 +75,7 @@ int run(const QuantizeArgs& a) {
   std::error_code ec;
   ModelWeights model;
   std::unique_ptr<WeightSource> source;
-  if (!a.model.empty() && fs::is_directory(a.model, ec)) {
+  if (fs::is_directory(a.model, ec)) {
     if (Status st = checkpoint_weight_source(a.model, &source); !st.ok()) return fail(st);
   } else {
     if (Status st = load_model(a.model, &model); !st.ok()) return fail(st);
