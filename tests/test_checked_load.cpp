@@ -258,6 +258,75 @@ TEST(CheckedLoad, TiedConfigWithItsOwnLmHeadIsRefused) {
   expect_every_loader_refuses(dir.path(), {"lm_head.weight", "tie_word_embeddings"});
 }
 
+// A tied config with a stored lm_head that is the embedding byte for byte (merges and conversions
+// write the duplicate) loads; one that differs is refused.
+TEST(CheckedLoad, TiedConfigWithAnIdenticalLmHeadLoads) {
+  TempDir tmp;
+  const Ckpt dir(tmp, 1);
+  nlohmann::json c = read_json(dir.file("config.json"));
+  c["tie_word_embeddings"] = true;
+  write_json(dir.file("config.json"), c);
+  // Rewrite lm_head.weight as a copy of the embedding.
+  std::unique_ptr<SafetensorsFile> f;
+  ASSERT_TRUE(SafetensorsFile::open(dir.file("model.safetensors"), &f).ok());
+  std::vector<SafetensorsWriteEntry> entries;
+  for (const SafetensorsTensorInfo& info : f->tensors()) {
+    SafetensorsWriteEntry e;
+    e.name = info.name;
+    e.dtype = info.dtype;
+    e.shape = info.shape;
+    const std::string source = info.name == "lm_head.weight" ? "model.embed_tokens.weight" : info.name;
+    const SafetensorsFile* file = f.get();
+    e.fill = [file, source, bytes = info.nbytes](uint8_t* dst) {
+      TensorView v;
+      LLMQ_RETURN_IF_ERROR(file->view(source, &v));
+      std::memcpy(dst, v.data, static_cast<size_t>(bytes));
+      return Status();
+    };
+    entries.push_back(e);
+  }
+  ASSERT_TRUE(write_safetensors(dir.file("new.safetensors"), entries).ok());
+  f.reset();
+  fs::rename(dir.file("new.safetensors"), dir.file("model.safetensors"));
+  ModelWeights w;
+  const Status st = load_model(dir.path(), &w);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(w.config.tie_embeddings);
+}
+
+TEST(CheckedLoad, MalformedQuantizationConfigIsNamedBeforeAnyLoaderReadsIt) {
+  for (const nlohmann::json& q : {nlohmann::json{{"quant_method", "fp8"}, {"weight_block_size", {128}}},
+                                  nlohmann::json{{"quant_method", "fp8"}, {"llmq_scheme", 5}},
+                                  nlohmann::json{{"quant_method", "compressed-tensors"}, {"config_groups", {1, 2}}}}) {
+    SCOPED_TRACE(q.dump());
+    TempDir tmp;
+    const Ckpt dir(tmp, 1);
+    nlohmann::json c = read_json(dir.file("config.json"));
+    c["quantization_config"] = q;
+    write_json(dir.file("config.json"), c);
+    std::unique_ptr<Checkpoint> ckpt;
+    ModelConfig config;
+    expect_error_mentions(open_hf_checkpoint(dir.path(), &ckpt, &config), {dir.path(), "quantization_config"});
+  }
+}
+
+// transformers' MistralConfig defaults sliding_window to 4096: a config without the key has a
+// window; an explicit null has none.
+TEST(CheckedLoad, MistralWithoutASlidingWindowKeyHasTransformersDefaultWindow) {
+  const std::string base = R"({"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+      "max_position_embeddings": 32768)";
+  ModelConfig absent, null_window;
+  ASSERT_TRUE(parse_hf_config(base + "}", &absent).ok());
+  EXPECT_EQ(absent.sliding_window, 4096);
+  ASSERT_TRUE(parse_hf_config(base + R"(, "sliding_window": null})", &null_window).ok());
+  EXPECT_EQ(null_window.sliding_window, 0);
+  // The writer says null explicitly, so the window-less model reads back window-less.
+  ModelConfig back;
+  ASSERT_TRUE(parse_hf_config(hf_config_json(null_window), &back).ok());
+  EXPECT_EQ(back.sliding_window, 0);
+}
+
 // A config that claims thousands of layers fails at the first missing one, before anything of
 // that count is allocated or enumerated.
 TEST(CheckedLoad, AbsurdLayerCountsFailAtTheFirstMissingTensor) {

@@ -15,12 +15,6 @@
 namespace llmq {
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // A tensor the config implies: its name, shape, and whether a quantized checkpoint may store it
 // in 8 bits (linear and embedding weights; never norms or biases).
 struct ExpectedTensor {
@@ -115,8 +109,8 @@ Status check_hf_checkpoint(const Checkpoint& ckpt, const ModelConfig& config) {
                               (config.is_moe() ? ", " + std::to_string(config.n_experts) + " experts" : "") + ")");
     }
     if (info->shape != t.shape)
-      return invalid_argument(where + "tensor '" + t.name + "' has shape " + shape_text(info->shape) +
-                              ", config.json implies " + shape_text(t.shape));
+      return invalid_argument(where + "tensor '" + t.name + "' has shape " + shape_string(info->shape) +
+                              ", config.json implies " + shape_string(t.shape));
     if (is_8bit(info->dtype)) {
       if (!t.may_be_8bit)
         return invalid_argument(where + "tensor '" + t.name + "' is " + dtype_name(info->dtype) +

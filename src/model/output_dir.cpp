@@ -30,7 +30,7 @@ constexpr const char* kCalibrationFormat = "llmq-calibration-v1";
 constexpr const char* kOldSuffix = ".llmq-old-";
 constexpr int64_t kMaxMarkerBytes = 4096;
 constexpr int64_t kMaxManifestBytes = int64_t{64} << 20;
-constexpr int64_t kMaxStatsBytes = int64_t{1} << 30;  // a 70B model's statistics are about 100 MB
+constexpr int64_t kMaxStatsBytes = kMaxSideFileBytes;  // what CalibrationStats::load reads (input_file.hpp)
 
 Status io_error(const std::string& message) { return {StatusCode::kIoError, message}; }
 std::string errno_text() { return std::strerror(errno); }
@@ -118,7 +118,19 @@ bool within(const fs::path& inner, const fs::path& outer) {
 Status check_inputs(const std::string& out, const fs::path& normalized, const OutputRules& rules) {
   const fs::path literal = resolved(normalized.parent_path()) / normalized.filename();
   const fs::path target = resolved(normalized);
+  // A Hugging Face cache snapshot is a directory of links to blobs elsewhere: the files an input
+  // directory's top-level entries point to are inputs too.
+  std::vector<std::string> inputs = rules.inputs;
   for (const std::string& input : rules.inputs) {
+    std::error_code ec;
+    if (input.empty() || !fs::is_directory(input, ec)) continue;
+    int64_t listed = 0;
+    for (fs::directory_iterator it(input, ec), end; !ec && it != end && listed < 4096; it.increment(ec), ++listed) {
+      std::error_code lec;
+      if (it->is_symlink(lec)) inputs.push_back(it->path().string());
+    }
+  }
+  for (const std::string& input : inputs) {
     if (input.empty()) continue;
     std::error_code ec;
     if (!fs::exists(fs::symlink_status(input, ec))) continue;  // nothing there to lose
