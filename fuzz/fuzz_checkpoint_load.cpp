@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -16,13 +17,22 @@
 
 namespace {
 
-// One directory per fuzzing process, rewritten for every input.
+// One directory per fuzzing process, rewritten for every input, and removed at exit (libFuzzer
+// ends with exit()). Kept in a plain array: an atexit handler may run after a static std::string
+// is destroyed.
+char g_dir[64] = "/tmp/llmq-fuzz-load-XXXXXX";
+
+void remove_work_dir() {
+  ::unlink((std::string(g_dir) + "/config.json").c_str());
+  ::unlink((std::string(g_dir) + "/model.safetensors").c_str());
+  ::rmdir(g_dir);
+}
+
 const std::string& work_dir() {
   static const std::string dir = [] {
-    char tmpl[] = "/tmp/llmq-fuzz-load-XXXXXX";
-    const char* made = ::mkdtemp(tmpl);
-    if (made == nullptr) llmq::fuzz::invariant_failed("mkdtemp failed");
-    return std::string(made);
+    if (::mkdtemp(g_dir) == nullptr) llmq::fuzz::invariant_failed("mkdtemp failed");
+    std::atexit(remove_work_dir);
+    return std::string(g_dir);
   }();
   return dir;
 }
