@@ -48,6 +48,18 @@ TEST(FuzzRegression, Llama2cHugeLayerCountIsRefusedBeforeAllocating) {
   expect_error_naming(load_llama2c("fuzz-oom.bin", in_max, &w), {"fuzz-oom.bin", "n_layers 2147483647"});
 }
 
+// fuzz_llama2c, found after ModelConfig::validate gained the BOS/EOS range check (issue 21): a
+// llama2.c file of vocabulary 1 cannot hold run.c's BOS (1), and the refusal must name the file.
+// The fuzzer's 28 bytes, as it wrote them.
+TEST(FuzzRegression, Llama2cVocabularyWithoutBosIsRefusedNamingTheFile) {
+  const uint8_t bytes[28] = {0x08, 0x00, 0x00, 0x00, 0x08, 0x00, 0x00, 0x00, 0x6e, 0x00, 0x00, 0x00, 0x02, 0x00,
+                             0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0x01, 0x00, 0x00, 0x00};
+  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes), sizeof bytes));
+  ModelWeights w;
+  const Status st = load_llama2c("fuzz-bos.bin", in, &w);
+  expect_error_naming(st, {"fuzz-bos.bin"});
+}
+
 // ---- config.json
 
 // fuzz_hf_config: errors from ModelConfig::validate() (here 31 heads, 8 KV heads) named the

@@ -255,7 +255,7 @@ Status load_llama2c(const std::string& path, std::istream& in, ModelWeights* out
   c.tie_embeddings = h.shared_classifier;
   c.bos_token = 1;  // run.c stops generating when it samples BOS
   c.eos_token = 2;
-  LLMQ_RETURN_IF_ERROR(c.validate());
+  if (Status st = c.validate(); !st.ok()) return Status(st.code(), path + ": " + st.message());
 
   const int64_t kv_dim = c.head_dim * c.n_kv_heads;
   w.token_embedding = Tensor(DType::kF32, {c.vocab_size, c.dim});
