@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -193,6 +194,37 @@ void expect_every_loader_refuses(const std::string& dir, const std::vector<std::
   expect_error_mentions(open_hf_checkpoint(dir, &ckpt, &config), words);
 }
 
+// Rewrite dir/model.safetensors: every tensor copied from `source_of(name)` (itself by default),
+// then `extra` appended.
+Status rewrite_checkpoint(const std::string& dir, const std::function<std::string(const std::string&)>& source_of,
+                          const std::vector<SafetensorsWriteEntry>& extra = {}) {
+  std::unique_ptr<SafetensorsFile> f;
+  LLMQ_RETURN_IF_ERROR(SafetensorsFile::open(dir + "/model.safetensors", &f));
+  std::vector<SafetensorsWriteEntry> entries;
+  for (const SafetensorsTensorInfo& info : f->tensors()) {
+    SafetensorsWriteEntry e;
+    e.name = info.name;
+    e.dtype = info.dtype;
+    e.shape = info.shape;
+    const SafetensorsFile* file = f.get();
+    e.fill = [file, source = source_of(info.name), bytes = info.nbytes](uint8_t* dst) {
+      TensorView v;
+      LLMQ_RETURN_IF_ERROR(file->view(source, &v));
+      std::memcpy(dst, v.data, static_cast<size_t>(bytes));
+      return Status();
+    };
+    entries.push_back(e);
+  }
+  entries.insert(entries.end(), extra.begin(), extra.end());
+  LLMQ_RETURN_IF_ERROR(write_safetensors(dir + "/new.safetensors", entries));
+  f.reset();
+  std::error_code ec;
+  fs::rename(dir + "/new.safetensors", dir + "/model.safetensors", ec);
+  return ec ? Status(StatusCode::kIoError, ec.message()) : Status();
+}
+
+std::string same_name(const std::string& name) { return name; }
+
 TEST(CheckedLoad, ALayerBeyondTheConfigIsRefusedByEveryLoader) {
   TempDir tmp;
   const Ckpt dir(tmp, 2);
@@ -208,23 +240,6 @@ TEST(CheckedLoad, AStrayTensorIsRefusedAndRotaryBuffersAreIgnored) {
     TempDir tmp;
     const Ckpt dir(tmp, 1);
     // Rewrite the checkpoint with one more tensor.
-    std::unique_ptr<SafetensorsFile> f;
-    ASSERT_TRUE(SafetensorsFile::open(dir.file("model.safetensors"), &f).ok());
-    std::vector<SafetensorsWriteEntry> entries;
-    for (const SafetensorsTensorInfo& info : f->tensors()) {
-      SafetensorsWriteEntry e;
-      e.name = info.name;
-      e.dtype = info.dtype;
-      e.shape = info.shape;
-      const SafetensorsFile* file = f.get();
-      e.fill = [file, name = info.name, bytes = info.nbytes](uint8_t* dst) {
-        TensorView v;
-        LLMQ_RETURN_IF_ERROR(file->view(name, &v));
-        std::memcpy(dst, v.data, static_cast<size_t>(bytes));
-        return Status();
-      };
-      entries.push_back(e);
-    }
     SafetensorsWriteEntry x;
     x.name = extra;
     x.dtype = DType::kF32;
@@ -234,10 +249,7 @@ TEST(CheckedLoad, AStrayTensorIsRefusedAndRotaryBuffersAreIgnored) {
       std::memcpy(dst, v, sizeof v);
       return Status();
     };
-    entries.push_back(x);
-    ASSERT_TRUE(write_safetensors(dir.file("new.safetensors"), entries).ok());
-    f.reset();
-    fs::rename(dir.file("new.safetensors"), dir.file("model.safetensors"));
+    ASSERT_TRUE(rewrite_checkpoint(dir.path(), same_name, {x}).ok());
     if (extra.find("inv_freq") != std::string::npos) {
       ModelWeights w;
       const Status st = load_model(dir.path(), &w);
@@ -267,27 +279,9 @@ TEST(CheckedLoad, TiedConfigWithAnIdenticalLmHeadLoads) {
   c["tie_word_embeddings"] = true;
   write_json(dir.file("config.json"), c);
   // Rewrite lm_head.weight as a copy of the embedding.
-  std::unique_ptr<SafetensorsFile> f;
-  ASSERT_TRUE(SafetensorsFile::open(dir.file("model.safetensors"), &f).ok());
-  std::vector<SafetensorsWriteEntry> entries;
-  for (const SafetensorsTensorInfo& info : f->tensors()) {
-    SafetensorsWriteEntry e;
-    e.name = info.name;
-    e.dtype = info.dtype;
-    e.shape = info.shape;
-    const std::string source = info.name == "lm_head.weight" ? "model.embed_tokens.weight" : info.name;
-    const SafetensorsFile* file = f.get();
-    e.fill = [file, source, bytes = info.nbytes](uint8_t* dst) {
-      TensorView v;
-      LLMQ_RETURN_IF_ERROR(file->view(source, &v));
-      std::memcpy(dst, v.data, static_cast<size_t>(bytes));
-      return Status();
-    };
-    entries.push_back(e);
-  }
-  ASSERT_TRUE(write_safetensors(dir.file("new.safetensors"), entries).ok());
-  f.reset();
-  fs::rename(dir.file("new.safetensors"), dir.file("model.safetensors"));
+  ASSERT_TRUE(rewrite_checkpoint(dir.path(), [](const std::string& name) {
+                return name == "lm_head.weight" ? std::string("model.embed_tokens.weight") : name;
+              }).ok());
   ModelWeights w;
   const Status st = load_model(dir.path(), &w);
   ASSERT_TRUE(st.ok()) << st.to_string();
