@@ -1,6 +1,8 @@
 // Shared test helpers (see support.hpp).
 #include "support.hpp"
 
+#include <fcntl.h>
+#include <spawn.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -10,6 +12,8 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+
+extern char** environ;
 
 namespace llmq::testing {
 
@@ -78,6 +82,22 @@ std::string repro(uint64_t seed, int64_t rows, int64_t cols, const std::string& 
   std::ostringstream os;
   os << "REPRO seed=" << seed << " rows=" << rows << " cols=" << cols << " " << what;
   return os.str();
+}
+
+int spawn_with_log(const std::string& exe, const std::vector<std::string>& args, const std::string& log) {
+  std::vector<std::string> all = {exe};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  return rc == 0 ? static_cast<int>(pid) : -1;
 }
 
 }  // namespace llmq::testing

@@ -31,6 +31,10 @@ class TempDir {
   std::string path_;
 };
 
+// Start `exe` with `args` (argv[1..]), its stdout and stderr both into the file `log`; the child's
+// pid, or -1 when it could not be started. For the tests that run the CLI as a child process.
+int spawn_with_log(const std::string& exe, const std::vector<std::string>& args, const std::string& log);
+
 // The folder of reference vectors: $LLMQ_TESTDATA, else the build's default (../shared/testdata).
 std::string testdata_dir();
 bool read_file(const std::string& path, std::vector<uint8_t>* out);

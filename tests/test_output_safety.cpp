@@ -99,20 +99,10 @@ struct Run {
 };
 
 // The CLI with `args`, stdout and stderr into one log (kept outside the case directory).
-Run run_cli(std::vector<std::string> args, const std::string& log) {
-  args.insert(args.begin(), LLMQ_CLI_PATH);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
-  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
+Run run_cli(const std::vector<std::string>& args, const std::string& log) {
+  const pid_t pid = llmq::testing::spawn_with_log(LLMQ_CLI_PATH, args, log);
   Run r;
-  if (spawned != 0) return r;
+  if (pid < 0) return r;
   const auto start = std::chrono::steady_clock::now();
   int status = 0;
   for (;;) {

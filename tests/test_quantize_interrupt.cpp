@@ -55,19 +55,8 @@ std::vector<std::string> quantize_args(const std::string& in, const std::string&
 }
 
 // Start the CLI with stdout and stderr into `log`.
-pid_t spawn_cli(std::vector<std::string> args, const std::string& log) {
-  args.insert(args.begin(), LLMQ_CLI_PATH);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  return rc == 0 ? pid : -1;
+pid_t spawn_cli(const std::vector<std::string>& args, const std::string& log) {
+  return llmq::testing::spawn_with_log(LLMQ_CLI_PATH, args, log);
 }
 
 std::string read_text(const std::string& path) {

@@ -88,15 +88,12 @@ bool config_has_quantization(const std::string& config_json) {
 
 Status check_hf_checkpoint(const Checkpoint& ckpt, const ModelConfig& config) {
   const std::string where = ckpt.dir() + ": ";
-  const bool quantized = config_has_quantization(ckpt.config_json());
-  bool kv_scales_declared = false;
-  if (quantized) {
-    nlohmann::json j;
-    if (parse_json_text("config.json", ckpt.config_json(), &j).ok()) {
-      const auto it = j["quantization_config"].find("kv_cache_scheme");
-      kv_scales_declared = it != j["quantization_config"].end() && it->is_object();
-    }
-  }
+  // One parse of config.json for what the tensors may be (parse_hf_config has accepted the text).
+  nlohmann::json j;
+  const bool parsed = parse_json_text("config.json", ckpt.config_json(), &j).ok() && j.is_object();
+  const auto qc = parsed ? j.find("quantization_config") : j.end();
+  const bool quantized = parsed && qc != j.end() && qc->is_object();
+  const bool kv_scales_declared = quantized && qc->contains("kv_cache_scheme") && (*qc)["kv_cache_scheme"].is_object();
   std::set<std::string> expected, stored_8bit;
   LLMQ_RETURN_IF_ERROR(visit_expected(config, [&](const ExpectedTensor& t) -> Status {
     const SafetensorsTensorInfo* info = ckpt.find(t.name);

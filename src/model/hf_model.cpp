@@ -130,20 +130,10 @@ class HfLoader {
     l.id = id;
     const std::string module = id.hf_name(config_);
     LLMQ_RETURN_IF_ERROR(weight(module, rows, cols, &l.weight));
-    // Biases: Qwen2 (attention_bias) has them on q/k/v; Llama's attention_bias also puts one on
-    // o_proj. A bias the config does not foresee is an error rather than a silently dropped term.
+    // Which linears have a bias is decided once, by check_hf_checkpoint (open_hf_checkpoint ran
+    // it): a bias present here is one the config implies.
     const std::string bias_name = module + ".bias";
-    const bool qkv = id.role == LinearRole::kQ || id.role == LinearRole::kK || id.role == LinearRole::kV;
-    const bool required = config_.attention_bias && qkv;
-    const bool allowed = required || (config_.attention_bias && id.role == LinearRole::kO);
-    if (ckpt_.find(bias_name) != nullptr) {
-      if (!allowed)
-        return unsupported(where(bias_name) + "the config has no bias for this layer (attention_bias is " +
-                           (config_.attention_bias ? "true" : "false") + "); refusing to drop it");
-      LLMQ_RETURN_IF_ERROR(plain(bias_name, {rows}, &l.bias));
-    } else if (required) {
-      return invalid_argument(where(bias_name) + "missing (attention_bias is true)");
-    }
+    if (ckpt_.find(bias_name) != nullptr) LLMQ_RETURN_IF_ERROR(plain(bias_name, {rows}, &l.bias));
     *out = std::move(l);
     return {};
   }

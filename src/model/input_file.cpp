@@ -39,10 +39,10 @@ Status parse_bounded(const std::string& source, const char* begin, const char* e
 
 }  // namespace
 
-Status open_input_file(const std::string& path, int* fd, int64_t* size) {
+Status open_input_file(const std::string& path, int* fd, int64_t* size, bool follow_links) {
   if (path.empty()) return invalid_argument("an empty path names no file");
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
-  const int f = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  const int f = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (follow_links ? 0 : O_NOFOLLOW));
   if (f < 0) return io_error(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(f, &st) != 0) {
@@ -62,10 +62,12 @@ Status open_input_file(const std::string& path, int* fd, int64_t* size) {
   return {};
 }
 
-Status read_input_file(const std::string& what, const std::string& path, int64_t max_bytes, std::string* out) {
+Status read_input_file(const std::string& what, const std::string& path, int64_t max_bytes, std::string* out,
+                       bool follow_links) {
   int fd = -1;
   int64_t size = 0;
-  if (Status st = open_input_file(path, &fd, &size); !st.ok()) return Status(st.code(), what + ": " + st.message());
+  if (Status st = open_input_file(path, &fd, &size, follow_links); !st.ok())
+    return Status(st.code(), what + ": " + st.message());
   if (size > max_bytes) {
     ::close(fd);
     return invalid_argument(what + ": " + path + " has " + std::to_string(size) + " bytes; llmq reads at most " +
@@ -101,6 +103,11 @@ bool is_input_file(const std::string& path, std::string* error) {
   if (S_ISREG(st.st_mode)) return true;
   if (error) *error = path + ": is " + std::string(file_kind(st.st_mode)) + ", not a regular file";
   return false;
+}
+
+bool path_present(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
 }
 
 int64_t json_nesting_depth(const char* begin, const char* end) {

@@ -24,18 +24,24 @@ constexpr int64_t kMaxSideFileBytes = int64_t{512} << 20;  // tokenizer.json, st
 constexpr int kMaxJsonDepth = 64;
 
 // Open `path` for reading, refusing anything but a regular file (symbolic links to one are
-// followed). The FIFO check happens without blocking: the open itself never waits for a writer.
-// *size is the file's size at open. The caller closes *fd.
-Status open_input_file(const std::string& path, int* fd, int64_t* size);
+// followed unless follow_links is false: llmq's own files, such as a staging manifest, are never
+// read through a link). The FIFO check happens without blocking: the open itself never waits for
+// a writer. *size is the file's size at open. The caller closes *fd.
+Status open_input_file(const std::string& path, int* fd, int64_t* size, bool follow_links = true);
 
 // The whole of a regular file of at most max_bytes. `what` names its role in errors ("--stats",
 // "config.json", ...); the path is always named too.
-Status read_input_file(const std::string& what, const std::string& path, int64_t max_bytes, std::string* out);
+Status read_input_file(const std::string& what, const std::string& path, int64_t max_bytes, std::string* out,
+                       bool follow_links = true);
 
 // Whether `path` names a regular file (following symbolic links); `*error` says why not when it
 // exists as something else (a FIFO, a device, a directory, a link loop). False with an empty error
 // when nothing is there.
 bool is_input_file(const std::string& path, std::string* error = nullptr);
+
+// Whether anything is there under the name (a dangling link or a link loop included): a side file
+// present as a FIFO, a directory or a loop is then read, and so refused by name, not skipped.
+bool path_present(const std::string& path);
 
 // Parse JSON text with nlohmann, refusing nesting deeper than kMaxJsonDepth (checked by a linear
 // scan before parsing) and turning parse errors into a Status naming `source`.

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -38,41 +39,25 @@ std::string errno_text() { return std::strerror(errno); }
 // The whole of a regular file of at most max_bytes, never through a symbolic link and never
 // waiting on a FIFO (false otherwise: llmq's own files are none of these).
 bool read_regular_file(const std::string& path, int64_t max_bytes, std::string* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct stat st {};
-  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= max_bytes;
-  if (ok) {
-    out->assign(static_cast<size_t>(st.st_size), '\0');
-    int64_t done = 0;
-    while (ok && done < st.st_size) {
-      const ssize_t r = ::read(fd, &(*out)[static_cast<size_t>(done)], static_cast<size_t>(st.st_size - done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) ok = false;
-      else done += r;
-    }
-  }
-  ::close(fd);
-  return ok;
+  return read_input_file("", path, max_bytes, out, /*follow_links=*/false).ok();
 }
 
-// The first `n` bytes of a regular file (never through a symbolic link, never waiting on a FIFO).
+// The first `n` bytes (fewer if it is shorter) of a regular file, on the same terms.
 bool read_regular_prefix(const std::string& path, int64_t n, std::string* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct stat st {};
-  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  out->assign(static_cast<size_t>(n), '\0');
+  int fd = -1;
+  int64_t size = 0;
+  if (!open_input_file(path, &fd, &size, /*follow_links=*/false).ok()) return false;
+  out->assign(static_cast<size_t>(std::min(n, size)), '\0');
   int64_t done = 0;
-  while (ok && done < n) {
-    const ssize_t r = ::read(fd, &(*out)[static_cast<size_t>(done)], static_cast<size_t>(n - done));
+  while (done < static_cast<int64_t>(out->size())) {
+    const ssize_t r = ::read(fd, &(*out)[static_cast<size_t>(done)], out->size() - static_cast<size_t>(done));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;
     done += r;
   }
   ::close(fd);
   out->resize(static_cast<size_t>(done));
-  return ok;
+  return true;
 }
 
 // The top-level "format" string of a JSON object, or "" when the text is not one. Only the top

@@ -32,14 +32,9 @@ bool is_tokenizer_file_name(const std::string& name) {
   return ends_with(name, ".json") || ends_with(name, ".model") || is_llama2c_tokenizer_name(name);
 }
 
-// Present under that name as anything: a FIFO, a device, a directory or a link loop named
-// tokenizer.json is found here and then refused by name when read (read_input_file), rather than
-// skipped as if there were no tokenizer.
-bool is_file(const fs::path& p) {
-  std::error_code ec;
-  const fs::file_status st = fs::symlink_status(p, ec);
-  return !ec && fs::exists(st);
-}
+// Present under that name as anything (input_file.hpp's path_present): a FIFO or a directory
+// named tokenizer.json is found here and then refused by name when read, not skipped.
+bool is_file(const fs::path& p) { return path_present(p.string()); }
 
 // The files looked for, in order, for a model path (what find() tries and load()'s error lists).
 std::vector<fs::path> candidates(const std::string& model_dir_or_file) {

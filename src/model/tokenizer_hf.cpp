@@ -259,10 +259,7 @@ Status resolve_special_ids(Parser* p, const std::unordered_map<std::string, int3
   int32_t bos = -1, eos = -1;
   // Present under the name as anything (a FIFO, a directory, a link loop): read, and so refused by
   // name (read_input_file), rather than skipped as if absent.
-  auto present = [](const fs::path& path) {
-    std::error_code ec;
-    return fs::exists(fs::symlink_status(path, ec));
-  };
+  auto present = [](const fs::path& path) { return path_present(path.string()); };
   if (const fs::path cfg_path = dir / "tokenizer_config.json"; present(cfg_path)) {
     json cfg;
     LLMQ_RETURN_IF_ERROR(read_json(cfg_path.string(), &cfg));
