@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tensor-parallel scaling from `llmq bench e2e --tp ... --json` lines (scripts/gpu-tp-check):
+"""Tensor-parallel scaling from `llmq bench e2e --tp ... --json` lines (scripts/gpu-bench tp):
 per model, precision and batch, decode TPOT at each TP size, its speedup over TP=1 of the same
 run and file, scaling efficiency (speedup / TP) and the all-reduces' share of the step; prefill
 TTFT likewise. Rows whose TP=1 did not run (it did not fit) are compared with the smallest TP.
