@@ -31,15 +31,27 @@ gpu_init() {  # gpu_init SCRIPT_NAME
 
 gpu_die() { echo "$GPU_SCRIPT: $*" >&2; exit 2; }
 
+# gpu_from_caller PATH: PATH as given where the script was called (it runs from the repository root).
+gpu_from_caller() {
+  case $1 in
+    /*) echo "$1" ;;
+    *) echo "${GPU_CALLER_DIR:-$PWD}/$1" ;;
+  esac
+}
+
 # gpu_parse_options ARGS...: the options both scripts take; the names left (areas or suites) go to
 # GPU_ARGS, what follows `--` to GPU_PASS. Returns 1 when help was asked for (or nothing named).
 gpu_parse_options() {
   while [ $# -gt 0 ]; do
     case $1 in
       -h|--help) return 1 ;;
-      --bin) [ $# -ge 2 ] || gpu_die "--bin needs a directory"; GPU_BIN=$2; shift 2 ;;
-      --bin=*) GPU_BIN=${1#--bin=}; shift ;;
-      --testdata) [ $# -ge 2 ] || gpu_die "--testdata needs a directory"; export LLMQ_TESTDATA=$2; shift 2 ;;
+      --bin) [ $# -ge 2 ] || gpu_die "--bin needs a directory"; GPU_BIN=$(gpu_from_caller "$2"); shift 2 ;;
+      --bin=*) GPU_BIN=$(gpu_from_caller "${1#--bin=}"); shift ;;
+      --testdata)
+        [ $# -ge 2 ] || gpu_die "--testdata needs a directory"
+        LLMQ_TESTDATA=$(gpu_from_caller "$2")
+        export LLMQ_TESTDATA
+        shift 2 ;;
       --dry-run|-n) GPU_DRY=1; shift ;;
       --quick) GPU_QUICK=1; shift ;;
       --) shift; GPU_PASS=("$@"); break ;;
