@@ -1,6 +1,7 @@
-// Shared by the whole-model quantization tests (test_model_quantize.cpp, test_model_export.cpp):
-// tolerances, small seeded models (dense and MoE, cached), calibration, and file helpers. Each test
-// program includes it once (every test file is its own executable).
+// Shared by the whole-model quantization tests (test_model_quantize.cpp, test_calibration.cpp,
+// test_evaluate.cpp, test_model_export.cpp): tolerances, small seeded models (dense and MoE, cached),
+// calibration, and file helpers. Each test program includes it once (every test file is its own
+// executable).
 #pragma once
 
 #include <gtest/gtest.h>

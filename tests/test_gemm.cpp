@@ -1,10 +1,10 @@
-// Tests of the CPU reference scaled 8-bit GEMM (src/ref/gemm.cpp), C = A B^T (+ bias).
+// Tests of the CPU reference scaled 8-bit GEMM (src/ref/gemm.cpp), C = A B^T (+ bias): its numerics.
 //  * Exact: codes on the grid (integers in [-2, 2]) with power-of-two scales, so every FP8, INT8
 //    and INT4 GEMM is exact in float32 and is compared bit for bit with a float64 product.
 //  * Realistic: outlier activations x Gaussian weights over many granularity pairs; the GEMM is
 //    compared with a float64 product of the DEQUANTIZED inputs (kernel error alone), and the
-//    quantization error against the unquantized product is bounded per format.
-//  * W8A16, BF16 and strided outputs, bias, odd shapes, NaN-poisoned outputs, determinism, errors.
+//    quantization error against the unquantized product is bounded per format; W8A16.
+// Outputs, odd shapes and determinism are in test_gemm_outputs.cpp, errors in test_gemm_errors.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gemm_support.hpp"
 #include "llmq/format.hpp"
 #include "llmq/gemm.hpp"
 #include "llmq/quantize.hpp"
@@ -24,11 +25,7 @@
 namespace llmq {
 namespace {
 
-// Relative Frobenius error of the GEMM against float64 on the same (dequantized) inputs. FP32
-// accumulation over K <= 989 of outlier data measures about 1e-7 .. 1e-6 (a random walk of
-// ~sqrt(K) roundings of 2^-24); 1e-5 leaves a 10x margin and still catches any misplaced scale,
-// zero point or segment (those give errors of 1e-3 and up).
-constexpr double kKernelRelError = 1e-5;
+using namespace gemm_test;  // NOLINT: the suite's shared helpers
 
 // Relative Frobenius error against the UNQUANTIZED float64 product, the worst over every
 // granularity pair below (measured: e4m3 0.032, e5m2 0.061, e4m3 x e5m2 0.058, int8 0.087,
@@ -40,11 +37,6 @@ constexpr double kQuantErrorE4M3xE5M2 = 0.09;
 constexpr double kQuantErrorInt8 = 0.13;
 constexpr double kQuantErrorInt8Asym = 0.12;
 constexpr double kQuantErrorW4A8 = 0.19;
-
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// ---------------------------------------------------------------------------------------------
-// Helpers
 
 struct Granularity2 {
   const char* name;
@@ -80,121 +72,11 @@ QuantSpec make_spec(DType format, const Granularity2& g, bool symmetric = true) 
   return s;
 }
 
-std::string spec_text(const QuantSpec& s) {
-  std::string t = describe(s);
-  if (s.granularity == Granularity::kPerBlock)
-    t += " " + std::to_string(s.block_rows) + "x" + std::to_string(s.block_cols);
-  if (s.granularity == Granularity::kPerGroup) t += " g" + std::to_string(s.group_size);
-  if (!s.symmetric) t += " asymmetric";
-  return t;
-}
-
-bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
-
-// Runs the GEMM into an F32 [m, n] output poisoned with NaN.
-Status run_f32(const GemmOperand& a, const GemmOperand& b, int64_t m, int64_t n, const float* bias,
-               std::vector<float>* c) {
-  c->assign(static_cast<size_t>(m * n), kNaN);
-  GemmOptions options;
-  options.bias = bias;
-  return quantized_gemm(a, b, matrix_view(c->data(), m, n), options);
-}
-
-int64_t count_nan(const std::vector<float>& c) {
-  int64_t n = 0;
-  for (float v : c) n += std::isnan(v) ? 1 : 0;
-  return n;
-}
-
-std::vector<double> dequantized(const QuantizedTensor& q) {
-  Tensor out(DType::kF64, {q.rows, q.cols});
-  const Status st = dequantize(q, out.view());
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  const double* p = out.data_as<double>();
-  return std::vector<double>(p, p + out.numel());
-}
-
-std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
-
-// C[m, n] = sum_k A[m, k] B[n, k] (+ bias[n]) in float64.
-std::vector<double> reference_gemm(const std::vector<double>& a, const std::vector<double>& b,
-                                   int64_t m_size, int64_t n_size, int64_t k_size,
-                                   const float* bias) {
-  std::vector<double> c(static_cast<size_t>(m_size * n_size));
-  for (int64_t m = 0; m < m_size; ++m)
-    for (int64_t n = 0; n < n_size; ++n) {
-      double acc = 0.0;
-      for (int64_t k = 0; k < k_size; ++k) acc += a[m * k_size + k] * b[n * k_size + k];
-      if (bias != nullptr) acc += bias[n];
-      c[m * n_size + n] = acc;
-    }
-  return c;
-}
-
-double rel_frobenius(const std::vector<float>& got, const std::vector<double>& want) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    num += d * d;
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / den);
-}
-
 // Index and values of the first element where got != (float)want, or -1.
 int64_t first_inexact(const std::vector<float>& got, const std::vector<double>& want) {
   for (size_t i = 0; i < want.size(); ++i)
     if (!(static_cast<double>(got[i]) == want[i])) return static_cast<int64_t>(i);
   return -1;
-}
-
-// A quantized tensor built code by code: every element's value in the scaled domain is an
-// integer v in [-2, 2] (FP8: the code of v; integers: v + zero point), every scale a power of
-// two 2^[-2, 2], zero points in [-5, 5]. `real` holds the exact dequantized values.
-struct GridTensor {
-  QuantizedTensor q;
-  std::vector<double> real;
-};
-
-GridTensor grid_tensor(DType format, int64_t rows, int64_t cols, BlockShape block, bool asymmetric,
-                       uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> value(-2, 2), exponent(-2, 2), zero_point(-5, 5);
-  const int64_t sr = (rows + block.rows - 1) / block.rows, sc = (cols + block.cols - 1) / block.cols;
-  GridTensor t;
-  QuantizedTensor& q = t.q;
-  q.spec.format = format;
-  q.spec.symmetric = !asymmetric;
-  q.rows = rows;
-  q.cols = cols;
-  q.data = Tensor(format, {rows, cols});
-  q.scales.block = block;
-  q.scales.scales = Tensor(DType::kF32, {sr, sc});
-  if (asymmetric) q.scales.zero_points = Tensor(DType::kI32, {sr, sc});
-  float* scales = q.scales.scales.data_as<float>();
-  for (int64_t i = 0; i < sr * sc; ++i) {
-    scales[i] = std::ldexp(1.0f, exponent(rng));
-    if (asymmetric) q.scales.zero_points.data_as<int32_t>()[i] = zero_point(rng);
-  }
-  uint8_t* bytes = q.data.data_as<uint8_t>();
-  t.real.resize(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const int v = value(rng);
-      const int64_t si = (r / block.rows) * sc + c / block.cols;
-      const int32_t zp = asymmetric ? q.scales.zero_points.data_as<int32_t>()[si] : 0;
-      const int64_t i = r * cols + c;
-      if (is_fp8(format)) {
-        bytes[i] = float_to_fp8(static_cast<float>(v), format);
-      } else if (format == DType::kI8) {
-        bytes[i] = static_cast<uint8_t>(static_cast<int8_t>(v + zp));
-      } else {  // INT4: low nibble first
-        const uint8_t nibble = static_cast<uint8_t>(static_cast<uint32_t>(v + zp) & 0xFu);
-        bytes[i / 2] = static_cast<uint8_t>(bytes[i / 2] | (i % 2 == 0 ? nibble : nibble << 4));
-      }
-      t.real[i] = static_cast<double>(v) * scales[si];
-    }
-  return t;
 }
 
 // Values v * 2^e_r: v in [-2, 2], one exponent e_r in [-2, 2] per row. Quantized with
@@ -217,12 +99,6 @@ std::vector<float> grid_bias(int64_t n, uint64_t seed) {
   std::vector<float> b(static_cast<size_t>(n));
   for (auto& v : b) v = static_cast<float>(value(rng)) / 4.0f;
   return b;
-}
-
-std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
-  std::vector<uint16_t> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = float_to_bf16_bits(x[i]);
-  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -497,259 +373,6 @@ TEST(GemmRealistic, W8A16DenseActivationsMatchTheDequantizedProduct) {
   EXPECT_LT(rel_frobenius(got, reference_gemm(xa_bf16_values, to_double(xb), kM, kN, kK, bias.data())),
             kKernelRelError)
       << testing::repro(seed, kM, kK, "a=bf16 b=f32");
-}
-
-// ---------------------------------------------------------------------------------------------
-// Outputs
-
-TEST(GemmOutput, Bf16OutputIsTheF32ResultRoundedOnce) {
-  constexpr int64_t kM = 19, kN = 99, kK = 256;
-  const uint64_t seed = 99;
-  const std::vector<float> xa = testing::outlier_matrix(kM, kK, seed);
-  const std::vector<float> xb = testing::normal_vector(kN * kK, seed + 1, 0.05f);
-  const std::vector<float> bias = testing::normal_vector(kN, seed + 2, 0.1f);
-  QuantSpec asym = QuantSpec::per_token(DType::kI8);
-  asym.symmetric = false;
-  struct Case {
-    QuantSpec a, b;
-  };
-  const Case cases[] = {
-      {QuantSpec::per_token(DType::kE4M3), QuantSpec::per_channel(DType::kE4M3)},
-      {QuantSpec::per_block(DType::kE4M3, 1, 128), QuantSpec::per_block(DType::kE4M3, 128, 128)},
-      {asym, QuantSpec::per_group(DType::kI8, 32)},
-  };
-  for (const Case& c : cases) {
-    const std::string what = "a=" + spec_text(c.a) + " b=" + spec_text(c.b) + " out=bf16";
-    QuantizedTensor qa, qb;
-    ASSERT_TRUE(quantize(matrix_view(xa.data(), kM, kK), c.a, &qa).ok()) << what;
-    ASSERT_TRUE(quantize(matrix_view(xb.data(), kN, kK), c.b, &qb).ok()) << what;
-    std::vector<float> f32;
-    ASSERT_TRUE(run_f32(GemmOperand::of(qa), GemmOperand::of(qb), kM, kN, bias.data(), &f32).ok());
-    Tensor bf16(DType::kBF16, {kM, kN});
-    uint16_t* out = bf16.data_as<uint16_t>();
-    for (int64_t i = 0; i < kM * kN; ++i) out[i] = 0x7FC0;  // NaN poison
-    GemmOptions options;
-    options.bias = bias.data();
-    const Status st = quantized_gemm(GemmOperand::of(qa), GemmOperand::of(qb), bf16.view(), options);
-    ASSERT_TRUE(st.ok()) << st.to_string() << " " << testing::repro(seed, kM, kK, what);
-    for (int64_t i = 0; i < kM * kN; ++i)
-      ASSERT_EQ(out[i], float_to_bf16_bits(f32[i]))
-          << "element " << i << " " << testing::repro(seed, kM, kK, what);
-  }
-}
-
-TEST(GemmOutput, StridedOutputsWriteOnlyTheirElements) {
-  constexpr int64_t kM = 19, kN = 23, kK = 99, kPad = 3;
-  constexpr float kSentinel = -7.25f;
-  const uint64_t seed = 5;
-  const std::vector<float> xa = testing::outlier_matrix(kM, kK, seed);
-  const std::vector<float> xb = testing::normal_vector(kN * kK, seed + 1, 0.05f);
-  QuantizedTensor qa, qb;
-  ASSERT_TRUE(quantize(matrix_view(xa.data(), kM, kK), QuantSpec::per_token(DType::kE4M3), &qa).ok());
-  ASSERT_TRUE(quantize(matrix_view(xb.data(), kN, kK), QuantSpec::per_channel(DType::kE4M3), &qb).ok());
-  std::vector<float> dense;
-  ASSERT_TRUE(run_f32(GemmOperand::of(qa), GemmOperand::of(qb), kM, kN, nullptr, &dense).ok());
-
-  // Row-padded [M, N] (row stride N + pad) and transposed (column-major) outputs.
-  struct Layout {
-    const char* name;
-    int64_t row_stride, col_stride, size;
-  };
-  const Layout layouts[] = {{"padded rows", kN + kPad, 1, kM * (kN + kPad)},
-                            {"column-major", 1, kM + kPad, kN * (kM + kPad)}};
-  for (const Layout& l : layouts) {
-    std::vector<float> buffer(static_cast<size_t>(l.size), kSentinel);
-    for (int64_t m = 0; m < kM; ++m)
-      for (int64_t n = 0; n < kN; ++n) buffer[m * l.row_stride + n * l.col_stride] = kNaN;
-    TensorView out = matrix_view(buffer.data(), kM, kN);
-    out.strides = {l.row_stride, l.col_stride};
-    const Status st = quantized_gemm(GemmOperand::of(qa), GemmOperand::of(qb), out);
-    ASSERT_TRUE(st.ok()) << st.to_string() << " " << l.name;
-    int64_t written = 0;
-    for (int64_t m = 0; m < kM; ++m)
-      for (int64_t n = 0; n < kN; ++n) {
-        float& v = buffer[m * l.row_stride + n * l.col_stride];
-        ASSERT_EQ(std::memcmp(&v, &dense[m * kN + n], sizeof(float)), 0)
-            << l.name << " (" << m << ", " << n << ") " << testing::repro(seed, kM, kK, "e4m3");
-        v = kSentinel;
-        ++written;
-      }
-    EXPECT_EQ(written, kM * kN);
-    for (size_t i = 0; i < buffer.size(); ++i)
-      ASSERT_EQ(buffer[i], kSentinel) << l.name << ": padding element " << i << " was written";
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Odd shapes, poison, determinism
-
-TEST(GemmShapes, OddShapesWriteEveryElementAndAreDeterministic) {
-  const int64_t mn_sizes[] = {1, 19, 99};
-  const int64_t k_sizes[] = {1, 19, 99, 989};
-  QuantSpec int8_asym = QuantSpec::per_token(DType::kI8);
-  int8_asym.symmetric = false;
-  struct Case {
-    const char* name;
-    bool dense_a;
-    QuantSpec a, b;
-  };
-  const Case cases[] = {
-      {"e4m3 per-token x 128x128", false, QuantSpec::per_token(DType::kE4M3),
-       QuantSpec::per_block(DType::kE4M3, 128, 128)},
-      {"int8 1x128 x per-channel", false, QuantSpec::per_block(DType::kI8, 1, 128),
-       QuantSpec::per_channel(DType::kI8)},
-      {"int8 asymmetric per-token x per-channel", false, int8_asym, QuantSpec::per_channel(DType::kI8)},
-      {"bf16 x e5m2 per-channel (W8A16)", true, {}, QuantSpec::per_channel(DType::kE5M2)},
-  };
-  uint64_t seed = 300;
-  for (const Case& c : cases)
-    for (int64_t m : mn_sizes)
-      for (int64_t n : mn_sizes)
-        for (int64_t k : k_sizes) {
-          ++seed;
-          const std::string what = std::string(c.name) + " m=" + std::to_string(m) +
-                                   " n=" + std::to_string(n) + " k=" + std::to_string(k);
-          const std::vector<float> xa = testing::outlier_matrix(m, k, seed);
-          const std::vector<float> xb = testing::normal_vector(n * k, seed + 1, 0.05f);
-          const std::vector<float> bias = testing::normal_vector(n, seed + 2, 0.1f);
-          QuantizedTensor qa, qb;
-          ASSERT_TRUE(quantize(matrix_view(xb.data(), n, k), c.b, &qb).ok()) << what;
-          std::vector<uint16_t> xa_bf16;
-          TensorView a_view;
-          std::vector<double> a_values;
-          if (c.dense_a) {
-            xa_bf16 = to_bf16(xa);
-            a_view.data = xa_bf16.data();
-            a_view.dtype = DType::kBF16;
-            a_view.shape = {m, k};
-            for (uint16_t bits : xa_bf16) a_values.push_back(bf16_bits_to_float(bits));
-          } else {
-            ASSERT_TRUE(quantize(matrix_view(xa.data(), m, k), c.a, &qa).ok()) << what;
-            a_values = dequantized(qa);
-          }
-          const GemmOperand a = c.dense_a ? GemmOperand::of(a_view) : GemmOperand::of(qa);
-          std::vector<float> first, second;
-          Status st = run_f32(a, GemmOperand::of(qb), m, n, bias.data(), &first);
-          ASSERT_TRUE(st.ok()) << st.to_string() << " " << testing::repro(seed, m, k, what);
-          ASSERT_EQ(count_nan(first), 0) << "unwritten outputs; " << testing::repro(seed, m, k, what);
-          const std::vector<double> want =
-              reference_gemm(a_values, dequantized(qb), m, n, k, bias.data());
-          EXPECT_LT(rel_frobenius(first, want), kKernelRelError) << testing::repro(seed, m, k, what);
-          st = run_f32(a, GemmOperand::of(qb), m, n, bias.data(), &second);
-          ASSERT_TRUE(st.ok()) << st.to_string();
-          ASSERT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0)
-              << "two runs differ; " << testing::repro(seed, m, k, what);
-        }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Errors
-
-class GemmErrors : public ::testing::Test {
- protected:
-  static constexpr int64_t kM = 4, kN = 8, kK = 64;
-  std::vector<float> a_ = testing::normal_vector(kM * kK, 1);
-  std::vector<float> b_ = testing::normal_vector(kN * kK, 2);
-  std::vector<float> c_ = std::vector<float>(kM * kN, kNaN);
-
-  QuantizedTensor quantized(const std::vector<float>& x, int64_t rows, int64_t cols, const QuantSpec& s) {
-    QuantizedTensor q;
-    const Status st = quantize(matrix_view(x.data(), rows, cols), s, &q);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    return q;
-  }
-  static void expect_error(const Status& st, StatusCode code, const char* name) {
-    EXPECT_EQ(st.code(), code) << st.to_string();
-    EXPECT_TRUE(starts_with(st.message(), name)) << "expected the error to name \"" << name
-                                                 << "\": " << st.to_string();
-  }
-};
-
-TEST_F(GemmErrors, KMismatchNamesB) {
-  const GemmOperand a = GemmOperand::of(matrix_view(a_.data(), kM, kK));
-  const GemmOperand b = GemmOperand::of(matrix_view(b_.data(), kN * 2, kK / 2));
-  expect_error(gemm_can_implement(a, b, matrix_view(c_.data(), kM, kN * 2)),
-               StatusCode::kInvalidArgument, "b:");
-  const QuantizedTensor qa = quantized(a_, kM, kK, QuantSpec::per_token(DType::kE4M3));
-  const QuantizedTensor qb = quantized(b_, kN * 2, kK / 2, QuantSpec::per_channel(DType::kE4M3));
-  std::vector<float> c(kM * kN * 2, kNaN);
-  expect_error(quantized_gemm(GemmOperand::of(qa), GemmOperand::of(qb), matrix_view(c.data(), kM, kN * 2)),
-               StatusCode::kInvalidArgument, "b:");
-  EXPECT_EQ(count_nan(c), kM * kN * 2) << "a failed GEMM must not write its output";
-}
-
-TEST_F(GemmErrors, BadOutputNamesOut) {
-  const GemmOperand a = GemmOperand::of(matrix_view(a_.data(), kM, kK));
-  const GemmOperand b = GemmOperand::of(matrix_view(b_.data(), kN, kK));
-  expect_error(gemm_can_implement(a, b, matrix_view(c_.data(), kM, kN - 1)),
-               StatusCode::kInvalidArgument, "out:");
-  expect_error(gemm_can_implement(a, b, matrix_view(c_.data(), kN, kM)), StatusCode::kInvalidArgument,
-               "out:");
-  TensorView f16 = matrix_view(c_.data(), kM, kN);
-  f16.dtype = DType::kF16;
-  expect_error(gemm_can_implement(a, b, f16), StatusCode::kInvalidArgument, "out:");
-  TensorView device = matrix_view(c_.data(), kM, kN);
-  device.device = Device::kCuda;
-  expect_error(gemm_can_implement(a, b, device), StatusCode::kInvalidArgument, "out:");
-  TensorView null_out = matrix_view(static_cast<float*>(nullptr), kM, kN);
-  expect_error(gemm_can_implement(a, b, null_out), StatusCode::kInvalidArgument, "out:");
-  EXPECT_TRUE(gemm_can_implement(a, b, matrix_view(c_.data(), kM, kN)).ok());
-}
-
-TEST_F(GemmErrors, Fp8TimesIntegerIsAnError) {
-  const QuantizedTensor e4m3 = quantized(a_, kM, kK, QuantSpec::per_token(DType::kE4M3));
-  const QuantizedTensor int8 = quantized(b_, kN, kK, QuantSpec::per_channel(DType::kI8));
-  const QuantizedTensor int8_a = quantized(a_, kM, kK, QuantSpec::per_token(DType::kI8));
-  const QuantizedTensor e5m2_b = quantized(b_, kN, kK, QuantSpec::per_channel(DType::kE5M2));
-  const TensorView out = matrix_view(c_.data(), kM, kN);
-  expect_error(gemm_can_implement(GemmOperand::of(e4m3), GemmOperand::of(int8), out),
-               StatusCode::kInvalidArgument, "b:");
-  expect_error(quantized_gemm(GemmOperand::of(int8_a), GemmOperand::of(e5m2_b), out),
-               StatusCode::kInvalidArgument, "b:");
-  EXPECT_EQ(count_nan(c_), kM * kN);
-  EXPECT_TRUE(gemm_can_implement(GemmOperand::of(int8_a), GemmOperand::of(int8), out).ok());
-  EXPECT_TRUE(gemm_can_implement(GemmOperand::of(e4m3), GemmOperand::of(e5m2_b), out).ok());
-}
-
-TEST_F(GemmErrors, BadOperandsNameTheirArgument) {
-  const TensorView out = matrix_view(c_.data(), kM, kN);
-  const GemmOperand b = GemmOperand::of(matrix_view(b_.data(), kN, kK));
-  expect_error(gemm_can_implement(GemmOperand::of(matrix_view(static_cast<float*>(nullptr), kM, kK)),
-                                  b, out),
-               StatusCode::kInvalidArgument, "a:");
-  TensorView int8_view = matrix_view(a_.data(), kM, kK);
-  int8_view.dtype = DType::kI8;  // raw int8 data must come as a QuantizedTensor
-  expect_error(gemm_can_implement(GemmOperand::of(int8_view), b, out), StatusCode::kInvalidArgument, "a:");
-  QuantizedTensor qb = quantized(b_, kN, kK, QuantSpec::per_channel(DType::kE4M3));
-  qb.scales.scales = Tensor(DType::kF32, {kN, 2});  // wrong scale shape for per-channel
-  expect_error(gemm_can_implement(GemmOperand::of(matrix_view(a_.data(), kM, kK)), GemmOperand::of(qb), out),
-               StatusCode::kInvalidArgument, "b:");
-  QuantizedTensor empty;  // default: no data at all
-  expect_error(gemm_can_implement(GemmOperand::of(empty), b, out), StatusCode::kInvalidArgument, "a:");
-}
-
-TEST_F(GemmErrors, IntegerSegmentsBeyondTheInt32BoundAreUnsupported) {
-  constexpr int64_t kLongK = kMaxInt8SegmentK + 1;
-  std::vector<float> c(1, kNaN);
-  const TensorView out = matrix_view(c.data(), 1, 1);
-  const GridTensor a = grid_tensor(DType::kI8, 1, kLongK, {1, kLongK}, false, 1);
-  const GridTensor b = grid_tensor(DType::kI8, 1, kLongK, {1, kLongK}, false, 2);
-  expect_error(gemm_can_implement(GemmOperand::of(a.q), GemmOperand::of(b.q), out),
-               StatusCode::kUnsupported, "b:");
-  // One operand blocked along K bounds every segment, so the same problem is fine.
-  const GridTensor b_blocked = grid_tensor(DType::kI8, 1, kLongK, {1, 128}, false, 3);
-  EXPECT_TRUE(gemm_can_implement(GemmOperand::of(a.q), GemmOperand::of(b_blocked.q), out).ok());
-  // FP8 sums in float32 and has no such bound.
-  const GridTensor fa = grid_tensor(DType::kE4M3, 1, kLongK, {1, kLongK}, false, 4);
-  const GridTensor fb = grid_tensor(DType::kE4M3, 1, kLongK, {1, kLongK}, false, 5);
-  EXPECT_TRUE(gemm_can_implement(GemmOperand::of(fa.q), GemmOperand::of(fb.q), out).ok());
-  // Exactly at the bound is allowed.
-  const GridTensor a_max = grid_tensor(DType::kI8, 1, kMaxInt8SegmentK, {1, kMaxInt8SegmentK}, false, 6);
-  const GridTensor b_max = grid_tensor(DType::kI8, 1, kMaxInt8SegmentK, {1, kMaxInt8SegmentK}, false, 7);
-  std::vector<float> got;
-  ASSERT_TRUE(run_f32(GemmOperand::of(a_max.q), GemmOperand::of(b_max.q), 1, 1, nullptr, &got).ok());
-  EXPECT_EQ(static_cast<double>(got[0]),
-            reference_gemm(a_max.real, b_max.real, 1, 1, kMaxInt8SegmentK, nullptr)[0]);
 }
 
 }  // namespace

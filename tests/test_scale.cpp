@@ -1,7 +1,7 @@
 // Scale math (llmq/scale.hpp) and compute_scale: absmax scales with backoff and floor, power-of-two
-// and hardware-set rounding, every granularity against a naive per-element recomputation, the MSE
-// search against a brute force with an independent quantizer, SmoothQuant, Inf / NaN handling and
-// asymmetric integer zero points.
+// and hardware-set rounding, every granularity against a naive per-element recomputation, Inf / NaN
+// handling and asymmetric integer zero points. The MSE search is tested in
+// test_scale_mse_search.cpp, SmoothQuant's factors in test_smoothquant_factors.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,32 +15,16 @@
 #include "llmq/format.hpp"
 #include "llmq/quantize.hpp"
 #include "llmq/scale.hpp"
+#include "scale_support.hpp"
 #include "support.hpp"
 
 namespace llmq {
 namespace {
 
-using llmq::testing::outlier_matrix;
-using llmq::testing::repro;
+using namespace scale_test;  // NOLINT: the suite's shared helpers
 
-// A float32 scale differs from the exact quotient by its own rounding: 2^-21 (8 float ulps) is far
-// below any real scale difference.
-constexpr double kScaleRelTol = 0x1p-21;
-// Two sums of the same squared errors in the same order; only guards against reassociation.
-constexpr double kErrorRelTol = 1e-12;
 // Slack on the s/2 bound of round-to-nearest (the scaled value is rounded once in float32).
 constexpr double kHalfStepSlack = 1e-5;
-// SmoothQuant on data with 40x outlier channels must shrink the activation scale at least this much.
-constexpr double kMinSmoothingGain = 2.0;
-
-constexpr uint64_t kSeed = 20240611;
-
-MatrixView as_mat(const std::vector<float>& x, int64_t rows, int64_t cols) {
-  MatrixView m;
-  const Status st = as_matrix(matrix_view(x.data(), rows, cols), "x", &m);
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  return m;
-}
 
 TensorView typed_view(void* data, DType dtype, int64_t rows, int64_t cols) {
   TensorView v;
@@ -49,60 +33,6 @@ TensorView typed_view(void* data, DType dtype, int64_t rows, int64_t cols) {
   v.shape = {rows, cols};
   return v;
 }
-
-double rq(DType d) { return format_info(d).max_finite; }
-
-bool rel_close(double got, double want, double tol) {
-  return std::fabs(got - want) <= tol * std::fabs(want);
-}
-
-// ---- An independent quantizer for the brute force: the nearest value of the format's grid
-// ---- (found by search over all decoded codes), saturating. Ties do not matter for the squared
-// ---- error, so the tie rule need not be re-implemented.
-class GridQuantizer {
- public:
-  explicit GridQuantizer(DType format) : format_(format) {
-    if (is_fp8(format)) {
-      for (uint32_t code = 0; code < 128; ++code) {
-        const float v = fp8_to_float(static_cast<uint8_t>(code), format);
-        if (std::isfinite(v)) grid_.push_back(static_cast<double>(v));
-      }
-      std::sort(grid_.begin(), grid_.end());
-      grid_.erase(std::unique(grid_.begin(), grid_.end()), grid_.end());
-    }
-  }
-  double quantize(float v) const {
-    const FormatInfo& f = format_info(format_);
-    if (f.is_integer)
-      return std::clamp(std::nearbyint(static_cast<double>(v)), static_cast<double>(f.qmin),
-                        static_cast<double>(f.qmax));
-    const double a = std::fabs(static_cast<double>(v));
-    auto it = std::lower_bound(grid_.begin(), grid_.end(), a);
-    double q;
-    if (it == grid_.end()) q = grid_.back();  // saturate
-    else if (it == grid_.begin()) q = *it;
-    else q = (a - *(it - 1) <= *it - a) ? *(it - 1) : *it;
-    return v < 0 ? -q : q;
-  }
-  // || x - s Q(x (1/s)) ||^2 over a block, NaN ignored.
-  double block_error(const std::vector<float>& x, int64_t cols, int64_t r0, int64_t nr, int64_t c0,
-                     int64_t nc, float s) const {
-    const float inverse = 1.0f / s;
-    double e = 0;
-    for (int64_t r = r0; r < r0 + nr; ++r)
-      for (int64_t c = c0; c < c0 + nc; ++c) {
-        const float xv = x[static_cast<size_t>(r * cols + c)];
-        if (std::isnan(xv)) continue;
-        const double d = static_cast<double>(xv) - static_cast<double>(s) * quantize(xv * inverse);
-        e += d * d;
-      }
-    return e;
-  }
-
- private:
-  DType format_;
-  std::vector<double> grid_;
-};
 
 // ---- absmax scale, backoff, floor
 
@@ -272,7 +202,6 @@ TEST(RoundScale, HardwareSetPicksSmallestMemberAbove) {
 
 // ---- granularities against a naive recomputation
 
-struct Shape { int64_t rows, cols; };
 const Shape kShapes[] = {{1, 1}, {1, 19}, {19, 99}, {99, 989}, {989, 19}, {300, 257}};
 
 int64_t divisor_up_to(int64_t n, int64_t limit) {
@@ -456,209 +385,6 @@ TEST(ComputeScale, NanIsIgnored) {
           << repro(kSeed + 5, rows, cols, describe(spec)) << " scale " << i;
     EXPECT_EQ(a.scales.data_as<float>()[0], effective_min_scale(spec)) << "an all-NaN block gets the floor";
   }
-}
-
-// ---- MSE search
-
-TEST(MseSearch, CandidateSets) {
-  QuantSpec spec = QuantSpec::per_tensor(DType::kE4M3);
-  spec.method = ScaleMethod::kMseSearch;
-  const float s = 0.3f;
-  std::vector<float> grid = candidate_scales(s, spec);
-  ASSERT_EQ(grid.size(), static_cast<size_t>(spec.grid_points));
-  EXPECT_EQ(grid.front(), s) << "the absmax scale itself is the first candidate";
-  EXPECT_TRUE(rel_close(grid.back(), spec.grid_min * s, kScaleRelTol)) << grid.back();
-  for (size_t i = 1; i < grid.size(); ++i) EXPECT_LT(grid[i], grid[i - 1]);
-  spec.explicit_candidates = {0.123f, 5.0f};
-  grid = candidate_scales(s, spec);
-  EXPECT_EQ(grid.front(), 5.0f);
-  EXPECT_NE(std::find(grid.begin(), grid.end(), 0.123f), grid.end());
-
-  spec.candidates = CandidateSet::kPowerOfTwo;
-  std::vector<float> p2 = candidate_scales(s, spec);  // 0.3 -> 2^-1 .. 2^-9
-  ASSERT_EQ(p2.size(), static_cast<size_t>(spec.pow2_search_below + 1));
-  for (size_t i = 0; i < p2.size(); ++i) EXPECT_EQ(p2[i], std::ldexp(1.0f, -1 - static_cast<int>(i)));
-  EXPECT_EQ(candidate_scales(0.25f, spec).front(), 0.25f) << "a power of two is its own ceiling";
-  spec.pow2_min_exp = -4;
-  EXPECT_EQ(candidate_scales(s, spec).size(), 4u) << "clamped to 2^-1 .. 2^-4";
-
-  spec.candidates = CandidateSet::kHardwareSet;
-  spec.hardware_scales = {1.0f, 16.0f, 0.0625f, 1.0f};
-  EXPECT_EQ(candidate_scales(s, spec), (std::vector<float>{16.0f, 1.0f, 0.0625f}));
-}
-
-// The chosen scale's error is the minimum over the candidates (brute force, independent
-// quantizer) and, for the grid, no worse than the absmax scale.
-TEST(MseSearch, ChoosesTheMinimumErrorCandidate) {
-  const Shape shapes[] = {{64, 256}, {19, 98}};
-  for (const Shape& sh : shapes) {
-    const std::vector<float> x = outlier_matrix(sh.rows, sh.cols, kSeed + 11);
-    const MatrixView m = as_mat(x, sh.rows, sh.cols);
-    for (DType d : {DType::kE4M3, DType::kE5M2, DType::kI8, DType::kI4}) {
-      const GridQuantizer oracle(d);
-      for (CandidateSet set : {CandidateSet::kGrid, CandidateSet::kPowerOfTwo, CandidateSet::kHardwareSet}) {
-        QuantSpec spec = QuantSpec::per_token(d);
-        spec.method = ScaleMethod::kMseSearch;
-        spec.candidates = set;
-        spec.grid_points = 40;
-        spec.hardware_scales = {std::ldexp(1.0f, -8), std::ldexp(1.0f, -4), 1.0f, 16.0f};
-        const std::string what = repro(kSeed + 11, sh.rows, sh.cols, describe(spec));
-        ScaleSet s;
-        ASSERT_TRUE(compute_scale(matrix_view(x.data(), sh.rows, sh.cols), spec, &s).ok()) << what;
-        int better_than_absmax = 0;
-        for (int64_t r = 0; r < sh.rows; ++r) {
-          const float chosen = s.scales.data_as<float>()[r];
-          const float s_absmax = absmax_scale(block_absmax(m, r, 1, 0, sh.cols), spec);
-          const std::vector<float> cands = candidate_scales(s_absmax, spec);
-          ASSERT_NE(std::find(cands.begin(), cands.end(), chosen), cands.end()) << what << " row " << r;
-          const double e_chosen = oracle.block_error(x, sh.cols, r, 1, 0, sh.cols, chosen);
-          EXPECT_TRUE(rel_close(block_quant_error(m, r, 1, 0, sh.cols, chosen, spec), e_chosen, kErrorRelTol))
-              << what << " row " << r << ": library and oracle errors differ";
-          for (float c : cands)
-            ASSERT_LE(e_chosen, oracle.block_error(x, sh.cols, r, 1, 0, sh.cols, c) * (1 + kErrorRelTol))
-                << what << " row " << r << " candidate " << c << " beats chosen " << chosen;
-          const double e_absmax = oracle.block_error(x, sh.cols, r, 1, 0, sh.cols, s_absmax);
-          if (set == CandidateSet::kGrid) {
-            EXPECT_LE(e_chosen, e_absmax * (1 + kErrorRelTol)) << what << " row " << r;
-          }
-          better_than_absmax += e_chosen < e_absmax ? 1 : 0;
-        }
-        // With 16 levels, clipping the largest values pays off on many rows: a search that
-        // always kept the absmax scale would pass every check above but fail this one.
-        if (d == DType::kI4 && set == CandidateSet::kGrid) {
-          EXPECT_GT(better_than_absmax, 0) << what;
-        }
-      }
-    }
-  }
-}
-
-// Gaussian rows quantized to int4: the MSE-optimal clip lies below the absmax (about 2.5 sigma
-// against an absmax near 3 sigma for 1024 samples), so the search must beat absmax on every row.
-TEST(MseSearch, Int4GaussianRowsClipBelowAbsmax) {
-  const int64_t rows = 32, cols = 1024;
-  const std::vector<float> x = llmq::testing::normal_vector(rows * cols, kSeed + 12);
-  const MatrixView m = as_mat(x, rows, cols);
-  const GridQuantizer oracle(DType::kI4);
-  QuantSpec spec = QuantSpec::per_token(DType::kI4);
-  spec.method = ScaleMethod::kMseSearch;
-  ScaleSet s;
-  ASSERT_TRUE(compute_scale(matrix_view(x.data(), rows, cols), spec, &s).ok());
-  for (int64_t r = 0; r < rows; ++r) {
-    const float s_absmax = absmax_scale(block_absmax(m, r, 1, 0, cols), spec);
-    const float chosen = s.scales.data_as<float>()[r];
-    EXPECT_LT(chosen, s_absmax) << repro(kSeed + 12, rows, cols, describe(spec)) << " row " << r;
-    EXPECT_LT(oracle.block_error(x, cols, r, 1, 0, cols, chosen),
-              oracle.block_error(x, cols, r, 1, 0, cols, s_absmax))
-        << repro(kSeed + 12, rows, cols, describe(spec)) << " row " << r;
-  }
-}
-
-TEST(MseSearch, PerChannelBeatsPerTensor) {
-  const int64_t n = 64, k = 256;
-  const std::vector<float> w = outlier_matrix(n, k, kSeed + 13);
-  for (DType d : {DType::kE4M3, DType::kI8, DType::kI4}) {
-    const GridQuantizer oracle(d);
-    QuantSpec per_tensor = QuantSpec::per_tensor(d);
-    per_tensor.method = ScaleMethod::kMseSearch;
-    QuantSpec per_channel = per_tensor;
-    per_channel.granularity = Granularity::kPerChannel;
-    ScaleSet st, sc;
-    ASSERT_TRUE(compute_scale(matrix_view(w.data(), n, k), per_tensor, &st).ok());
-    ASSERT_TRUE(compute_scale(matrix_view(w.data(), n, k), per_channel, &sc).ok());
-    const double e_tensor = oracle.block_error(w, k, 0, n, 0, k, st.scales.data_as<float>()[0]);
-    double e_channel = 0;
-    for (int64_t r = 0; r < n; ++r) e_channel += oracle.block_error(w, k, r, 1, 0, k, sc.scales.data_as<float>()[r]);
-    EXPECT_LT(e_channel, e_tensor) << repro(kSeed + 13, n, k, describe(per_channel));
-  }
-}
-
-TEST(MseSearch, AllZeroBlockGetsTheFloor) {
-  std::vector<float> x = outlier_matrix(3, 16, kSeed);
-  std::fill(x.begin() + 16, x.begin() + 32, 0.0f);
-  QuantSpec spec = QuantSpec::per_token(DType::kE4M3);
-  spec.method = ScaleMethod::kMseSearch;
-  ScaleSet s;
-  ASSERT_TRUE(compute_scale(matrix_view(x.data(), 3, 16), spec, &s).ok());
-  EXPECT_EQ(s.scales.data_as<float>()[1], effective_min_scale(spec));
-}
-
-// ---- SmoothQuant
-
-TEST(SmoothQuant, FactorsFollowTheFormula) {
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const std::vector<float> rx = {0.0f, 1.0f, 4.0f, 100.0f, 0.5f, inf, 2.0f, 3.0f};
-  const std::vector<float> rw = {1.0f, 0.0f, 0.25f, 2.0f, 8.0f, 1.0f, nan, 0.01f};
-  const bool dead[] = {true, true, false, false, false, true, true, false};
-  for (float alpha : {0.0f, 0.5f, 0.8f, 1.0f}) {
-    std::vector<float> s;
-    ASSERT_TRUE(smoothquant_factors(rx, rw, alpha, &s).ok());
-    ASSERT_EQ(s.size(), rx.size());
-    for (size_t k = 0; k < rx.size(); ++k) {
-      const double want = dead[k] ? 1.0 : std::pow(rx[k], alpha) / std::pow(rw[k], 1.0 - alpha);
-      EXPECT_TRUE(rel_close(s[k], want, kScaleRelTol)) << "alpha " << alpha << " channel " << k << " got " << s[k];
-    }
-  }
-  std::vector<float> s;
-  for (float bad : {-0.1f, 1.5f, nan}) {
-    const Status st = smoothquant_factors(rx, rw, bad, &s);
-    ASSERT_FALSE(st.ok());
-    EXPECT_EQ(st.message().rfind("alpha", 0), 0u) << st.message();
-  }
-  Status st = smoothquant_factors(rx, {1.0f, 2.0f}, 0.5f, &s);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("weight_absmax"), std::string::npos) << st.message();
-  st = smoothquant_factors({-1.0f}, {1.0f}, 0.5f, &s);
-  ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.message().rfind("act_absmax", 0), 0u) << st.message();
-}
-
-TEST(SmoothQuant, SmoothingShrinksTheActivationScaleAndKeepsTheProduct) {
-  const int64_t tokens = 256, n = 96, k = 512;
-  const std::vector<float> x = outlier_matrix(tokens, k, kSeed + 17);
-  const std::vector<float> w = llmq::testing::normal_vector(n * k, kSeed + 18, 0.05f);
-  const std::string what = repro(kSeed + 17, tokens, k, "smoothquant alpha=0.5 e4m3 per-tensor");
-  const std::vector<float> rx = column_absmax(as_mat(x, tokens, k));
-  const std::vector<float> rw = column_absmax(as_mat(w, n, k));
-  std::vector<float> sc;
-  ASSERT_TRUE(smoothquant_factors(rx, rw, 0.5f, &sc).ok());
-  const QuantSpec spec = QuantSpec::per_tensor(DType::kE4M3);
-
-  const float before = absmax_scale(*std::max_element(rx.begin(), rx.end()), spec);
-  const float after = smoothed_activation_scale(rx, sc, spec);
-  EXPECT_LT(after * kMinSmoothingGain, before) << what << " before " << before << " after " << after;
-
-  // eq. 27 is the per-tensor absmax scale of X S_c^-1.
-  std::vector<float> xs(x.size());
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t c = 0; c < k; ++c) xs[t * k + c] = x[t * k + c] / sc[c];
-  ScaleSet s;
-  ASSERT_TRUE(compute_scale(matrix_view(xs.data(), tokens, k), spec, &s).ok());
-  EXPECT_EQ(after, s.scales.data_as<float>()[0]) << what;
-
-  // W S_c: columns scaled, and (X S_c^-1)(W S_c)^T == X W^T up to float rounding.
-  Tensor wbar;
-  ASSERT_TRUE(smooth_weight(matrix_view(w.data(), n, k), sc, &wbar).ok());
-  ASSERT_EQ(wbar.shape(), (std::vector<int64_t>{n, k}));
-  const float* pw = wbar.data_as<float>();
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t c = 0; c < k; ++c) ASSERT_EQ(pw[j * k + c], w[j * k + c] * sc[c]) << what;
-  constexpr double kProductRelTol = 1e-4;
-  for (int64_t t = 0; t < tokens; t += 37)
-    for (int64_t j = 0; j < n; j += 13) {
-      double ref = 0, smoothed = 0, norm = 0;
-      for (int64_t c = 0; c < k; ++c) {
-        ref += static_cast<double>(x[t * k + c]) * w[j * k + c];
-        smoothed += static_cast<double>(xs[t * k + c]) * pw[j * k + c];
-        norm += std::fabs(static_cast<double>(x[t * k + c]) * w[j * k + c]);
-      }
-      EXPECT_LE(std::fabs(smoothed - ref), kProductRelTol * norm) << what << " t " << t << " n " << j;
-    }
-
-  const Status st = smooth_weight(matrix_view(w.data(), n, k), std::vector<float>(k - 1, 1.0f), &wbar);
-  ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.message().rfind("smooth", 0), 0u) << st.message();
-  EXPECT_TRUE(std::isnan(smoothed_activation_scale(rx, std::vector<float>(3, 1.0f), spec)));
 }
 
 // ---- asymmetric integer scales

@@ -1,0 +1,257 @@
+// Byte-level BPE tokenizers: a tiny tokenizer.json in GPT-2 and Llama 3 flavours written here,
+// encodings checked against ids worked out by hand (merge order by rank, special tokens, digit
+// splitting, whole words), decode(encode(text)) round trips on ASCII and UTF-8, and the
+// hand-written split patterns and GPT-2 byte map checked word by word.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "llmq/tokenizer.hpp"
+#include "model/tokenizer_bpe.hpp"
+#include "support.hpp"
+#include "tokenizer_support.hpp"
+
+namespace llmq {
+namespace {
+
+using namespace tokenizer_test;  // NOLINT: the suite's shared helpers
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) return std::string(1, static_cast<char>(cp));
+  if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+  } else {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+  }
+  s += static_cast<char>(0x80 | (cp & 0x3F));
+  return s;
+}
+
+// GPT-2's byte map, built as its bytes_to_unicode() describes it: the printable bytes keep their
+// code point, the other 68 take 256, 257, ... in byte order.
+std::string byte_char(int byte) {
+  uint32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    const uint32_t cp = printable ? static_cast<uint32_t>(b) : next++;
+    if (b == byte) return utf8(cp);
+  }
+  return "";
+}
+
+// ---- byte-level BPE tokenizer.json (GPT-2 / Llama 3 flavours)
+// Ids 0..255 are the 256 byte characters in byte order, so the id of a lone byte is the byte.
+
+constexpr int32_t kGt = 256, kHe = 257, kGthe = 258, kCa = 259, kCat = 260, kGcat = 261, kBc = 262, kAb = 263,
+                  k34 = 264, kAa = 265, kEndOfText = 266, kBegin = 267, kXyz = 268, kSep = 269;
+constexpr int64_t kByteLevelVocab = 270;
+
+json byte_level_model(bool ignore_merges) {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  const std::string g = byte_char(' ');  // "Ġ"
+  vocab[g + "t"] = kGt;
+  vocab["he"] = kHe;
+  vocab[g + "the"] = kGthe;
+  vocab["ca"] = kCa;
+  vocab["cat"] = kCat;
+  vocab[g + "cat"] = kGcat;
+  vocab["bc"] = kBc;
+  vocab["ab"] = kAb;
+  vocab["34"] = k34;
+  vocab["aa"] = kAa;
+  vocab["xyz"] = kXyz;  // no merges make it: only ignore_merges finds it
+  // Both merge spellings: "a b" strings and ["a", "b"] pairs (tokenizers >= 0.20).
+  const json merges = json::array({g + " t", "h e", json::array({g + "t", "he"}), "c a", "ca t", g + " cat", "b c",
+                                   "a b", "3 4", "a a"});
+  return {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}, {"byte_fallback", false},
+          {"ignore_merges", ignore_merges}, {"dropout", nullptr}, {"unk_token", nullptr}};
+}
+
+json added_tokens_json() {
+  return json::array({{{"id", kEndOfText}, {"content", "<|endoftext|>"}, {"special", true}},
+                      {{"id", kBegin}, {"content", "<|begin|>"}, {"special", true}},
+                      {{"id", kSep}, {"content", "<|sep|>"}, {"special", true}}});
+}
+
+const char* const kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+void write_gpt2_dir(const TempDir& dir) {
+  const json j = {{"version", "1.0"},
+                  {"added_tokens", added_tokens_json()},
+                  {"normalizer", nullptr},
+                  {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+                  {"post_processor", nullptr},
+                  {"decoder", {{"type", "ByteLevel"}}},
+                  {"model", byte_level_model(false)}};
+  write_file(dir.file("tokenizer.json"), j.dump(1));
+  write_file(dir.file("tokenizer_config.json"),
+             json{{"bos_token", "<|begin|>"}, {"eos_token", {{"content", "<|endoftext|>"}}}}.dump());
+}
+
+void write_llama3_dir(const TempDir& dir) {
+  const json pre = {{"type", "Sequence"},
+                    {"pretokenizers",
+                     json::array({{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+                                  {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
+  // BOS from the post-processor template, EOS by name: no tokenizer_config.json here.
+  const json post = {{"type", "TemplateProcessing"},
+                     {"single", json::array({{{"SpecialToken", {{"id", "<|begin|>"}, {"type_id", 0}}}},
+                                             {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+                     {"special_tokens", {{"<|begin|>", {{"id", "<|begin|>"}, {"ids", json::array({kBegin})}}}}}};
+  const json j = {{"added_tokens", added_tokens_json()}, {"normalizer", nullptr}, {"pre_tokenizer", pre},
+                  {"post_processor", post}, {"decoder", {{"type", "ByteLevel"}}}, {"model", byte_level_model(true)}};
+  write_file(dir.file("tokenizer.json"), j.dump());
+}
+
+TEST(ByteLevelBpe, Gpt2EncodesByMergeRank) {
+  TempDir dir;
+  write_gpt2_dir(dir);
+  const auto tok = load_ok(dir.path());
+  ASSERT_TRUE(tok);
+  EXPECT_EQ(tok->vocab_size(), kByteLevelVocab);
+  EXPECT_EQ(tok->bos(), kBegin);
+  EXPECT_EQ(tok->eos(), kEndOfText);
+  EXPECT_NE(tok->description().find("byte-level"), std::string::npos) << tok->description();
+  // "the" -> t + he; " cat" -> Ġ c a t -> Ġ ca t -> Ġ cat -> Ġcat.
+  EXPECT_EQ(encode(*tok, "the cat", false), (Ids{'t', kHe, kGcat}));
+  EXPECT_EQ(encode(*tok, " the", false), (Ids{kGthe}));
+  EXPECT_EQ(encode(*tok, "the", true), (Ids{kBegin, 't', kHe}));
+  // "b c" (rank 6) merges before "a b" (rank 7) although "a b" is further left.
+  EXPECT_EQ(encode(*tok, "abc", false), (Ids{'a', kBc}));
+  // Equal ranks: the leftmost pair first.
+  EXPECT_EQ(encode(*tok, "aaa", false), (Ids{kAa, 'a'}));
+  // GPT-2 keeps a digit run whole, so "3 4" can merge inside it.
+  EXPECT_EQ(encode(*tok, "12345", false), (Ids{'1', '2', k34, '5'}));
+  // Without ignore_merges a word that is a piece is still built by merges.
+  EXPECT_EQ(encode(*tok, "xyz", false), (Ids{'x', 'y', 'z'}));
+  // Bytes map to their characters: newline and UTF-8 bytes are single-byte tokens.
+  EXPECT_EQ(encode(*tok, "a\nb", false), (Ids{'a', '\n', 'b'}));
+  EXPECT_EQ(encode(*tok, "h\xC3\xA9", false), (Ids{'h', 0xC3, 0xA9}));
+  EXPECT_EQ(encode(*tok, "", true), (Ids{kBegin}));
+}
+
+TEST(ByteLevelBpe, SpecialTokensMatchFirst) {
+  TempDir dir;
+  write_gpt2_dir(dir);
+  const auto tok = load_ok(dir.path());
+  ASSERT_TRUE(tok);
+  EXPECT_EQ(encode(*tok, "cat<|endoftext|>the", false), (Ids{kCat, kEndOfText, 't', kHe}));
+  EXPECT_EQ(encode(*tok, "<|sep|><|sep|>", false), (Ids{kSep, kSep}));
+  // A near miss is ordinary text.
+  EXPECT_EQ(encode(*tok, "<|sep", false), (Ids{'<', '|', 's', 'e', 'p'}));
+  std::string piece = "poison";
+  ASSERT_TRUE(tok->decode_token(-1, kSep, &piece).ok());
+  EXPECT_EQ(piece, "<|sep|>");
+  piece = "poison";
+  ASSERT_TRUE(tok->decode_token('a', kEndOfText, &piece).ok());
+  EXPECT_EQ(piece, "") << "EOS decodes to nothing";
+  piece = "poison";
+  ASSERT_TRUE(tok->decode_token(-1, kGthe, &piece).ok());
+  EXPECT_EQ(piece, " the") << "byte-level pieces keep their leading space";
+}
+
+TEST(ByteLevelBpe, Llama3SplitsDigitsAndUsesWholeWords) {
+  TempDir dir;
+  write_llama3_dir(dir);
+  const auto tok = load_ok(dir.file("tokenizer.json"));
+  ASSERT_TRUE(tok);
+  EXPECT_EQ(tok->bos(), kBegin) << "from the TemplateProcessing post-processor";
+  EXPECT_EQ(tok->eos(), kEndOfText) << "by its conventional name";
+  // "123" "45": the split between 3 and 4 stops the "3 4" merge.
+  EXPECT_EQ(encode(*tok, "12345", false), (Ids{'1', '2', '3', '4', '5'}));
+  // ignore_merges: a word that is a piece is taken whole.
+  EXPECT_EQ(encode(*tok, "xyz", false), (Ids{kXyz}));
+  EXPECT_EQ(encode(*tok, "the cat", true), (Ids{kBegin, 't', kHe, kGcat}));
+}
+
+TEST(ByteLevelBpe, RoundTripsAsciiAndUtf8) {
+  for (bool llama3 : {false, true}) {
+    TempDir dir;
+    if (llama3)
+      write_llama3_dir(dir);
+    else
+      write_gpt2_dir(dir);
+    const auto tok = load_ok(dir.path());
+    ASSERT_TRUE(tok);
+    const std::string what = llama3 ? "llama3" : "gpt2";
+    for (const std::string& text : {std::string(kUtf8Text), std::string(kAsciiText), std::string(""),
+                                   std::string("a<|sep|>b <|sep|>"), std::string("\x01\x7F\xFF bytes \xC3")})
+      expect_round_trip(*tok, text, what);
+  }
+}
+
+// ---- the split patterns, word by word
+
+std::vector<std::string> split(const std::string& text, tokenizer_detail::SplitKind kind, int64_t max_digits) {
+  std::vector<std::string> words;
+  tokenizer_detail::split_words(text, {kind, max_digits, ""}, &words);
+  return words;
+}
+
+using Words = std::vector<std::string>;
+
+TEST(PreTokenizer, Gpt2Pattern) {
+  using tokenizer_detail::SplitKind;
+  EXPECT_EQ(split("I'm  ok!!\n\nHi 12345 (x)  ", SplitKind::kGpt2, 0),
+            (Words{"I", "'m", " ", " ok", "!!", "\n", "\n", "Hi", " 12345", " (", "x", ")", "  "}));
+  // Contractions are case-sensitive in GPT-2's pattern.
+  EXPECT_EQ(split("DON'T don't", SplitKind::kGpt2, 0), (Words{"DON", "'", "T", " don", "'t"}));
+  EXPECT_EQ(split(kUtf8Text, SplitKind::kGpt2, 0),
+            (Words{"h\xC3\xA9llo", " w\xC3\xB6rld", " 123", " \xE2\x80\x94", " \xE6\x97\xA5\xE6\x9C\xAC",
+                   " \xF0\x9F\x98\x80"}));
+  // The em dash is punctuation, not a letter: it separates the words around it.
+  EXPECT_EQ(split("a\xE2\x80\x94" "b", SplitKind::kGpt2, 0), (Words{"a", "\xE2\x80\x94", "b"}));
+}
+
+TEST(PreTokenizer, Llama3Pattern) {
+  using tokenizer_detail::SplitKind;
+  EXPECT_EQ(split("I'm  ok!!\n\nHi 12345 (x)  ", SplitKind::kLlama3, 3),
+            (Words{"I", "'m", " ", " ok", "!!\n\n", "Hi", " ", "123", "45", " (", "x", ")", "  "}));
+  // Qwen2: one digit per word.
+  EXPECT_EQ(split("x 2024", SplitKind::kLlama3, 1), (Words{"x", " ", "2", "0", "2", "4"}));
+  // Case-insensitive contractions; a word takes one preceding punctuation character.
+  EXPECT_EQ(split("DON'T (hello)", SplitKind::kLlama3, 3), (Words{"DON", "'T", " (", "hello", ")"}));
+  EXPECT_EQ(split("a\xE2\x80\x94" "b", SplitKind::kLlama3, 3), (Words{"a", "\xE2\x80\x94" "b"}));
+  // Whitespace up to the last newline is one word; a tab may lead a word.
+  EXPECT_EQ(split("x \n \n  y\tz", SplitKind::kLlama3, 3), (Words{"x", " \n \n", " ", " y", "\tz"}));
+  EXPECT_EQ(split(kUtf8Text, SplitKind::kLlama3, 3),
+            (Words{"h\xC3\xA9llo", " w\xC3\xB6rld", " ", "123", " \xE2\x80\x94", " \xE6\x97\xA5\xE6\x9C\xAC",
+                   " \xF0\x9F\x98\x80"}));
+}
+
+TEST(PreTokenizer, CharacterClassesAndByteMap) {
+  using tokenizer_detail::CharClass;
+  using tokenizer_detail::classify;
+  EXPECT_EQ(classify(0x2014), CharClass::kOther);   // em dash
+  EXPECT_EQ(classify(0x00A0), CharClass::kSpace);   // no-break space
+  EXPECT_EQ(classify(0x3000), CharClass::kSpace);   // ideographic space
+  EXPECT_EQ(classify(0x00E9), CharClass::kLetter);  // é
+  EXPECT_EQ(classify(0x65E5), CharClass::kLetter);  // 日
+  EXPECT_EQ(classify(0xFF11), CharClass::kNumber);  // fullwidth 1
+  EXPECT_EQ(classify(0x00B2), CharClass::kNumber);  // ²
+  EXPECT_EQ(classify(0x1F600), CharClass::kOther);  // emoji
+  // GPT-2's well-known characters: "Ġ" for space, "Ċ" for newline, "Ń" for the soft hyphen.
+  EXPECT_EQ(tokenizer_detail::byte_to_unicode()[' '], "\xC4\xA0");
+  EXPECT_EQ(tokenizer_detail::byte_to_unicode()['\n'], "\xC4\x8A");
+  EXPECT_EQ(tokenizer_detail::byte_to_unicode()[0xAD], "\xC5\x83");
+  EXPECT_EQ(tokenizer_detail::byte_to_unicode()['a'], "a");
+  for (int b = 0; b < 256; ++b) {
+    const std::string c = tokenizer_detail::byte_to_unicode()[static_cast<size_t>(b)];
+    ASSERT_EQ(c, byte_char(b)) << "byte " << b;
+    const auto cps = tokenizer_detail::utf8_code_points(c);
+    ASSERT_EQ(cps.size(), 1u);
+    EXPECT_EQ(tokenizer_detail::byte_from_unicode(cps[0].value), b);
+  }
+}
+
+}  // namespace
+}  // namespace llmq
