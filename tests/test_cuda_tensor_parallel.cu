@@ -57,8 +57,19 @@ std::vector<int> tp_sizes() {
   return out;
 }
 
+// The group options of every test: NCCL from $LLMQ_NCCL_LIBRARY when the machine's copy is not on
+// the loader's path (the test's environment, never the library's), and NVLink multicast off, as
+// the llmq CLI does (NCCL reads that only from the environment; tensor_parallel.hpp).
+TensorParallelGroupOptions group_options(bool one_shot = true) {
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  TensorParallelGroupOptions o;
+  if (const char* lib = std::getenv("LLMQ_NCCL_LIBRARY"); lib != nullptr) o.nccl_library = lib;
+  o.one_shot_all_reduce = one_shot;
+  return o;
+}
+
 Status load(int tp, const ShardLoader& loader, std::unique_ptr<TensorParallelRuntime>* out) {
-  return TensorParallelRuntime::load(tp, 0, loader, out);
+  return TensorParallelRuntime::load(tp, 0, loader, out, group_options());
 }
 
 // A seeded prompt (prefill, every position), then kDecodeSteps decode steps of fixed tokens.
@@ -263,17 +274,15 @@ TEST(TensorParallel, Stories260KGreedyMatchesLlama2c) {
 // The group's all-reduce by itself, one thread per rank: decode-sized messages (the one-shot peer
 // kernel: every rank gets the float sum in rank order rounded once, bit for bit) and a large one
 // (NCCL's ring: within one BF16 rounding per addition), repeated so the staging slots and call
-// counters cycle, and the same with LLMQ_ALLREDUCE=nccl.
+// counters cycle, and the same with NCCL alone (one_shot_all_reduce off).
 TEST(TensorParallel, AllReduceSumsEveryRank) {
   LLMQ_REQUIRE_GPUS(2);
   for (const char* mode : {"default", "nccl"}) {
-    if (std::string(mode) == "nccl") setenv("LLMQ_ALLREDUCE", "nccl", 1);
     const int n = gpu_count() >= 4 ? 4 : 2;
     std::vector<int> devices;
     for (int r = 0; r < n; ++r) devices.push_back(r);
     std::unique_ptr<TensorParallelGroup> group;
-    const Status created = TensorParallelGroup::create(devices, &group);
-    unsetenv("LLMQ_ALLREDUCE");
+    const Status created = TensorParallelGroup::create(devices, &group, group_options(std::string(mode) != "nccl"));
     ASSERT_TRUE(created.ok()) << created.to_string();
     std::printf("  %s\n", group->describe().c_str());
     for (int64_t count : {int64_t{8}, int64_t{8192}, int64_t{65536}, int64_t{8192}, int64_t{1} << 20, int64_t{8200}}) {
@@ -354,7 +363,7 @@ TEST(TensorParallel, ErrorsNameTheProblem) {
   EXPECT_NE(st.message().find("128x128"), std::string::npos) << st.to_string();
   // The same device twice.
   std::unique_ptr<TensorParallelGroup> g;
-  st = TensorParallelGroup::create({0, 0}, &g);
+  st = TensorParallelGroup::create({0, 0}, &g, group_options());
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("twice"), std::string::npos) << st.to_string();
 }

@@ -1,5 +1,5 @@
 // Host-only tests of the cuBLASLt GEMM's problem checks and scale layouts
-// (src/core/cuda_gemm_problem.cpp): no GPU needed, so they run everywhere. The GPU results are in
+// (src/cuda/cuda_gemm_problem.cpp): no GPU needed, so they run everywhere. The GPU results are in
 // test_cuda_fp8_gemm.cu.
 #include <gtest/gtest.h>
 

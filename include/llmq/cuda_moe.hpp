@@ -130,6 +130,9 @@ struct MoeGroupedGemm {
   // both kernels apply them per K block (the wgmma kernel per 128, the decode kernel per 64).
   bool block_scales = false;
   uint16_t* d = nullptr;           // BF16 [rows, n]
+  // Decode kernel: 16-row tiles per CTA (1, 2 or 4); 0 lets the planner choose. A tuning knob for
+  // benchmarks (bench_cuda_moe_sparse --decode-tiles); the planner's choice is measured best.
+  int decode_tiles_per_cta = 0;
 };
 Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemmKernel kernel = MoeGemmKernel::kAuto);
 // The kernel kAuto picks for g on the current device (for reports).

@@ -22,4 +22,10 @@ Status query_cuda_device(int ordinal, CudaDeviceInfo* out);
 // The standard check before an FP8 kernel: ok on sm_89+, a clear error otherwise.
 Status require_fp8_device(int ordinal);
 
+// Programmatic dependent launch (sm_90+: a kernel may start while the one before it drains, which
+// hides launch gaps in a decode step) is on wherever the device has it. Turning it off applies to
+// the whole process, for kernels launched afterwards: it exists to measure what PDL buys
+// (`llmq bench e2e --pdl off`).
+void set_programmatic_dependent_launch(bool enabled);
+
 }  // namespace llmq

@@ -117,6 +117,10 @@ struct GpuRuntimeOptions {
   // A model split over several GPUs: its group's communicators (TensorParallelRuntime sets it).
   // Needed, and only allowed, when the model's tensor_parallel().size > 1.
   const TensorParallelGroup* tp_group = nullptr;
+  // Benchmarks only: stages left out of every forward pass ("rope,attention"; names: norm, qkv,
+  // rope, attention, oquant, o, gateup, silu, down, lmhead, allreduce), so a stage's share of a
+  // step is measured by difference. The outputs are meaningless then. Empty: every stage runs.
+  std::string skip_stages;
 };
 
 struct SamplingOptions {

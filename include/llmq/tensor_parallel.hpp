@@ -34,12 +34,9 @@
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/model.hpp"
 #include "llmq/status.hpp"
+#include "llmq/tensor_parallel_group.hpp"
 
 namespace llmq {
-
-namespace parallel {
-class P2pAllReduce;
-}
 
 // What one rank computes: n_heads, n_kv_heads and hidden_dim divided by tp_size, the rest as `full`
 // (with expert_parallel, an MoE model's hidden_dim stays whole: the experts are, and n_experts
@@ -71,42 +68,6 @@ struct LinearShard {
 };
 LinearShard linear_shard(const ModelConfig& full, ShardedLinear which, TensorParallelRank tp);
 
-// NCCL communicators over devices of this process (ncclCommInitAll), one per rank, and for
-// decode-sized all-reduces (<= 512 KB) a one-shot kernel over peer access (p2p_all_reduce.hpp;
-// LLMQ_ALLREDUCE=nccl turns it off). NCCL is loaded
-// at run time (libnccl.so.2: $LLMQ_NCCL_LIBRARY, else the loader's search path, else the CUDA
-// toolkit's lib directories), so llmq's binaries start on machines without it. NVLink multicast
-// (NVLS) is always off: NCCL_NVLS_ENABLE=0 is set before the communicators are made.
-class TensorParallelGroup {
- public:
-  static Status create(const std::vector<int>& devices, std::unique_ptr<TensorParallelGroup>* out);
-  ~TensorParallelGroup();
-  TensorParallelGroup(const TensorParallelGroup&) = delete;
-  TensorParallelGroup& operator=(const TensorParallelGroup&) = delete;
-
-  int size() const;
-  int device(int rank) const;
-  std::string describe() const;  // "NCCL 2.28.9 over devices 0,1"
-  // Whether decode-sized all-reduces take the one-shot peer exchange (else all go to NCCL).
-  bool one_shot() const;
-  // Sum over the group of `count` BF16 values at `data` (rank `rank`'s device), in place, enqueued
-  // on `stream`; every rank must call it with the same count, each from its own thread.
-  Status all_reduce_bf16(int rank, void* data, int64_t count, CudaStream stream) const;
-  // recv [size][count] float32 gets every rank's `count` values (send may be recv + rank * count).
-  Status all_gather_f32(int rank, const void* send, void* recv, int64_t count, CudaStream stream) const;
-
-  struct Impl;
-
- private:
-  friend const parallel::P2pAllReduce* one_shot_all_reduce(const TensorParallelGroup& group);
-  TensorParallelGroup();
-  std::unique_ptr<Impl> impl_;
-};
-
-// The group's one-shot all-reduce (src/parallel/p2p_all_reduce.hpp), or null: for the runtime,
-// which folds it into its norms.
-const parallel::P2pAllReduce* one_shot_all_reduce(const TensorParallelGroup& group);
-
 // Makes rank `tp.rank`'s GpuModel on `device` (one of GpuModel's loaders with that tp).
 using ShardLoader = std::function<Status(TensorParallelRank tp, int device, std::unique_ptr<GpuModel>* out)>;
 
@@ -120,7 +81,8 @@ class TensorParallelRuntime {
   static Status load(std::shared_ptr<TensorParallelGroup> group, const std::vector<int>& devices, const ShardLoader& loader,
                      std::unique_ptr<TensorParallelRuntime>* out);
   // The same over devices first_device .. first_device + tp - 1, with a new group when tp > 1.
-  static Status load(int tp, int first_device, const ShardLoader& loader, std::unique_ptr<TensorParallelRuntime>* out);
+  static Status load(int tp, int first_device, const ShardLoader& loader, std::unique_ptr<TensorParallelRuntime>* out,
+                     const TensorParallelGroupOptions& group_options = {});
   ~TensorParallelRuntime();
 
   // (Re)creates every rank's GpuRuntime with these options (the old ones are freed first).

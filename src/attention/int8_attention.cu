@@ -1,5 +1,5 @@
 // cuda_half_int8_attention and cuda_full_int8_attention (include/llmq/cuda_attention_int8.hpp): the
-// runtime's mma.sync flash attention (runtime/attention_prefill.cu) with S = Q K^T in INT8. A CTA of
+// runtime's mma.sync flash attention (attention/attention_prefill.cu) with S = Q K^T in INT8. A CTA of
 // 4 warps takes 64 queries of one head, each warp 16 rows whose INT8 Q fragments stay in registers;
 // 64-key tiles of INT8 K, their scales and V stream through shared memory with cp.async, double
 // buffered. S is mma.sync m16n8k32 s8 -> s32 (exact), turned into scores by acc * sq[row] * sk[key].
@@ -23,12 +23,12 @@
 #include "attention/int8_attention_sm90.hpp"
 #include "attention/int8_mma.cuh"
 #include "attention/int8_softmax.cuh"
-#include "runtime/attention_mma.cuh"
+#include "attention/attention_mma.cuh"
 
 namespace llmq {
 namespace {
 
-using namespace runtime::attn;
+using namespace attention::mma;
 using namespace attention;
 
 struct Params {

@@ -29,7 +29,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/sm90_tma.cuh"
 #include "cuda/sm90_wgmma_s8.cuh"
-#include "runtime/attention_mma.cuh"
+#include "attention/attention_mma.cuh"
 
 namespace llmq::attention {
 namespace {

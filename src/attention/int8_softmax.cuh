@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "runtime/attention_mma.cuh"
+#include "attention/attention_mma.cuh"
 
 namespace llmq::attention {
 
@@ -50,7 +50,7 @@ __device__ __forceinline__ void quantize_p_tile(const float (&s)[kKeys / 8][4], 
                                                 float (&row_max)[2], float (&frame)[2], float (&row_sum)[2],
                                                 uint32_t (&p_frag)[kKeys / 32][4],
                                                 float (&corr)[2], float (&carry)[2]) {
-  using runtime::attn::fast_exp2;
+  using attention::mma::fast_exp2;
   constexpr int kKeyTiles = kKeys / 8;
   // INT8: p_bits[n][e] holds the byte of P in its low 8 bits (the packing drops the rest).
   // FP8: codes[n][r] holds row r's two codes of n-tile n (keys 2t, 2t + 1).
@@ -207,7 +207,7 @@ __device__ __forceinline__ void store_normalized_rows(const float (&o)[kHeadDim 
 #pragma unroll
     for (int d = 0; d < kHeadDim / 8; ++d)
       *reinterpret_cast<uint32_t*>(out_row[r] + d * 8 + 2 * t) =
-          runtime::attn::pack_bf16x2(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
+          attention::mma::pack_bf16x2(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
   }
 }
 

@@ -20,6 +20,7 @@
 #include "cuda/quantize_kernels.cuh"
 #include "llmq/device.hpp"
 #include "llmq/format.hpp"
+#include "core/int_math.hpp"
 
 namespace llmq {
 namespace {
@@ -36,7 +37,6 @@ constexpr int64_t kGenericSingleCtaElems = 32768;
 // Pack, tile and scale counts are 32-bit on the device.
 constexpr int64_t kMax32 = int64_t{1} << 32;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 uint32_t float_bits(float f) {

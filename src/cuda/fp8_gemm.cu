@@ -22,6 +22,7 @@
 #include "cuda/cublaslt_handles.cuh"
 #include "cuda/cuda_check.cuh"
 #include "llmq/cuda_gemm.hpp"
+#include "core/int_math.hpp"
 
 namespace llmq {
 namespace {
@@ -34,8 +35,6 @@ using detail::LtPreference;
 constexpr int64_t kWorkspaceAlign = 256;  // cublasLtMatmul's workspace alignment
 constexpr int64_t kMaxPointerAlign = 256;  // cuBLASLt's default alignment assumption
 
-int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
-int64_t round_up(int64_t x, int64_t y) { return ceil_div(x, y) * y; }
 
 cudaDataType_t cuda_type(DType d) {
   switch (d) {

@@ -30,6 +30,7 @@
 #include "cuda/sm90_wgmma_s8.cuh"
 #include "llmq/cuda_int8_gemm.hpp"
 #include "llmq/gemm.hpp"
+#include "core/int_math.hpp"
 
 namespace llmq {
 namespace int8_gemm {
@@ -190,7 +191,6 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 // ---------------------------------------------------------------------------------------------
 // Host side
 
-int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
 // The device's facts are cuda::current_device_facts' (cached: this runs per GEMM).
 using cuda::DeviceFacts;
@@ -345,7 +345,7 @@ Status cuda_int8_gemm_can_implement(int64_t m, int64_t n, int64_t k) {
     return unsupported("k: " + std::to_string(k) + " exceeds kMaxInt8SegmentK = " +
                        std::to_string(kMaxInt8SegmentK) + " (the INT32 accumulators could overflow)");
   // The persistent scheduler counts tiles in int (the narrowest tile is 128 x 64).
-  if (int8_gemm::ceil_div(m, 128) * int8_gemm::ceil_div(n, 64) > kMaxExtent)
+  if (ceil_div(m, 128) * ceil_div(n, 64) > kMaxExtent)
     return invalid_argument("m, n: too many output tiles for one launch");
   return {};
 }

@@ -7,4 +7,6 @@ Status query_cuda_device(int /*ordinal*/, CudaDeviceInfo* /*out*/) {
   return unsupported("this llmq was built without CUDA");
 }
 
+void set_programmatic_dependent_launch(bool /*enabled*/) {}  // no kernels to launch
+
 }  // namespace llmq

@@ -1,24 +1,32 @@
-// pdl_enabled (pdl.cuh): whether kernels launched through launch_pdl may overlap their predecessor.
-#include <cstdlib>
-#include <cstring>
+// pdl_enabled (pdl.cuh): whether kernels launched through launch_pdl may overlap their predecessor;
+// set_programmatic_dependent_launch (llmq/device.hpp) turns it off for the process.
+#include <atomic>
 
 #include "cuda/pdl.cuh"
+#include "llmq/device.hpp"
 
-namespace llmq::detail {
+namespace llmq {
+namespace {
+std::atomic<bool> g_pdl_allowed{true};
+}  // namespace
+
+void set_programmatic_dependent_launch(bool enabled) { g_pdl_allowed.store(enabled); }
+
+namespace detail {
 
 bool pdl_enabled() {
+  if (!g_pdl_allowed.load(std::memory_order_relaxed)) return false;
   constexpr int kMaxDevices = 64;
   static int state[kMaxDevices] = {};  // 0 unknown, 1 off, 2 on; a race only repeats the query
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
   if (state[device] == 0) {
     int major = 0;
-    const char* env = std::getenv("LLMQ_PDL");
-    const bool off = env != nullptr && std::strcmp(env, "0") == 0;
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess;
-    state[device] = (!off && ok && major >= 9) ? 2 : 1;
+    state[device] = (ok && major >= 9) ? 2 : 1;
   }
   return state[device] == 2;
 }
 
-}  // namespace llmq::detail
+}  // namespace detail
+}  // namespace llmq

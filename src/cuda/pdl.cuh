@@ -29,8 +29,8 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// PDL on the current device: sm_90 or newer and LLMQ_PDL not set to 0 (for A/B timing). Asked of
-// the driver once per device.
+// PDL on the current device: sm_90 or newer, unless set_programmatic_dependent_launch(false) turned
+// it off (for A/B timing). Asked of the driver once per device.
 bool pdl_enabled();
 
 // The launch attribute to add to a cudaLaunchConfig_t (value 0 when PDL is off, which is the

@@ -30,6 +30,7 @@
 #include "llmq/cuda_moe.hpp"
 #include "moe/moe_decode_gemm.hpp"
 #include "moe/sm90_wgmma_e4m3.cuh"
+#include "core/int_math.hpp"
 
 namespace llmq {
 namespace moe {
@@ -299,7 +300,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
 // The device's facts are cuda::current_device_facts' (cached: this runs per expert linear per layer).
 using cuda::DeviceFacts;

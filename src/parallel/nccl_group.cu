@@ -9,13 +9,12 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "cuda/cuda_check.cuh"
-#include "llmq/tensor_parallel.hpp"
+#include "llmq/tensor_parallel_group.hpp"
 #include "parallel/p2p_all_reduce.hpp"
 
 #if LLMQ_HAVE_NCCL_H
@@ -39,42 +38,55 @@ struct NcclLibrary {
   decltype(&ncclGetErrorString) error_string = nullptr;
 };
 
-Status open_nccl(const NcclLibrary** out) {
+// Opens NCCL once per process: `preferred` (when not empty) first, then the usual places. A later
+// call that prefers another file than the one open is refused rather than silently ignored.
+Status open_nccl(const std::string& preferred, const NcclLibrary** out) {
   static NcclLibrary lib;
   static Status status;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    std::vector<std::string> candidates;
-    if (const char* env = std::getenv("LLMQ_NCCL_LIBRARY"); env != nullptr && *env != '\0') candidates.push_back(env);
-    candidates.insert(candidates.end(), {"libnccl.so.2", "libnccl.so", "/usr/local/cuda/lib64/libnccl.so.2",
-                                         "/usr/local/cuda/lib/libnccl.so.2",
-                                         "/usr/local/cuda/targets/x86_64-linux/lib/libnccl.so.2",
-                                         "/usr/lib/x86_64-linux-gnu/libnccl.so.2"});
-    std::string tried;
-    for (const std::string& c : candidates) {
-      lib.handle = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib.handle != nullptr) {
-        lib.path = c;
-        break;
-      }
-      tried += (tried.empty() ? "" : ", ") + c;
+  static std::string first_preferred;
+  static bool opened = false;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (opened) {
+    if (!preferred.empty() && preferred != first_preferred && preferred != lib.path)
+      return invalid_argument("--nccl-library " + preferred + ": NCCL is already loaded from " +
+                              (lib.path.empty() ? std::string("nowhere") : lib.path) + " in this process");
+    *out = &lib;
+    return status;
+  }
+  opened = true;
+  first_preferred = preferred;
+  std::vector<std::string> candidates;
+  if (!preferred.empty()) candidates.push_back(preferred);
+  candidates.insert(candidates.end(), {"libnccl.so.2", "libnccl.so", "/usr/local/cuda/lib64/libnccl.so.2",
+                                       "/usr/local/cuda/lib/libnccl.so.2",
+                                       "/usr/local/cuda/targets/x86_64-linux/lib/libnccl.so.2",
+                                       "/usr/lib/x86_64-linux-gnu/libnccl.so.2"});
+  std::string tried;
+  for (const std::string& c : candidates) {
+    lib.handle = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib.handle != nullptr) {
+      lib.path = c;
+      break;
     }
-    if (lib.handle == nullptr) {
-      status = unsupported("tensor parallelism needs NCCL (libnccl.so.2), not found (tried " + tried +
-                           "): install it or point LLMQ_NCCL_LIBRARY at it");
-      return;
-    }
-    auto sym = [&](const char* name, auto* fn) {
-      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib.handle, name));
-      if (*fn == nullptr && status.ok()) status = unsupported(lib.path + " has no " + name);
-    };
-    sym("ncclGetVersion", &lib.get_version);
-    sym("ncclCommInitAll", &lib.comm_init_all);
-    sym("ncclCommDestroy", &lib.comm_destroy);
-    sym("ncclAllReduce", &lib.all_reduce);
-    sym("ncclAllGather", &lib.all_gather);
-    sym("ncclGetErrorString", &lib.error_string);
-  });
+    tried += (tried.empty() ? "" : ", ") + c;
+  }
+  if (lib.handle == nullptr) {
+    status = unsupported("tensor parallelism needs NCCL (libnccl.so.2), not found (tried " + tried +
+                         "): install it or give its path with --nccl-library");
+    *out = &lib;
+    return status;
+  }
+  auto sym = [&](const char* name, auto* fn) {
+    *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib.handle, name));
+    if (*fn == nullptr && status.ok()) status = unsupported(lib.path + " has no " + name);
+  };
+  sym("ncclGetVersion", &lib.get_version);
+  sym("ncclCommInitAll", &lib.comm_init_all);
+  sym("ncclCommDestroy", &lib.comm_destroy);
+  sym("ncclAllReduce", &lib.all_reduce);
+  sym("ncclAllGather", &lib.all_gather);
+  sym("ncclGetErrorString", &lib.error_string);
   *out = &lib;
   return status;
 }
@@ -96,7 +108,7 @@ struct TensorParallelGroup::Impl {
   std::vector<int> devices;
   std::vector<ncclComm_t> comms;
   int version = 0;
-  // Decode-sized all-reduces (null when the GPUs lack peer access or LLMQ_ALLREDUCE=nccl).
+  // Decode-sized all-reduces (null when the GPUs lack peer access or one_shot_all_reduce is off).
   std::unique_ptr<parallel::P2pAllReduce> p2p;
   ~Impl() {
     for (size_t i = 0; i < comms.size(); ++i)
@@ -110,7 +122,8 @@ struct TensorParallelGroup::Impl {
 TensorParallelGroup::TensorParallelGroup() : impl_(std::make_unique<Impl>()) {}
 TensorParallelGroup::~TensorParallelGroup() = default;
 
-Status TensorParallelGroup::create(const std::vector<int>& devices, std::unique_ptr<TensorParallelGroup>* out) {
+Status TensorParallelGroup::create(const std::vector<int>& devices, std::unique_ptr<TensorParallelGroup>* out,
+                                   const TensorParallelGroupOptions& options) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -125,10 +138,7 @@ Status TensorParallelGroup::create(const std::vector<int>& devices, std::unique_
       if (devices[j] == devices[i]) return invalid_argument("--tp: device " + std::to_string(devices[i]) + " given twice");
   }
   const NcclLibrary* lib = nullptr;
-  LLMQ_RETURN_IF_ERROR(open_nccl(&lib));
-  // NVLink multicast (NVLS) can take a shared host's GPUs out of service: never let NCCL use it,
-  // whatever the environment says.
-  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  LLMQ_RETURN_IF_ERROR(open_nccl(options.nccl_library, &lib));
   std::unique_ptr<TensorParallelGroup> g(new TensorParallelGroup());
   Impl& s = *g->impl_;
   s.lib = lib;
@@ -137,8 +147,7 @@ Status TensorParallelGroup::create(const std::vector<int>& devices, std::unique_
   LLMQ_RETURN_IF_ERROR(nccl_status(*lib, lib->get_version(&s.version), "ncclGetVersion"));
   LLMQ_RETURN_IF_ERROR(nccl_status(*lib, lib->comm_init_all(s.comms.data(), static_cast<int>(devices.size()), devices.data()),
                                    "ncclCommInitAll over " + std::to_string(devices.size()) + " devices"));
-  const char* mode = std::getenv("LLMQ_ALLREDUCE");
-  if (mode == nullptr || std::string(mode) != "nccl") {
+  if (options.one_shot_all_reduce) {
     const Status st = parallel::P2pAllReduce::create(devices, kP2pAllReduceMaxBytes, &s.p2p);
     if (!st.ok() && st.code() != StatusCode::kUnsupported) return st;
   }
@@ -187,7 +196,8 @@ struct TensorParallelGroup::Impl {};
 const parallel::P2pAllReduce* one_shot_all_reduce(const TensorParallelGroup&) { return nullptr; }
 TensorParallelGroup::TensorParallelGroup() : impl_(std::make_unique<Impl>()) {}
 TensorParallelGroup::~TensorParallelGroup() = default;
-Status TensorParallelGroup::create(const std::vector<int>&, std::unique_ptr<TensorParallelGroup>*) {
+Status TensorParallelGroup::create(const std::vector<int>&, std::unique_ptr<TensorParallelGroup>*,
+                                   const TensorParallelGroupOptions&) {
   return unsupported("this llmq was built without nccl.h: tensor parallelism is not available");
 }
 int TensorParallelGroup::size() const { return 0; }

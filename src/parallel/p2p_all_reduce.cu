@@ -88,14 +88,14 @@ Status P2pAllReduce::create(const std::vector<int>& devices, int64_t max_bytes, 
       else LLMQ_CUDA_RETURN_IF_ERROR(e);
     }
     Rank& r = p->ranks_[static_cast<size_t>(i)];
-    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(2 * n * p->max_elements_ * 2, "all-reduce staging", &r.staging));
-    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(kP2pMaxRanks * kP2pMaxBlocks * 4, "all-reduce flags", &r.flags));
-    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(kP2pMaxBlocks * 4, "all-reduce counters", &r.counter));
-    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(2 * n * p->max_elements_ * 2, "fused all-reduce staging",
+    LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(2 * n * p->max_elements_ * 2, "all-reduce staging", &r.staging));
+    LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(kP2pMaxRanks * kP2pMaxBlocks * 4, "all-reduce flags", &r.flags));
+    LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(kP2pMaxBlocks * 4, "all-reduce counters", &r.counter));
+    LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(2 * n * p->max_elements_ * 2, "fused all-reduce staging",
                                                              &r.row_staging));
-    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(kP2pMaxRanks * runtime::kRowPeerMaxRows * 4, "fused all-reduce flags",
+    LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(kP2pMaxRanks * kRowPeerMaxRows * 4, "fused all-reduce flags",
                                                              &r.row_flags));
-    LLMQ_RETURN_IF_ERROR(runtime::DeviceAllocation::allocate(2 * 4, "fused all-reduce counter", &r.row_counter));
+    LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(2 * 4, "fused all-reduce counter", &r.row_counter));
     LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(r.row_flags.get(), 0, static_cast<size_t>(r.row_flags.bytes())));
     LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(r.row_counter.get(), 0, static_cast<size_t>(r.row_counter.bytes())));
     LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(r.flags.get(), 0, static_cast<size_t>(r.flags.bytes())));
@@ -109,8 +109,8 @@ Status P2pAllReduce::create(const std::vector<int>& devices, int64_t max_bytes, 
   return {};
 }
 
-runtime::RowPeerSum P2pAllReduce::row_sum(int rank) const {
-  runtime::RowPeerSum p;
+RowPeerSum P2pAllReduce::row_sum(int rank) const {
+  RowPeerSum p;
   p.ranks = static_cast<int>(ranks_.size());
   p.rank = rank;
   for (size_t r = 0; r < ranks_.size(); ++r) {

@@ -21,8 +21,8 @@
 
 #include "llmq/cuda_stream.hpp"
 #include "llmq/status.hpp"
-#include "runtime/device_memory.hpp"
-#include "runtime/row_kernels.hpp"
+#include "cuda/device_memory.hpp"
+#include "parallel/peer_sum.hpp"
 
 namespace llmq::parallel {
 
@@ -40,14 +40,14 @@ class P2pAllReduce {
   Status run(int rank, void* data, int64_t count, CudaStream stream) const;
   // The same exchange done inside the next add + RMSNorm (row_kernels.hpp's RowPeerSum), with its
   // own staging, flags and counter (a sequence of its own, so both kinds of call can interleave).
-  runtime::RowPeerSum row_sum(int rank) const;
+  RowPeerSum row_sum(int rank) const;
 
  private:
   struct Rank {
-    runtime::DeviceAllocation staging;  // bf16 [2 (call parity)][ranks (source)][max elements]
-    runtime::DeviceAllocation flags;    // u32 [kP2pMaxRanks peers][kP2pMaxBlocks]: peers write their counters here
-    runtime::DeviceAllocation counter;  // u32 [kP2pMaxBlocks]: calls so far, per block
-    runtime::DeviceAllocation row_staging, row_flags, row_counter;  // the norm-fused exchange's
+    cuda::DeviceAllocation staging;  // bf16 [2 (call parity)][ranks (source)][max elements]
+    cuda::DeviceAllocation flags;    // u32 [kP2pMaxRanks peers][kP2pMaxBlocks]: peers write their counters here
+    cuda::DeviceAllocation counter;  // u32 [kP2pMaxBlocks]: calls so far, per block
+    cuda::DeviceAllocation row_staging, row_flags, row_counter;  // the norm-fused exchange's
   };
   std::vector<int> devices_;
   std::vector<Rank> ranks_;

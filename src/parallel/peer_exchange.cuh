@@ -12,11 +12,11 @@
 
 #include <cstdint>
 
-#include "runtime/row_kernels.hpp"
+#include "parallel/peer_sum.hpp"
 
 namespace llmq::parallel {
 
-constexpr int kPeerMaxRanks = runtime::kRowPeerMaxRanks;
+constexpr int kPeerMaxRanks = kRowPeerMaxRanks;
 
 // Offset of (call parity, source rank) in a staging buffer.
 __device__ __forceinline__ int64_t peer_slot(uint32_t call, int source, int ranks, int64_t slot_elements) {
@@ -78,7 +78,7 @@ __device__ __forceinline__ void peer_sum8(const uint4& mine, const uint16_t* own
 // ---- The form folded into the norm (RowPeerSum): CTA r exchanges row r of `delta`.
 
 // The call number, read by every CTA at its start (peer_row_done moves it on).
-__device__ __forceinline__ uint32_t peer_row_call(const runtime::RowPeerSum& p) {
+__device__ __forceinline__ uint32_t peer_row_call(const RowPeerSum& p) {
   __shared__ uint32_t call;
   if (threadIdx.x == 0) call = p.counter[0] + 1;
   __syncthreads();
@@ -87,14 +87,14 @@ __device__ __forceinline__ uint32_t peer_row_call(const runtime::RowPeerSum& p) 
 
 // Push the 8 values of row r at column `at` (a CTA calls it for each of its vectors, then
 // peer_handshake with slot r).
-__device__ __forceinline__ void peer_row_push(const runtime::RowPeerSum& p, uint32_t call, const uint16_t* delta_row,
+__device__ __forceinline__ void peer_row_push(const RowPeerSum& p, uint32_t call, const uint16_t* delta_row,
                                               int64_t r, int64_t n, int64_t at) {
   peer_push(*reinterpret_cast<const uint4*>(delta_row + at), p.staging, p.rank, p.ranks, p.slot_elements, call, r * n + at);
 }
 
 // The delta of row r at columns at .. at + 7: the ranks' rows added in rank order, rounded to BF16
 // once (as the all-reduce kernel rounds its output).
-__device__ __forceinline__ void peer_row_delta(const runtime::RowPeerSum& p, uint32_t call, const uint16_t* delta_row,
+__device__ __forceinline__ void peer_row_delta(const RowPeerSum& p, uint32_t call, const uint16_t* delta_row,
                                                int64_t r, int64_t n, int64_t at, float (&d)[8]) {
   peer_sum8(*reinterpret_cast<const uint4*>(delta_row + at), p.staging[p.rank], p.rank, p.ranks, p.slot_elements, call,
             r * n + at, d);
@@ -104,7 +104,7 @@ __device__ __forceinline__ void peer_row_delta(const runtime::RowPeerSum& p, uin
 
 // The last CTA of a call to finish moves the call counter on (every CTA has read it by then). Call
 // after a barrier that follows the CTA's last staging read.
-__device__ __forceinline__ void peer_row_done(const runtime::RowPeerSum& p, uint32_t call) {
+__device__ __forceinline__ void peer_row_done(const RowPeerSum& p, uint32_t call) {
   if (threadIdx.x != 0) return;
   __threadfence();
   if (atomicAdd(p.counter + 1, 1u) == gridDim.x - 1) {

@@ -28,6 +28,7 @@
 
 #include "core/element.hpp"
 #include "llmq/format.hpp"
+#include "core/int_math.hpp"
 
 namespace llmq {
 namespace {
@@ -61,7 +62,6 @@ std::string shape_text(int64_t rows, int64_t cols) {
   return "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
 }
 
-int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
 Status inspect_quantized(const QuantizedTensor& q, const char* name, OperandInfo* info) {
   const std::string who(name);

@@ -12,7 +12,7 @@
 #include "llmq/format.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/safetensors.hpp"
-#include "parallel/shard_linear.hpp"
+#include "runtime/shard_linear.hpp"
 #include "runtime/gpu_model_build.hpp"
 #include "runtime/gpu_model_impl.hpp"
 

@@ -12,7 +12,7 @@
 #include "llmq/format.hpp"
 #include "llmq/quantized_model.hpp"
 #include "llmq/scheme.hpp"
-#include "parallel/shard_linear.hpp"
+#include "runtime/shard_linear.hpp"
 #include "runtime/gpu_model_build.hpp"
 #include "runtime/gpu_model_impl.hpp"
 #include "runtime/row_kernels.hpp"

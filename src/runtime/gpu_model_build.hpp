@@ -9,7 +9,7 @@
 #include "llmq/quantized_model.hpp"
 #include "llmq/scheme.hpp"
 #include "llmq/tensor.hpp"
-#include "runtime/device_memory.hpp"
+#include "cuda/device_memory.hpp"
 #include "runtime/linear.hpp"
 
 namespace llmq::runtime {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "llmq/gpu_runtime.hpp"
-#include "runtime/device_memory.hpp"
+#include "cuda/device_memory.hpp"
 #include "runtime/linear.hpp"
 #include "runtime/moe_ffn.hpp"
 

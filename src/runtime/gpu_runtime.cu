@@ -46,14 +46,15 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   if (o.max_batch < 1 || o.max_batch > 1024) return invalid_argument("--batch: " + std::to_string(o.max_batch) + " outside [1, 1024]");
   if (o.max_context < 1) return invalid_argument("--context: must be positive");
   if (o.max_step_tokens < 1) return invalid_argument("max_step_tokens: must be positive");
+  LLMQ_RETURN_IF_ERROR(parse_skip_stages(o.skip_stages, &skip));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(model->device));
   CudaDeviceInfo info;
   LLMQ_RETURN_IF_ERROR(query_cuda_device(model->device, &info));
   q_dim = c.n_heads * c.head_dim;
   kv_dim = c.n_kv_heads * c.head_dim;
   qkv_n = q_dim + 2 * kv_dim;
-  rows = align_up(std::max(o.max_step_tokens, o.max_batch), 4);
-  lm_rows = align_up(std::max<int64_t>(o.max_batch, std::min<int64_t>(rows, 256)), 4);
+  rows = round_up(std::max(o.max_step_tokens, o.max_batch), 4);
+  lm_rows = round_up(std::max<int64_t>(o.max_batch, std::min<int64_t>(rows, 256)), 4);
   lengths.assign(static_cast<size_t>(o.max_batch), 0);
   const TensorParallelRank tp = gm.tensor_parallel();
   if (tp.size > 1) {
@@ -124,7 +125,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
       if (l->act == ActQuant::kDynamicTensor || l->act == ActQuant::kBlock1x128)
         qws = std::max(qws, cuda_quantize_workspace_bytes(rows, l->k, l->act_spec));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(static_cast<int64_t>(qws), "quantize workspace", &quant_workspace));
-  const int64_t aws = runtime::decode_attention_workspace_bytes(o.max_batch, c.n_heads, c.head_dim, o.max_context);
+  const int64_t aws = attention::decode_attention_workspace_bytes(o.max_batch, c.n_heads, c.head_dim, o.max_context);
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(aws, "attention workspace", &attn_workspace));
   if (o.prefill_attention != AttentionVariant::kBf16 && kv_fp8)
     return unsupported("--attention " + std::string(attention_variant_name(o.prefill_attention)) +
@@ -259,7 +260,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
 
     const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     if (m.decode) {
-      runtime::DecodeAttentionArgs a;
+      attention::DecodeAttentionArgs a;
       a.q = q_rot.as<uint16_t>();
       set_cache(l, &a);
       a.out = attn_out.as<uint16_t>();
@@ -274,9 +275,9 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       a.softmax_scale = softmax_scale;
       a.workspace = attn_workspace.get();
       a.workspace_bytes = attn_workspace.bytes();
-      if (run(kStageAttention)) LLMQ_RETURN_IF_ERROR(runtime::decode_attention(a, stream));
+      if (run(kStageAttention)) LLMQ_RETURN_IF_ERROR(attention::decode_attention(a, stream));
     } else {
-      runtime::PrefillAttentionArgs a;
+      attention::PrefillAttentionArgs a;
       a.q = q_rot.as<uint16_t>();
       set_cache(l, &a);
       a.out = attn_out.as<uint16_t>();
@@ -296,7 +297,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
           LLMQ_RETURN_IF_ERROR(quant_attention.run(a.q, k_cache(l), v_cache(l), options.max_context, m.seqs, a.out,
                                                    softmax_scale, stream));
       } else {
-        LLMQ_RETURN_IF_ERROR(runtime::prefill_attention(a, stream));
+        LLMQ_RETURN_IF_ERROR(attention::prefill_attention(a, stream));
       }
     }
 
@@ -398,7 +399,7 @@ Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int6
                                       const std::vector<std::vector<int32_t>>& tokens, bool all_positions,
                                       std::vector<std::pair<int64_t, std::vector<float>>>* out) {
   std::vector<int32_t> tok, pos, tslot, qstart{0}, kvlen, sslot, lmrows, lmseq;
-  std::vector<runtime::PrefillSequence> seqs;
+  std::vector<attention::PrefillSequence> seqs;
   int64_t max_q = 0;
   for (const auto& [b, begin, end] : segs) {
     const int64_t start = lengths[static_cast<size_t>(b)];

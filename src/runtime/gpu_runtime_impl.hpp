@@ -18,10 +18,11 @@
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/tensor_parallel.hpp"
 #include "parallel/p2p_all_reduce.hpp"
-#include "runtime/attention.hpp"
+#include "attention/attention.hpp"
 #include "runtime/gpu_model_impl.hpp"
-#include "runtime/quant_prefill_attention.hpp"
+#include "attention/quant_prefill_attention.hpp"
 #include "runtime/row_kernels.hpp"
+#include "core/int_math.hpp"
 
 namespace llmq {
 
@@ -37,8 +38,6 @@ using runtime::RowOut;
 
 namespace runtime_detail {
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-inline int64_t align_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // Where one step's metadata lives on the device.
 struct StepMeta {
@@ -55,7 +54,7 @@ struct StepMeta {
   int64_t max_kv_len = 0;
   int64_t lm_count = 0;
   bool decode = false;  // one token per sequence, in slot order
-  std::vector<runtime::PrefillSequence> seqs;  // prefill: the same sequences, on the host (8-bit attention)
+  std::vector<attention::PrefillSequence> seqs;  // prefill: the same sequences, on the host (8-bit attention)
 };
 
 // The activation buffers one linear's input can be produced into.
@@ -83,28 +82,32 @@ struct PinnedBuffer {
   }
 };
 
-// LLMQ_SKIP_STAGES=rope,attention,... leaves those stages out of every forward pass, so that the
-// time of a stage inside a replayed decode step can be measured by difference (METHOD: no timeline
-// profiler on the lent machines). The outputs are then meaningless; it exists for `llmq bench e2e`.
+// GpuRuntimeOptions::skip_stages ("rope,attention,..."): stages left out of every forward pass, so
+// that the time of a stage inside a replayed decode step can be measured by difference (METHOD: no
+// timeline profiler on the lent machines). The outputs are then meaningless; it exists for
+// `llmq bench e2e --skip-stages`.
 enum Stage : uint32_t {
   kStageNorm = 1, kStageQkv = 2, kStageRope = 4, kStageAttention = 8, kStageOQuant = 16, kStageO = 32,
   kStageGateUp = 64, kStageSilu = 128, kStageDown = 256, kStageLmHead = 512, kStageAllReduce = 1024,
 };
-inline uint32_t skip_stages_from_env() {
-  const char* env = std::getenv("LLMQ_SKIP_STAGES");
-  if (env == nullptr) return 0;
+inline Status parse_skip_stages(const std::string& list, uint32_t* mask) {
   static const std::pair<const char*, uint32_t> names[] = {
       {"norm", kStageNorm}, {"qkv", kStageQkv}, {"rope", kStageRope}, {"attention", kStageAttention},
       {"oquant", kStageOQuant}, {"o", kStageO}, {"gateup", kStageGateUp}, {"silu", kStageSilu},
       {"down", kStageDown}, {"lmhead", kStageLmHead}, {"allreduce", kStageAllReduce}};
-  uint32_t mask = 0;
-  std::stringstream ss(env);
+  *mask = 0;
+  std::stringstream ss(list);
   std::string item;
-  while (std::getline(ss, item, ','))
-    for (const auto& [name, bit] : names)
-      if (item == name) mask |= bit;
-  if (mask != 0) std::fprintf(stderr, "llmq: LLMQ_SKIP_STAGES=%s: stages left out, outputs meaningless\n", env);
-  return mask;
+  while (std::getline(ss, item, ',')) {
+    uint32_t bit = 0;
+    for (const auto& [name, b] : names)
+      if (item == name) bit = b;
+    if (bit == 0)
+      return invalid_argument("skip_stages: unknown stage '" + item +
+                              "' (norm, qkv, rope, attention, oquant, o, gateup, silu, down, lmhead, allreduce)");
+    *mask |= bit;
+  }
+  return {};
 }
 
 }  // namespace runtime_detail
@@ -123,7 +126,7 @@ struct GpuRuntime::Impl {
   runtime::LinearContext lin;
   DeviceAllocation gemm_workspace, quant_workspace, attn_workspace, argmax_workspace;
   DeviceAllocation logits_flag;  // int32, set by the device when a sampled row is NaN/Inf or constant
-  runtime::QuantPrefillAttention quant_attention;  // --attention int8 / fp8 / half-int8
+  attention::QuantPrefillAttention quant_attention;  // --attention int8 / fp8 / half-int8
   const TensorParallelGroup* group = nullptr;  // a model split over several GPUs (tensor_parallel.hpp)
   int tp_rank = 0;
   runtime::RowPeerSum peer;  // the group's all-reduce folded into the norms (ranks 0: none)
@@ -176,7 +179,7 @@ struct GpuRuntime::Impl {
   void set_cache(int64_t layer, AttentionArgs* a) const {
     a->k_cache = k_cache(layer);
     a->v_cache = v_cache(layer);
-    a->kv_dtype = kv_fp8 ? runtime::KvCacheDType::kE4M3 : runtime::KvCacheDType::kBF16;
+    a->kv_dtype = kv_fp8 ? attention::KvCacheDType::kE4M3 : attention::KvCacheDType::kBF16;
     a->k_cache8 = k_cache8(layer);
     a->v_cache8 = v_cache8(layer);
     a->k_scale = k_scale(layer);
@@ -196,8 +199,9 @@ struct GpuRuntime::Impl {
   bool fused_sum(int64_t tokens) const {
     return peer.ranks > 1 && (skip & kStageAllReduce) == 0 && runtime::row_op_fuses_peer_sum(tokens, c.dim, peer.slot_elements);
   }
-  // Profiling aid (LLMQ_SKIP_STAGES, see skip_stages_from_env): stages left out of the forward pass.
-  uint32_t skip = skip_stages_from_env();
+  // Profiling aid (GpuRuntimeOptions::skip_stages, parse_skip_stages): stages left out of the
+  // forward pass.
+  uint32_t skip = 0;
   bool run(uint32_t stage) const { return (skip & stage) == 0; }
   Status lm_head(const StepMeta& m, int64_t first, int64_t count);
   Status upload_meta(const std::vector<int32_t>& ints);

@@ -20,9 +20,14 @@
 #include "llmq/dtype.hpp"
 #include "llmq/quant_spec.hpp"
 #include "llmq/status.hpp"
-#include "runtime/device_memory.hpp"
+#include "cuda/device_memory.hpp"
 
 namespace llmq::runtime {
+
+// Device memory is a CUDA primitive (cuda/device_memory.hpp); the runtime names it unqualified.
+using cuda::DeviceAllocation;
+using cuda::device_memory_info;
+using cuda::format_bytes;
 
 // How a linear's input reaches it.
 enum class ActQuant {

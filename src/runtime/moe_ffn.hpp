@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "llmq/model.hpp"
-#include "runtime/device_memory.hpp"
+#include "cuda/device_memory.hpp"
 #include "runtime/linear.hpp"
 
 namespace llmq::runtime {

@@ -59,7 +59,9 @@ struct TensorParallelGroup::Impl {};
 const parallel::P2pAllReduce* one_shot_all_reduce(const TensorParallelGroup&) { return nullptr; }
 TensorParallelGroup::TensorParallelGroup() : impl_(std::make_unique<Impl>()) {}
 TensorParallelGroup::~TensorParallelGroup() = default;
-Status TensorParallelGroup::create(const std::vector<int>&, std::unique_ptr<TensorParallelGroup>*) { return no_cuda(); }
+Status TensorParallelGroup::create(const std::vector<int>&, std::unique_ptr<TensorParallelGroup>*, const TensorParallelGroupOptions&) {
+  return no_cuda();
+}
 int TensorParallelGroup::size() const { return 0; }
 int TensorParallelGroup::device(int) const { return -1; }
 std::string TensorParallelGroup::describe() const { return "no CUDA"; }
@@ -73,7 +75,9 @@ Status TensorParallelRuntime::load(std::shared_ptr<TensorParallelGroup>, const s
                                    std::unique_ptr<TensorParallelRuntime>*) {
   return no_cuda();
 }
-Status TensorParallelRuntime::load(int, int, const ShardLoader&, std::unique_ptr<TensorParallelRuntime>*) { return no_cuda(); }
+Status TensorParallelRuntime::load(int, int, const ShardLoader&, std::unique_ptr<TensorParallelRuntime>*, const TensorParallelGroupOptions&) {
+  return no_cuda();
+}
 Status TensorParallelRuntime::start(const GpuRuntimeOptions&) { return no_cuda(); }
 int TensorParallelRuntime::size() const { return 0; }
 const GpuModel& TensorParallelRuntime::model(int rank) const { return *models_.at(static_cast<size_t>(rank)); }

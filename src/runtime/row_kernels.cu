@@ -16,6 +16,7 @@
 #include "parallel/peer_exchange.cuh"
 #include "runtime/row_kernels.hpp"
 #include "runtime/row_math.cuh"
+#include "core/int_math.hpp"
 
 namespace llmq::runtime {
 namespace {
@@ -307,7 +308,6 @@ Status launch_row_op_v(const RowKernelArgs& args, int threads, CudaStream stream
   return {};
 }
 
-int64_t ceil_div_i(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -324,7 +324,7 @@ Status launch_row_op(const RowKernelArgs& args, CudaStream stream) {
     const int64_t vecs = a.n / 8;
     const int chunks = vecs <= 1024 ? 1 : (vecs <= 2048 ? 2 : 0);
     if (chunks > 0) {
-      const unsigned t = static_cast<unsigned>((ceil_div_i(vecs, chunks) + 31) / 32 * 32);
+      const unsigned t = static_cast<unsigned>((ceil_div(vecs, chunks) + 31) / 32 * 32);
       auto kernel = chunks == 1 ? row_op_registers_kernel<F, O, 1> : row_op_registers_kernel<F, O, 2>;
       LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(kernel, dim3(static_cast<unsigned>(a.rows)), dim3(t), 0, stream, args));
       return {};

@@ -15,6 +15,7 @@
 #include "llmq/cuda_stream.hpp"
 #include "llmq/quant_spec.hpp"
 #include "llmq/status.hpp"
+#include "parallel/peer_sum.hpp"
 
 namespace llmq::runtime {
 
@@ -29,16 +30,9 @@ enum class RowFn { kAddRmsNorm, kSiluMul, kCopy };
 // flag there, waits for the peers' flags and adds the rows in rank order, rounded to BF16 once as
 // the all-reduce kernel rounds: the all-reduce costs no launch of its own. Only the decode form of
 // the kernel does it (row_op_fuses_peer_sum).
-constexpr int kRowPeerMaxRanks = 8;
-constexpr int64_t kRowPeerMaxRows = 64;
-struct RowPeerSum {
-  int ranks = 0;  // 0 or 1: no exchange
-  int rank = 0;
-  uint16_t* staging[kRowPeerMaxRanks] = {};  // every rank's: bf16 [2 (call parity)][ranks (source)][slot_elements]
-  uint32_t* flags[kRowPeerMaxRanks] = {};    // every rank's: [ranks (source)][kRowPeerMaxRows]
-  uint32_t* counter = nullptr;               // this rank's: {calls so far, CTAs done with the current call}
-  int64_t slot_elements = 0;
-};
+using parallel::kRowPeerMaxRanks;
+using parallel::kRowPeerMaxRows;
+using parallel::RowPeerSum;
 // Whether a kAddRmsNorm of `rows` x `n` can sum its delta over ranks (the decode kernel's shapes).
 bool row_op_fuses_peer_sum(int64_t rows, int64_t n, int64_t slot_elements);
 enum class RowOut { kBF16, kCodesPerToken, kCodesStatic };

@@ -1,16 +1,35 @@
-// Shared CLI helpers: error printing and the progress bar.
+// Shared CLI helpers: error printing, the progress bar and the GPU launch flags.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 
 #include "commands.hpp"
+#include "llmq/device.hpp"
 
 namespace llmq::cli {
 
 int fail(const Status& st) {
   std::fprintf(stderr, "llmq: %s\n", st.to_string().c_str());
   return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+void add_gpu_launch_flags(CLI::App* app, GpuLaunchFlags* flags) {
+  app->add_option("--nccl-library", flags->nccl_library,
+                  "--tp > 1: the libnccl.so.2 to open first (else the loader's path, then the CUDA toolkit's)");
+  app->add_option("--allreduce", flags->allreduce,
+                  "--tp > 1: auto (the one-shot peer exchange for decode-sized messages, NCCL above) or nccl (NCCL only)")
+      ->check(CLI::IsMember({"auto", "nccl"}));
+  app->add_option("--pdl", flags->pdl, "programmatic dependent launch on sm_90+ (on), or off to measure what it buys")
+      ->check(CLI::IsMember({"on", "off"}));
+}
+
+TensorParallelGroupOptions apply_gpu_launch_flags(const GpuLaunchFlags& flags) {
+  set_programmatic_dependent_launch(flags.pdl == "on");
+  TensorParallelGroupOptions o;
+  o.nccl_library = flags.nccl_library;
+  o.one_shot_all_reduce = flags.allreduce == "auto";
+  return o;
 }
 
 namespace {

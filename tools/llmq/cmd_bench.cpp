@@ -47,6 +47,8 @@ struct BenchArgs {
   std::vector<int> tps = {1};       // tensor-parallel sizes (devices device .. device + tp - 1)
   bool allreduce_share = false;     // time TP decode steps again without their all-reduces
   bool ep = false;                  // MoE: whole experts per rank (expert parallelism)
+  std::string skip_stages;          // stages left out of every step (timing by difference)
+  GpuLaunchFlags launch;
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -85,6 +87,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
   const std::string what = (a.model.rfind(prefix, 0) == 0 ? "generating " : "loading ") + a.model + " " + precision +
                            (tp > 1 ? " over " + std::to_string(tp) + " GPUs" : "");
   Progress progress(what);
+  const TensorParallelGroupOptions group = apply_gpu_launch_flags(a.launch);
   auto on_rank0 = [&](TensorParallelRank r) -> GpuProgressFn {
     if (r.rank != 0) return {};
     return [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
@@ -95,7 +98,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
     const Status st = TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
     r.expert_parallel = a.ep;
       return GpuModel::synthetic(c, precision, a.seed, device, m, on_rank0(r), r);
-    }, out);
+    }, out, group);
     progress.finish();
     return st;
   }
@@ -106,7 +109,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
     const Status st = TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
     r.expert_parallel = a.ep;
       return GpuModel::from_checkpoint(a.model, precision, device, m, on_rank0(r), r);
-    }, out);
+    }, out, group);
     progress.finish();
     if (st.code() != StatusCode::kUnsupported) return st;  // unsupported: static schemes, quantized checkpoints
   }
@@ -116,7 +119,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
     return TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
     r.expert_parallel = a.ep;
       return GpuModel::from_float(w, precision == "bf16" ? DType::kBF16 : DType::kF32, device, m, r);
-    }, out);
+    }, out, group);
   Scheme scheme;
   LLMQ_RETURN_IF_ERROR(find_scheme(precision, &scheme));
   if (scheme.needs_statistics())
@@ -126,7 +129,7 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
   return TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
     r.expert_parallel = a.ep;
     return GpuModel::from_quantized(qm, device, m, r);
-  }, out);
+  }, out, group);
 }
 
 // --fit: the longest context that `batch` sequences can have with this model and KV-cache format
@@ -142,6 +145,7 @@ void fit_row(const BenchArgs& a, TensorParallelRuntime& tpr, const std::string& 
     o.max_context = context;
     o.max_step_tokens = batch;
     o.cuda_graphs = !a.no_graphs;
+    o.skip_stages = a.skip_stages;
     o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
     return o;
   };
@@ -191,6 +195,8 @@ std::string describe_group(TensorParallelRuntime& tpr) {
 int run_e2e(const BenchArgs& a) {
   CudaDeviceInfo info;
   if (Status st = query_cuda_device(a.device, &info); !st.ok()) return fail(st);
+  if (!a.skip_stages.empty())
+    fmt::print(stderr, "llmq: --skip-stages {}: those stages are left out, outputs are meaningless\n", a.skip_stages);
   const char* commit_env = std::getenv("LLMQ_COMMIT");
   const std::string commit = commit_env != nullptr ? commit_env : "unknown";
   std::ofstream json_out;
@@ -241,7 +247,7 @@ int run_e2e(const BenchArgs& a) {
                                                  (eight_bit ? 1.0 : 2.0)
                                            : 0.0;
     // How the ranks' partial sums are added: "auto" (the one-shot peer exchange, folded into the
-    // norms, for decode-sized messages; NCCL above), or NCCL alone (LLMQ_ALLREDUCE=nccl, or GPUs
+    // norms, for decode-sized messages; NCCL above), or NCCL alone (--allreduce nccl, or GPUs
     // without peer access).
     const std::string allreduce = tpr->group() == nullptr ? "none" : tpr->group()->one_shot() ? "auto" : "nccl";
     if (tp > 1) fmt::print("tp={} ({} all-reduce): {}\n", tp, allreduce, describe_group(*tpr));
@@ -254,6 +260,7 @@ int run_e2e(const BenchArgs& a) {
           o.max_context = ctx + a.warmup + a.steps + 1;
           o.max_step_tokens = batch;
           o.cuda_graphs = !a.no_graphs;
+          o.skip_stages = a.skip_stages;
           o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
           Status st = tpr->start(o);
           std::vector<double> ms;
@@ -265,9 +272,9 @@ int run_e2e(const BenchArgs& a) {
           // run unsynchronised and their outputs are meaningless; only the time is kept).
           std::vector<double> ms_without;
           if (st.ok() && tp > 1 && a.allreduce_share) {
-            setenv("LLMQ_SKIP_STAGES", "allreduce", 1);
-            st = tpr->start(o);
-            unsetenv("LLMQ_SKIP_STAGES");
+            GpuRuntimeOptions without = o;
+            without.skip_stages = o.skip_stages.empty() ? "allreduce" : o.skip_stages + ",allreduce";
+            st = tpr->start(without);
             if (st.ok()) st = tpr->fill_context_for_benchmark(batch, ctx, a.seed);
             if (st.ok()) st = tpr->time_decode(batch, a.warmup, a.steps, &ms_without);
           }
@@ -312,6 +319,7 @@ int run_e2e(const BenchArgs& a) {
       o.max_batch = 1;
       o.max_context = n;
       o.max_step_tokens = n;
+      o.skip_stages = a.skip_stages;
       AttentionVariant attention = AttentionVariant::kBf16;
       Status parsed = parse_attention_variant(attention_name, &attention);
       o.prefill_attention = attention;
@@ -384,6 +392,10 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
   e2e->add_flag("--ep", args->ep, "tp > 1 on an MoE model: whole experts per GPU (expert parallelism) instead of every expert's columns");
   e2e->add_flag("--allreduce-share", args->allreduce_share,
                 "tp > 1: time every decode row again without its all-reduces, to give their share of a step");
+  e2e->add_option("--skip-stages", args->skip_stages,
+                  "leave these stages out of every step (norm,qkv,rope,attention,oquant,o,gateup,silu,down,lmhead,"
+                  "allreduce): a stage's time by difference; outputs meaningless");
+  add_gpu_launch_flags(e2e, &args->launch);
   e2e->add_flag("--fit", args->fit,
                 "per --batch and KV-cache format: the longest context that fits in free memory, and a decode at it");
   commands->push_back({e2e, [args] { return run_e2e(*args); }});

@@ -32,6 +32,7 @@ struct RunArgs {
   std::string attention = "bf16";
   int tp = 1;  // GPUs --gpu .. --gpu + tp - 1, tensor parallel
   bool ep = false;  // MoE: whole experts per GPU
+  GpuLaunchFlags launch;
 };
 
 // A Hugging Face directory streams straight from its memory map to the device (never the whole
@@ -50,7 +51,7 @@ Status stream_to_gpu(const RunArgs& a, std::unique_ptr<TensorParallelRuntime>* o
   const Status st = TensorParallelRuntime::load(a.tp, a.gpu, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
     r.expert_parallel = a.ep;
     return GpuModel::from_checkpoint(a.model, precision, device, m, {}, r);
-  }, out);
+  }, out, apply_gpu_launch_flags(a.launch));
   if (st.code() == StatusCode::kUnsupported) {
     out->reset();
     return {};
@@ -68,7 +69,7 @@ Status upload_to_gpu(const RunArgs& a, const ModelWeights& model, const Quantize
     r.expert_parallel = a.ep;
     if (qm != nullptr) return GpuModel::from_quantized(*qm, device, m, r);
     return GpuModel::from_float(model, a.precision == "f32" ? DType::kF32 : DType::kBF16, device, m, r);
-  }, out);
+  }, out, apply_gpu_launch_flags(a.launch));
 }
 
 // The GPU runtime: prefill the prompt but its last token, then `steps` - (prompt - 1) decode
@@ -184,6 +185,7 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_flag("--ep", args->ep, "--tp > 1 on an MoE model: whole experts per GPU (expert parallelism)");
   cmd->add_option("--kv-cache", args->kv_cache, "--device cuda: KV cache elements, bf16 or e4m3")
       ->check(CLI::IsMember({"bf16", "e4m3"}));
+  add_gpu_launch_flags(cmd, &args->launch);
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 

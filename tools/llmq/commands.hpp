@@ -28,6 +28,16 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands);
 void add_attention_command(CLI::App& app, std::vector<Command>* commands);
 void add_make_checkpoint_command(CLI::App& app, std::vector<Command>* commands);
 
+// How GPU work is launched and how tensor-parallel ranks talk, shared by `run` and `bench e2e`.
+struct GpuLaunchFlags {
+  std::string nccl_library;      // --nccl-library
+  std::string allreduce = "auto";  // --allreduce auto|nccl
+  std::string pdl = "on";          // --pdl on|off
+};
+void add_gpu_launch_flags(CLI::App* app, GpuLaunchFlags* flags);
+// Applies --pdl (process-wide) and returns the group options --tp > 1 uses.
+TensorParallelGroupOptions apply_gpu_launch_flags(const GpuLaunchFlags& flags);
+
 // Print "llmq: <status>" to stderr; exit code 2 for bad arguments, 1 otherwise.
 int fail(const Status& st);
 

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <new>
 
@@ -111,6 +112,10 @@ int run_main(int argc, char** argv) {
 // allocation the checks let through, a std::filesystem error, a bug) becomes an error message and
 // exit status 1, never std::terminate's abort.
 int main(int argc, char** argv) {
+  // NVLink multicast (NVLS) can take a shared host's GPUs out of service: NCCL never uses it under
+  // llmq, whatever the environment says. NCCL reads the switch only from the environment, and the
+  // library writes none, so the program sets it before any group is made (tensor_parallel.hpp).
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
   try {
     return run_main(argc, argv);
   } catch (const std::bad_alloc&) {

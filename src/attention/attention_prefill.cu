@@ -28,14 +28,14 @@
 #include <string>
 
 #include "cuda/cuda_check.cuh"
-#include "runtime/attention.hpp"
-#include "runtime/attention_mma.cuh"
-#include "runtime/attention_validate.hpp"
+#include "attention/attention.hpp"
+#include "attention/attention_mma.cuh"
+#include "attention/attention_validate.hpp"
 
-namespace llmq::runtime {
+namespace llmq::attention {
 namespace {
 
-using namespace attn;  // runtime/attention_mma.cuh
+using namespace mma;  // attention/attention_mma.cuh
 
 // Where query rows and key rows of one (sequence, head) are, and what the sequence sees.
 struct SequenceView {
@@ -454,4 +454,4 @@ Status prefill_attention(const PrefillAttentionArgs& a, CudaStream stream) {
   }
 }
 
-}  // namespace llmq::runtime
+}  // namespace llmq::attention

@@ -15,7 +15,7 @@
 #include "llmq/cuda_stream.hpp"
 #include "llmq/status.hpp"
 
-namespace llmq::runtime {
+namespace llmq::attention {
 
 // KV cache of ONE layer: [slots, capacity, n_kv_heads, head_dim] BF16 (uint16_t bits), row-major.
 // Sequence b of a batch lives in cache slot slot[b]; its keys/values for positions 0..kv_len[b]-1
@@ -79,4 +79,4 @@ int64_t decode_attention_workspace_bytes(int64_t batch, int64_t n_heads, int64_t
 // Device-side: kv_len[b] is clamped to [0, min(max_kv_len, capacity)]; kv_len[b] <= 0 gives zeros.
 Status decode_attention(const DecodeAttentionArgs& a, CudaStream stream);
 
-}  // namespace llmq::runtime
+}  // namespace llmq::attention

@@ -1,11 +1,11 @@
-// src/runtime/quant_prefill_attention.hpp: quantize, then attend, one sequence at a time.
-#include "runtime/quant_prefill_attention.hpp"
+// src/attention/quant_prefill_attention.hpp: quantize, then attend, one sequence at a time.
+#include "attention/quant_prefill_attention.hpp"
 
 #include <string>
 
 #include "llmq/cuda_attention_int8.hpp"
 
-namespace llmq::runtime {
+namespace llmq::attention {
 
 Status QuantPrefillAttention::allocate(AttentionVariant variant, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                        int64_t max_q, int64_t max_kv) {
@@ -19,13 +19,13 @@ Status QuantPrefillAttention::allocate(AttentionVariant variant, int64_t heads, 
   heads_ = heads, kv_heads_ = kv_heads, head_dim_ = head_dim, max_q_ = max_q, max_kv_ = max_kv;
   LLMQ_RETURN_IF_ERROR(cuda_attention_v_block(head_dim, &v_block_));  // 128 where the Hopper kernel runs
   const int64_t tiles = (max_kv + v_block_ - 1) / v_block_;
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(max_q * heads * head_dim, "8-bit attention Q", &q8_));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(max_q * heads * 4, "8-bit attention Q scales", &q_scale_));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(max_kv * kv_heads * head_dim, "8-bit attention K", &k8_));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(max_kv * kv_heads * 4, "8-bit attention K scales", &k_scale_));
+  LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(max_q * heads * head_dim, "8-bit attention Q", &q8_));
+  LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(max_q * heads * 4, "8-bit attention Q scales", &q_scale_));
+  LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(max_kv * kv_heads * head_dim, "8-bit attention K", &k8_));
+  LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(max_kv * kv_heads * 4, "8-bit attention K scales", &k_scale_));
   if (variant != AttentionVariant::kHalfInt8) {
-    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kv_heads * head_dim * attention_v_t_stride(max_kv), "8-bit attention V^T", &v_t_));
-    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kv_heads * tiles * head_dim * 4, "8-bit attention V scales", &v_scale_));
+    LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(kv_heads * head_dim * attention_v_t_stride(max_kv), "8-bit attention V^T", &v_t_));
+    LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(kv_heads * tiles * head_dim * 4, "8-bit attention V scales", &v_scale_));
   }
   variant_ = variant;
   return {};
@@ -91,4 +91,4 @@ Status QuantPrefillAttention::run(const uint16_t* q, const uint16_t* k_cache, co
   return {};
 }
 
-}  // namespace llmq::runtime
+}  // namespace llmq::attention

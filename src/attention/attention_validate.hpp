@@ -7,9 +7,9 @@
 #include <string>
 
 #include "llmq/status.hpp"
-#include "runtime/attention.hpp"
+#include "attention/attention.hpp"
 
-namespace llmq::runtime {
+namespace llmq::attention {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -34,4 +34,4 @@ Status validate_kv_cache_and_alignment(const Args& a, const std::string& f) {
   return {};
 }
 
-}  // namespace llmq::runtime
+}  // namespace llmq::attention

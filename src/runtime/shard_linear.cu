@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.cuh"
-#include "parallel/shard_linear.hpp"
+#include "runtime/shard_linear.hpp"
 #include "runtime/gpu_model_build.hpp"
 
 namespace llmq::runtime {

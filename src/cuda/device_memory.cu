@@ -4,9 +4,9 @@
 #include <cstdio>
 
 #include "cuda/cuda_check.cuh"
-#include "runtime/device_memory.hpp"
+#include "cuda/device_memory.hpp"
 
-namespace llmq::runtime {
+namespace llmq::cuda {
 
 DeviceAllocation::~DeviceAllocation() { reset(); }
 
@@ -68,4 +68,4 @@ Status DeviceAllocation::upload(const void* host, int64_t bytes, const std::stri
   return {};
 }
 
-}  // namespace llmq::runtime
+}  // namespace llmq::cuda

@@ -12,6 +12,7 @@
 //    block scales must start 16-byte aligned and "M and N must be multiples of 4".
 //  * No attribute gives scale tensors a batch stride, so batch > 1 keeps tensor-wide scales.
 #include "llmq/cuda_gemm.hpp"
+#include "core/int_math.hpp"
 
 #include <cstring>
 #include <limits>
@@ -21,8 +22,6 @@ namespace {
 
 constexpr int64_t kAlignBytes = 16;
 
-int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
-int64_t round_up(int64_t x, int64_t y) { return ceil_div(x, y) * y; }
 
 bool is_block(GemmScaleMode mode) {
   return mode == GemmScaleMode::kBlock1x128 || mode == GemmScaleMode::kBlock128x128;

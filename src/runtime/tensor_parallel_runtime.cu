@@ -71,14 +71,14 @@ Status TensorParallelRuntime::load(std::shared_ptr<TensorParallelGroup> group, c
 }
 
 Status TensorParallelRuntime::load(int tp, int first_device, const ShardLoader& loader,
-                                   std::unique_ptr<TensorParallelRuntime>* out) {
+                                   std::unique_ptr<TensorParallelRuntime>* out, const TensorParallelGroupOptions& group_options) {
   if (tp < 1 || tp > 64) return invalid_argument("--tp: " + std::to_string(tp) + " outside [1, 64]");
   std::vector<int> devices;
   for (int r = 0; r < tp; ++r) devices.push_back(first_device + r);
   std::shared_ptr<TensorParallelGroup> group;
   if (tp > 1) {
     std::unique_ptr<TensorParallelGroup> g;
-    LLMQ_RETURN_IF_ERROR(TensorParallelGroup::create(devices, &g));
+    LLMQ_RETURN_IF_ERROR(TensorParallelGroup::create(devices, &g, group_options));
     group = std::move(g);
   }
   return load(std::move(group), devices, loader, out);

@@ -1,6 +1,6 @@
 // The tensor-parallel split as a plan (tensor_parallel.hpp): which rows and columns of each linear a
 // rank holds. Host only, so the CPU tests check it against the unsplit linears; the GPU loaders
-// (src/parallel/shard_linear.cu) copy exactly these slices.
+// (src/runtime/shard_linear.cu) copy exactly these slices.
 #include "llmq/tensor_parallel.hpp"
 
 namespace llmq {

@@ -34,10 +34,11 @@
 
 #include "cuda/cuda_check.cuh"
 #include "cuda/pdl.cuh"
-#include "runtime/attention.hpp"
-#include "runtime/attention_validate.hpp"
+#include "attention/attention.hpp"
+#include "attention/attention_validate.hpp"
+#include "core/int_math.hpp"
 
-namespace llmq::runtime {
+namespace llmq::attention {
 namespace {
 
 constexpr int kThreads = 128;
@@ -341,7 +342,6 @@ __global__ void decode_attention_combine_kernel(DecodeAttentionArgs a, DecodePla
 // Host side
 
 int64_t tile_keys(int64_t head_dim) { return kTileBytes / (2 * head_dim); }
-int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
 // Chunks: enough CTAs for kCtasPerSmTarget per SM, none shorter than kMinChunkKeys (nor than a
 // tile). The count never exceeds max_chunks_bound (what the workspace was sized for).
@@ -465,4 +465,4 @@ Status decode_attention(const DecodeAttentionArgs& a, CudaStream stream) {
   return {};
 }
 
-}  // namespace llmq::runtime
+}  // namespace llmq::attention

@@ -1,4 +1,4 @@
-// The pieces of llmq's mma.sync flash attention shared by its kernels (runtime/attention_prefill.cu,
+// The pieces of llmq's mma.sync flash attention shared by its kernels (attention/attention_prefill.cu,
 // the BF16 / E4M3-cache prefill; attention/half_int8_attention.cu): tile constants, cp.async /
 // ldmatrix / mma.sync wrappers, FP8 conversions, the XOR-swizzled shared-memory tile layout and
 // the online-softmax + P V step of one key tile.
@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-namespace llmq::runtime::attn {
+namespace llmq::attention::mma {
 
 constexpr int kBlockQ = 64;     // queries per CTA (16 per warp)
 constexpr int kBlockKv = 64;    // keys per shared-memory tile
@@ -159,4 +159,4 @@ __device__ __forceinline__ void softmax_pv_step(float (&s)[kBlockKv / 8][4], flo
   }
 }
 
-}  // namespace llmq::runtime::attn
+}  // namespace llmq::attention::mma

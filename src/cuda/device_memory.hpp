@@ -9,7 +9,7 @@
 
 #include "llmq/status.hpp"
 
-namespace llmq::runtime {
+namespace llmq::cuda {
 
 class DeviceAllocation {
  public:
@@ -44,4 +44,4 @@ std::string format_bytes(int64_t bytes);
 // Free and total bytes of the current device.
 Status device_memory_info(int64_t* free_bytes, int64_t* total_bytes);
 
-}  // namespace llmq::runtime
+}  // namespace llmq::cuda

@@ -12,9 +12,9 @@
 #include "llmq/cuda_stream.hpp"
 #include "llmq/quant_attention.hpp"
 #include "llmq/status.hpp"
-#include "runtime/device_memory.hpp"
+#include "cuda/device_memory.hpp"
 
-namespace llmq::runtime {
+namespace llmq::attention {
 
 // One sequence of a prefill step, known on the host: its queries are rows q_begin .. q_begin +
 // q_len - 1 of the step; after the step its cache slot holds kv_len positions.
@@ -39,7 +39,7 @@ class QuantPrefillAttention {
   AttentionVariant variant_ = AttentionVariant::kBf16;
   int64_t heads_ = 0, kv_heads_ = 0, head_dim_ = 0, max_q_ = 0, max_kv_ = 0;
   int64_t v_block_ = 64;  // keys per V scale block: the block the fastest kernel on the device takes
-  DeviceAllocation q8_, q_scale_, k8_, k_scale_, v_t_, v_scale_;
+  cuda::DeviceAllocation q8_, q_scale_, k8_, k_scale_, v_t_, v_scale_;
 };
 
-}  // namespace llmq::runtime
+}  // namespace llmq::attention
