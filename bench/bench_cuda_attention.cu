@@ -1,4 +1,4 @@
-// Benchmark of the runtime's attention kernels (src/runtime/attention.hpp): prefill TFLOP/s of one
+// Benchmark of the runtime's attention kernels (src/attention/attention.hpp): prefill TFLOP/s of one
 // long prompt (Llama-3-8B heads: 32 q / 8 kv, head_dim 128; causal and not) and decode GB/s of the
 // KV cache streamed (batch 1 and 8 at 8k context), each decode case also over an E4M3 cache with
 // per-kv-head scales (lines ending "e4m3": half the bytes, GB/s counts the bytes actually read;
@@ -9,19 +9,19 @@
 // QKV projection -> INT8 or E4M3 codes, scales and the transposed V) alone, in GB/s of bytes read
 // and written beside a device-to-device copy of its input, and in front of the full-INT8 and FP8
 // kernels (lines "+quantize", beside the same kernel alone on the quantize's outputs).
-// Usage: bench_cuda_attention [iterations] [--quick] [--json FILE] (one JSON line per printed row)
+// Usage: bench_cuda_attention [iterations] [--quick] [--json FILE] [--8bit-lengths N,N,..]
+// (--json: one JSON line per printed row; --quick: 5 iterations unless a count is given)
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cuda_bench_support.cuh"
 #include "llmq/cuda_attention_int8.hpp"
-#include "runtime/attention.hpp"
+#include "attention/attention.hpp"
 
 namespace {
 
@@ -34,31 +34,24 @@ std::string g_device;
 
 void json_row(const std::string& fields);
 
-void check(const llmq::Status& st) {
-  if (!st.ok()) {
-    std::fprintf(stderr, "%s\n", st.to_string().c_str());
-    std::exit(2);
-  }
-}
-
 // Median milliseconds of `iters` runs of fn (after 3 warm-up runs).
 template <typename Fn> double time_ms(int iters, Fn fn) {
   cudaEvent_t start, stop;
-  BENCH_CUDA(cudaEventCreate(&start));
-  BENCH_CUDA(cudaEventCreate(&stop));
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
   for (int i = 0; i < 3; ++i) fn();
   std::vector<float> ms;
   for (int i = 0; i < iters; ++i) {
-    BENCH_CUDA(cudaEventRecord(start));
+    BENCH_CHECK(cudaEventRecord(start));
     fn();
-    BENCH_CUDA(cudaEventRecord(stop));
-    BENCH_CUDA(cudaEventSynchronize(stop));
+    BENCH_CHECK(cudaEventRecord(stop));
+    BENCH_CHECK(cudaEventSynchronize(stop));
     float t = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&t, start, stop));
+    BENCH_CHECK(cudaEventElapsedTime(&t, start, stop));
     ms.push_back(t);
   }
-  BENCH_CUDA(cudaEventDestroy(start));
-  BENCH_CUDA(cudaEventDestroy(stop));
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
   return llmq::bench::median(ms);
 }
 
@@ -87,10 +80,10 @@ struct E4m3Cache {
     llmq::bench::fill_e4m3<<<llmq::bench::grid_for(kv_elems), 256>>>(k.as<uint8_t>(), kv_elems, 7);
     llmq::bench::fill_e4m3<<<llmq::bench::grid_for(kv_elems), 256>>>(v.as<uint8_t>(), kv_elems, 8);
     llmq::bench::fill_scales<<<1, 256>>>(scales.as<float>(), 2 * n_kv_heads, 9);
-    BENCH_CUDA(cudaGetLastError());
+    BENCH_CHECK(cudaGetLastError());
   }
   template <typename Args> void set(Args* a, int64_t n_kv_heads) const {
-    a->kv_dtype = llmq::runtime::KvCacheDType::kE4M3;
+    a->kv_dtype = llmq::attention::KvCacheDType::kE4M3;
     a->k_cache = a->v_cache = nullptr;
     a->k_cache8 = k.as<uint8_t>();
     a->v_cache8 = v.as<uint8_t>();
@@ -99,7 +92,7 @@ struct E4m3Cache {
   }
 };
 
-void bench_prefill(int64_t n, bool causal, llmq::runtime::PrefillKernel kernel, int iters, bool e4m3 = false) {
+void bench_prefill(int64_t n, bool causal, llmq::attention::PrefillKernel kernel, int iters, bool e4m3 = false) {
   const int64_t q_elems = n * kHeads * kHeadDim, kv_elems = n * kKvHeads * kHeadDim;
   const int64_t kv_bytes = e4m3 ? 0 : kv_elems * 2;  // the BF16 cache (none for E4M3)
   DeviceMem q(q_elems * 2), k(kv_bytes), v(kv_bytes), out(q_elems * 2), meta(64);
@@ -110,8 +103,8 @@ void bench_prefill(int64_t n, bool causal, llmq::runtime::PrefillKernel kernel, 
   }
   const E4m3Cache cache8(e4m3 ? kv_elems : 0, kKvHeads);
   const int32_t host_meta[4] = {0, static_cast<int32_t>(n), static_cast<int32_t>(n), 0};  // q_start[2], kv_len, slot
-  BENCH_CUDA(cudaMemcpy(meta.p, host_meta, sizeof(host_meta), cudaMemcpyHostToDevice));
-  llmq::runtime::PrefillAttentionArgs a;
+  BENCH_CHECK(cudaMemcpy(meta.p, host_meta, sizeof(host_meta), cudaMemcpyHostToDevice));
+  llmq::attention::PrefillAttentionArgs a;
   a.q = q.as<uint16_t>();
   a.k_cache = k.as<uint16_t>();
   a.v_cache = v.as<uint16_t>();
@@ -129,13 +122,13 @@ void bench_prefill(int64_t n, bool causal, llmq::runtime::PrefillKernel kernel, 
   a.causal = causal;
   a.kernel = kernel;
   if (e4m3) cache8.set(&a, kKvHeads);
-  const double ms = time_ms(iters, [&] { check(llmq::runtime::prefill_attention(a, nullptr)); });
+  const double ms = time_ms(iters, [&] { BENCH_CHECK(llmq::attention::prefill_attention(a, nullptr)); });
   const double pairs = causal ? 0.5 * static_cast<double>(n) * static_cast<double>(n + 1) : static_cast<double>(n) * n;
   const double tflops = 4.0 * pairs * kHeadDim * kHeads / (ms * 1e-3) / 1e12;
   std::printf("prefill  n=%-5lld %-6s %-4s  %8.3f ms  %7.1f TFLOP/s%s\n", static_cast<long long>(n),
-              causal ? "causal" : "full", kernel == llmq::runtime::PrefillKernel::kCudaCore ? "simt" : "mma", ms, tflops,
+              causal ? "causal" : "full", kernel == llmq::attention::PrefillKernel::kCudaCore ? "simt" : "mma", ms, tflops,
               e4m3 ? "  e4m3" : "");
-  std::string kname = kernel == llmq::runtime::PrefillKernel::kCudaCore ? "simt" : "mma";
+  std::string kname = kernel == llmq::attention::PrefillKernel::kCudaCore ? "simt" : "mma";
   json_row(prefill_fields((kname + (e4m3 ? "-e4m3" : "")).c_str(), n, causal, ms, tflops));
 }
 
@@ -171,9 +164,9 @@ void bench_half_int8(int64_t n, bool causal, int iters, int mode = 0) {  // 0 ha
   f.qk = a;
   f.v = k.as<int8_t>();
   f.v_scale = vs.as<float>();
-  const double ms = mode == 2   ? time_ms(iters, [&] { check(llmq::cuda_fp8_attention(f, nullptr)); })
-                    : mode == 1 ? time_ms(iters, [&] { check(llmq::cuda_full_int8_attention(f, nullptr)); })
-                                : time_ms(iters, [&] { check(llmq::cuda_half_int8_attention(a, nullptr)); });
+  const double ms = mode == 2   ? time_ms(iters, [&] { BENCH_CHECK(llmq::cuda_fp8_attention(f, nullptr)); })
+                    : mode == 1 ? time_ms(iters, [&] { BENCH_CHECK(llmq::cuda_full_int8_attention(f, nullptr)); })
+                                : time_ms(iters, [&] { BENCH_CHECK(llmq::cuda_half_int8_attention(a, nullptr)); });
   const double pairs = causal ? 0.5 * static_cast<double>(n) * static_cast<double>(n + 1) : static_cast<double>(n) * n;
   const double tops = 4.0 * pairs * kHeadDim * kHeads / (ms * 1e-3) / 1e12;
   std::printf("prefill  n=%-5lld %-6s %s  %8.3f ms  %7.1f TOP/s\n", static_cast<long long>(n), causal ? "causal" : "full",
@@ -196,10 +189,10 @@ void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
     host_meta[b] = static_cast<int32_t>(kv_len);
     host_meta[batch + b] = static_cast<int32_t>(b);
   }
-  BENCH_CUDA(cudaMemcpy(meta.p, host_meta.data(), host_meta.size() * 4, cudaMemcpyHostToDevice));
-  const int64_t ws_bytes = llmq::runtime::decode_attention_workspace_bytes(batch, kHeads, kHeadDim, kv_len);
+  BENCH_CHECK(cudaMemcpy(meta.p, host_meta.data(), host_meta.size() * 4, cudaMemcpyHostToDevice));
+  const int64_t ws_bytes = llmq::attention::decode_attention_workspace_bytes(batch, kHeads, kHeadDim, kv_len);
   DeviceMem ws(ws_bytes);
-  llmq::runtime::DecodeAttentionArgs a;
+  llmq::attention::DecodeAttentionArgs a;
   a.q = q.as<uint16_t>();
   a.k_cache = k.as<uint16_t>();
   a.v_cache = v.as<uint16_t>();
@@ -216,7 +209,7 @@ void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
   a.workspace = ws.p;
   a.workspace_bytes = ws_bytes;
   if (e4m3) cache8.set(&a, kKvHeads);
-  const double ms = time_ms(iters, [&] { check(llmq::runtime::decode_attention(a, nullptr)); });
+  const double ms = time_ms(iters, [&] { BENCH_CHECK(llmq::attention::decode_attention(a, nullptr)); });
   const double gbs = 2.0 * kv_elems * (e4m3 ? 1 : 2) / (ms * 1e-3) / 1e9;  // K and V, BF16 or E4M3
   std::printf("decode   batch=%-3lld kv=%-6lld  %8.1f us  %7.0f GB/s (KV cache read)%s\n", static_cast<long long>(batch),
               static_cast<long long>(kv_len), ms * 1e3, gbs, e4m3 ? "  e4m3" : "");
@@ -243,7 +236,7 @@ struct QuantizedInputs {
         qs(n_ * kHeads * 4), ks(n_ * kKvHeads * 4), vs(kKvHeads * ((n_ + 63) / 64) * kHeadDim * 4),
         k_mean(kKvHeads * kHeadDim * 4), out(n_ * kHeads * kHeadDim * 2) {
     llmq::bench::fill_bf16<<<llmq::bench::grid_for(n * kWidth), 256>>>(qkv.as<__nv_bfloat16>(), n * kWidth, 21);
-    BENCH_CUDA(cudaGetLastError());
+    BENCH_CHECK(cudaGetLastError());
     const uint16_t* x = qkv.as<uint16_t>();
     qa.q_len = qa.kv_len = n;
     qa.heads = kHeads;
@@ -261,7 +254,7 @@ struct QuantizedInputs {
     qa.v_t = v_t.as<int8_t>();
     qa.v_scale = vs.as<float>();
     qa.k_mean = k_mean.as<float>();
-    check(llmq::cuda_attention_v_block(kHeadDim, &v_block));  // 128 where the Hopper kernel runs
+    BENCH_CHECK(llmq::cuda_attention_v_block(kHeadDim, &v_block));  // 128 where the Hopper kernel runs
     qa.v_block = f.v_block = v_block;
     f.qk.q_len = f.qk.kv_len = n;
     f.qk.heads = kHeads;
@@ -276,7 +269,7 @@ struct QuantizedInputs {
     f.v = v_dummy.as<int8_t>();
     f.v_t = v_t.as<int8_t>();
     f.v_scale = vs.as<float>();
-    BENCH_CUDA(cudaMemset(v_dummy.p, 1, static_cast<size_t>(n * kKvHeads * kHeadDim)));
+    BENCH_CHECK(cudaMemset(v_dummy.p, 1, static_cast<size_t>(n * kKvHeads * kHeadDim)));
   }
   // Bytes the quantize reads and writes: BF16 Q, K, V in; codes, v_t's padding and scales out.
   int64_t input_bytes() const { return n * kWidth * 2; }
@@ -294,9 +287,12 @@ void bench_quantize(int64_t n, bool fp8, bool smooth_k, int iters) {
   QuantizedInputs in(n, fp8, false);
   in.qa.smooth_k = smooth_k;
   DeviceMem copy_dst(in.input_bytes());
-  const double us = llmq::bench::queued_median_us([&] { check(llmq::cuda_quantize_attention_inputs(in.qa, nullptr)); }, iters);
+  const double us =
+      llmq::bench::queued_median_us([&] { BENCH_CHECK(llmq::cuda_quantize_attention_inputs(in.qa, nullptr)); }, iters);
   const double copy_us = llmq::bench::queued_median_us(
-      [&] { BENCH_CUDA(cudaMemcpyAsync(copy_dst.p, in.qkv.p, static_cast<size_t>(in.input_bytes()), cudaMemcpyDeviceToDevice)); },
+      [&] {
+        BENCH_CHECK(cudaMemcpyAsync(copy_dst.p, in.qkv.p, static_cast<size_t>(in.input_bytes()), cudaMemcpyDeviceToDevice));
+      },
       iters);
   const double gbs = static_cast<double>(in.bytes_moved()) / (us * 1e-6) / 1e9;
   const double copy_gbs = 2.0 * static_cast<double>(in.input_bytes()) / (copy_us * 1e-6) / 1e9;
@@ -314,11 +310,13 @@ void bench_quantize(int64_t n, bool fp8, bool smooth_k, int iters) {
 // front of it: what quantizing BF16 Q, K, V on the fly costs.
 void bench_quantized_attention(int64_t n, bool causal, int iters, bool fp8) {
   QuantizedInputs in(n, fp8, causal);
-  check(llmq::cuda_quantize_attention_inputs(in.qa, nullptr));
-  auto attention = [&] { check(fp8 ? llmq::cuda_fp8_attention(in.f, nullptr) : llmq::cuda_full_int8_attention(in.f, nullptr)); };
+  BENCH_CHECK(llmq::cuda_quantize_attention_inputs(in.qa, nullptr));
+  auto attention = [&] {
+    BENCH_CHECK(fp8 ? llmq::cuda_fp8_attention(in.f, nullptr) : llmq::cuda_full_int8_attention(in.f, nullptr));
+  };
   const double alone = time_ms(iters, attention);
   const double both = time_ms(iters, [&] {
-    check(llmq::cuda_quantize_attention_inputs(in.qa, nullptr));
+    BENCH_CHECK(llmq::cuda_quantize_attention_inputs(in.qa, nullptr));
     attention();
   });
   const double pairs = causal ? 0.5 * static_cast<double>(n) * static_cast<double>(n + 1) : static_cast<double>(n) * n;
@@ -337,28 +335,31 @@ void bench_quantized_attention(int64_t n, bool causal, int iters, bool fp8) {
 
 int main(int argc, char** argv) {
   int iters = 20;
+  bool quick = false;
+  std::string json_path;
   std::vector<int64_t> only_8bit;  // --8bit-lengths: just the Hopper-path 8-bit prefill at these lengths
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
-      g_json = std::fopen(argv[++i], "w");
-      if (g_json == nullptr) {
-        std::fprintf(stderr, "cannot write %s\n", argv[i]);
-        return 2;
-      }
-    } else if (std::strcmp(argv[i], "--8bit-lengths") == 0 && i + 1 < argc) {
-      for (char* tok = std::strtok(argv[++i], ","); tok != nullptr; tok = std::strtok(nullptr, ","))
-        only_8bit.push_back(std::atoll(tok));
-    } else if (std::strcmp(argv[i], "--quick") == 0) {
-      iters = 5;
-    } else if (std::atoi(argv[i]) > 0) {
-      iters = std::atoi(argv[i]);
-    } else {
-      std::fprintf(stderr, "usage: bench_cuda_attention [iterations] [--quick] [--json FILE] [--8bit-lengths N,N,..]\n");
+  CLI::App app{"bench_cuda_attention: prefill and decode attention kernels, the fused 8-bit quantize"};
+  llmq::bench::last_value_wins(app);
+  CLI::Option* count = app.add_option("iterations", iters, "timed runs per case")
+                           ->capture_default_str()
+                           ->check(llmq::bench::at_least(1, "a run at least"));
+  app.add_flag("--quick", quick, "5 timed runs per case (a count given wins)");
+  app.add_option("--json", json_path, "also write each printed row as a JSON object on its own line to FILE")
+      ->type_name("FILE");
+  llmq::bench::comma_list(app.add_option("--8bit-lengths", only_8bit,
+                                         "only the full-INT8 and FP8 prefill (v_t, +quantize) at these lengths"))
+      ->check(llmq::bench::at_least(1, "a token at least"));
+  llmq::bench::parse_command_line(app, argc, argv);
+  if (quick && count->count() == 0) iters = 5;
+  if (!json_path.empty()) {
+    g_json = std::fopen(json_path.c_str(), "w");
+    if (g_json == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
       return 2;
     }
   }
   cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   g_device = prop.name;
   std::printf("device: %s, %d SMs; heads %lld/%lld, head_dim %lld\n", prop.name, prop.multiProcessorCount,
               static_cast<long long>(kHeads), static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim));
@@ -371,7 +372,7 @@ int main(int argc, char** argv) {
   }
   for (int64_t n : {2048, 4096, 8192})
     for (bool causal : {false, true}) {
-      bench_prefill(n, causal, llmq::runtime::PrefillKernel::kAuto, iters);
+      bench_prefill(n, causal, llmq::attention::PrefillKernel::kAuto, iters);
       bench_half_int8(n, causal, iters);
       bench_half_int8(n, causal, iters, 1);
       bench_half_int8(n, causal, iters, 2);
@@ -381,8 +382,8 @@ int main(int argc, char** argv) {
   for (int64_t n : {2048, 8192, 32768})
     for (bool fp8 : {false, true}) bench_quantize(n, fp8, false, iters);
   bench_quantize(8192, false, true, iters);
-  bench_prefill(2048, true, llmq::runtime::PrefillKernel::kCudaCore, 3);
-  for (int64_t n : {2048, 8192}) bench_prefill(n, true, llmq::runtime::PrefillKernel::kAuto, iters, true);
+  bench_prefill(2048, true, llmq::attention::PrefillKernel::kCudaCore, 3);
+  for (int64_t n : {2048, 8192}) bench_prefill(n, true, llmq::attention::PrefillKernel::kAuto, iters, true);
   for (int64_t batch : {1, 8})
     for (int64_t kv : {1024, 8192, 32768}) {
       bench_decode(batch, kv, iters);

@@ -102,64 +102,44 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-bool parse(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&](const char* name) -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", name);
-        std::exit(1);
-      }
-      return argv[++i];
-    };
-    if (a == "--json") {
-      o->json_path = next("--json");
-    } else if (a == "--iters") {
-      o->iters = std::atoi(next("--iters").c_str());
-    } else if (a == "--warmup") {
-      o->warmup = std::atoi(next("--warmup").c_str());
-    } else if (a == "--sweep") {
-      o->sweep = true;
-    } else if (a == "--ms") {
-      o->ms.clear();
-      for (const std::string& t : split_list(next("--ms"))) {
-        const int64_t m = std::atoll(t.c_str());
-        if (m < 1 || m > llmq::kMaxDecodeGemmM) {
-          std::fprintf(stderr, "--ms: '%s' is not in [1, 16]\n", t.c_str());
-          return false;
+// The command line into `o` (exits 2 on a bad option or value, 0 after --help).
+void parse(int argc, char** argv, Options* o) {
+  CLI::App app{"bench_cuda_decode_gemm: the decode GEMM (1-16 tokens) against cuBLASLt BF16 and FP8 and a copy "
+               "of the weights, in the same run"};
+  llmq::bench::last_value_wins(app);
+  app.add_option("--json", o->json_path, "also write one JSON object per line per (shape, M, kernel) to PATH")
+      ->type_name("PATH");
+  app.add_option("--iters", o->iters, "timed runs per measurement")
+      ->capture_default_str()
+      ->check(llmq::bench::at_least(50, "the median needs at least 50 runs"));
+  app.add_option("--warmup", o->warmup, "untimed runs after one per weight set")->capture_default_str();
+  app.add_flag("--sweep", o->sweep, "also time our kernels under each DecodeGemmConfig variant");
+  llmq::bench::comma_list(app.add_option("--ms", o->ms, "token counts M, comma-separated")->capture_default_str())
+      ->check(CLI::Range(int64_t{1}, int64_t{llmq::kMaxDecodeGemmM}));
+  app.add_option_function<std::string>(
+      "--shapes",
+      [o](const std::string& list) {
+        o->shapes.clear();
+        for (const std::string& t : split_list(list)) {
+          Shape s{};
+          if (std::sscanf(t.c_str(), "%ldx%ld", &s.k, &s.n) != 2 || s.k <= 0 || s.n <= 0)
+            throw CLI::ValidationError("--shapes", "'" + t + "' is not KxN");
+          o->shapes.push_back(s);
         }
-        o->ms.push_back(m);
-      }
-    } else if (a == "--shapes") {
-      o->shapes.clear();
-      for (const std::string& t : split_list(next("--shapes"))) {
-        Shape s{};
-        if (std::sscanf(t.c_str(), "%ldx%ld", &s.k, &s.n) != 2 || s.k <= 0 || s.n <= 0) {
-          std::fprintf(stderr, "--shapes: '%s' is not KxN\n", t.c_str());
-          return false;
-        }
-        o->shapes.push_back(s);
-      }
-    } else if (a == "--kernels") {
-      o->kernels = split_list(next("--kernels"));
-      for (const std::string& k : o->kernels)
-        if (std::find(std::begin(kAllKernels), std::end(kAllKernels), k) == std::end(kAllKernels)) {
-          std::fprintf(stderr, "--kernels: unknown '%s'\n", k.c_str());
-          return false;
-        }
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--json PATH] [--iters N>=50] [--warmup N] [--ms 1,2,4,8,16] [--shapes KxN,...] "
-                   "[--kernels copy,bf16,fp8,w8a16_e4m3,w8a8_e4m3,w8a16_int8,w8a8_int8] [--sweep]\n",
-                   argv[0]);
-      return false;
-    }
-  }
-  if (o->iters < 50) {
-    std::fprintf(stderr, "--iters %d: the median needs at least 50 runs\n", o->iters);
-    return false;
-  }
-  return true;
+      },
+      "KxN[,...] instead of the Llama projections")
+      ->type_name("KxN,...");
+  app.add_option_function<std::string>(
+      "--kernels",
+      [o](const std::string& list) {
+        o->kernels = split_list(list);
+        for (const std::string& k : o->kernels)
+          if (std::find(std::begin(kAllKernels), std::end(kAllKernels), k) == std::end(kAllKernels))
+            throw CLI::ValidationError("--kernels", "unknown '" + k + "'");
+      },
+      "copy,bf16,fp8,w8a16_e4m3,w8a8_e4m3,w8a16_int8,w8a8_int8 (default all)")
+      ->type_name("LIST");
+  llmq::bench::parse_command_line(app, argc, argv);
 }
 
 bool wants(const Options& o, const char* kernel) {
@@ -291,19 +271,15 @@ struct Row {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // keep what was measured if the process dies later
   Options opt;
-  if (!parse(argc, argv, &opt)) return 1;
+  parse(argc, argv, &opt);
   std::unique_ptr<llmq::CudaGemmRunner> runner;
-  const Status rst = llmq::CudaGemmRunner::create(0, &runner);
-  if (!rst.ok()) {
-    std::fprintf(stderr, "bench_cuda_decode_gemm: %s\n", rst.to_string().c_str());
-    return 1;
-  }
+  BENCH_CHECK(llmq::CudaGemmRunner::create(0, &runner));
   cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   int l2 = 0;
-  BENCH_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  BENCH_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   cudaStream_t stream;
-  BENCH_CUDA(cudaStreamCreate(&stream));
+  BENCH_CHECK(cudaStreamCreate(&stream));
   std::ofstream json;
   if (!opt.json_path.empty()) {
     json.open(opt.json_path);
@@ -350,7 +326,7 @@ int main(int argc, char** argv) {
     b.sets8 = llmq::bench::sets_for(w_bytes, l2, 2);
     b.sets16 = llmq::bench::sets_for(2 * w_bytes, l2, 2);
     size_t free_bytes = 0, total_bytes = 0;
-    BENCH_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+    BENCH_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const double need = 2.0 * b.sets8 * w_bytes + 2.0 * b.sets16 * w_bytes + 64.0e6;
     if (need > 0.85 * static_cast<double>(free_bytes)) {
       std::printf("K=%ld N=%ld: skipped, the rotating sets need %.1f GB\n", k, n, need / 1e9);
@@ -362,13 +338,13 @@ int main(int argc, char** argv) {
       b.w_scale.emplace_back(static_cast<size_t>(n * 4));
       fill_e4m3<<<grid_for(w_bytes), 256, 0, stream>>>(b.w8.back().as<uint8_t>(), w_bytes, 100 + i);
       fill_scales<<<grid_for(n), 256, 0, stream>>>(b.w_scale.back().as<float>(), n, 200 + i);
-      BENCH_CUDA(cudaGetLastError());
+      BENCH_CHECK(cudaGetLastError());
     }
     if (wants(opt, "bf16"))
       for (int i = 0; i < b.sets16; ++i) {
         b.w16.emplace_back(static_cast<size_t>(2 * w_bytes));
         fill_bf16<<<grid_for(w_bytes), 256, 0, stream>>>(b.w16.back().as<__nv_bfloat16>(), w_bytes, 300 + i);
-        BENCH_CUDA(cudaGetLastError());
+        BENCH_CHECK(cudaGetLastError());
       }
     const int64_t m_max = llmq::kMaxDecodeGemmM;
     b.a_bf16 = DeviceMem(static_cast<size_t>(m_max * k * 2));
@@ -380,8 +356,8 @@ int main(int argc, char** argv) {
     fill_e4m3<<<grid_for(m_max * k), 256, 0, stream>>>(b.a_e4m3.as<uint8_t>(), m_max * k, 2);
     fill_scales<<<grid_for(m_max), 256, 0, stream>>>(b.a_scale.as<float>(), m_max, 3);
     fill_scales<<<1, 32, 0, stream>>>(b.tensor_scales.as<float>(), 2, 4);
-    BENCH_CUDA(cudaGetLastError());
-    BENCH_CUDA(cudaStreamSynchronize(stream));
+    BENCH_CHECK(cudaGetLastError());
+    BENCH_CHECK(cudaStreamSynchronize(stream));
 
     // cuBLASLt problems for M = 16 size the shared workspace.
     auto cublas_problem = [&](bool fp8, int64_t m, int set) {
@@ -569,6 +545,6 @@ int main(int argc, char** argv) {
     std::printf("\nFAILED: a sticky CUDA error stopped the bench: %s\n", g_broken_reason.c_str());
     return 2;
   }
-  BENCH_CUDA(cudaStreamDestroy(stream));
+  BENCH_CHECK(cudaStreamDestroy(stream));
   return 0;
 }

@@ -32,7 +32,7 @@
 // Shapes: 8192^3, and the Llama projections K x N in {4096x4096, 4096x14336, 14336x4096,
 // 8192x28672, 8192x8192} at M in {1, 16, 128, 2048, 8192}.
 //
-// Usage: bench_cuda_gemm [--json PATH] [--iters N] [--warmup N] [--quick]
+// Usage: bench_cuda_gemm [--json PATH] [--iters N>=30] [--warmup N] [--quick]
 //                        [--modes bf16,fp8_tensor,fp8_outer,fp8_block] [--shapes MxNxK[,...]]
 // Prints a table and, with --json, writes one JSON object per line per (shape, mode): bench, device,
 // m, n, k, m_run, mode, out, status (ok / unsupported / skipped / error), reason, note, us_median,
@@ -114,66 +114,53 @@ std::vector<Shape> default_shapes(bool quick) {
   return s;
 }
 
-bool parse(int argc, char** argv, Options* o) {
+// The command line into `o` (exits 2 on a bad option or value, 0 after --help).
+void parse(int argc, char** argv, Options* o) {
+  CLI::App app{"bench_cuda_gemm: the cuBLASLt FP8 GEMM runner (per-tensor, outer-vector and block scales) "
+               "against BF16 in the same run"};
+  llmq::bench::last_value_wins(app);
   bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&](const char* name) -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", name);
-        std::exit(1);
-      }
-      return argv[++i];
-    };
-    if (a == "--json") {
-      o->json_path = next("--json");
-    } else if (a == "--iters") {
-      o->iters = std::atoi(next("--iters").c_str());
-    } else if (a == "--warmup") {
-      o->warmup = std::atoi(next("--warmup").c_str());
-    } else if (a == "--quick") {
-      quick = true;
-    } else if (a == "--modes") {
-      o->modes.clear();
-      std::stringstream ss(next("--modes"));
-      std::string t;
-      while (std::getline(ss, t, ',')) {
-        bool found = false;
-        for (Mode m : {Mode::kBf16, Mode::kFp8Tensor, Mode::kFp8Outer, Mode::kFp8Block})
-          if (t == mode_name(m)) {
-            o->modes.push_back(m);
-            found = true;
-          }
-        if (!found) {
-          std::fprintf(stderr, "--modes: unknown '%s'\n", t.c_str());
-          return false;
+  app.add_option("--json", o->json_path, "also write one JSON object per line per (shape, mode) to PATH")
+      ->type_name("PATH");
+  app.add_option("--iters", o->iters, "timed runs per problem")
+      ->capture_default_str()
+      ->check(llmq::bench::at_least(30, "the median needs at least 30 runs"));
+  app.add_option("--warmup", o->warmup, "untimed runs after one per operand set")->capture_default_str();
+  app.add_flag("--quick", quick, "fewer shapes (K 4096, M in 1, 128, 8192)");
+  app.add_option_function<std::string>(
+      "--modes",
+      [o](const std::string& list) {
+        o->modes.clear();
+        std::stringstream ss(list);
+        std::string t;
+        while (std::getline(ss, t, ',')) {
+          bool found = false;
+          for (Mode m : {Mode::kBf16, Mode::kFp8Tensor, Mode::kFp8Outer, Mode::kFp8Block})
+            if (t == mode_name(m)) {
+              o->modes.push_back(m);
+              found = true;
+            }
+          if (!found) throw CLI::ValidationError("--modes", "unknown '" + t + "'");
         }
-      }
-    } else if (a == "--shapes") {
-      std::stringstream ss(next("--shapes"));
-      std::string t;
-      while (std::getline(ss, t, ',')) {
-        Shape s{};
-        if (std::sscanf(t.c_str(), "%ldx%ldx%ld", &s.m, &s.n, &s.k) != 3) {
-          std::fprintf(stderr, "--shapes: '%s' is not MxNxK\n", t.c_str());
-          return false;
+      },
+      "modes, comma-separated: bf16,fp8_tensor,fp8_outer,fp8_block (default all)")
+      ->type_name("LIST");
+  app.add_option_function<std::string>(
+      "--shapes",
+      [o](const std::string& list) {
+        std::stringstream ss(list);
+        std::string t;
+        while (std::getline(ss, t, ',')) {
+          Shape s{};
+          if (std::sscanf(t.c_str(), "%ldx%ldx%ld", &s.m, &s.n, &s.k) != 3)
+            throw CLI::ValidationError("--shapes", "'" + t + "' is not MxNxK");
+          o->shapes.push_back(s);
         }
-        o->shapes.push_back(s);
-      }
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--json PATH] [--iters N>=30] [--warmup N] [--quick] "
-                   "[--modes bf16,fp8_tensor,fp8_outer,fp8_block] [--shapes MxNxK[,...]]\n",
-                   argv[0]);
-      return false;
-    }
-  }
-  if (o->iters < 30) {
-    std::fprintf(stderr, "--iters %d: the median needs at least 30 runs\n", o->iters);
-    return false;
-  }
+      },
+      "MxNxK[,...] instead of the default shapes")
+      ->type_name("MxNxK,...");
+  llmq::bench::parse_command_line(app, argc, argv);
   if (o->shapes.empty()) o->shapes = default_shapes(quick);
-  return true;
 }
 
 // ---- one operand set: device buffers for A, B, D and the two scale tensors.
@@ -224,7 +211,7 @@ OperandSet make_set(int s, bool fp8, int64_t m, int64_t n, int64_t k, int64_t in
     fill_bf16<<<grid_for(m * k), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(os.a.p), m * k, seed);
     fill_bf16<<<grid_for(n * k), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(os.b.p), n * k, seed + 1);
   }
-  BENCH_CUDA(cudaGetLastError());
+  BENCH_CHECK(cudaGetLastError());
   return os;
 }
 
@@ -262,7 +249,7 @@ Result measure(CudaGemmRunner& runner, cudaStream_t stream, const Shape& shape, 
   // 32 MiB); it depends on the modes, layouts and shape, not on the pointers. One for all sets.
   const int64_t workspace_bytes = runner.workspace_size(p);
   size_t free_bytes = 0, total_bytes = 0;
-  BENCH_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  BENCH_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (static_cast<double>(sets) * static_cast<double>(set_bytes) + static_cast<double>(workspace_bytes) >
       0.85 * static_cast<double>(free_bytes)) {
     res.status = "skipped";
@@ -297,7 +284,7 @@ Result measure(CudaGemmRunner& runner, cudaStream_t stream, const Shape& shape, 
   for (int s = 1; s < sets; ++s)
     sets_mem.push_back(make_set(s, fp8, m, n, k, in_bytes, sa_count, sb_count, stream));
   DeviceMem workspace(static_cast<size_t>(workspace_bytes));
-  BENCH_CUDA(cudaStreamSynchronize(stream));
+  BENCH_CHECK(cudaStreamSynchronize(stream));
   res.sets = sets;
 
   int next_set = 0;  // one rotation through every launch below
@@ -316,33 +303,33 @@ Result measure(CudaGemmRunner& runner, cudaStream_t stream, const Shape& shape, 
     if (!launch()) return res;
   for (int i = 0; i < opt.warmup; ++i)
     if (!launch()) return res;
-  BENCH_CUDA(cudaStreamSynchronize(stream));
-  BENCH_CUDA(cudaGetLastError());
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  BENCH_CHECK(cudaGetLastError());
 
   std::vector<cudaEvent_t> start(static_cast<size_t>(opt.iters)), stop(static_cast<size_t>(opt.iters));
   for (int i = 0; i < opt.iters; ++i) {
-    BENCH_CUDA(cudaEventCreate(&start[i]));
-    BENCH_CUDA(cudaEventCreate(&stop[i]));
+    BENCH_CHECK(cudaEventCreate(&start[i]));
+    BENCH_CHECK(cudaEventCreate(&stop[i]));
   }
   spin<<<1, 1, 0, stream>>>(2'000'000);
-  BENCH_CUDA(cudaGetLastError());
+  BENCH_CHECK(cudaGetLastError());
   for (int i = 0; i < opt.iters; ++i) {
-    BENCH_CUDA(cudaEventRecord(start[i], stream));
+    BENCH_CHECK(cudaEventRecord(start[i], stream));
     if (!launch()) break;
-    BENCH_CUDA(cudaEventRecord(stop[i], stream));
+    BENCH_CHECK(cudaEventRecord(stop[i], stream));
   }
-  BENCH_CUDA(cudaStreamSynchronize(stream));
-  BENCH_CUDA(cudaGetLastError());
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  BENCH_CHECK(cudaGetLastError());
   std::vector<double> us;
   if (res.status == "ok")
     for (int i = 0; i < opt.iters; ++i) {
       float ms = 0;
-      BENCH_CUDA(cudaEventElapsedTime(&ms, start[i], stop[i]));
+      BENCH_CHECK(cudaEventElapsedTime(&ms, start[i], stop[i]));
       us.push_back(1e3 * ms);
     }
   for (int i = 0; i < opt.iters; ++i) {
-    BENCH_CUDA(cudaEventDestroy(start[i]));
-    BENCH_CUDA(cudaEventDestroy(stop[i]));
+    BENCH_CHECK(cudaEventDestroy(start[i]));
+    BENCH_CHECK(cudaEventDestroy(stop[i]));
   }
   if (us.empty()) return res;
   std::sort(us.begin(), us.end());
@@ -383,20 +370,16 @@ void print_geomean(const char* title, const std::map<Mode, std::vector<double>>&
 
 int main(int argc, char** argv) {
   Options opt;
-  if (!parse(argc, argv, &opt)) return 1;
+  parse(argc, argv, &opt);
   std::unique_ptr<CudaGemmRunner> runner;
-  const Status st = CudaGemmRunner::create(0, &runner);
-  if (!st.ok()) {
-    std::fprintf(stderr, "bench_cuda_gemm: %s\n", st.to_string().c_str());
-    return 1;
-  }
-  BENCH_CUDA(cudaSetDevice(0));
+  BENCH_CHECK(CudaGemmRunner::create(0, &runner));
+  BENCH_CHECK(cudaSetDevice(0));
   cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   int l2 = 0;
-  BENCH_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  BENCH_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   cudaStream_t stream;
-  BENCH_CUDA(cudaStreamCreate(&stream));
+  BENCH_CHECK(cudaStreamCreate(&stream));
   std::ofstream json;
   if (!opt.json_path.empty()) {
     json.open(opt.json_path);
@@ -474,6 +457,6 @@ int main(int argc, char** argv) {
   print_geomean("geometric-mean speedup over bf16 (same run):", vs_bf16);
   print_geomean("geometric-mean speedup over fp8_tensor (same run; < 1 is the cost of finer scales):",
                 vs_tensor);
-  BENCH_CUDA(cudaStreamDestroy(stream));
+  BENCH_CHECK(cudaStreamDestroy(stream));
   return 0;
 }

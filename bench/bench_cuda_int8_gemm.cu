@@ -32,15 +32,6 @@
 
 namespace {
 
-#define BENCH_CUDA_CHECK(call)                                                                     \
-  do {                                                                                             \
-    const cudaError_t err_ = (call);                                                               \
-    if (err_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
-
 struct Shape {
   int64_t m, n, k;
   std::string group;
@@ -51,7 +42,7 @@ struct Options {
   int iters = 30;
   int warmup = 5;
   std::vector<std::string> kernels = {"auto", "wgmma64", "wgmma128", "wgmma256", "mma_sync", "cublaslt"};
-  std::string shapes = "all";
+  std::vector<Shape> shapes;  // --shapes (default all)
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -63,54 +54,63 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-bool parse_args(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", name);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--json") o->json_path = value("--json");
-    else if (arg == "--iters") o->iters = std::max(1, std::atoi(value("--iters")));
-    else if (arg == "--warmup") o->warmup = std::max(0, std::atoi(value("--warmup")));
-    else if (arg == "--kernels") o->kernels = split(value("--kernels"), ',');
-    else if (arg == "--shapes") o->shapes = value("--shapes");
-    else {
-      std::fprintf(stderr,
-                   "usage: %s [--json PATH] [--iters N] [--warmup N] [--kernels LIST] "
-                   "[--shapes all|square|llama|MxNxK,...]\n",
-                   argv[0]);
-      return false;
-    }
-  }
-  return true;
+// Kernel names --kernels takes: auto, mma_sync, cublaslt, wgmma (block_n by the plan) and wgmmaN
+// (block_n N).
+bool known_kernel(const std::string& k) {
+  return k == "auto" || k == "mma_sync" || k == "cublaslt" || k.rfind("wgmma", 0) == 0;
 }
 
-std::vector<Shape> make_shapes(const std::string& which) {
-  std::vector<Shape> shapes;
+// The shapes --shapes names: the groups all, square and llama, or MxNxK[,MxNxK...]; returns why
+// a custom shape is not MxNxK, or "".
+std::string make_shapes(const std::string& which, std::vector<Shape>* shapes) {
+  shapes->clear();
   if (which == "all" || which == "square") {
-    shapes.push_back({8192, 8192, 8192, "square"});
-    shapes.push_back({4096, 4096, 4096, "square"});
+    shapes->push_back({8192, 8192, 8192, "square"});
+    shapes->push_back({4096, 4096, 4096, "square"});
   }
   if (which == "all" || which == "llama") {
     const int64_t kn[4][2] = {{4096, 4096}, {4096, 14336}, {14336, 4096}, {8192, 28672}};
     for (int64_t m : {128, 2048, 8192})
-      for (const auto& p : kn) shapes.push_back({m, p[1], p[0], "llama"});
+      for (const auto& p : kn) shapes->push_back({m, p[1], p[0], "llama"});
   }
-  if (shapes.empty()) {
+  if (shapes->empty()) {
     for (const std::string& s : split(which, ',')) {
       const std::vector<std::string> d = split(s, 'x');
-      if (d.size() != 3) {
-        std::fprintf(stderr, "--shapes: '%s' is not MxNxK\n", s.c_str());
-        std::exit(2);
-      }
-      shapes.push_back({std::atoll(d[0].c_str()), std::atoll(d[1].c_str()), std::atoll(d[2].c_str()), "custom"});
+      if (d.size() != 3) return "'" + s + "' is not MxNxK";
+      shapes->push_back({std::atoll(d[0].c_str()), std::atoll(d[1].c_str()), std::atoll(d[2].c_str()), "custom"});
     }
   }
-  return shapes;
+  return {};
+}
+
+// The command line into `o` (exits 2 on a bad option or value, 0 after --help).
+void parse_args(int argc, char** argv, Options* o) {
+  CLI::App app{"bench_cuda_int8_gemm: the INT8 GEMM against cuBLASLt's INT8 GEMM in the same run"};
+  llmq::bench::last_value_wins(app);
+  app.add_option("--json", o->json_path, "also write the results as one JSON document to PATH")->type_name("PATH");
+  app.add_option("--iters", o->iters, "timed runs per problem (at least 1)")->capture_default_str();
+  app.add_option("--warmup", o->warmup, "untimed runs first (at least 0)")->capture_default_str();
+  app.add_option_function<std::string>(
+      "--kernels",
+      [o](const std::string& list) {
+        o->kernels = split(list, ',');
+        for (const std::string& k : o->kernels)
+          if (!known_kernel(k)) throw CLI::ValidationError("--kernels", "unknown '" + k + "'");
+      },
+      "auto,wgmma64,wgmma128,wgmma256,mma_sync,cublaslt (default all)")
+      ->type_name("LIST");
+  make_shapes("all", &o->shapes);  // the default
+  app.add_option_function<std::string>(
+      "--shapes",
+      [o](const std::string& which) {
+        const std::string error = make_shapes(which, &o->shapes);
+        if (!error.empty()) throw CLI::ValidationError("--shapes", error);
+      },
+      "all, square, llama or MxNxK[,MxNxK...] (default all)")
+      ->type_name("SHAPES");
+  llmq::bench::parse_command_line(app, argc, argv);
+  o->iters = std::max(1, o->iters);
+  o->warmup = std::max(0, o->warmup);
 }
 
 // Random int8 codes from a hash of the index (never 0), positive scales in [1e-3, 2e-3).
@@ -161,22 +161,22 @@ struct Workspace {
 void make_sets(const Shape& s, int count, Workspace* ws) {
   for (int i = 0; i < count; ++i) {
     OperandSet o;
-    BENCH_CUDA_CHECK(cudaMalloc(&o.a, static_cast<size_t>(s.m * s.k)));
-    BENCH_CUDA_CHECK(cudaMalloc(&o.b, static_cast<size_t>(s.n * s.k)));
-    BENCH_CUDA_CHECK(cudaMalloc(&o.scale_a, static_cast<size_t>(s.m) * sizeof(float)));
-    BENCH_CUDA_CHECK(cudaMalloc(&o.scale_b, static_cast<size_t>(s.n) * sizeof(float)));
-    BENCH_CUDA_CHECK(cudaMalloc(&o.bias, static_cast<size_t>(s.n) * sizeof(float)));
-    BENCH_CUDA_CHECK(cudaMalloc(&o.d, static_cast<size_t>(s.m * s.n) * sizeof(int32_t)));
+    BENCH_CHECK(cudaMalloc(&o.a, static_cast<size_t>(s.m * s.k)));
+    BENCH_CHECK(cudaMalloc(&o.b, static_cast<size_t>(s.n * s.k)));
+    BENCH_CHECK(cudaMalloc(&o.scale_a, static_cast<size_t>(s.m) * sizeof(float)));
+    BENCH_CHECK(cudaMalloc(&o.scale_b, static_cast<size_t>(s.n) * sizeof(float)));
+    BENCH_CHECK(cudaMalloc(&o.bias, static_cast<size_t>(s.n) * sizeof(float)));
+    BENCH_CHECK(cudaMalloc(&o.d, static_cast<size_t>(s.m * s.n) * sizeof(int32_t)));
     const uint32_t seed = 0x9E3779B9u * static_cast<uint32_t>(i + 1);
     fill_codes<<<1024, 256>>>(o.a, s.m * s.k, seed);
     fill_codes<<<1024, 256>>>(o.b, s.n * s.k, seed ^ 0x5bd1e995u);
     fill_scales<<<64, 256>>>(o.scale_a, s.m, seed + 1);
     fill_scales<<<64, 256>>>(o.scale_b, s.n, seed + 2);
     fill_scales<<<64, 256>>>(o.bias, s.n, seed + 3);
-    BENCH_CUDA_CHECK(cudaGetLastError());
+    BENCH_CHECK(cudaGetLastError());
     ws->sets.push_back(o);
   }
-  BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  BENCH_CHECK(cudaDeviceSynchronize());
 }
 
 // cuBLASLt INT8 x INT8 -> INT32 for D[M, N] = A[M, K] B[N, K]^T. cuBLASLt is column-major, so it
@@ -262,19 +262,19 @@ using llmq::bench::median;
 
 int main(int argc, char** argv) {
   Options opt;
-  if (!parse_args(argc, argv, &opt)) return 2;
+  parse_args(argc, argv, &opt);
   int device = 0;
-  BENCH_CUDA_CHECK(cudaGetDevice(&device));
+  BENCH_CHECK(cudaGetDevice(&device));
   cudaDeviceProp prop{};
-  BENCH_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, device));
   std::printf("device: %s (sm_%d%d, %d SMs, L2 %.0f MB)\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount, prop.l2CacheSize / 1e6);
   cudaStream_t stream;
-  BENCH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   CublasLtInt8 cublas(stream);
 
   std::vector<Result> results;
-  for (const Shape& s : make_shapes(opt.shapes)) {
+  for (const Shape& s : opt.shapes) {
     const double set_bytes = static_cast<double>(s.m * s.k + s.n * s.k) + 4.0 * static_cast<double>(s.m * s.n);
     const int sets = std::max(2, static_cast<int>(std::ceil(2.0 * prop.l2CacheSize / set_bytes)) + 1);
     Workspace ws;
@@ -304,12 +304,9 @@ int main(int argc, char** argv) {
         llmq::Int8GemmConfig cfg;
         if (kname == "auto") cfg.kernel = llmq::Int8GemmKernel::kAuto;
         else if (kname == "mma_sync") cfg.kernel = llmq::Int8GemmKernel::kMmaSync;
-        else if (kname.rfind("wgmma", 0) == 0) {
+        else {  // wgmma[N] (known_kernel)
           cfg.kernel = llmq::Int8GemmKernel::kWgmma;
           cfg.block_n = kname.size() > 5 ? std::atoi(kname.c_str() + 5) : 0;
-        } else {
-          std::fprintf(stderr, "--kernels: unknown '%s'\n", kname.c_str());
-          return 2;
         }
         llmq::Int8GemmPlan plan;
         const llmq::Status st = llmq::cuda_int8_gemm_plan(s.m, s.n, s.k, cfg, &plan);
@@ -334,13 +331,13 @@ int main(int argc, char** argv) {
       for (int i = 0; i < opt.warmup && good; ++i) good = launch(ws.sets[i % sets], &err);
       std::vector<cudaEvent_t> start(opt.iters), stop(opt.iters);
       for (int i = 0; i < opt.iters; ++i) {
-        BENCH_CUDA_CHECK(cudaEventCreate(&start[i]));
-        BENCH_CUDA_CHECK(cudaEventCreate(&stop[i]));
+        BENCH_CHECK(cudaEventCreate(&start[i]));
+        BENCH_CHECK(cudaEventCreate(&stop[i]));
       }
       for (int i = 0; i < opt.iters && good; ++i) {
-        BENCH_CUDA_CHECK(cudaEventRecord(start[i], stream));
+        BENCH_CHECK(cudaEventRecord(start[i], stream));
         good = launch(ws.sets[(i + opt.warmup) % sets], &err);
-        BENCH_CUDA_CHECK(cudaEventRecord(stop[i], stream));
+        BENCH_CHECK(cudaEventRecord(stop[i], stream));
       }
       const cudaError_t sync = cudaStreamSynchronize(stream);
       if (sync != cudaSuccess) {
@@ -351,7 +348,7 @@ int main(int argc, char** argv) {
       }
       if (good) {
         std::vector<float> ms(opt.iters);
-        for (int i = 0; i < opt.iters; ++i) BENCH_CUDA_CHECK(cudaEventElapsedTime(&ms[i], start[i], stop[i]));
+        for (int i = 0; i < opt.iters; ++i) BENCH_CHECK(cudaEventElapsedTime(&ms[i], start[i], stop[i]));
         r.ok = true;
         r.median_us = median(ms) * 1e3;
         r.min_us = *std::min_element(ms.begin(), ms.end()) * 1e3;

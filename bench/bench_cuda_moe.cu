@@ -5,12 +5,10 @@
 //   fp8 dense       ONE strided-batched FP8 GEMM (activations shared, unit scales, BF16 out) +
 //                   cuda_moe_post_scale in place
 //   bf16 per-expert one cuBLASLt BF16 GEMM per expert (the peer)
-// Usage: bench_cuda_moe [--experts E --k K --n N --tokens 1,16,... --json FILE]
-#include <cstring>
+// Usage: bench_cuda_moe [--experts E --k K --n N --tokens 1,16,... --json FILE --commit C]
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "cuda_bench_support.cuh"
@@ -23,21 +21,22 @@ using namespace llmq::bench;
 int main(int argc, char** argv) {
   int64_t experts = 8, k = 4096, n = 14336;
   std::vector<int64_t> tokens_list = {1, 16, 64, 512, 4096};
-  std::string json_path;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--experts") experts = std::stoll(v);
-    else if (a == "--k") k = std::stoll(v);
-    else if (a == "--n") n = std::stoll(v);
-    else if (a == "--tokens") tokens_list = parse_int_list(v);
-    else if (a == "--json") json_path = v;
-    else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
+  std::string json_path, commit = "unknown";
+  CLI::App app{"bench_cuda_moe: the dense MoE path (every token through every expert) against its per-expert forms"};
+  last_value_wins(app);
+  app.add_option("--experts", experts, "experts")->capture_default_str()->check(at_least(1, "an expert at least"));
+  app.add_option("--k", k, "K, the hidden size")->capture_default_str()->check(at_least(1, "a dimension"));
+  app.add_option("--n", n, "N, the expert width")->capture_default_str()->check(at_least(1, "a dimension"));
+  comma_list(app.add_option("--tokens", tokens_list, "token counts, comma-separated")->capture_default_str())
+      ->check(at_least(1, "a token at least"));
+  app.add_option("--json", json_path, "also write one JSON object per line per token count to FILE")
+      ->type_name("FILE");
+  app.add_option("--commit", commit, "the commit recorded in the JSON lines")->envname("LLMQ_COMMIT")
+      ->capture_default_str()
+      ->type_name("COMMIT");
+  parse_command_line(app, argc, argv);
   cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int64_t max_t = *std::max_element(tokens_list.begin(), tokens_list.end());
   DeviceMem w8(static_cast<size_t>(experts * n * k)), w16(static_cast<size_t>(experts * n * k * 2));
   DeviceMem x8(static_cast<size_t>(max_t * k)), x16(static_cast<size_t>(max_t * k * 2));
@@ -49,10 +48,10 @@ int main(int argc, char** argv) {
   fill_bf16<<<grid_for(max_t * k), 256>>>(x16.as<__nv_bfloat16>(), max_t * k, 4);
   fill_scales<<<grid_for(max_t), 256>>>(xs.as<float>(), max_t, 5);
   fill_scales<<<grid_for(experts * n), 256>>>(ws.as<float>(), experts * n, 6);
-  BENCH_CUDA(cudaDeviceSynchronize());
+  BENCH_CHECK(cudaDeviceSynchronize());
 
   std::unique_ptr<CudaGemmRunner> runner;
-  check_status(CudaGemmRunner::create(0, &runner), "CudaGemmRunner::create");
+  BENCH_CHECK(CudaGemmRunner::create(0, &runner));
   DeviceMem workspace(static_cast<size_t>(kCublasLtWorkspaceBytes + (16 << 20)));
   const int64_t ws_bytes = kCublasLtWorkspaceBytes + (16 << 20);
 
@@ -78,7 +77,7 @@ int main(int argc, char** argv) {
           p.b = {w16.as<__nv_bfloat16>() + e * n * k, DType::kBF16};
         }
         p.d = y.as<__nv_bfloat16>() + e * t * n;
-        check_status(runner->run(p, workspace.p, ws_bytes, nullptr), "per-expert gemm");
+        BENCH_CHECK(runner->run(p, workspace.p, ws_bytes, nullptr));
       }
     };
     auto dense = [&]() {
@@ -91,7 +90,7 @@ int main(int argc, char** argv) {
       p.a.shared_across_batch = true;
       p.b = {w8.p, DType::kE4M3};
       p.d = y.p;
-      check_status(runner->run(p, workspace.p, ws_bytes, nullptr), "dense gemm");
+      BENCH_CHECK(runner->run(p, workspace.p, ws_bytes, nullptr));
       MoePostScale ps;
       ps.experts = experts;
       ps.tokens = t;
@@ -102,7 +101,7 @@ int main(int argc, char** argv) {
       ps.expert_scales = ws.as<float>();
       ps.per_channel = true;
       ps.out = y.p;
-      check_status(cuda_moe_post_scale(ps, nullptr), "post scale");
+      BENCH_CHECK(cuda_moe_post_scale(ps, nullptr));
     };
     const double pe8 = queued_median_us([&] { per_expert(true); });
     const double d8 = queued_median_us(dense);
@@ -113,7 +112,7 @@ int main(int argc, char** argv) {
       json << nlohmann::json{{"bench", "moe_dense"}, {"device", prop.name}, {"experts", experts}, {"k", k},
                              {"n", n}, {"tokens", t}, {"fp8_per_expert_us", pe8}, {"fp8_dense_us", d8},
                              {"bf16_per_expert_us", pe16},
-                             {"commit", std::getenv("LLMQ_COMMIT") ? std::getenv("LLMQ_COMMIT") : "unknown"}}
+                             {"commit", commit}}
                   .dump()
            << "\n";
   }

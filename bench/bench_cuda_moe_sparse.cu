@@ -9,12 +9,11 @@
 // over time and as a fraction of the measured copy bandwidth (bytes read + written per second,
 // cudaMemcpy device to device), TFLOPS over the routed rows.
 // Usage: bench_cuda_moe_sparse [--shape mixtral-8x7b|gpt-oss-20b|all] [--tokens 1,4,...]
-//                              [--json FILE] [--quick]
+//                              [--json FILE] [--quick] [--decode-tiles N] [--commit C]
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "cuda_bench_support.cuh"
@@ -33,45 +32,40 @@ struct MoeShape {
 };
 const MoeShape kShapes[] = {{"mixtral-8x7b", 8, 2, 4096, 14336}, {"gpt-oss-20b", 32, 4, 2880, 2880}};
 
-const char* env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? v : fallback;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape_name = "all", json_path;
+  std::string shape_name = "all", json_path, commit = "unknown";
   std::vector<int64_t> tokens_list = {1, 4, 16, 64, 512, 4096};
   int runs = 20;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      runs = 10;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s needs a value\n", a.c_str());
-      return 2;
-    }
-    const std::string v = argv[++i];
-    if (a == "--shape") shape_name = v;
-    else if (a == "--tokens") tokens_list = parse_int_list(v);
-    else if (a == "--json") json_path = v;
-    else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
+  bool quick = false;
+  int decode_tiles = 0;  // --decode-tiles: the decode kernel's 16-row tiles per CTA (0: the planner's)
+  CLI::App app{"bench_cuda_moe_sparse: the sparse MoE expert GEMM (cuda_moe_grouped_gemm) with the dense path"};
+  last_value_wins(app);
+  app.add_option("--shape", shape_name, "the MoE shape")
+      ->check(CLI::IsMember({"mixtral-8x7b", "gpt-oss-20b", "all"}))
+      ->capture_default_str();
+  comma_list(app.add_option("--tokens", tokens_list, "token counts, comma-separated")->capture_default_str())
+      ->check(at_least(1, "a token at least"));
+  app.add_option("--json", json_path, "also write one JSON object per line per measurement to FILE")
+      ->type_name("FILE");
+  app.add_flag("--quick", quick, "10 timed runs per measurement instead of 20");
+  app.add_option("--decode-tiles", decode_tiles, "the decode kernel's 16-row tiles per CTA (1, 2, 4; 0: the planner's)")
+      ->capture_default_str();
+  app.add_option("--commit", commit, "the commit recorded in the JSON lines")->envname("LLMQ_COMMIT")
+      ->capture_default_str()
+      ->type_name("COMMIT");
+  parse_command_line(app, argc, argv);
+  if (quick) runs = 10;
   cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   double copy_bps = 0;
-  check_status(measure_copy_bandwidth(0, int64_t{1} << 30, &copy_bps), "copy bandwidth");
+  BENCH_CHECK(measure_copy_bandwidth(0, int64_t{1} << 30, &copy_bps));
   std::printf("%s: copy bandwidth %.0f GB/s (read + written)\n", prop.name, copy_bps / 1e9);
   std::ofstream json;
   if (!json_path.empty()) json.open(json_path);
   std::unique_ptr<CudaGemmRunner> runner;
-  check_status(CudaGemmRunner::create(0, &runner), "CudaGemmRunner::create");
+  BENCH_CHECK(CudaGemmRunner::create(0, &runner));
   const int64_t lt_bytes = kCublasLtWorkspaceBytes + (16 << 20);
   DeviceMem lt_workspace(static_cast<size_t>(lt_bytes));
 
@@ -98,7 +92,7 @@ int main(int argc, char** argv) {
     DeviceMem y(static_cast<size_t>(std::max(max_p, E * max_t) * N * 2)), off(static_cast<size_t>((E + 1) * 4));
     fill_e4m3<<<grid_for(max_p * K), 256>>>(a.as<uint8_t>(), max_p * K, 3);
     fill_scales<<<grid_for(max_p), 256>>>(as.as<float>(), max_p, 5);
-    BENCH_CUDA(cudaDeviceSynchronize());
+    BENCH_CHECK(cudaDeviceSynchronize());
     std::printf("\n%s: %lld experts, top-%lld, K %lld -> N %lld, %d weight sets\n", s.name,
                 static_cast<long long>(E), static_cast<long long>(s.top_k), static_cast<long long>(K),
                 static_cast<long long>(N), n_sets);
@@ -115,7 +109,7 @@ int main(int argc, char** argv) {
         active += sizes[e] > 0;
         max_rows = std::max<int64_t>(max_rows, sizes[e]);
       }
-      BENCH_CUDA(cudaMemcpy(off.p, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(off.p, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
       const double active_bytes = static_cast<double>(active) * N * K;
       const double flops = 2.0 * static_cast<double>(P) * N * K;
       auto emit = [&](const char* variant, double us) {
@@ -131,7 +125,7 @@ int main(int argc, char** argv) {
                                  {"weight_gbps", gbps}, {"copy_gbps", copy_bps / 1e9},
                                  {"fraction_of_copy", gbps * 1e9 / copy_bps},
                                  {"tflops", flops / (us * 1e-6) / 1e12}, {"weight_sets", n_sets},
-                                 {"commit", env_or("LLMQ_COMMIT", "unknown")}}
+                                 {"commit", commit}}
                       .dump()
                << "\n";
       };
@@ -150,6 +144,7 @@ int main(int argc, char** argv) {
         g.w = w[static_cast<size_t>(i)].p;
         g.w_scale = ws[static_cast<size_t>(i)].as<float>();
         g.d = y.as<uint16_t>();
+        g.decode_tiles_per_cta = decode_tiles;
         if (bf16) {  // BF16 experts: the baseline FP8 is measured against, same kernels
           g.a = a16.p;
           g.a_dtype = DType::kBF16;
@@ -158,7 +153,7 @@ int main(int argc, char** argv) {
           g.w_dtype = DType::kBF16;
           g.w_scale = nullptr;
         }
-        check_status(cuda_moe_grouped_gemm(g, nullptr, kernel), "grouped gemm");
+        BENCH_CHECK(cuda_moe_grouped_gemm(g, nullptr, kernel));
       };
       {
         MoeGroupedGemm probe;
@@ -183,7 +178,7 @@ int main(int argc, char** argv) {
         p.a.shared_across_batch = true;
         p.b = {w[static_cast<size_t>(i)].p, DType::kE4M3};
         p.d = y.p;
-        check_status(runner->run(p, lt_workspace.p, lt_bytes, nullptr), "dense gemm");
+        BENCH_CHECK(runner->run(p, lt_workspace.p, lt_bytes, nullptr));
         MoePostScale ps;
         ps.experts = E;
         ps.tokens = t;
@@ -194,7 +189,7 @@ int main(int argc, char** argv) {
         ps.expert_scales = ws[static_cast<size_t>(i)].as<float>();
         ps.per_channel = true;
         ps.out = y.p;
-        check_status(cuda_moe_post_scale(ps, nullptr), "post scale");
+        BENCH_CHECK(cuda_moe_post_scale(ps, nullptr));
       };
       emit("dense", queued_median_us(dense, runs));
     }

@@ -4,15 +4,17 @@
 // the mean of 200 back-to-back calls. Bandwidth counts the useful bytes: x read once, codes and
 // scales written once (the two-pass per-tensor path reads x twice; that is not counted).
 // Prints a table; `--csv` prints CSV instead. Exit status 1 if any call fails.
+// Usage: bench_cuda_quantize [--csv] (--json FILE and --quick, which scripts pass to every
+// benchmark, are accepted and change nothing: this one writes no JSON and has one length)
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "cuda_bench_support.cuh"
 #include "llmq/cuda_quantize.hpp"
 #include "llmq/format.hpp"
 
@@ -21,15 +23,6 @@ namespace {
 constexpr int kWarmup = 5;
 constexpr int kRuns = 50;
 constexpr int kBuffers = 4;
-
-#define BENCH_CHECK(call)                                                                   \
-  do {                                                                                      \
-    const cudaError_t e_ = (call);                                                          \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
@@ -100,7 +93,15 @@ __global__ void fill_kernel(void* p, int64_t n, int bytes, uint32_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool csv = argc > 1 && std::strcmp(argv[1], "--csv") == 0;
+  CLI::App app{"bench_cuda_quantize: cuda_quantize against a device-to-device copy in the same run"};
+  llmq::bench::last_value_wins(app);
+  bool csv = false, quick = false;
+  std::string json_path;
+  app.add_flag("--csv", csv, "print CSV instead of the table");
+  app.add_option("--json", json_path, "accepted for scripts that pass it to every benchmark; no JSON is written")
+      ->type_name("FILE");
+  app.add_flag("--quick", quick, "accepted for scripts that pass it to every benchmark; changes nothing");
+  llmq::bench::parse_command_line(app, argc, argv);
   using llmq::DType;
   using llmq::QuantSpec;
   cudaDeviceProp prop{};
@@ -162,7 +163,7 @@ int main(int argc, char** argv) {
     BENCH_CHECK(cudaMemcpyAsync(scales, &static_scale, 4, cudaMemcpyHostToDevice, stream));
     BENCH_CHECK(cudaStreamSynchronize(stream));
     llmq::BlockShape block;
-    if (!llmq::resolve_block_shape(c.spec, c.rows, c.cols, &block).ok()) return 1;
+    BENCH_CHECK(llmq::resolve_block_shape(c.spec, c.rows, c.cols, &block));
     const int64_t sr = (c.rows + block.rows - 1) / block.rows, sc = (c.cols + block.cols - 1) / block.cols;
     llmq::TensorView x, qv, sv;
     x.dtype = c.in;

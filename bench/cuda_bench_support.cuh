@@ -1,10 +1,12 @@
-// Helpers shared by the CUDA benchmarks (bench_cuda_gemm, bench_cuda_decode_gemm,
-// bench_cuda_int8_gemm): a fatal CUDA check, device fills from a counter-based hash (every operand
-// set differs and nothing is zero), a spin kernel that holds the GPU while the host queues the
-// timed runs, an owning device buffer, the operand-set count that defeats the L2, and the median of
-// a set of timings. Each benchmark is a single translation unit, so the kernels live here.
+// Helpers shared by the CUDA benchmarks (bench/bench_cuda_*.cu): the one fatal check (BENCH_CHECK,
+// for a cudaError_t or an llmq::Status), the command line (CLI11: parse or exit, lists, bounds),
+// device fills from a counter-based hash (every operand set differs and nothing is zero), a spin
+// kernel that holds the GPU while the host queues the timed runs, an owning device buffer, the
+// operand-set count that defeats the L2, and the median of a set of timings. Each benchmark is a
+// single translation unit, so the kernels live here.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -14,24 +16,30 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <utility>
 #include <vector>
-#include <sstream>
-#include <string>
 
 #include "llmq/status.hpp"
 
-// Exits with status 2 when a CUDA call fails.
-#define BENCH_CUDA(call)                                                                         \
-  do {                                                                                           \
-    const cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                              \
-    }                                                                                            \
-  } while (0)
+// Exits with status 1, printing file:line, the expression and the error, when `expr` (a
+// cudaError_t or an llmq::Status) is a failure.
+#define BENCH_CHECK(...) ::llmq::bench::check_result((__VA_ARGS__), #__VA_ARGS__, __FILE__, __LINE__)
 
 namespace llmq::bench {
+
+// ---- errors
+
+[[noreturn]] inline void check_failed(const char* expr, const char* file, int line, const std::string& message) {
+  std::fprintf(stderr, "%s:%d: %s: %s\n", file, line, expr, message.c_str());
+  std::exit(1);
+}
+inline void check_result(cudaError_t e, const char* expr, const char* file, int line) {
+  if (e != cudaSuccess) check_failed(expr, file, line, cudaGetErrorString(e));
+}
+inline void check_result(const llmq::Status& st, const char* expr, const char* file, int line) {
+  if (!st.ok()) check_failed(expr, file, line, st.to_string());
+}
 
 // ---- device fills: a counter-based hash, so every set differs and nothing is zero.
 
@@ -90,7 +98,7 @@ inline int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 
 struct DeviceMem {
   void* p = nullptr;
   DeviceMem() = default;
-  explicit DeviceMem(size_t bytes) { BENCH_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 256))); }
+  explicit DeviceMem(size_t bytes) { BENCH_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256))); }
   ~DeviceMem() {
     if (p != nullptr) (void)cudaFree(p);
   }
@@ -133,38 +141,53 @@ template <typename T> double median(std::vector<T> v) {
 // gaps do not count), after 3 warm-up calls; each call is bracketed by events.
 template <typename F> double queued_median_us(F&& f, int runs = 20) {
   for (int i = 0; i < 3; ++i) f();
-  BENCH_CUDA(cudaDeviceSynchronize());
+  BENCH_CHECK(cudaDeviceSynchronize());
   std::vector<cudaEvent_t> ev(static_cast<size_t>(runs) + 1);
-  for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
+  for (auto& e : ev) BENCH_CHECK(cudaEventCreate(&e));
   spin<<<1, 1>>>(2'000'000);
-  BENCH_CUDA(cudaEventRecord(ev[0]));
+  BENCH_CHECK(cudaEventRecord(ev[0]));
   for (int i = 0; i < runs; ++i) {
     f();
-    BENCH_CUDA(cudaEventRecord(ev[static_cast<size_t>(i) + 1]));
+    BENCH_CHECK(cudaEventRecord(ev[static_cast<size_t>(i) + 1]));
   }
-  BENCH_CUDA(cudaDeviceSynchronize());
+  BENCH_CHECK(cudaDeviceSynchronize());
   std::vector<float> ms(static_cast<size_t>(runs));
-  for (int i = 0; i < runs; ++i) BENCH_CUDA(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], ev[i], ev[i + 1]));
-  for (auto& e : ev) BENCH_CUDA(cudaEventDestroy(e));
+  for (int i = 0; i < runs; ++i) BENCH_CHECK(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], ev[i], ev[i + 1]));
+  for (auto& e : ev) BENCH_CHECK(cudaEventDestroy(e));
   return median(ms) * 1e3;
 }
 
-// ---- command line and errors
+// ---- command line
 
-// Exits with status 2, naming `what`, when a library call failed.
-inline void check_status(const llmq::Status& st, const char* what) {
-  if (!st.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, st.to_string().c_str());
-    std::exit(2);
+// Call before adding options: an option given twice keeps its last value, as the hand-written
+// parsers did (a list option still takes every value of every occurrence).
+inline void last_value_wins(CLI::App& app) {
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+// Parses the command line into `app`'s options: --help prints them and exits 0; an unknown option,
+// a missing or malformed value prints CLI11's message and exits 2.
+inline void parse_command_line(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
   }
 }
 
-// "1,16,64" -> {1, 16, 64}.
-inline std::vector<int64_t> parse_int_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoll(item));
-  return v;
+// A comma-separated list value ("1,16,64"), one value per occurrence of the option.
+inline CLI::Option* comma_list(CLI::Option* o) { return o->delimiter(',')->allow_extra_args(false); }
+
+// An integer option's (or each list element's) lower bound; the message says `why`.
+inline CLI::Validator at_least(int64_t min, const std::string& why) {
+  return CLI::Validator(
+      [min, why](std::string& s) -> std::string {
+        char* end = nullptr;
+        const long long v = std::strtoll(s.c_str(), &end, 10);
+        if (!s.empty() && *end == '\0' && v >= min) return {};
+        return "'" + s + "' is not an integer >= " + std::to_string(min) + " (" + why + ")";
+      },
+      ">=" + std::to_string(min));
 }
 
 }  // namespace llmq::bench
