@@ -10,6 +10,7 @@
 #include "llmq/dtype.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/synthetic_checkpoint.hpp"
+#include "model/checkpoint_names.hpp"
 #include "model/input_file.hpp"
 
 namespace llmq {
@@ -62,10 +63,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 bool is_8bit(DType d) { return is_fp8(d) || d == DType::kI8; }
-
-// The tensors a quantized linear weight brings with it (export.cpp writes them; vLLM and
-// compressed-tensors name them so).
-constexpr const char* kCompanionSuffixes[] = {".weight_scale", ".weight_scale_inv", ".input_scale", ".weight_zero_point"};
 
 }  // namespace
 
@@ -146,10 +143,13 @@ Status check_hf_checkpoint(const Checkpoint& ckpt, const ModelConfig& config) {
     // KV-cache scales of a compressed-tensors checkpoint whose config declares kv_cache_scheme:
     // they describe an FP8 KV cache for an engine; llmq's KV cache precision is its own option
     // (--kv-cache), and the weights are read in full either way.
-    if (kv_scales_declared && (ends_with(name, ".self_attn.k_scale") || ends_with(name, ".self_attn.v_scale"))) continue;
+    if (kv_scales_declared && (ends_with(name, std::string(".self_attn") + kKvKeyScaleSuffix) ||
+                               ends_with(name, std::string(".self_attn") + kKvValueScaleSuffix)))
+      continue;
+    // The tensors a quantized linear weight brings with it (checkpoint_names.hpp).
     bool companion = false;
     for (const char* suffix : kCompanionSuffixes)
-      if (ends_with(name, suffix) && stored_8bit.count(name.substr(0, name.size() - std::string(suffix).size()) + ".weight") != 0)
+      if (ends_with(name, suffix) && stored_8bit.count(name.substr(0, name.size() - std::string(suffix).size()) + kWeightSuffix) != 0)
         companion = true;
     if (companion) continue;
     if (name.rfind(layers, 0) == 0) {

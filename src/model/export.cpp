@@ -1,6 +1,7 @@
 // export_quantized: stream a WeightSource into a quantized Hugging Face directory.
 //
-// Layout written (per quantized linear module M):
+// Layout written (per quantized linear module M; the names and shapes come from the table in
+// checkpoint_names.hpp, which the readers look them up through too):
 //   "fp8" (128x128 blocks):  M.weight F8_E4M3 [N, K], M.weight_scale_inv F32 [N/128, K/128]
 //   compressed-tensors:      M.weight F8_E4M3 or I8, M.weight_scale F32 [N, 1] (channel) or [1]
 //                            (tensor), M.input_scale F32 [1] (static activations only)
@@ -36,6 +37,7 @@
 #include "llmq/output_dir.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/scale.hpp"
+#include "model/checkpoint_names.hpp"
 #include "model/input_file.hpp"
 
 namespace llmq {
@@ -92,7 +94,7 @@ nlohmann::ordered_json quantization_config(const Scheme& scheme, const std::vect
   const bool act = scheme.quantize_activations;
   const bool act_static = act && scheme.activation.source == ScaleSource::kStatic;
   if (scheme.export_format == ExportFormat::kVllmFp8) {
-    q["quant_method"] = "fp8";
+    q["quant_method"] = quant_method_name(ExportFormat::kVllmFp8);
     q["activation_scheme"] = act_static ? "static" : "dynamic";
     if (is_block(scheme.weight)) q["weight_block_size"] = {scheme.weight.block_rows, scheme.weight.block_cols};
     q["ignored_layers"] = ignored;
@@ -115,7 +117,7 @@ nlohmann::ordered_json quantization_config(const Scheme& scheme, const std::vect
     else
       group["input_activations"] = nullptr;
     group["output_activations"] = nullptr;
-    q["quant_method"] = "compressed-tensors";
+    q["quant_method"] = quant_method_name(ExportFormat::kCompressedTensors);
     q["format"] = is_float ? "float-quantized" : "int-quantized";
     q["quantization_status"] = "compressed";
     q["config_groups"] = {{"group_0", group}};
@@ -308,7 +310,18 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
 
   int64_t nonfinite_replaced = 0;
   QuantizeCache cache(source, scheme, smooth_of, options.nonfinite, &nonfinite_replaced);
-  const DType wdtype = scheme.weight.format;
+  // The codes (scales false) or scales of a quantized module, quantized once for both.
+  auto from_cache = [&source, &cache, &input_failed](const std::string& module, bool scales) {
+    return [&source, &cache, module, scales, &input_failed](uint8_t* dst) -> Status {
+      const QuantizedTensor* q = nullptr;
+      const Status st = cache.get(module, &q);
+      input_failed |= !st.ok();
+      if (!st.ok()) return input_error(source, st);
+      const Tensor& t = scales ? q->scales.scales : q->data;
+      std::memcpy(dst, t.data(), static_cast<size_t>(t.nbytes()));
+      return {};
+    };
+  };
   const bool act_static = scheme.quantize_activations && scheme.activation.source == ScaleSource::kStatic;
   std::vector<SafetensorsWriteEntry> entries;
   ExportSummary sum;
@@ -330,32 +343,11 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
             "last one; transformers: the block derived from the scale grid), so llmq does not write them. "
             "Use a per-channel scheme (fp8-dynamic) for this model");
       ++sum.quantized_linears;
-      entries.push_back({name, wdtype, shape, [&source, &cache, module, &input_failed](uint8_t* dst) -> Status {
-                           const QuantizedTensor* q = nullptr;
-                           const Status st = cache.get(module, &q);
-                           input_failed |= !st.ok();
-                           if (!st.ok()) return input_error(source, st);
-                           std::memcpy(dst, q->data.data(), static_cast<size_t>(q->data.nbytes()));
-                           return {};
-                         }});
-      std::vector<int64_t> scale_shape;
-      std::string scale_name = module + ".weight_scale";
-      if (is_block(scheme.weight)) {
-        scale_name = module + ".weight_scale_inv";  // vLLM/DeepSeek name; the value multiplies
-        scale_shape = {n / scheme.weight.block_rows, k / scheme.weight.block_cols};
-      } else if (scheme.weight.granularity == Granularity::kPerChannel) {
-        scale_shape = {n, 1};
-      } else {
-        scale_shape = {1};
-      }
-      entries.push_back({scale_name, DType::kF32, scale_shape, [&source, &cache, module, &input_failed](uint8_t* dst) -> Status {
-                           const QuantizedTensor* q = nullptr;
-                           const Status st = cache.get(module, &q);
-                           input_failed |= !st.ok();
-                           if (!st.ok()) return input_error(source, st);
-                           std::memcpy(dst, q->scales.scales.data(), static_cast<size_t>(q->scales.scales.nbytes()));
-                           return {};
-                         }});
+      // Names, dtypes and shapes from the table the readers use (checkpoint_names.hpp).
+      std::vector<DiskTensor> disk;
+      LLMQ_RETURN_IF_ERROR(written_linear_tensors(scheme.export_format, scheme.weight, act_static, module, n, k, &disk));
+      entries.push_back({disk[0].name, disk[0].dtype, disk[0].shape, from_cache(module, false), nullptr});
+      entries.push_back({disk[1].name, disk[1].dtype, disk[1].shape, from_cache(module, true), nullptr});
       if (act_static) {
         float s = 1.0f;
         if (scheme.activation.method != ScaleMethod::kUnit) {
@@ -367,10 +359,10 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
           LLMQ_RETURN_IF_ERROR(static_activation_scale(*st, sm == smooth_of.end() ? nullptr : &sm->second,
                                                        scheme.activation, &s));
         }
-        entries.push_back({module + ".input_scale", DType::kF32, std::vector<int64_t>{1}, [s](uint8_t* dst) -> Status {
+        entries.push_back({disk[2].name, disk[2].dtype, disk[2].shape, [s](uint8_t* dst) -> Status {
                              std::memcpy(dst, &s, 4);
                              return {};
-                           }});
+                           }, nullptr});
       }
       continue;
     }

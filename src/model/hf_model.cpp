@@ -2,7 +2,8 @@
 // ModelConfig, and the safetensors weights, found by their transformers module names, -> float32
 // ModelWeights. Every shape is checked against the config. 8-bit linear weights are dequantized on
 // load: per-tensor or per-channel `weight_scale`, or block `weight_scale_inv` (vLLM's block FP8,
-// where the "inverse" scale multiplies), with an optional `weight_zero_point`.
+// where the "inverse" scale multiplies), with an optional `weight_zero_point`; which names and
+// shapes those may have is checkpoint_names.hpp's, shared with the as-stored reader.
 #include <cmath>
 #include <limits>
 #include <set>
@@ -12,6 +13,8 @@
 
 #include "llmq/format.hpp"
 #include "llmq/safetensors.hpp"
+#include "model/checkpoint_names.hpp"
+#include "core/int_math.hpp"
 
 namespace llmq {
 namespace {
@@ -23,10 +26,6 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
-
-// a >= 0, b > 0. Not (a + b - 1) / b: weight_block_size comes from config.json and may be as
-// large as INT64_MAX, where that sum overflows.
-int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 // ---- weights
 
@@ -47,7 +46,7 @@ class HfLoader {
 
   // `<module>.weight` as float32 [rows, cols], dequantized when stored in 8 bits.
   Status weight(const std::string& module, int64_t rows, int64_t cols, Tensor* out) const {
-    const std::string name = module + ".weight";
+    const std::string name = module + kWeightSuffix;
     const SafetensorsTensorInfo* info = nullptr;
     LLMQ_RETURN_IF_ERROR(require(name, {rows, cols}, &info));
     if (is_high_precision(info->dtype)) return ckpt_.read_f32(name, out);
@@ -56,51 +55,21 @@ class HfLoader {
 
     Tensor w;
     LLMQ_RETURN_IF_ERROR(ckpt_.read_f32(name, &w));  // raw codes as floats: q
-    // Scale layouts. `weight_scale` wins when both exist (the order vLLM checks them in).
-    std::string scale_name = module + ".weight_scale";
-    bool inverse_name = false;
-    if (ckpt_.find(scale_name) == nullptr) {
-      scale_name = module + ".weight_scale_inv";
-      inverse_name = true;
-    }
-    const SafetensorsTensorInfo* scale_info = ckpt_.find(scale_name);
-    if (scale_info == nullptr)
-      return invalid_argument(where(name) + "stored as " + safetensors_dtype_name(info->dtype) + " but neither " +
-                              module + ".weight_scale nor " + module + ".weight_scale_inv exists");
-    if (!is_high_precision(scale_info->dtype))
-      return invalid_argument(where(scale_name) + "scales must be F32/F64/F16/BF16, got " +
-                              safetensors_dtype_name(scale_info->dtype));
+    // Which scale, and which weight elements each of its elements covers: decided in
+    // checkpoint_names.cpp, as for the as-stored reader (quantized_checkpoint.cpp).
+    FoundWeightScale found;
+    LLMQ_RETURN_IF_ERROR(find_weight_scale(ckpt_, module, rows, cols, block_rows_, block_cols_, &found));
+    const std::string& scale_name = found.name;
+    const std::vector<int64_t>& ss = found.info->shape;
+    const ScaleLayout layout = found.layout;
+    const int64_t grid_cols = ceil_div(cols, block_cols_);
     Tensor scale;
-    LLMQ_RETURN_IF_ERROR(ckpt_.read_f32(scale_name, &scale));
-
-    // Which scale element covers weight (r, c): a layout decided from the scale's shape.
-    enum class Layout { kTensor, kChannel, kBlock } layout;
-    const std::vector<int64_t>& ss = scale_info->shape;
-    const int64_t grid_rows = ceil_div(rows, block_rows_), grid_cols = ceil_div(cols, block_cols_);
-    const bool is_block = ss.size() == 2 && ss[0] == grid_rows && ss[1] == grid_cols;
-    if (!inverse_name && scale.numel() == 1 && ss.size() <= 2) {
-      layout = Layout::kTensor;  // [], [1], [1, 1]
-    } else if (!inverse_name && ((ss.size() == 1 && ss[0] == rows) || (ss.size() == 2 && ss[0] == rows && ss[1] == 1))) {
-      layout = Layout::kChannel;  // [out], [out, 1]
-    } else if (is_block) {
-      layout = Layout::kBlock;  // [ceil(out / bm), ceil(in / bk)]; compressed-tensors names it weight_scale
-    } else {
-      const std::vector<int64_t> block_shape = {grid_rows, grid_cols};
-      return invalid_argument(where(scale_name) + "shape " + shape_text(ss) + " fits no scale layout of weight " +
-                              shape_text({rows, cols}) + ": expected " +
-                              (inverse_name ? "" : "[], [1], [" + std::to_string(rows) + "], [" +
-                                                       std::to_string(rows) + ", 1] or ") +
-                              shape_text(block_shape) + " (" + std::to_string(block_rows_) + "x" +
-                              std::to_string(block_cols_) + " blocks)");
-    }
+    LLMQ_RETURN_IF_ERROR(read_weight_scale(ckpt_, found, &scale));
     const float* s = scale.data_as<float>();
-    for (int64_t i = 0; i < scale.numel(); ++i)
-      if (!std::isfinite(s[i]))
-        return invalid_argument(where(scale_name) + "element " + std::to_string(i) + " is not finite");
 
     // Optional zero point on the same grid as the scale: w = (q - zp) * s.
     Tensor zero_point;
-    const std::string zp_name = module + ".weight_zero_point";
+    const std::string zp_name = module + kZeroPointSuffix;
     if (const SafetensorsTensorInfo* zp_info = ckpt_.find(zp_name)) {
       LLMQ_RETURN_IF_ERROR(ckpt_.read_f32(zp_name, &zero_point));
       if (zero_point.numel() != scale.numel())
@@ -113,8 +82,8 @@ class HfLoader {
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < cols; ++c) {
         int64_t k = 0;
-        if (layout == Layout::kChannel) k = r;
-        if (layout == Layout::kBlock) k = (r / block_rows_) * grid_cols + c / block_cols_;
+        if (layout == ScaleLayout::kChannel) k = r;
+        if (layout == ScaleLayout::kBlock) k = (r / block_rows_) * grid_cols + c / block_cols_;
         float& v = q[r * cols + c];
         // q and zp are small integers or FP8 values, so q - zp is exact; one rounding, in the
         // product.
@@ -132,7 +101,7 @@ class HfLoader {
     LLMQ_RETURN_IF_ERROR(weight(module, rows, cols, &l.weight));
     // Which linears have a bias is decided once, by check_hf_checkpoint (open_hf_checkpoint ran
     // it): a bias present here is one the config implies.
-    const std::string bias_name = module + ".bias";
+    const std::string bias_name = module + kBiasSuffix;
     if (ckpt_.find(bias_name) != nullptr) LLMQ_RETURN_IF_ERROR(plain(bias_name, {rows}, &l.bias));
     *out = std::move(l);
     return {};

@@ -7,21 +7,17 @@
 
 #include "llmq/export.hpp"
 #include "llmq/safetensors.hpp"
+#include "model/checkpoint_names.hpp"
 #include "model/input_file.hpp"
 
 namespace llmq {
 namespace {
 
-Status read_scales(const Checkpoint& ckpt, const std::string& name, Tensor* out) {
-  if (ckpt.find(name) == nullptr) return invalid_argument(ckpt.dir() + ": missing " + name);
-  return ckpt.read_f32(name, out);
-}
-
 // The activation quantization a quantization_config asks for.
 Status activation_spec(const nlohmann::json& q, DType format, bool* quantize_input, QuantSpec* spec) {
   const std::string method = q.value("quant_method", "");
   *quantize_input = true;
-  if (method == "fp8") {
+  if (method == quant_method_name(ExportFormat::kVllmFp8)) {
     if (q.contains("weight_block_size")) {
       *spec = QuantSpec::per_block(format, 1, q["weight_block_size"][1].get<int64_t>());
       return {};
@@ -30,7 +26,7 @@ Status activation_spec(const nlohmann::json& q, DType format, bool* quantize_inp
     if (q.value("activation_scheme", "dynamic") == "static") spec->source = ScaleSource::kStatic;
     return {};
   }
-  if (method == "compressed-tensors") {
+  if (method == quant_method_name(ExportFormat::kCompressedTensors)) {
     const auto& groups = q.at("config_groups");
     if (groups.size() != 1) return unsupported("quantization_config: one config group supported");
     const auto& g = groups.begin().value();
@@ -58,17 +54,31 @@ Status parse_quantization_config(const Checkpoint& ckpt, nlohmann::json* q) {
   return {};
 }
 
-// One linear under a parsed quantization_config (see read_quantized_linear).
+// One linear under a parsed quantization_config (see read_quantized_linear). Which tensors it
+// has and how their shapes read is checkpoint_names.cpp's, shared with load_hf_model.
 Status read_linear(const Checkpoint& ckpt, const nlohmann::json& q, const std::string& module, bool with_codes,
                    bool* quantized, QuantizedLinear* out) {
   *quantized = false;
-  const SafetensorsTensorInfo* info = ckpt.find(module + ".weight");
+  const std::string weight_name = module + kWeightSuffix;
+  const SafetensorsTensorInfo* info = ckpt.find(weight_name);
   // Absent (a tied lm_head is the embedding) or stored in float: not quantized.
   if (info == nullptr || !(is_fp8(info->dtype) || info->dtype == DType::kI8)) return {};
   if (info->shape.size() != 2)
-    return invalid_argument(ckpt.dir() + ": " + module + ".weight is " + dtype_name(info->dtype) + " with " +
+    return invalid_argument(ckpt.dir() + ": " + weight_name + " is " + dtype_name(info->dtype) + " with " +
                             std::to_string(info->shape.size()) + " dimensions; a quantized linear weight has 2");
+  // A zero point would be dropped here (QuantizedLinear's consumers are symmetric) while
+  // load_hf_model subtracts it: refused rather than read as a different model.
+  if (ckpt.find(module + kZeroPointSuffix) != nullptr)
+    return unsupported(ckpt.dir() + ": tensor '" + module + kZeroPointSuffix +
+                       "': asymmetric (zero-point) weights are read dequantized only, not as stored");
   const int64_t n = info->shape[0], k = info->shape[1];
+  // The block shape comes from the config (ceil(n / scale_rows) would be wrong for partial edge
+  // blocks: 688 rows in 128-row blocks have 6 scale rows, and 688 / 6 is not 128).
+  int64_t br = 0, bc = 0;
+  if (Status st = parse_hf_weight_block_size(ckpt.config_json(), &br, &bc); !st.ok())
+    return Status(st.code(), ckpt.dir() + ": " + st.message());
+  FoundWeightScale found;
+  LLMQ_RETURN_IF_ERROR(find_weight_scale(ckpt, module, n, k, br, bc, &found));
   QuantizedLinear ql;
   QuantizedTensor& w = ql.weight;
   w.rows = n;
@@ -76,53 +86,39 @@ Status read_linear(const Checkpoint& ckpt, const nlohmann::json& q, const std::s
   if (with_codes) {
     w.data = Tensor(info->dtype, {n, k});
     TensorView v;
-    LLMQ_RETURN_IF_ERROR(ckpt.view(module + ".weight", &v));
+    LLMQ_RETURN_IF_ERROR(ckpt.view(weight_name, &v));
     std::memcpy(w.data.data(), v.data, static_cast<size_t>(w.data.nbytes()));
   }
-  try {
-    Tensor s;
-    if (ckpt.find(module + ".weight_scale_inv") != nullptr) {
-      LLMQ_RETURN_IF_ERROR(read_scales(ckpt, module + ".weight_scale_inv", &s));
-      // The block shape comes from the config (ceil(n / scale_rows) would be wrong for partial
-      // edge blocks: 688 rows in 128-row blocks have 6 scale rows, and 688 / 6 is not 128).
-      int64_t br = 128, bc = 128;
-      if (q.contains("weight_block_size")) {
-        br = q["weight_block_size"][0].get<int64_t>();
-        bc = q["weight_block_size"][1].get<int64_t>();
-      }
-      if (br <= 0 || bc <= 0 || s.shape().size() != 2 || s.shape()[0] != (n + br - 1) / br || s.shape()[1] != (k + bc - 1) / bc)
-        return invalid_argument(ckpt.dir() + ": " + module + ".weight_scale_inv does not match " + std::to_string(br) + "x" +
-                                std::to_string(bc) + " blocks of a [" + std::to_string(n) + ", " + std::to_string(k) +
-                                "] weight");
+  Tensor s;
+  LLMQ_RETURN_IF_ERROR(read_weight_scale(ckpt, found, &s));
+  switch (found.layout) {
+    case ScaleLayout::kTensor:
+      w.spec = QuantSpec::per_tensor(info->dtype);
+      w.scales.block = {n, k};
+      w.scales.scales = Tensor(DType::kF32, {1, 1});
+      break;
+    case ScaleLayout::kChannel:
+      w.spec = QuantSpec::per_channel(info->dtype);
+      w.scales.block = {1, k};
+      w.scales.scales = Tensor(DType::kF32, {n, 1});
+      break;
+    case ScaleLayout::kBlock:
       w.spec = QuantSpec::per_block(info->dtype, br, bc);
       w.scales.block = {br, bc};
-      w.scales.scales = Tensor(DType::kF32, {s.shape()[0], s.shape()[1]});
-    } else {
-      LLMQ_RETURN_IF_ERROR(read_scales(ckpt, module + ".weight_scale", &s));
-      if (s.numel() == 1) {
-        w.spec = QuantSpec::per_tensor(info->dtype);
-        w.scales.block = {n, k};
-        w.scales.scales = Tensor(DType::kF32, {1, 1});
-      } else if (s.numel() == n) {
-        w.spec = QuantSpec::per_channel(info->dtype);
-        w.scales.block = {1, k};
-        w.scales.scales = Tensor(DType::kF32, {n, 1});
-      } else {
-        return invalid_argument(ckpt.dir() + ": " + module + ".weight_scale has " + std::to_string(s.numel()) +
-                                " elements; expected 1 or " + std::to_string(n));
-      }
-    }
-    std::memcpy(w.scales.scales.data(), s.data(), static_cast<size_t>(s.nbytes()));
+      w.scales.scales = Tensor(DType::kF32, {found.info->shape[0], found.info->shape[1]});
+      break;
+  }
+  std::memcpy(w.scales.scales.data(), s.data(), static_cast<size_t>(s.nbytes()));
+  try {
     LLMQ_RETURN_IF_ERROR(activation_spec(q, info->dtype, &ql.quantize_input, &ql.input_spec));
   } catch (const std::exception& e) {
     return invalid_argument(ckpt.dir() + ": quantization_config: " + e.what());
   }
   if (ql.quantize_input && ql.input_spec.source == ScaleSource::kStatic) {
-    Tensor in;
-    LLMQ_RETURN_IF_ERROR(read_scales(ckpt, module + ".input_scale", &in));
-    if (in.numel() < 1) return invalid_argument(ckpt.dir() + ": " + module + ".input_scale is empty");
+    float in = 0.0f;
+    LLMQ_RETURN_IF_ERROR(read_input_scale(ckpt, module, &in));
     ql.static_input_scale.scales = Tensor(DType::kF32, {1, 1});
-    ql.static_input_scale.scales.data_as<float>()[0] = in.data_as<float>()[0];
+    ql.static_input_scale.scales.data_as<float>()[0] = in;
     ql.static_input_scale.block = {1, 1};
   }
   *out = std::move(ql);
