@@ -1,0 +1,228 @@
+// Helpers shared by the GPU tests of the runtime's attention kernels (test_cuda_attention_prefill.cu,
+// test_cuda_attention_decode.cu, test_cuda_attention.cu): the error bounds, one layer's KV cache
+// (BF16 or E4M3 with per-kv-head scales) filled with seeded outlier data and NaN outside the valid
+// positions, its device copy, and the float64 reference row with the comparison against it.
+// E4M3: codes = e4m3_rne_saturating(x / scale) with per-kv-head scales spread log-uniformly over
+// [0.01, 4] (saturated outliers and subnormals), NaN codes (0x7F in K, 0xFF in V) outside the valid
+// positions; the reference runs on the dequantized values decode_e4m3(code) * scale. Inputs are
+// Gaussian with outlier channels and spikes (never zero), seeded; the seed and the case are in every
+// failure message.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/attention.hpp"
+#include "cuda_support.hpp"
+#include "llmq/format.hpp"
+#include "support.hpp"
+
+namespace llmq {
+namespace cuda_attention_test {
+
+using ::llmq::attention::KvCacheDType;
+using ::llmq::attention::PrefillKernel;
+using ::llmq::testing::DeviceBuffer;
+
+// ||out - ref|| / ||ref|| over a whole output. The kernel rounds its output to BF16 (2^-9 relative
+// per element) and the prefill kernel also rounds the softmax weights P to BF16 before P V (2^-9
+// per weight, partly averaging out); both give ~2e-3. 1e-2 leaves room for that and for FP32
+// accumulation order, while a wrong index, mask or scale gives errors of order 1.
+constexpr double kMaxRelativeError = 1e-2;
+// max |out - ref| over max |ref|: one element may be a near-cancelling sum whose BF16 P error
+// does not average out; still an order below any real mistake.
+constexpr double kMaxAbsErrorFraction = 3e-2;
+// The E4M3 cases use the same two bounds: the reference computes on the dequantized values
+// decode_e4m3(code) * scale, which are exactly what the kernels compute with (widening a code to
+// FP16 / BF16 / FP32 is exact; k_scale enters as one FP32 product with the softmax scale and v_scale
+// as one FP32 multiply of the output, 2^-24 relative each), so the quantization error never enters
+// the comparison and what remains is the BF16 rounding of P and of the output and the FP32
+// accumulation order, as for a BF16 cache.
+constexpr uint64_t kSeed = 20261122;
+constexpr uint8_t kNanCodeK = 0x7F, kNanCodeV = 0xFF;  // the two E4M3 NaNs, poisoned outside the valid positions
+
+// ---------------------------------------------------------------------------------------------
+// Problems: one layer's KV cache with some sequences in it.
+
+// The exact value of every E4M3 code (llmq's conversion specification, format.hpp), as a table:
+// the references read millions of codes.
+inline float e4m3_value(uint8_t code) {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(256);
+    for (int c = 0; c < 256; ++c) t[c] = fp8_to_float(static_cast<uint8_t>(c), DType::kE4M3);
+    return t;
+  }();
+  return table[code];
+}
+
+struct KvProblem {
+  int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0, slots = 0, capacity = 0;
+  std::vector<int32_t> kv_len, slot;  // per sequence
+  bool fp8 = false;                   // E4M3 cache: k_cache8 / v_cache8 and the scales, else k_cache / v_cache
+  std::vector<uint16_t> k_cache, v_cache;
+  std::vector<uint8_t> k_cache8, v_cache8;
+  std::vector<float> k_scale, v_scale;  // [n_kv_heads]
+  uint64_t seed = 0;
+  int64_t batch() const { return static_cast<int64_t>(kv_len.size()); }
+  int64_t cache_index(int64_t b, int64_t pos, int64_t kv_head) const {
+    return ((slot[b] * capacity + pos) * n_kv_heads + kv_head) * head_dim;
+  }
+  // Element `index` of the cache (a cache_index + dim) as the kernels must see it.
+  double key(int64_t index, int64_t kv_head) const {
+    if (!fp8) return bf16_bits_to_float(k_cache[index]);
+    return double(e4m3_value(k_cache8[index])) * k_scale[kv_head];
+  }
+  double value(int64_t index, int64_t kv_head) const {
+    if (!fp8) return bf16_bits_to_float(v_cache[index]);
+    return double(e4m3_value(v_cache8[index])) * v_scale[kv_head];
+  }
+};
+
+inline std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = float_to_bf16_bits(x[i]);
+  return out;
+}
+
+// Per-kv-head scales spread log-uniformly over [0.01, 4], one random draw per stratum so that
+// both ends appear whatever the head count; shuffled so that kv head order says nothing.
+inline std::vector<float> random_scales(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<float> scales(static_cast<size_t>(n));
+  for (int64_t g = 0; g < n; ++g)
+    scales[g] = static_cast<float>(0.01 * std::pow(400.0, (static_cast<double>(g) + uniform(rng)) / static_cast<double>(n)));
+  std::shuffle(scales.begin(), scales.end(), rng);
+  return scales;
+}
+
+// E4M3 codes of x (row-major [rows, n_kv_heads * head_dim]) / the scale of each element's kv head,
+// RNE and saturating: what the runtime's RoPE kernel writes. Finite x never gives a NaN code.
+inline std::vector<uint8_t> quantize_rows(const std::vector<float>& x, int64_t n_kv_heads, int64_t head_dim,
+                                          const std::vector<float>& scale) {
+  std::vector<uint8_t> codes(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const int64_t kv_head = (static_cast<int64_t>(i) / head_dim) % n_kv_heads;
+    codes[i] = float_to_fp8(x[i] / scale[kv_head], DType::kE4M3);
+  }
+  return codes;
+}
+
+// The cache is NaN (BF16 0xFFFF; E4M3 0x7F in K, 0xFF in V) outside the valid positions: the
+// kernels must never use them.
+inline void fill_cache(KvProblem* p) {
+  const int64_t row = p->n_kv_heads * p->head_dim;
+  const size_t size = static_cast<size_t>(p->slots * p->capacity * row);
+  if (p->fp8) {
+    p->k_cache8.assign(size, kNanCodeK);
+    p->v_cache8.assign(size, kNanCodeV);
+    p->k_scale = random_scales(p->n_kv_heads, p->seed * 1000 + 998);
+    p->v_scale = random_scales(p->n_kv_heads, p->seed * 1000 + 999);
+  } else {
+    p->k_cache.assign(size, 0xFFFF);
+    p->v_cache.assign(size, 0xFFFF);
+  }
+  for (int64_t b = 0; b < p->batch(); ++b) {
+    const uint64_t seed = p->seed * 1000 + static_cast<uint64_t>(b);
+    // Keys: mild outlier channels (x4) keep the softmax neither flat nor one-hot; values: x20.
+    // E4M3: the same values divided by the scales; with scales from 0.01 to 4 the codes run from
+    // subnormals to saturated outliers (448), while the dequantized keys keep the softmax's shape.
+    const std::vector<float> k = testing::outlier_matrix(p->kv_len[b], row, seed, 4.0f);
+    const std::vector<float> v = testing::outlier_matrix(p->kv_len[b], row, seed + 500, 20.0f);
+    const int64_t base = p->cache_index(b, 0, 0);
+    if (p->fp8) {
+      const std::vector<uint8_t> k8 = quantize_rows(k, p->n_kv_heads, p->head_dim, p->k_scale);
+      const std::vector<uint8_t> v8 = quantize_rows(v, p->n_kv_heads, p->head_dim, p->v_scale);
+      std::copy(k8.begin(), k8.end(), p->k_cache8.begin() + base);
+      std::copy(v8.begin(), v8.end(), p->v_cache8.begin() + base);
+    } else {
+      const std::vector<uint16_t> k16 = to_bf16(k), v16 = to_bf16(v);
+      std::copy(k16.begin(), k16.end(), p->k_cache.begin() + base);
+      std::copy(v16.begin(), v16.end(), p->v_cache.begin() + base);
+    }
+  }
+}
+
+// The device copy of a problem's cache (either type) and the argument fields that point at it.
+struct DeviceCache {
+  DeviceBuffer<uint16_t> k, v;
+  DeviceBuffer<uint8_t> k8, v8;
+  DeviceBuffer<float> k_scale, v_scale;
+  explicit DeviceCache(const KvProblem& p)
+      : k(p.k_cache.size()), v(p.v_cache.size()), k8(p.k_cache8.size()), v8(p.v_cache8.size()),
+        k_scale(p.k_scale.size()), v_scale(p.v_scale.size()) {}
+  bool ok() const { return k.ok() && v.ok() && k8.ok() && v8.ok() && k_scale.ok() && v_scale.ok(); }
+  cudaError_t upload(const KvProblem& p) {
+    if (p.fp8) {
+      for (cudaError_t e : {k8.upload(p.k_cache8), v8.upload(p.v_cache8), k_scale.upload(p.k_scale), v_scale.upload(p.v_scale)})
+        if (e != cudaSuccess) return e;
+      return cudaSuccess;
+    }
+    const cudaError_t e = k.upload(p.k_cache);
+    return e != cudaSuccess ? e : v.upload(p.v_cache);
+  }
+  // The BF16 pointers stay null for an E4M3 cache (and the E4M3 ones for BF16): the kernels must
+  // not need them.
+  template <typename Args> void set(bool fp8, Args* a) const {
+    a->kv_dtype = fp8 ? KvCacheDType::kE4M3 : KvCacheDType::kBF16;
+    a->k_cache = k.get();
+    a->v_cache = v.get();
+    a->k_cache8 = k8.get();
+    a->v_cache8 = v8.get();
+    a->k_scale = k_scale.get();
+    a->v_scale = v_scale.get();
+  }
+};
+
+// out[row, h, :] = softmax(scale * q k^T) v over keys [0, key_end), in float64.
+inline void reference_row(const KvProblem& p, int64_t b, int64_t h, const uint16_t* q, int64_t key_end,
+                          double scale, double* out) {
+  const int64_t d = p.head_dim, kvh = h / (p.n_heads / p.n_kv_heads);
+  std::vector<double> s(static_cast<size_t>(key_end));
+  double m = -INFINITY;
+  for (int64_t j = 0; j < key_end; ++j) {
+    const int64_t k = p.cache_index(b, j, kvh);
+    double dot = 0;
+    for (int64_t i = 0; i < d; ++i) dot += double(bf16_bits_to_float(q[i])) * p.key(k + i, kvh);
+    s[j] = dot * scale;
+    m = std::max(m, s[j]);
+  }
+  double sum = 0;
+  std::fill(out, out + d, 0.0);
+  for (int64_t j = 0; j < key_end; ++j) {
+    const double w = std::exp(s[j] - m);
+    sum += w;
+    const int64_t v = p.cache_index(b, j, kvh);
+    for (int64_t i = 0; i < d; ++i) out[i] += w * p.value(v + i, kvh);
+  }
+  for (int64_t i = 0; i < d; ++i) out[i] /= sum;
+}
+
+// Compares a BF16 output with the reference; the message carries the case.
+inline void expect_close(const std::vector<uint16_t>& out, const std::vector<double>& ref,
+                         const std::string& what) {
+  ASSERT_EQ(out.size(), ref.size()) << what;
+  double err2 = 0, ref2 = 0, max_err = 0, max_ref = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double o = bf16_bits_to_float(out[i]);
+    ASSERT_TRUE(std::isfinite(o)) << what << ": element " << i << " is " << o << " (bits 0x" << std::hex << out[i] << ")";
+    err2 += (o - ref[i]) * (o - ref[i]);
+    ref2 += ref[i] * ref[i];
+    max_err = std::max(max_err, std::fabs(o - ref[i]));
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+  }
+  const double rel = std::sqrt(err2 / ref2);
+  EXPECT_LT(rel, kMaxRelativeError) << what << ": relative Frobenius error";
+  EXPECT_LT(max_err, kMaxAbsErrorFraction * max_ref) << what << ": max abs error (max |ref| " << max_ref << ")";
+}
+
+}  // namespace cuda_attention_test
+}  // namespace llmq

@@ -1,0 +1,344 @@
+// GPU tests of the runtime's decode attention kernel (src/attention/attention.hpp) against a
+// float64 CPU reference computed from the same inputs: kv_len 1, 17, 1000, 8192 in one batch with
+// max_kv_len above all of them; batch 1 with 32 q / 8 kv heads at 8192 (the split over many chunks);
+// a single-chunk plan with no workspace; odd kv head counts (3, 5, 7) and groups (1, 3, 5); a CUDA
+// graph captured once and replayed after kv_len grew on the device (E4M3: before the scales were
+// written). Every case again over an E4M3 cache (suites *E4m3). The cache holds NaN outside the
+// valid positions, outputs are poisoned before each run, and each case runs twice over different
+// poisons: the outputs must be equal byte for byte. Every GPU test SKIPs (visibly) without an FP8 GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention/attention.hpp"
+#include "cuda_attention_support.hpp"
+#include "cuda_support.hpp"
+#include "llmq/format.hpp"
+#include "support.hpp"
+
+namespace llmq {
+namespace {
+
+using namespace cuda_attention_test;  // NOLINT: the suite's shared helpers
+
+// ---------------------------------------------------------------------------------------------
+// Decode
+
+struct DecodeCase {
+  int64_t head_dim = 128, n_heads = 8, n_kv_heads = 2, max_kv_len = 0;
+  std::vector<int32_t> kv_len, slot;
+  int64_t slots = 1, capacity = 0;
+  bool fp8 = false;  // E4M3 cache
+  uint64_t seed = kSeed;
+  std::string describe() const {
+    std::ostringstream os;
+    os << "REPRO seed=" << seed << " decode d=" << head_dim << " heads=" << n_heads << "/" << n_kv_heads
+       << " max_kv_len=" << max_kv_len << " cache=" << (fp8 ? "e4m3" : "bf16") << " (kv_len,slot)=";
+    for (size_t b = 0; b < kv_len.size(); ++b) os << "(" << kv_len[b] << "," << slot[b] << ")";
+    return os.str();
+  }
+};
+
+// The host side of a decode case: the cache, the queries and the float64 reference.
+struct DecodeRun {
+  KvProblem p;
+  std::vector<uint16_t> q;
+  std::vector<double> ref;
+};
+
+void make_decode_problem(const DecodeCase& c, DecodeRun* run) {
+  KvProblem& p = run->p;
+  p.n_heads = c.n_heads;
+  p.n_kv_heads = c.n_kv_heads;
+  p.head_dim = c.head_dim;
+  p.slots = c.slots;
+  p.capacity = c.capacity;
+  p.slot = c.slot;
+  p.kv_len = c.kv_len;
+  p.seed = c.seed;
+  p.fp8 = c.fp8;
+  fill_cache(&p);
+  const int64_t row = c.n_heads * c.head_dim;
+  run->q = to_bf16(testing::outlier_matrix(p.batch(), row, c.seed + 7, 4.0f));
+  run->ref.assign(run->q.size(), 0.0);
+  const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  for (int64_t b = 0; b < p.batch(); ++b)
+    for (int64_t h = 0; h < c.n_heads; ++h)
+      reference_row(p, b, h, &run->q[b * row + h * c.head_dim], p.kv_len[b], scale, &run->ref[b * row + h * c.head_dim]);
+}
+
+// The device copies of a decode case and the arguments that point at them.
+struct DecodeDevice {
+  DeviceBuffer<uint16_t> q, out;
+  DeviceCache cache;
+  DeviceBuffer<int32_t> kv_len, slot;
+  DeviceBuffer<uint8_t> ws;
+  attention::DecodeAttentionArgs args;
+
+  DecodeDevice(const DecodeCase& c, const DecodeRun& run)
+      : q(run.q.size()), out(run.q.size()), cache(run.p), kv_len(run.p.kv_len.size()), slot(run.p.slot.size()),
+        ws(static_cast<size_t>(attention::decode_attention_workspace_bytes(run.p.batch(), c.n_heads, c.head_dim, c.max_kv_len))) {
+    const int64_t ws_bytes = attention::decode_attention_workspace_bytes(run.p.batch(), c.n_heads, c.head_dim, c.max_kv_len);
+    args.q = q.get();
+    cache.set(c.fp8, &args);
+    args.out = out.get();
+    args.kv_len = kv_len.get();
+    args.slot = slot.get();
+    args.batch = run.p.batch();
+    args.n_heads = c.n_heads;
+    args.n_kv_heads = c.n_kv_heads;
+    args.head_dim = c.head_dim;
+    args.capacity = c.capacity;
+    args.max_kv_len = c.max_kv_len;
+    args.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+    args.workspace = ws_bytes > 0 ? ws.get() : nullptr;
+    args.workspace_bytes = ws_bytes;
+  }
+  bool ok() const { return q.ok() && out.ok() && cache.ok() && kv_len.ok() && slot.ok() && ws.ok(); }
+  cudaError_t upload(const DecodeRun& run) {
+    for (cudaError_t e : {q.upload(run.q), cache.upload(run.p), kv_len.upload(run.p.kv_len), slot.upload(run.p.slot)})
+      if (e != cudaSuccess) return e;
+    return cudaSuccess;
+  }
+};
+
+void check_decode(const DecodeCase& c) {
+  const std::string what = c.describe();
+  SCOPED_TRACE(what);
+  DecodeRun run;
+  make_decode_problem(c, &run);
+  DecodeDevice dev(c, run);
+  ASSERT_TRUE(dev.ok()) << "device allocation failed";
+  CUDA_ASSERT(dev.upload(run));
+  const attention::DecodeAttentionArgs& a = dev.args;
+  DeviceBuffer<uint16_t>& d_out = dev.out;
+  DeviceBuffer<uint8_t>& d_ws = dev.ws;
+  const int64_t ws_bytes = a.workspace_bytes;
+
+  std::vector<uint16_t> runs[2];
+  const int poison[2] = {0xFF, 0x7F};
+  for (int r = 0; r < 2; ++r) {
+    CUDA_ASSERT(d_out.fill_bytes(poison[r]));
+    if (ws_bytes > 0) CUDA_ASSERT(d_ws.fill_bytes(poison[r]));
+    const Status st = attention::decode_attention(a, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    CUDA_ASSERT(d_out.download(&runs[r]));
+  }
+  ASSERT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 2))
+      << "two runs over different poisons differ: an element left unwritten or a nondeterministic result";
+  expect_close(runs[0], run.ref, what);
+}
+
+void decode_head_dims_gqa_and_lengths(bool fp8) {
+  uint64_t seed = kSeed + 300 + (fp8 ? 10000 : 0);
+  for (int64_t d : {8, 32, 64, 128})
+    for (int64_t group : {1, 2, 4, 8}) {
+      DecodeCase c;
+      c.fp8 = fp8;
+      c.head_dim = d;
+      c.n_kv_heads = 2;
+      c.n_heads = 2 * group;
+      c.kv_len = {1, 17, 1000, 8192};
+      c.slot = {2, 0, 3, 1};
+      c.slots = 4;
+      c.capacity = 9000;
+      c.max_kv_len = 9000;  // above every kv_len: the tail chunks have nothing to do
+      c.seed = ++seed;
+      check_decode(c);
+    }
+  for (int64_t d : {16, 256}) {
+    DecodeCase c;
+    c.fp8 = fp8;
+    c.head_dim = d;
+    c.n_kv_heads = 2;
+    c.n_heads = 12;  // group 6: heads_per_cta 6 in an 8-head register tile
+    c.kv_len = {5, 700};
+    c.slot = {1, 0};
+    c.slots = 2;
+    c.capacity = 1024;
+    c.max_kv_len = 1024;
+    c.seed = ++seed;
+    check_decode(c);
+  }
+}
+
+void decode_long_context_batch_one(bool fp8) {
+  const uint64_t seed = kSeed + (fp8 ? 10000 : 0);
+  // Llama-3-8B-like heads: few CTAs per chunk, so the plan splits the 8192 keys into many chunks.
+  for (int64_t max_kv_len : {8192, 32768}) {
+    DecodeCase c;
+    c.fp8 = fp8;
+    c.head_dim = 128;
+    c.n_heads = 32;
+    c.n_kv_heads = 8;
+    c.kv_len = {8192};
+    c.slot = {0};
+    c.slots = 1;
+    c.capacity = max_kv_len;
+    c.max_kv_len = max_kv_len;
+    c.seed = seed + 400 + static_cast<uint64_t>(max_kv_len);
+    check_decode(c);
+  }
+  // GQA group 16 (split over two CTAs per kv head) and no GQA at all.
+  for (int64_t n_kv : {2, 32}) {
+    DecodeCase c;
+    c.fp8 = fp8;
+    c.head_dim = 128;
+    c.n_heads = 32;
+    c.n_kv_heads = n_kv;
+    c.kv_len = {3001};
+    c.slot = {0};
+    c.slots = 1;
+    c.capacity = 4096;
+    c.max_kv_len = 4096;
+    c.seed = seed + 500 + static_cast<uint64_t>(n_kv);
+    check_decode(c);
+  }
+}
+
+void decode_single_chunk_needs_no_workspace(bool fp8) {
+  EXPECT_EQ(attention::decode_attention_workspace_bytes(3, 8, 64, 64), 0);  // <= kMinChunkKeys keys: one chunk
+  DecodeCase c;
+  c.fp8 = fp8;
+  c.head_dim = 64;
+  c.n_heads = 8;
+  c.n_kv_heads = 2;
+  c.kv_len = {1, 64, 37};
+  c.slot = {1, 2, 0};
+  c.slots = 3;
+  c.capacity = 64;
+  c.max_kv_len = 64;
+  c.seed = kSeed + (fp8 ? 10000 : 0);
+  check_decode(c);
+}
+
+// Odd kv head counts and groups, odd lengths from 1 key to many chunks, several head dims.
+void decode_odd_head_counts(bool fp8) {
+  uint64_t seed = kSeed + 600 + (fp8 ? 10000 : 0);
+  for (int64_t d : {32, 64, 128, 256})
+    for (const auto& heads : {std::pair<int64_t, int64_t>{3, 3}, {9, 3}, {15, 5}, {35, 7}}) {
+      DecodeCase c;
+      c.fp8 = fp8;
+      c.head_dim = d;
+      c.n_heads = heads.first;
+      c.n_kv_heads = heads.second;
+      c.kv_len = {1, 4999, 63, 65};
+      c.slot = {3, 1, 4, 0};
+      c.slots = 5;
+      c.capacity = 5003;
+      c.max_kv_len = 5001;
+      c.seed = ++seed;
+      check_decode(c);
+    }
+}
+
+TEST(CudaDecodeAttention, HeadDimsGqaAndLengths) {
+  LLMQ_REQUIRE_GPU();
+  decode_head_dims_gqa_and_lengths(false);
+}
+TEST(CudaDecodeAttention, LongContextBatchOne) {
+  LLMQ_REQUIRE_GPU();
+  decode_long_context_batch_one(false);
+}
+TEST(CudaDecodeAttention, SingleChunkNeedsNoWorkspace) {
+  LLMQ_REQUIRE_GPU();
+  decode_single_chunk_needs_no_workspace(false);
+}
+TEST(CudaDecodeAttention, OddHeadCounts) {
+  LLMQ_REQUIRE_GPU();
+  decode_odd_head_counts(false);
+}
+TEST(CudaDecodeAttentionE4m3, HeadDimsGqaAndLengths) {
+  LLMQ_REQUIRE_GPU();
+  decode_head_dims_gqa_and_lengths(true);
+}
+TEST(CudaDecodeAttentionE4m3, LongContextBatchOne) {
+  LLMQ_REQUIRE_GPU();
+  decode_long_context_batch_one(true);
+}
+TEST(CudaDecodeAttentionE4m3, SingleChunkNeedsNoWorkspace) {
+  LLMQ_REQUIRE_GPU();
+  decode_single_chunk_needs_no_workspace(true);
+}
+TEST(CudaDecodeAttentionE4m3, OddHeadCounts) {
+  LLMQ_REQUIRE_GPU();
+  decode_odd_head_counts(true);
+}
+
+// Captured once at a small kv_len, replayed after kv_len grew on the device: the plan depends only
+// on max_kv_len, so the replay must match the reference of the longer sequences.
+// E4M3: the scales are zeros at capture and at the first replay and written before the second:
+// the kernels read them on the device at every replay.
+void decode_graph_replay_follows_device_kv_len(bool fp8) {
+  DecodeCase c;
+  c.fp8 = fp8;
+  c.head_dim = 128;
+  c.n_heads = 32;
+  c.n_kv_heads = 8;
+  c.kv_len = {2000, 5000};
+  c.slot = {1, 0};
+  c.slots = 2;
+  c.capacity = 8192;
+  c.max_kv_len = 8192;
+  const std::string what = c.describe();
+  DecodeRun run;
+  make_decode_problem(c, &run);
+  DecodeDevice dev(c, run);
+  ASSERT_TRUE(dev.ok()) << "device allocation failed";
+  CUDA_ASSERT(dev.upload(run));
+  const std::vector<int32_t> short_len = {3, 1};
+  CUDA_ASSERT(dev.kv_len.upload(short_len));
+  if (fp8) {
+    CUDA_ASSERT(dev.cache.k_scale.fill_bytes(0));
+    CUDA_ASSERT(dev.cache.v_scale.fill_bytes(0));
+  }
+  const attention::DecodeAttentionArgs& a = dev.args;
+  DeviceBuffer<uint16_t>& d_out = dev.out;
+
+  cudaStream_t stream = nullptr;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const Status st = attention::decode_attention(a, stream);
+  CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+  CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_ASSERT(cudaGraphLaunch(exec, stream));  // at the short lengths
+  CUDA_ASSERT(cudaStreamSynchronize(stream));
+  CUDA_ASSERT(dev.kv_len.upload(run.p.kv_len));  // the sequences grew
+  if (fp8) {
+    CUDA_ASSERT(dev.cache.k_scale.upload(run.p.k_scale));
+    CUDA_ASSERT(dev.cache.v_scale.upload(run.p.v_scale));
+  }
+  CUDA_ASSERT(d_out.fill_bytes(0xFF));
+  CUDA_ASSERT(cudaDeviceSynchronize());  // the memset ran on the legacy stream
+  CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+  CUDA_ASSERT(cudaStreamSynchronize(stream));
+  std::vector<uint16_t> out;
+  CUDA_ASSERT(d_out.download(&out));
+  CUDA_ASSERT(cudaGraphExecDestroy(exec));
+  CUDA_ASSERT(cudaGraphDestroy(graph));
+  CUDA_ASSERT(cudaStreamDestroy(stream));
+  expect_close(out, run.ref, what + " (graph replay)");
+}
+
+TEST(CudaDecodeAttention, GraphReplayFollowsDeviceKvLen) {
+  LLMQ_REQUIRE_GPU();
+  decode_graph_replay_follows_device_kv_len(false);
+}
+TEST(CudaDecodeAttentionE4m3, GraphReplayFollowsDeviceKvLenAndScales) {
+  LLMQ_REQUIRE_GPU();
+  decode_graph_replay_follows_device_kv_len(true);
+}
+
+}  // namespace
+}  // namespace llmq

@@ -1,0 +1,269 @@
+// GPU tests of the runtime's prefill attention kernel (src/attention/attention.hpp) against a
+// float64 CPU reference computed from the same inputs: head_dim 8/32/64/128 x causal or not x GQA
+// 1/2/4/8, on both kernels where the tensor-core one applies; single sequences of 1, 19, 99, 989
+// queries; a batch of sequences of different lengths with earlier context in the cache (kv_len > q
+// count) in permuted slots; odd kv head counts (3, 5) and groups (1, 3, 5). Every case again over an
+// E4M3 cache (suites *E4m3). The cache holds NaN outside the valid positions, outputs are poisoned
+// before each run, and each case runs twice over different poisons: the outputs must be equal byte
+// for byte. Decode is tested in test_cuda_attention_decode.cu, argument errors and the widening of
+// every E4M3 code in test_cuda_attention.cu. Every GPU test SKIPs (visibly) without an FP8 GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention/attention.hpp"
+#include "cuda_attention_support.hpp"
+#include "cuda_support.hpp"
+#include "llmq/format.hpp"
+#include "support.hpp"
+
+namespace llmq {
+namespace {
+
+using namespace cuda_attention_test;  // NOLINT: the suite's shared helpers
+
+// ---------------------------------------------------------------------------------------------
+// Prefill
+
+struct PrefillCase {
+  int64_t head_dim = 128, n_heads = 8, n_kv_heads = 2;
+  bool causal = true;
+  std::vector<int32_t> q_len, start, slot;  // per sequence; kv_len = start + q_len
+  int64_t slots = 1, capacity = 0;
+  PrefillKernel kernel = PrefillKernel::kAuto;
+  bool fp8 = false;  // E4M3 cache
+  uint64_t seed = kSeed;
+
+  std::string describe() const {
+    std::ostringstream os;
+    os << "REPRO seed=" << seed << " prefill d=" << head_dim << " heads=" << n_heads << "/" << n_kv_heads
+       << (causal ? " causal" : " full") << " kernel="
+       << (kernel == PrefillKernel::kAuto ? "auto" : kernel == PrefillKernel::kTensorCore ? "mma" : "simt")
+       << " cache=" << (fp8 ? "e4m3" : "bf16") << " (q,start,slot)=";
+    for (size_t b = 0; b < q_len.size(); ++b) os << "(" << q_len[b] << "," << start[b] << "," << slot[b] << ")";
+    return os.str();
+  }
+};
+
+// A single sequence in slot 0 starting at position 0.
+PrefillCase single_sequence(int64_t d, int64_t group, bool causal, int32_t n, bool fp8 = false) {
+  PrefillCase c;
+  c.fp8 = fp8;
+  c.head_dim = d;
+  c.n_kv_heads = 2;
+  c.n_heads = 2 * group;
+  c.causal = causal;
+  c.q_len = {n};
+  c.start = {0};
+  c.slot = {0};
+  c.capacity = n;
+  return c;
+}
+
+// Runs the case on the GPU twice (over NaN, then 0x7F poison), checks both runs agree byte for
+// byte and the output against the float64 reference.
+void check_prefill(const PrefillCase& c) {
+  const std::string what = c.describe();
+  SCOPED_TRACE(what);
+  KvProblem p;
+  p.n_heads = c.n_heads;
+  p.n_kv_heads = c.n_kv_heads;
+  p.head_dim = c.head_dim;
+  p.slots = c.slots;
+  p.capacity = c.capacity;
+  p.slot = c.slot;
+  p.seed = c.seed;
+  p.fp8 = c.fp8;
+  std::vector<int32_t> q_start = {0};
+  int64_t max_q = 0;
+  for (size_t b = 0; b < c.q_len.size(); ++b) {
+    p.kv_len.push_back(c.start[b] + c.q_len[b]);
+    q_start.push_back(q_start.back() + c.q_len[b]);
+    max_q = std::max<int64_t>(max_q, c.q_len[b]);
+  }
+  fill_cache(&p);
+  const int64_t total_q = q_start.back(), row = c.n_heads * c.head_dim;
+  const std::vector<uint16_t> q = to_bf16(testing::outlier_matrix(total_q, row, c.seed + 7, 4.0f));
+
+  DeviceBuffer<uint16_t> d_q(q.size()), d_out(q.size());
+  DeviceCache d_cache(p);
+  DeviceBuffer<int32_t> d_q_start(q_start.size()), d_kv_len(p.kv_len.size()), d_slot(p.slot.size());
+  ASSERT_TRUE(d_q.ok() && d_out.ok() && d_cache.ok()) << "device allocation failed";
+  CUDA_ASSERT(d_q.upload(q));
+  CUDA_ASSERT(d_cache.upload(p));
+  CUDA_ASSERT(d_q_start.upload(q_start));
+  CUDA_ASSERT(d_kv_len.upload(p.kv_len));
+  CUDA_ASSERT(d_slot.upload(p.slot));
+
+  attention::PrefillAttentionArgs a;
+  a.q = d_q.get();
+  d_cache.set(c.fp8, &a);
+  a.out = d_out.get();
+  a.q_start = d_q_start.get();
+  a.kv_len = d_kv_len.get();
+  a.slot = d_slot.get();
+  a.batch = p.batch();
+  a.max_q_len = max_q;
+  a.n_heads = c.n_heads;
+  a.n_kv_heads = c.n_kv_heads;
+  a.head_dim = c.head_dim;
+  a.capacity = c.capacity;
+  a.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  a.causal = c.causal;
+  a.kernel = c.kernel;
+
+  std::vector<uint16_t> runs[2];
+  const int poison[2] = {0xFF, 0x7F};
+  for (int r = 0; r < 2; ++r) {
+    CUDA_ASSERT(d_out.fill_bytes(poison[r]));
+    const Status st = attention::prefill_attention(a, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    CUDA_ASSERT(d_out.download(&runs[r]));
+  }
+  ASSERT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 2))
+      << "two runs over different poisons differ: an element left unwritten or a nondeterministic result";
+
+  std::vector<double> ref(q.size());
+  const double scale = a.softmax_scale;
+  for (int64_t b = 0; b < p.batch(); ++b)
+    for (int64_t i = 0; i < c.q_len[b]; ++i) {
+      const int64_t pos = c.start[b] + i, qrow = q_start[b] + i;
+      const int64_t key_end = c.causal ? pos + 1 : p.kv_len[b];
+      for (int64_t h = 0; h < c.n_heads; ++h)
+        reference_row(p, b, h, &q[qrow * row + h * c.head_dim], key_end, scale, &ref[qrow * row + h * c.head_dim]);
+    }
+  expect_close(runs[0], ref, what);
+}
+
+// The case lists below run once per cache type (the E4M3 suites on other seeds).
+void head_dims_causal_and_gqa_on_both_kernels(bool fp8) {
+  uint64_t seed = kSeed + (fp8 ? 10000 : 0);
+  for (int64_t d : {8, 32, 64, 128})
+    for (bool causal : {true, false})
+      for (int64_t group : {1, 2, 4, 8}) {
+        // Two sequences: 19 fresh queries in slot 2, and 37 queries after 62 cached positions in slot 0.
+        PrefillCase c;
+        c.head_dim = d;
+        c.n_kv_heads = 2;
+        c.n_heads = 2 * group;
+        c.causal = causal;
+        c.q_len = {19, 37};
+        c.start = {0, 62};
+        c.slot = {2, 0};
+        c.slots = 3;
+        c.capacity = 128;
+        c.fp8 = fp8;
+        c.seed = ++seed;
+        check_prefill(c);
+        if (d != 8) {
+          c.kernel = PrefillKernel::kCudaCore;
+          check_prefill(c);
+        }
+      }
+}
+
+void odd_lengths(bool fp8) {
+  uint64_t seed = kSeed + 100 + (fp8 ? 10000 : 0);
+  for (int64_t d : {64, 128})
+    for (bool causal : {true, false})
+      for (int32_t n : {1, 19, 99, 989}) {
+        PrefillCase c = single_sequence(d, 4, causal, n, fp8);
+        c.seed = ++seed;
+        check_prefill(c);
+      }
+  PrefillCase c = single_sequence(128, 4, true, 989, fp8);
+  c.kernel = PrefillKernel::kCudaCore;
+  check_prefill(c);
+  for (int32_t n : {1, 99}) {  // the CUDA-core kernel's other head dims
+    check_prefill(single_sequence(16, 2, true, n, fp8));
+    check_prefill(single_sequence(256, 2, true, n, fp8));
+  }
+}
+
+void batch_with_cached_context_and_permuted_slots(bool fp8) {
+  uint64_t seed = kSeed + 200 + (fp8 ? 10000 : 0);
+  for (int64_t d : {32, 64, 128})
+    for (bool causal : {true, false}) {
+      // Lengths around the 64-row tiles, with and without earlier context; slots out of order.
+      PrefillCase c;
+      c.fp8 = fp8;
+      c.head_dim = d;
+      c.n_heads = 8;
+      c.n_kv_heads = 1;
+      c.causal = causal;
+      c.q_len = {1, 19, 99, 64, 65, 200, 63};
+      c.start = {0, 300, 0, 64, 1, 811, 129};
+      c.slot = {5, 0, 7, 2, 3, 6, 1};
+      c.slots = 8;
+      c.capacity = 1024;
+      c.seed = ++seed;
+      check_prefill(c);
+    }
+}
+
+// Odd kv head counts (3 and 5) and GQA groups (1, 3, 5), odd lengths, both kernels.
+void odd_head_counts(bool fp8) {
+  uint64_t seed = kSeed + 250 + (fp8 ? 10000 : 0);
+  for (int64_t d : {64, 128})
+    for (const auto& heads : {std::pair<int64_t, int64_t>{3, 3}, {9, 3}, {15, 5}})
+      for (PrefillKernel kernel : {PrefillKernel::kAuto, PrefillKernel::kCudaCore}) {
+        PrefillCase c;
+        c.fp8 = fp8;
+        c.head_dim = d;
+        c.n_heads = heads.first;
+        c.n_kv_heads = heads.second;
+        c.causal = true;
+        c.q_len = {77, 3, 130};
+        c.start = {0, 41, 5};
+        c.slot = {1, 3, 0};
+        c.slots = 4;
+        c.capacity = 160;
+        c.kernel = kernel;
+        c.seed = ++seed;
+        check_prefill(c);
+      }
+}
+
+TEST(CudaPrefillAttention, HeadDimsCausalAndGqaOnBothKernels) {
+  LLMQ_REQUIRE_GPU();
+  head_dims_causal_and_gqa_on_both_kernels(false);
+}
+TEST(CudaPrefillAttention, OddLengths) {
+  LLMQ_REQUIRE_GPU();
+  odd_lengths(false);
+}
+TEST(CudaPrefillAttention, BatchWithCachedContextAndPermutedSlots) {
+  LLMQ_REQUIRE_GPU();
+  batch_with_cached_context_and_permuted_slots(false);
+}
+TEST(CudaPrefillAttention, OddHeadCounts) {
+  LLMQ_REQUIRE_GPU();
+  odd_head_counts(false);
+}
+TEST(CudaPrefillAttentionE4m3, HeadDimsCausalAndGqaOnBothKernels) {
+  LLMQ_REQUIRE_GPU();
+  head_dims_causal_and_gqa_on_both_kernels(true);
+}
+TEST(CudaPrefillAttentionE4m3, OddLengths) {
+  LLMQ_REQUIRE_GPU();
+  odd_lengths(true);
+}
+TEST(CudaPrefillAttentionE4m3, BatchWithCachedContextAndPermutedSlots) {
+  LLMQ_REQUIRE_GPU();
+  batch_with_cached_context_and_permuted_slots(true);
+}
+TEST(CudaPrefillAttentionE4m3, OddHeadCounts) {
+  LLMQ_REQUIRE_GPU();
+  odd_head_counts(true);
+}
+
+}  // namespace
+}  // namespace llmq
