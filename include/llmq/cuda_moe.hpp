@@ -135,6 +135,12 @@ struct MoeGroupedGemm {
   int decode_tiles_per_cta = 0;
 };
 Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemmKernel kernel = MoeGemmKernel::kAuto);
+// The one rule for kAuto: the decode kernel when any expert gets at most kMoeDecodeMaxRows rows, when
+// A is read in place through a_rows or in another type than the weights, or where sm_90a code cannot
+// run; the wgmma kernel otherwise. The runtime asks it before laying out the rows (in place for
+// the decode kernel, gathered for wgmma).
+MoeGemmKernel moe_gemm_kernel_for(int64_t max_rows_per_expert, bool rows_in_place, bool same_types, int sm_major,
+                                  int sm_minor);
 // The kernel kAuto picks for g on the current device (for reports).
 MoeGemmKernel cuda_moe_grouped_gemm_kernel(const MoeGroupedGemm& g);
 const char* moe_gemm_kernel_name(MoeGemmKernel kernel);  // "auto", "decode", "wgmma"

@@ -7,13 +7,19 @@
 
 namespace llmq {
 
+// What a compute capability can run: the one place each rule is written.
+// FP8 tensor-core math (cuBLASLt E4M3/E5M2 matmuls, mma.e4m3): sm_89 (Ada) and newer.
+constexpr bool compute_capability_has_fp8(int major, int minor) { return major > 8 || (major == 8 && minor >= 9); }
+// sm_90a machine code (wgmma, TMA, clusters as llmq uses them) runs on compute capability 9.0 only.
+constexpr bool compute_capability_has_sm90a(int major, int minor) { return major == 9 && minor == 0; }
+
 struct CudaDeviceInfo {
   std::string name;
   int major = 0;
   int minor = 0;
   int multiprocessors = 0;
   long long global_memory_bytes = 0;
-  bool supports_fp8() const { return major > 8 || (major == 8 && minor >= 9); }
+  bool supports_fp8() const { return compute_capability_has_fp8(major, minor); }
 };
 
 // Fails with kUnsupported when llmq was built without CUDA or no device is present.

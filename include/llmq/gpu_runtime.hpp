@@ -2,9 +2,10 @@
 // layers in BF16/F32 or in any 8-bit scheme llmq exports, a KV cache per sequence in device memory,
 // batched prefill and decode, greedy sampling on the device and CUDA graphs for decode.
 //
-// Two objects: GpuModel holds the weights on the device (immutable once loaded; from a float model,
-// from a QuantizedModel, or synthetic weights with the shapes of a real model generated on the
-// device), GpuRuntime holds what one stream of work needs (KV cache, activations, graphs).
+// Two objects: GpuModel holds the weights on the device (immutable once loaded through
+// GpuModel::load: a checkpoint streamed from its memory map, a model on the host, a QuantizedModel,
+// or synthetic weights with the shapes of a real model generated on the device), GpuRuntime holds
+// what one stream of work needs (KV cache, activations, graphs).
 //
 // What runs where (src/runtime/): the linears of decode steps (<= 16 tokens) go through llmq's
 // decode GEMM (8-bit weights streamed at memory speed) or cuBLASLt BF16; prefill through cuBLASLt
@@ -25,12 +26,47 @@
 
 #include "llmq/model.hpp"
 #include "llmq/quant_attention.hpp"
+#include "llmq/scheme.hpp"
 #include "llmq/status.hpp"
 
 namespace llmq {
 
 struct QuantizedModel;
+struct CalibrationStats;
 class TensorParallelGroup;
+
+// What the linear layers of a model on the GPU are: the one meaning of a precision name (the CLI's
+// --precision and --scheme, every loader).
+struct GpuPrecision {
+  enum class Kind {
+    kAsStored,  // "checkpoint": a quantized model's codes and scales as they are; float weights as BF16
+    kBF16,      // "bf16": unquantized linears in BF16
+    kF32,       // "f32": unquantized linears in float32 (models loaded on the host)
+    kScheme,    // a scheme's name (scheme.hpp): linears quantized under it
+  };
+  Kind kind = Kind::kAsStored;
+  Scheme scheme;             // kScheme
+  std::string name() const;  // "checkpoint", "bf16", "f32" or the scheme's name
+};
+// "checkpoint", "bf16", "f32" or a scheme name; errors list them.
+Status parse_gpu_precision(const std::string& text, GpuPrecision* out);
+GpuPrecision gpu_precision(GpuPrecision::Kind kind);  // the named kinds (not kScheme)
+
+// Where a model's weights come from (GpuModel::load).
+struct GpuModelSource {
+  enum class Kind {
+    kSynthetic,      // seeded weights of `config`'s shape, generated on the device
+    kCheckpoint,     // a Hugging Face directory `dir`
+    kHost,           // `weights`, a float model in host memory (llama2.c files, the default models)
+    kHostQuantized,  // `quantized`, a model quantized on the host (runs as stored)
+  };
+  Kind kind = Kind::kCheckpoint;
+  ModelConfig config;  // kSynthetic
+  uint64_t seed = 1;   // kSynthetic
+  std::string dir;     // kCheckpoint
+  const ModelWeights* weights = nullptr;      // kHost
+  const QuantizedModel* quantized = nullptr;  // kHostQuantized
+};
 
 // Rank `rank` of a tensor-parallel split over `size` GPUs (tensor_parallel.hpp): the loaders below
 // then keep only that rank's slice of every split linear. size 1: the whole model.
@@ -52,6 +88,19 @@ std::vector<std::string> synthetic_model_names();
 
 class GpuModel {
  public:
+  // The one way in: every route from a source to device weights under a precision.
+  //   kSynthetic: bf16 / checkpoint (BF16) or a scheme, generated and quantized on the device;
+  //   kCheckpoint: streamed from the memory map as stored, as BF16 or quantized on the device under
+  //     a dynamic scheme; f32 and calibrated schemes (static activations, SmoothQuant, MSE weights)
+  //     read the model to the host and quantize it there (`stats` from calibration), and a
+  //     quantized checkpoint runs only as stored;
+  //   kHost: BF16 / F32 linears, or quantized on the host under a scheme (`stats` when it needs them);
+  //   kHostQuantized: as stored.
+  // For a tensor-parallel split, TensorParallelRuntime::load prepares a host route once for all ranks.
+  static Status load(const GpuModelSource& source, const GpuPrecision& precision, int device,
+                     std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {}, TensorParallelRank tp = {},
+                     const CalibrationStats* stats = nullptr);
+
   // Linear layers in `linear_dtype` (kBF16 or kF32), everything else as the CPU model has it
   // (norm gains float32; embeddings and lm_head BF16, or F32 when linear_dtype is kF32).
   static Status from_float(const ModelWeights& weights, DType linear_dtype, int device,
@@ -66,6 +115,10 @@ class GpuModel {
   // tensor by tensor from the memory map straight into device memory and quantized there under
   // `precision` ("bf16" or a dynamic scheme): the host never holds the model. The codes equal those
   // of the CPU path (cuda_quantize is bit for bit the CPU quantize of the same values).
+  static Status from_checkpoint(const std::string& dir, const GpuPrecision& precision, int device,
+                                std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {},
+                                TensorParallelRank tp = {});
+  // The same with the precision by name (parse_gpu_precision).
   static Status from_checkpoint(const std::string& dir, const std::string& precision, int device,
                                 std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {},
                                 TensorParallelRank tp = {});
@@ -76,6 +129,10 @@ class GpuModel {
   // bounded). Fails with the bytes needed and free when the model does not fit. Every rank of a
   // split generates the whole of each tensor and keeps its slice, so rank r of N holds exactly the
   // weights of the same seed's single-GPU model.
+  static Status synthetic(const ModelConfig& config, const GpuPrecision& precision, uint64_t seed, int device,
+                          std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {},
+                          TensorParallelRank tp = {});
+  // The same with the precision by name (parse_gpu_precision).
   static Status synthetic(const ModelConfig& config, const std::string& precision, uint64_t seed, int device,
                           std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {},
                           TensorParallelRank tp = {});

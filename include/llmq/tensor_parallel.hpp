@@ -68,6 +68,14 @@ struct LinearShard {
 };
 LinearShard linear_shard(const ModelConfig& full, ShardedLinear which, TensorParallelRank tp);
 
+// How TensorParallelRuntime::load takes a source.
+struct TensorParallelLoadOptions {
+  bool expert_parallel = false;             // MoE: whole experts per rank
+  GpuProgressFn progress;                   // rank 0's loading progress
+  const CalibrationStats* stats = nullptr;  // calibrated schemes quantized on the host
+  TensorParallelGroupOptions group;         // tp > 1
+};
+
 // Makes rank `tp.rank`'s GpuModel on `device` (one of GpuModel's loaders with that tp).
 using ShardLoader = std::function<Status(TensorParallelRank tp, int device, std::unique_ptr<GpuModel>* out)>;
 
@@ -83,6 +91,10 @@ class TensorParallelRuntime {
   // The same over devices first_device .. first_device + tp - 1, with a new group when tp > 1.
   static Status load(int tp, int first_device, const ShardLoader& loader, std::unique_ptr<TensorParallelRuntime>* out,
                      const TensorParallelGroupOptions& group_options = {});
+  // GpuModel::load on every rank; a host route (a checkpoint read to the host, a model quantized
+  // there) is taken once and shared by the ranks.
+  static Status load(int tp, int first_device, const GpuModelSource& source, const GpuPrecision& precision,
+                     std::unique_ptr<TensorParallelRuntime>* out, const TensorParallelLoadOptions& options = {});
   ~TensorParallelRuntime();
 
   // (Re)creates every rank's GpuRuntime with these options (the old ones are freed first).

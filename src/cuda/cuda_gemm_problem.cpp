@@ -12,6 +12,7 @@
 //    block scales must start 16-byte aligned and "M and N must be multiples of 4".
 //  * No attribute gives scale tensors a batch stride, so batch > 1 keeps tensor-wide scales.
 #include "llmq/cuda_gemm.hpp"
+#include "llmq/device.hpp"
 #include "core/int_math.hpp"
 
 #include <cstring>
@@ -158,7 +159,7 @@ Status cuda_gemm_can_implement(const CudaGemmProblem& p, int sm_major, int sm_mi
                          "e4m3 or mixed FP8 x high precision)");
     if (ta == DType::kE5M2 && tb == DType::kE5M2)
       return unsupported("operands e5m2 x e5m2: cuBLASLt FP8 needs e4m3 on at least one side");
-    if (sm_major < 8 || (sm_major == 8 && sm_minor < 9))
+    if (!compute_capability_has_fp8(sm_major, sm_minor))
       return unsupported("FP8 GEMM needs FP8 tensor cores (sm_89 or newer), device is sm_" +
                          std::to_string(sm_major) + std::to_string(sm_minor));
   } else if (ta != DType::kBF16 || tb != DType::kBF16) {

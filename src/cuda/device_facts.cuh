@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "llmq/device.hpp"
 #include "llmq/status.hpp"
 
 namespace llmq::cuda {
@@ -18,8 +19,8 @@ struct DeviceFacts {
 // The current device's facts (cached per device after the first call; thread-safe).
 Status current_device_facts(DeviceFacts* out);
 
-// sm_90a machine code (wgmma, TMA) runs on compute capability 9.0 only.
-inline bool has_sm90a(const DeviceFacts& d) { return d.major == 9 && d.minor == 0; }
+// sm_90a machine code (wgmma, TMA) runs here (llmq/device.hpp has the rule).
+inline bool has_sm90a(const DeviceFacts& d) { return compute_capability_has_sm90a(d.major, d.minor); }
 
 // cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes) once per (device, kernel, bytes).
 Status allow_dynamic_smem(const void* kernel, int bytes, int device);

@@ -373,13 +373,18 @@ Status check(const MoeGroupedGemm& g) {
 }
 
 MoeGemmKernel pick(const MoeGroupedGemm& g, const DeviceFacts& dev) {
-  const bool same_types = g.a_dtype == g.w_dtype;  // E4M3 x E4M3 or BF16 x BF16
-  const bool wgmma_ok = cuda::has_sm90a(dev) && g.a_rows == nullptr && same_types;
-  if (!wgmma_ok || g.max_rows_per_expert <= kMoeDecodeMaxRows) return MoeGemmKernel::kDecode;
-  return MoeGemmKernel::kWgmma;
+  // E4M3 x E4M3 or BF16 x BF16: the wgmma kernel's operand types.
+  return moe_gemm_kernel_for(g.max_rows_per_expert, g.a_rows != nullptr, g.a_dtype == g.w_dtype, dev.major, dev.minor);
 }
 
 }  // namespace moe
+
+MoeGemmKernel moe_gemm_kernel_for(int64_t max_rows_per_expert, bool rows_in_place, bool same_types, int sm_major,
+                                  int sm_minor) {
+  const bool wgmma_ok = compute_capability_has_sm90a(sm_major, sm_minor) && !rows_in_place && same_types;
+  if (!wgmma_ok || max_rows_per_expert <= kMoeDecodeMaxRows) return MoeGemmKernel::kDecode;
+  return MoeGemmKernel::kWgmma;
+}
 
 Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemmKernel kernel) {
   LLMQ_RETURN_IF_ERROR(moe::check(g));

@@ -215,8 +215,9 @@ Status load_moe(const Loader& load, const ModelConfig& c, int64_t l, runtime::Gp
 
 }  // namespace
 
-Status GpuModel::from_checkpoint(const std::string& dir, const std::string& precision, int device,
+Status GpuModel::from_checkpoint(const std::string& dir, const GpuPrecision& p, int device,
                                  std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress, TensorParallelRank tp) {
+  const std::string precision = p.name();
   std::unique_ptr<Checkpoint> ckpt;
   ModelConfig c;
   LLMQ_RETURN_IF_ERROR(open_hf_checkpoint(dir, &ckpt, &c));  // the checks every loader makes
@@ -227,24 +228,31 @@ Status GpuModel::from_checkpoint(const std::string& dir, const std::string& prec
     // 8-bit codes run as stored: quantizing them again under another scheme would add a second
     // rounding on top of the first.
     const std::string stored = quantized_checkpoint_scheme(*ckpt);
-    if (precision != "checkpoint" && precision != stored)
+    if (p.kind != GpuPrecision::Kind::kAsStored && precision != stored)
       return invalid_argument(dir + " is a quantized checkpoint (" + stored + "): it runs as stored (precision 'checkpoint'), not as '" +
                               precision + "'; quantize the unquantized model to get another scheme");
     load.stored_quantized = true;
     load.bf16 = true;  // linears the checkpoint keeps in float stay BF16
     label = stored;
-  } else if (precision == "checkpoint") {
+  } else if (p.kind == GpuPrecision::Kind::kAsStored || p.kind == GpuPrecision::Kind::kBF16) {
     label = "bf16";  // an unquantized checkpoint as stored: BF16 linears
-  } else if (precision != "bf16") {
+  } else if (p.kind == GpuPrecision::Kind::kF32) {
+    return unsupported(dir + ": f32 linears are not streamed from a checkpoint (GpuModel::load reads them on the host)");
+  } else {
     load.bf16 = false;
-    LLMQ_RETURN_IF_ERROR(find_scheme(precision, &load.scheme));
-    if (load.scheme.needs_statistics() || load.scheme.weight.method != ScaleMethod::kAbsmax)
+    load.scheme = p.scheme;
+    if (load.scheme.needs_statistics() || !runtime::weights_quantize_on_device(load.scheme))
       return unsupported("--scheme " + precision + " on the GPU from a checkpoint: static, SmoothQuant and MSE schemes need "
                          "calibration statistics; quantize with `llmq quantize --stats` first, or use a dynamic scheme");
   }
   LLMQ_RETURN_IF_ERROR(runtime::select_device(device));
   ModelConfig local;
-  LLMQ_RETURN_IF_ERROR(runtime::begin_tensor_parallel(c, tp, &local));
+  bool block_scales = !load.bf16 && runtime::has_weight_blocks(load.scheme);
+  if (load.stored_quantized) {
+    Scheme stored;
+    block_scales = find_scheme(label, &stored).ok() && runtime::has_weight_blocks(stored);
+  }
+  LLMQ_RETURN_IF_ERROR(runtime::begin_tensor_parallel(c, tp, block_scales, &local));
   LLMQ_RETURN_IF_ERROR(runtime::check_fits(local, load.bf16 && !load.stored_quantized, label));
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;

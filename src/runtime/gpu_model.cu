@@ -313,7 +313,7 @@ Status GpuModel::from_float(const ModelWeights& w, DType linear_dtype, int devic
                             TensorParallelRank tp) {
   LLMQ_RETURN_IF_ERROR(check_config(w.config));
   ModelConfig local;
-  LLMQ_RETURN_IF_ERROR(begin_tensor_parallel(w.config, tp, &local));
+  LLMQ_RETURN_IF_ERROR(begin_tensor_parallel(w.config, tp, /*block_scales=*/false, &local));
   if (w.config.is_moe() && linear_dtype != DType::kBF16) return unsupported(kMoeNotF32);
   if (linear_dtype != DType::kF32 && linear_dtype != DType::kBF16)
     return invalid_argument(std::string("linear dtype: f32 or bf16, got ") + dtype_name(linear_dtype));
@@ -366,7 +366,7 @@ Status GpuModel::from_quantized(const QuantizedModel& q, int device, std::unique
   const ModelWeights& w = q.weights;
   LLMQ_RETURN_IF_ERROR(check_config(w.config));
   ModelConfig local;
-  LLMQ_RETURN_IF_ERROR(begin_tensor_parallel(w.config, tp, &local));
+  LLMQ_RETURN_IF_ERROR(begin_tensor_parallel(w.config, tp, has_weight_blocks(q.scheme), &local));
   LLMQ_RETURN_IF_ERROR(select_device(device));
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;
@@ -487,19 +487,20 @@ Status synthetic_gains(int64_t dim, uint64_t seed, const std::string& what, Devi
 
 }  // namespace
 
-Status GpuModel::synthetic(const ModelConfig& c, const std::string& precision, uint64_t seed, int device,
+Status GpuModel::synthetic(const ModelConfig& c, const GpuPrecision& p, uint64_t seed, int device,
                            std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress, TensorParallelRank tp) {
   LLMQ_RETURN_IF_ERROR(check_config(c));
-  ModelConfig local;
-  LLMQ_RETURN_IF_ERROR(begin_tensor_parallel(c, tp, &local));
+  if (p.kind == GpuPrecision::Kind::kF32) return invalid_argument("synthetic weights: bf16 or a scheme, not f32");
+  const std::string precision = p.kind == GpuPrecision::Kind::kScheme ? p.scheme.name : "bf16";
   SyntheticPlan plan;
-  if (precision != "bf16") {
+  if (p.kind == GpuPrecision::Kind::kScheme) {
     plan.bf16 = false;
-    LLMQ_RETURN_IF_ERROR(find_scheme(precision, &plan.scheme));
-    const Scheme& s = plan.scheme;
-    if (s.smooth_alpha >= 0.0f || s.weight.method != ScaleMethod::kAbsmax)
+    plan.scheme = p.scheme;
+    if (!weights_quantize_on_device(p.scheme))
       return unsupported("synthetic " + precision + ": SmoothQuant and MSE-searched weights need a real model and calibration");
   }
+  ModelConfig local;
+  LLMQ_RETURN_IF_ERROR(begin_tensor_parallel(c, tp, !plan.bf16 && has_weight_blocks(plan.scheme), &local));
   LLMQ_RETURN_IF_ERROR(select_device(device));
   LLMQ_RETURN_IF_ERROR(check_fits(local, plan.bf16, precision));
   std::unique_ptr<GpuModel> m(new GpuModel());

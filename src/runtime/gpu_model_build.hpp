@@ -17,6 +17,12 @@ namespace llmq::runtime {
 // Why an F32 MoE model is refused on the GPU.
 extern const char* const kMoeNotF32;
 
+// Whether the device quantizes a scheme's weights itself (absmax scales; SmoothQuant needs
+// calibration statistics, MSE-searched scales the host search): what the synthetic and checkpoint
+// routes take, and what GpuModel::load sends to the host otherwise.
+inline bool weights_quantize_on_device(const Scheme& s) {
+  return s.smooth_alpha < 0.0f && s.weight.method == ScaleMethod::kAbsmax;
+}
 Status select_device(int device);
 Status check_config(const ModelConfig& c);
 // Device bytes of the weights (linears BF16 or 8-bit, embeddings and lm_head BF16).

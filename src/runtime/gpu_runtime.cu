@@ -95,6 +95,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   lin.stream = stream;
   lin.sm_major = info.major;
   lin.sm_minor = info.minor;
+  plan = runtime::plan_model(*model, rows, lm_rows, lin);
 
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 4, "residual stream", &x));
   LLMQ_RETURN_IF_ERROR(in_attn.allocate(rows, c.dim, "qkv input"));
@@ -235,7 +236,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     norm.gain = L.attn_norm.as<float>();
     norm.eps = eps;
     LLMQ_RETURN_IF_ERROR(produce(L.qkv, norm, in_attn, &in, run(kStageNorm)));
-    if (run(kStageQkv)) LLMQ_RETURN_IF_ERROR(run_linear(L.qkv, in, T, qkv_out.get(), LinearOut::kBF16, qkv_n, lin));
+    if (run(kStageQkv)) LLMQ_RETURN_IF_ERROR(run_linear(L.qkv, plan.layers[l].qkv, in, T, qkv_out.get(), lin));
 
     runtime::RopeKvArgs rope;
     rope.qkv = qkv_out.as<uint16_t>();
@@ -307,7 +308,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     copy.n = q_dim;
     copy.src = attn_out.as<uint16_t>();
     LLMQ_RETURN_IF_ERROR(produce(L.o, copy, in_o, &in, run(kStageOQuant)));
-    if (run(kStageO)) LLMQ_RETURN_IF_ERROR(run_linear(L.o, in, T, o_out.get(), LinearOut::kBF16, c.dim, lin));
+    if (run(kStageO)) LLMQ_RETURN_IF_ERROR(run_linear(L.o, plan.layers[l].o, in, T, o_out.get(), lin));
     if (!fused) LLMQ_RETURN_IF_ERROR(all_reduce(o_out, T));
 
     RowOpArgs norm2 = norm;
@@ -333,12 +334,12 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       mi.x_bf16 = in_mlp.bf16.as<uint16_t>();
       mi.x_codes = in_mlp.codes.get();
       mi.x_scales = in_mlp.scales.as<float>();
-      if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(runtime::moe_ffn(L.moe, moe, mi, T, down_out.as<uint16_t>(), lin));
+      if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(runtime::moe_ffn(L.moe, plan.layers[l].router, moe, mi, T, down_out.as<uint16_t>(), lin));
       if (!fused || l + 1 == c.n_layers) LLMQ_RETURN_IF_ERROR(all_reduce(down_out, T));
       continue;
     }
     LLMQ_RETURN_IF_ERROR(produce(L.gate_up, norm2, in_mlp, &in, run(kStageNorm)));
-    if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(run_linear(L.gate_up, in, T, gu_out.get(), LinearOut::kBF16, 2 * c.hidden_dim, lin));
+    if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(run_linear(L.gate_up, plan.layers[l].gate_up, in, T, gu_out.get(), lin));
 
     RowOpArgs silu;
     silu.fn = RowFn::kSiluMul;
@@ -346,7 +347,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     silu.n = c.hidden_dim;
     silu.src = gu_out.as<uint16_t>();
     LLMQ_RETURN_IF_ERROR(produce(L.down, silu, in_down, &in, run(kStageSilu)));
-    if (run(kStageDown)) LLMQ_RETURN_IF_ERROR(run_linear(L.down, in, T, down_out.get(), LinearOut::kBF16, c.dim, lin));
+    if (run(kStageDown)) LLMQ_RETURN_IF_ERROR(run_linear(L.down, plan.layers[l].down, in, T, down_out.get(), lin));
     // The last layer's sums go to the final norm (lm_head), which all-reduces them first.
     if (!fused || l + 1 == c.n_layers) LLMQ_RETURN_IF_ERROR(all_reduce(down_out, T));
   }
@@ -369,12 +370,12 @@ Status GpuRuntime::Impl::lm_head(const StepMeta& m, int64_t first, int64_t count
   LLMQ_RETURN_IF_ERROR(produce(model->lm_head, norm, in_lm, &in));
   if (!run(kStageLmHead)) return {};
   const int64_t vl = model->lm_head.n;
-  if (vl == c.vocab_size) return run_linear(model->lm_head, in, count, logits.get(), LinearOut::kF32, c.vocab_size, lin);
+  if (vl == c.vocab_size) return run_linear(model->lm_head, plan.lm_head, in, count, logits.get(), lin);
   // Vocabulary split over the ranks: this rank's [count, vl] block of the gather buffer, all-gathered
   // rank-major, then laid out as rows of the whole vocabulary.
   const int64_t ranks = c.vocab_size / vl;
   float* chunk = lm_gather.as<float>() + tp_rank * count * vl;
-  LLMQ_RETURN_IF_ERROR(run_linear(model->lm_head, in, count, chunk, LinearOut::kF32, vl, lin));
+  LLMQ_RETURN_IF_ERROR(run_linear(model->lm_head, plan.lm_head, in, count, chunk, lin));
   LLMQ_RETURN_IF_ERROR(group->all_gather_f32(tp_rank, chunk, lm_gather.get(), count * vl, stream));
   for (int64_t r = 0; r < ranks; ++r)
     LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(logits.as<float>() + r * vl, static_cast<size_t>(c.vocab_size * 4),
@@ -682,12 +683,15 @@ int64_t GpuRuntime::device_bytes() const {
 std::vector<std::string> GpuRuntime::describe_linears(int64_t tokens) const {
   const Impl& g = *impl_;
   const GpuLayer& L = g.model->layers.front();
+  const runtime::LayerPlan& P = g.plan.layers.front();
   std::vector<std::string> out;
-  for (const GpuLinear* l : {&L.qkv, &L.o, &L.gate_up, &L.down, &g.model->lm_head}) {
+  const std::pair<const GpuLinear*, const runtime::LinearPlan*> linears[] = {
+      {&L.qkv, &P.qkv}, {&L.o, &P.o}, {&L.gate_up, &P.gate_up}, {&L.down, &P.down}, {&g.model->lm_head, &g.plan.lm_head}};
+  for (const auto& [l, plan] : linears) {
     if (l->parts.empty()) continue;  // gate_up / down of an MoE layer
-    out.push_back(l->name + ": " + runtime::linear_path(*l, tokens, g.lin));
+    out.push_back(l->name + ": " + runtime::linear_path(*l, *plan, tokens));
   }
-  if (L.moe.active()) out.push_back(runtime::describe_moe(L.moe, tokens, g.lin));
+  if (L.moe.active()) out.push_back(runtime::describe_moe(L.moe, P.router, tokens, g.lin));
   return out;
 }
 

@@ -20,6 +20,7 @@
 #include "parallel/p2p_all_reduce.hpp"
 #include "attention/attention.hpp"
 #include "runtime/gpu_model_impl.hpp"
+#include "runtime/model_plan.hpp"
 #include "attention/quant_prefill_attention.hpp"
 #include "runtime/row_kernels.hpp"
 #include "core/int_math.hpp"
@@ -124,6 +125,7 @@ struct GpuRuntime::Impl {
   cudaStream_t stream = nullptr;
   std::unique_ptr<CudaGemmRunner> gemm;
   runtime::LinearContext lin;
+  runtime::ModelPlan plan;  // every linear's kernels for this runtime's step sizes (model_plan.cu)
   DeviceAllocation gemm_workspace, quant_workspace, attn_workspace, argmax_workspace;
   DeviceAllocation logits_flag;  // int32, set by the device when a sampled row is NaN/Inf or constant
   attention::QuantPrefillAttention quant_attention;  // --attention int8 / fp8 / half-int8

@@ -1,14 +1,18 @@
-// run_linear (linear.hpp): which kernel takes a linear layer at M rows, and the call into it.
+// plan_linear and run_linear (linear.hpp): which kernel takes a linear layer at M rows, decided once
+// per step-size class, and the call into it.
 #include <algorithm>
+
+#include <string>
 
 #include "llmq/cuda_decode_gemm.hpp"
 #include "llmq/cuda_int8_gemm.hpp"
+#include "llmq/device.hpp"
 #include "runtime/linear.hpp"
 
 namespace llmq::runtime {
 namespace {
 
-enum class Path { kDecodeGemm, kCublasFp8Outer, kCublasFp8Block, kCublasBf16, kInt8Gemm, kGeneric };
+using Path = LinearPath;
 
 const char* path_name(Path p) {
   switch (p) {
@@ -88,7 +92,7 @@ Path choose_path(const GpuLinear& l, const LinearPart& part, int64_t m, LinearOu
   // known here, so only the shape-dependent conditions are tested with stand-in pointers.
   if (m <= kMaxDecodeGemmM && eight_bit && part.scale_kind == WeightScale::kChannel && y_type == LinearOut::kBF16 &&
       (!quantized_input(l) || (per_row_scales(l) && l.act_dtype == part.w_dtype)) &&
-      (part.w_dtype == DType::kI8 || ctx.sm_major > 8 || (ctx.sm_major == 8 && ctx.sm_minor >= 9))) {
+      (part.w_dtype == DType::kI8 || compute_capability_has_fp8(ctx.sm_major, ctx.sm_minor))) {
     alignas(16) static const char stand_in[16] = {};
     LinearInput x{reinterpret_cast<const uint16_t*>(stand_in), stand_in, reinterpret_cast<const float*>(stand_in)};
     DecodeGemmProblem p = decode_problem(l, part, x, std::max<int64_t>(m, 1), const_cast<char*>(stand_in), ldy);
@@ -135,12 +139,26 @@ int64_t padded_rows(const GpuLinear& linear, int64_t m) {
   return linear.act == ActQuant::kBlock1x128 ? (m + 3) / 4 * 4 : m;
 }
 
-std::string linear_path(const GpuLinear& l, int64_t m, const LinearContext& ctx) {
-  std::string s;
+LinearPlan plan_linear(const GpuLinear& l, int64_t max_rows, LinearOut y_type, int64_t ldy, const LinearContext& ctx) {
+  LinearPlan plan;
+  plan.y_type = y_type;
+  plan.ldy = ldy;
+  plan.max_rows = max_rows;
+  const int64_t small_m = std::min<int64_t>(kMaxDecodeGemmM, std::max<int64_t>(max_rows, 1));
   for (const LinearPart& part : l.parts) {
+    plan.small.push_back(choose_path(l, part, small_m, y_type, ldy, ctx));
+    plan.large.push_back(max_rows > kMaxDecodeGemmM ? choose_path(l, part, max_rows, y_type, ldy, ctx) : Path::kGeneric);
+  }
+  return plan;
+}
+
+std::string linear_path(const GpuLinear& l, const LinearPlan& plan, int64_t m) {
+  const std::vector<Path>& paths = m <= kMaxDecodeGemmM ? plan.small : plan.large;
+  std::string s;
+  for (size_t i = 0; i < l.parts.size() && i < paths.size(); ++i) {
     if (!s.empty()) s += " + ";
-    s += path_name(choose_path(l, part, m, LinearOut::kBF16, l.n, ctx));
-    s += std::string(" ") + dtype_name(part.w_dtype);
+    s += path_name(paths[i]);
+    s += std::string(" ") + dtype_name(l.parts[i].w_dtype);
     if (l.act != ActQuant::kNone) s += std::string("/") + dtype_name(l.act_dtype);
   }
   return s;
@@ -192,15 +210,20 @@ Status run_part(const GpuLinear& l, const LinearPart& part, const LinearInput& x
 
 }  // namespace
 
-Status run_linear(const GpuLinear& l, const LinearInput& x, int64_t m, void* y, LinearOut y_type, int64_t ldy,
+Status run_linear(const GpuLinear& l, const LinearPlan& plan, const LinearInput& x, int64_t m, void* y,
                   const LinearContext& ctx) {
   if (m == 0) return {};
-  const int64_t y_elem = y_type == LinearOut::kF32 ? 4 : 2;
-  for (const LinearPart& part : l.parts) {
+  if (m < 0 || m > plan.max_rows || plan.small.size() != l.parts.size() || plan.large.size() != l.parts.size())
+    return Status(StatusCode::kInternal, l.name + ": M=" + std::to_string(m) + " outside its plan (" +
+                                             std::to_string(plan.max_rows) + " rows, " + std::to_string(plan.small.size()) +
+                                             " parts of " + std::to_string(l.parts.size()) + ")");
+  const std::vector<Path>& paths = m <= kMaxDecodeGemmM ? plan.small : plan.large;
+  const int64_t y_elem = plan.y_type == LinearOut::kF32 ? 4 : 2;
+  for (size_t i = 0; i < l.parts.size(); ++i) {
+    const LinearPart& part = l.parts[i];
     void* yp = static_cast<char*>(y) + part.n_offset * y_elem;
-    const Path path = choose_path(l, part, m, y_type, ldy, ctx);
-    const Status st = run_part(l, part, x, m, yp, y_type, ldy, ctx, path);
-    if (!st.ok()) return Status(st.code(), l.name + " (" + path_name(path) + ", M=" + std::to_string(m) + "): " + st.message());
+    const Status st = run_part(l, part, x, m, yp, plan.y_type, plan.ldy, ctx, paths[i]);
+    if (!st.ok()) return Status(st.code(), l.name + " (" + path_name(paths[i]) + ", M=" + std::to_string(m) + "): " + st.message());
   }
   return {};
 }

@@ -1,5 +1,6 @@
 // One linear layer of the GPU runtime, y[M, N] = x[M, K] * W^T, with its weights on the device and
-// the way its input is quantized, and run_linear, which picks the kernel for a given M:
+// the way its input is quantized; plan_linear, which picks the kernel once per step-size class when
+// a runtime is made, and run_linear, which runs the planned kernel. The kernels:
 //   * decode (M <= 16): llmq's decode GEMM (8-bit weights with per-channel scales, W8A8 per-token or
 //     W8A16), cuBLASLt BF16;
 //   * prefill: cuBLASLt FP8 (outer-vector per-token x per-channel, or 1x128 x 128x128 blocks),
@@ -83,12 +84,28 @@ struct LinearContext {
 
 enum class LinearOut { kBF16, kF32 };
 
-// y[m, part columns] for every part; y has row stride ldy elements. M may be 0.
-Status run_linear(const GpuLinear& linear, const LinearInput& x, int64_t m, void* y, LinearOut y_type, int64_t ldy,
+enum class LinearPath { kDecodeGemm, kCublasFp8Outer, kCublasFp8Block, kCublasBf16, kInt8Gemm, kGeneric };
+
+// The kernel of each part of a linear, for the two step sizes a runtime runs: decode-sized steps
+// (M <= kMaxDecodeGemmM) and larger ones up to max_rows. Each class is planned at its largest M:
+// every kernel's can_implement condition on M is an upper bound (extents, tile counts) or holds for
+// every M of the class (the decode GEMM's M <= 16; block scales' M % 4, met by padded rows), so the
+// plan holds for every M of the class. The output's type and row stride are part of the plan.
+struct LinearPlan {
+  LinearOut y_type = LinearOut::kBF16;
+  int64_t ldy = 0;
+  int64_t max_rows = 0;
+  std::vector<LinearPath> small;  // per part: M <= kMaxDecodeGemmM
+  std::vector<LinearPath> large;  // per part: kMaxDecodeGemmM < M <= max_rows
+};
+LinearPlan plan_linear(const GpuLinear& linear, int64_t max_rows, LinearOut y_type, int64_t ldy, const LinearContext& ctx);
+
+// y[m, part columns] for every part, by the plan's kernels; y has the plan's row stride. M may be 0.
+Status run_linear(const GpuLinear& linear, const LinearPlan& plan, const LinearInput& x, int64_t m, void* y,
                   const LinearContext& ctx);
 
-// The kernel run_linear would take for M rows, e.g. "decode-gemm w8a8 e4m3" (for reports).
-std::string linear_path(const GpuLinear& linear, int64_t m, const LinearContext& ctx);
+// The kernels the plan runs at M rows, e.g. "decode-gemm e4m3/e4m3" (for reports).
+std::string linear_path(const GpuLinear& linear, const LinearPlan& plan, int64_t m);
 
 // Rows the activation buffers of this linear must have for M rows (cuBLASLt block scales need
 // M % 4 == 0, so they are padded).

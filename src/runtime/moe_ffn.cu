@@ -89,8 +89,11 @@ MoeGroupedGemm grouped(const GpuMoe& moe, const GpuLinear& l, const MoeBuffers& 
   return g;
 }
 
+// The grouped GEMMs' kernel (cuda_moe.hpp's rule): the decode kernel reads the token rows in place,
+// the wgmma kernel the gathered rows; an expert meets a token at most once, so `tokens` bounds its rows.
 bool decode_sized(int64_t tokens, const LinearContext& ctx) {
-  return tokens <= kMoeDecodeMaxRows || !(ctx.sm_major == 9 && ctx.sm_minor == 0);
+  return moe_gemm_kernel_for(tokens, /*rows_in_place=*/false, /*same_types=*/true, ctx.sm_major, ctx.sm_minor) ==
+         MoeGemmKernel::kDecode;
 }
 
 // 1x128 E4M3 codes and scales of BF16 rows [rows, n] (block experts' activations).
@@ -108,13 +111,13 @@ Status quantize_1x128(const void* bf16, int64_t rows, int64_t n, const QuantSpec
 
 }  // namespace
 
-Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t tokens, uint16_t* out,
-               const LinearContext& ctx) {
+Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf, const MoeInput& x, int64_t tokens,
+               uint16_t* out, const LinearContext& ctx) {
   if (tokens == 0) return {};
   const int64_t slots = tokens * moe.top_k, dim = moe.down.n / moe.held(), hidden = moe.down.k;
   LinearInput rin;
   rin.bf16 = x.x_bf16;
-  LLMQ_RETURN_IF_ERROR(run_linear(moe.router, rin, tokens, buf.logits.get(), LinearOut::kF32, moe.experts, ctx));
+  LLMQ_RETURN_IF_ERROR(run_linear(moe.router, router_plan, rin, tokens, buf.logits.get(), ctx));
 
   MoeRouteArgs r;
   r.tokens = tokens;
@@ -201,13 +204,13 @@ Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t to
   return cuda_moe_combine(cb, ctx.stream);
 }
 
-std::string describe_moe(const GpuMoe& moe, int64_t tokens, const LinearContext& ctx) {
+std::string describe_moe(const GpuMoe& moe, const LinearPlan& router_plan, int64_t tokens, const LinearContext& ctx) {
   const bool decode = decode_sized(tokens, ctx);
   const int launches = (decode ? 6 : 7) + (moe.block() ? 1 : 0);  // block: SiLU, then a 1x128 quantize
   const std::string held = moe.held() < moe.experts ? " (experts " + std::to_string(moe.expert_begin) + ".." +
                                                           std::to_string(moe.expert_begin + moe.held() - 1) + " here)" : "";
   return "moe " + std::to_string(moe.experts) + " experts" + held + " top-" + std::to_string(moe.top_k) + ": router " +
-         linear_path(moe.router, tokens, ctx) + ", route, " + (decode ? "" : "gather, ") + "grouped " +
+         linear_path(moe.router, router_plan, tokens) + ", route, " + (decode ? "" : "gather, ") + "grouped " +
          (decode ? "decode-gemm" : "wgmma") + " gate/up, silu-quant, grouped " + (decode ? "decode-gemm" : "wgmma") +
          " down, combine (" + std::to_string(launches) + " launches, + the norm)";
 }

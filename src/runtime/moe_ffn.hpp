@@ -65,12 +65,12 @@ struct MoeInput {
   const void* x_codes = nullptr;
   const float* x_scales = nullptr;
 };
-Status moe_ffn(const GpuMoe& moe, MoeBuffers& buf, const MoeInput& x, int64_t tokens, uint16_t* out,
-               const LinearContext& ctx);
+Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf, const MoeInput& x, int64_t tokens,
+               uint16_t* out, const LinearContext& ctx);
 
 // The kernels a step of `tokens` tokens launches, e.g. "moe: router cublaslt-bf16, route, grouped
 // decode x2, silu-quant, combine (6 launches)".
-std::string describe_moe(const GpuMoe& moe, int64_t tokens, const LinearContext& ctx);
+std::string describe_moe(const GpuMoe& moe, const LinearPlan& router_plan, int64_t tokens, const LinearContext& ctx);
 
 // Checks an expert linear the MoE block can run: one E4M3 part with per-channel scales, per-token
 // E4M3 activations (errors name the linear).

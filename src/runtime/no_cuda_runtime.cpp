@@ -20,11 +20,11 @@ GpuModel::GpuModel() : impl_(std::make_unique<Impl>()) {}
 GpuModel::~GpuModel() = default;
 Status GpuModel::from_float(const ModelWeights&, DType, int, std::unique_ptr<GpuModel>*, TensorParallelRank) { return no_cuda(); }
 Status GpuModel::from_quantized(const QuantizedModel&, int, std::unique_ptr<GpuModel>*, TensorParallelRank) { return no_cuda(); }
-Status GpuModel::from_checkpoint(const std::string&, const std::string&, int, std::unique_ptr<GpuModel>*,
+Status GpuModel::from_checkpoint(const std::string&, const GpuPrecision&, int, std::unique_ptr<GpuModel>*,
                                  const GpuProgressFn&, TensorParallelRank) {
   return no_cuda();
 }
-Status GpuModel::synthetic(const ModelConfig&, const std::string&, uint64_t, int, std::unique_ptr<GpuModel>*,
+Status GpuModel::synthetic(const ModelConfig&, const GpuPrecision&, uint64_t, int, std::unique_ptr<GpuModel>*,
                            const GpuProgressFn&, TensorParallelRank) {
   return no_cuda();
 }

@@ -88,10 +88,10 @@ Status slice_f32(const DeviceAllocation& full, const LinearShard& s, const std::
 
 }  // namespace
 
-Status begin_tensor_parallel(const ModelConfig& full, TensorParallelRank tp, ModelConfig* local) {
+Status begin_tensor_parallel(const ModelConfig& full, TensorParallelRank tp, bool block_scales, ModelConfig* local) {
   if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size)
     return invalid_argument("tensor parallel rank " + std::to_string(tp.rank) + " of " + std::to_string(tp.size));
-  LLMQ_RETURN_IF_ERROR(check_tensor_parallel(full, tp.size, false, tp.expert_parallel));
+  LLMQ_RETURN_IF_ERROR(check_tensor_parallel(full, tp.size, block_scales, tp.expert_parallel));
   *local = tensor_parallel_config(full, tp.size, tp.expert_parallel);
   return {};
 }

@@ -4,6 +4,7 @@
 // model's. No CUDA headers here.
 #pragma once
 
+#include "llmq/scheme.hpp"
 #include "llmq/tensor_parallel.hpp"
 #include "runtime/gpu_model_impl.hpp"
 
@@ -11,7 +12,11 @@ namespace llmq::runtime {
 
 // Checks tp against `full` (rank in range, heads and FFN divisible) and gives the config the rank
 // computes.
-Status begin_tensor_parallel(const ModelConfig& full, TensorParallelRank tp, ModelConfig* local);
+// Checks the whole split before anything is loaded (check_tensor_parallel: heads, FFN columns and,
+// with 128x128 weight blocks, every rank's slice on block boundaries) and gives the rank's config.
+Status begin_tensor_parallel(const ModelConfig& full, TensorParallelRank tp, bool block_scales, ModelConfig* local);
+// Whether a scheme's weights have 128x128-style blocks (their TP slices must fall on boundaries).
+inline bool has_weight_blocks(const Scheme& s) { return s.weight.granularity == Granularity::kPerBlock; }
 
 // Replaces `linear` (on the current device) by its slice. Parts stay one tensor where their scales
 // allow (per-channel always; 128x128 blocks when every piece starts on a block), so the usual case

@@ -2,10 +2,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 
 #include "commands.hpp"
 #include "llmq/device.hpp"
+#include "llmq/model_io.hpp"
 
 namespace llmq::cli {
 
@@ -30,6 +32,26 @@ TensorParallelGroupOptions apply_gpu_launch_flags(const GpuLaunchFlags& flags) {
   o.nccl_library = flags.nccl_library;
   o.one_shot_all_reduce = flags.allreduce == "auto";
   return o;
+}
+
+Status gpu_model_source(const std::string& model, uint64_t seed, GpuModelSource* out, ModelWeights* host) {
+  const std::string prefix = "synthetic:";
+  GpuModelSource s;
+  std::error_code ec;  // the non-throwing overload: a link loop is an error of load_model below, not an exception
+  if (model.rfind(prefix, 0) == 0) {
+    s.kind = GpuModelSource::Kind::kSynthetic;
+    LLMQ_RETURN_IF_ERROR(synthetic_model_config(model.substr(prefix.size()), &s.config));
+    s.seed = seed;
+  } else if (std::filesystem::is_directory(model, ec)) {
+    s.kind = GpuModelSource::Kind::kCheckpoint;
+    s.dir = model;
+  } else {
+    LLMQ_RETURN_IF_ERROR(load_model(model, host));
+    s.kind = GpuModelSource::Kind::kHost;
+    s.weights = host;
+  }
+  *out = std::move(s);
+  return {};
 }
 
 namespace {

@@ -80,56 +80,26 @@ double peak_flops(const std::string& device, bool eight_bit) {
   return eight_bit ? 2 * bf16 : bf16;
 }
 
-// The model under `precision`, split over `tp` GPUs: every rank makes its own slice (synthetic
-// weights and checkpoints on the device; a host model is loaded or quantized once and shared).
+// The model under `precision`, split over `tp` GPUs (GpuModel::load picks the route; a host model
+// is loaded or quantized once and shared by the ranks).
 Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, std::unique_ptr<TensorParallelRuntime>* out) {
-  const std::string prefix = "synthetic:";
-  const std::string what = (a.model.rfind(prefix, 0) == 0 ? "generating " : "loading ") + a.model + " " + precision +
-                           (tp > 1 ? " over " + std::to_string(tp) + " GPUs" : "");
-  Progress progress(what);
-  const TensorParallelGroupOptions group = apply_gpu_launch_flags(a.launch);
-  auto on_rank0 = [&](TensorParallelRank r) -> GpuProgressFn {
-    if (r.rank != 0) return {};
-    return [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
-  };
-  if (a.model.rfind(prefix, 0) == 0) {
-    ModelConfig c;
-    LLMQ_RETURN_IF_ERROR(synthetic_model_config(a.model.substr(prefix.size()), &c));
-    const Status st = TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
-    r.expert_parallel = a.ep;
-      return GpuModel::synthetic(c, precision, a.seed, device, m, on_rank0(r), r);
-    }, out, group);
-    progress.finish();
-    return st;
-  }
-  // A Hugging Face directory streams from its memory map to the device (bf16, dynamic schemes, and
-  // a quantized checkpoint as stored).
-  std::error_code ec;  // the non-throwing overload: a link loop is an error of load_model below, not an exception
-  if (std::filesystem::is_directory(a.model, ec) && precision != "f32") {
-    const Status st = TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
-    r.expert_parallel = a.ep;
-      return GpuModel::from_checkpoint(a.model, precision, device, m, on_rank0(r), r);
-    }, out, group);
-    progress.finish();
-    if (st.code() != StatusCode::kUnsupported) return st;  // unsupported: static schemes, quantized checkpoints
-  }
-  ModelWeights w;
-  LLMQ_RETURN_IF_ERROR(load_model(a.model, &w));
-  if (precision == "bf16" || precision == "f32")
-    return TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
-    r.expert_parallel = a.ep;
-      return GpuModel::from_float(w, precision == "bf16" ? DType::kBF16 : DType::kF32, device, m, r);
-    }, out, group);
-  Scheme scheme;
-  LLMQ_RETURN_IF_ERROR(find_scheme(precision, &scheme));
-  if (scheme.needs_statistics())
+  GpuPrecision p;
+  LLMQ_RETURN_IF_ERROR(parse_gpu_precision(precision, &p));
+  ModelWeights host;
+  GpuModelSource source;
+  LLMQ_RETURN_IF_ERROR(gpu_model_source(a.model, a.seed, &source, &host));
+  if (p.kind == GpuPrecision::Kind::kScheme && p.scheme.needs_statistics() && source.kind != GpuModelSource::Kind::kSynthetic)
     return invalid_argument("--precision " + precision + ": static and SmoothQuant schemes need calibration; bench them on a synthetic model or quantize first");
-  QuantizedModel qm;
-  LLMQ_RETURN_IF_ERROR(quantize_model(w, scheme, nullptr, {}, &qm));
-  return TensorParallelRuntime::load(tp, a.device, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
-    r.expert_parallel = a.ep;
-    return GpuModel::from_quantized(qm, device, m, r);
-  }, out, group);
+  const std::string what = (source.kind == GpuModelSource::Kind::kSynthetic ? "generating " : "loading ") + a.model + " " +
+                           precision + (tp > 1 ? " over " + std::to_string(tp) + " GPUs" : "");
+  Progress progress(what);
+  TensorParallelLoadOptions o;
+  o.expert_parallel = a.ep;
+  o.group = apply_gpu_launch_flags(a.launch);
+  o.progress = [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
+  const Status st = TensorParallelRuntime::load(tp, a.device, source, p, out, o);
+  progress.finish();
+  return st;
 }
 
 // --fit: the longest context that `batch` sequences can have with this model and KV-cache format

@@ -145,8 +145,15 @@ int run(const EvalArgs& a) {
       // The candidate runs on the GPU runtime; the base stays the CPU float reference. A
       // --quantized directory streams to the device as `llmq run/bench` load it.
       std::unique_ptr<GpuModel> gm;
-      const Status loaded = i >= schemes.size() ? GpuModel::from_checkpoint(a.quantized[i - schemes.size()], "checkpoint", a.gpu, &gm)
-                                            : GpuModel::from_quantized(*qm, a.gpu, &gm);
+      GpuModelSource source;
+      if (i >= schemes.size()) {
+        source.kind = GpuModelSource::Kind::kCheckpoint;
+        source.dir = a.quantized[i - schemes.size()];
+      } else {
+        source.kind = GpuModelSource::Kind::kHostQuantized;
+        source.quantized = &*qm;
+      }
+      const Status loaded = GpuModel::load(source, gpu_precision(GpuPrecision::Kind::kAsStored), a.gpu, &gm);
       if (!loaded.ok()) return fail(loaded);
       GpuRuntimeOptions o;
       o.max_context = options.context;

@@ -26,7 +26,7 @@ struct RunArgs {
   std::string scheme;
   std::string stats;
   std::string device = "cpu";
-  std::string precision = "bf16";
+  std::string precision = "checkpoint";
   int gpu = 0;
   std::string kv_cache = "bf16";
   std::string attention = "bf16";
@@ -35,41 +35,21 @@ struct RunArgs {
   GpuLaunchFlags launch;
 };
 
-// A Hugging Face directory streams straight from its memory map to the device (never the whole
-// model in host memory): a quantized checkpoint as stored, an unquantized one in BF16 or under a
-// dynamic --scheme. *out stays null when this path does not apply (not a directory, f32, static
-// schemes that need --stats): the model is then loaded on the host first.
-Status stream_to_gpu(const RunArgs& a, std::unique_ptr<TensorParallelRuntime>* out) {
-  std::error_code ec;  // the non-throwing overload: a link loop is an error of load_model, not an exception
-  if (a.device != "cuda" || !std::filesystem::is_directory(a.model, ec) || a.precision == "f32" || !a.stats.empty()) return {};
-  std::string precision = a.scheme.empty() ? a.precision : a.scheme;
-  if (a.scheme.empty()) {
-    std::unique_ptr<Checkpoint> ckpt;
-    LLMQ_RETURN_IF_ERROR(Checkpoint::open(a.model, &ckpt));
-    if (is_quantized_checkpoint(*ckpt)) precision = "checkpoint";
-  }
-  const Status st = TensorParallelRuntime::load(a.tp, a.gpu, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
-    r.expert_parallel = a.ep;
-    return GpuModel::from_checkpoint(a.model, precision, device, m, {}, r);
-  }, out, apply_gpu_launch_flags(a.launch));
-  if (st.code() == StatusCode::kUnsupported) {
-    out->reset();
-    return {};
-  }
-  return st;
-}
-
-// The GPU model from a model loaded on the host (llama2.c files, the default model, f32, static
-// schemes).
-Status upload_to_gpu(const RunArgs& a, const ModelWeights& model, const QuantizedModel* qm,
-                     std::unique_ptr<TensorParallelRuntime>* out) {
-  if (qm == nullptr && a.precision != "bf16" && a.precision != "f32")
-    return invalid_argument("--precision: bf16 or f32 (8-bit schemes: --scheme), got '" + a.precision + "'");
-  return TensorParallelRuntime::load(a.tp, a.gpu, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
-    r.expert_parallel = a.ep;
-    if (qm != nullptr) return GpuModel::from_quantized(*qm, device, m, r);
-    return GpuModel::from_float(model, a.precision == "f32" ? DType::kF32 : DType::kBF16, device, m, r);
-  }, out, apply_gpu_launch_flags(a.launch));
+// The model on the GPU under --scheme or --precision (GpuModel::load picks the route: a Hugging Face
+// directory streams from its memory map; f32, calibrated schemes and llama2.c files go through the
+// host, quantized there once for every rank). *host keeps a host-loaded model alive.
+Status load_on_gpu(const RunArgs& a, ModelWeights* host, std::unique_ptr<TensorParallelRuntime>* out) {
+  GpuPrecision p;
+  LLMQ_RETURN_IF_ERROR(parse_gpu_precision(a.scheme.empty() ? a.precision : a.scheme, &p));
+  CalibrationStats stats;
+  if (!a.stats.empty()) LLMQ_RETURN_IF_ERROR(CalibrationStats::load(a.stats, &stats));
+  GpuModelSource source;
+  LLMQ_RETURN_IF_ERROR(gpu_model_source(a.model, 1, &source, host));
+  TensorParallelLoadOptions o;
+  o.expert_parallel = a.ep;
+  o.stats = a.stats.empty() ? nullptr : &stats;
+  o.group = apply_gpu_launch_flags(a.launch);
+  return TensorParallelRuntime::load(a.tp, a.gpu, source, p, out, o);
 }
 
 // The GPU runtime: prefill the prompt but its last token, then `steps` - (prompt - 1) decode
@@ -100,10 +80,12 @@ Status run_on_gpu(const RunArgs& a, TensorParallelRuntime& rt, const std::vector
 int run(const RunArgs& a) {
   if (a.tp > 1 && a.device != "cuda") return fail(invalid_argument("--tp: tensor parallelism runs on the GPU (--device cuda)"));
   std::unique_ptr<TensorParallelRuntime> gpu_model;
-  if (Status st = stream_to_gpu(a, &gpu_model); !st.ok()) return fail(st);
   ModelWeights model;
-  if (gpu_model == nullptr)
-    if (Status st = load_model(a.model, &model); !st.ok()) return fail(st);
+  if (a.device == "cuda") {
+    if (Status st = load_on_gpu(a, &model, &gpu_model); !st.ok()) return fail(st);
+  } else if (Status st = load_model(a.model, &model); !st.ok()) {
+    return fail(st);
+  }
   const ModelConfig& config = gpu_model != nullptr ? gpu_model->config() : model.config;
   std::vector<int32_t> prompt = {config.bos_token};
   {
@@ -116,7 +98,7 @@ int run(const RunArgs& a) {
   QuantizedModel qm;
   std::unique_ptr<LinearBackend> backend;
   const ModelWeights* weights = &model;
-  if (!a.scheme.empty() && gpu_model == nullptr) {
+  if (!a.scheme.empty() && a.device != "cuda") {
     Scheme scheme;
     if (Status st = find_scheme(a.scheme, &scheme); !st.ok()) return fail(st);
     CalibrationStats stats;
@@ -128,8 +110,6 @@ int run(const RunArgs& a) {
   }
   std::vector<int32_t> out;
   if (a.device == "cuda") {
-    if (gpu_model == nullptr)
-      if (Status st = upload_to_gpu(a, model, a.scheme.empty() ? nullptr : &qm, &gpu_model); !st.ok()) return fail(st);
     if (Status st = run_on_gpu(a, *gpu_model, prompt, &out); !st.ok()) return fail(st);
   } else {
     Transformer transformer(*weights, backend.get());
@@ -176,7 +156,8 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--stats", args->stats, "calibration statistics for static schemes");
   cmd->add_option("--device", args->device, "cpu (the float32 reference) or cuda (the GPU runtime)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--precision", args->precision, "--device cuda without --scheme: bf16 or f32 linears (a quantized checkpoint runs as stored)");
+  cmd->add_option("--precision", args->precision,
+                  "--device cuda without --scheme: checkpoint (as stored: a quantized checkpoint's codes, else BF16), bf16 or f32");
   cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
   cmd->add_option("--attention", args->attention, "--device cuda: prefill attention, bf16, half-int8, int8 or fp8")
       ->check(CLI::IsMember({"bf16", "half-int8", "int8", "fp8"}));

@@ -38,6 +38,10 @@ void add_gpu_launch_flags(CLI::App* app, GpuLaunchFlags* flags);
 // Applies --pdl (process-wide) and returns the group options --tp > 1 uses.
 TensorParallelGroupOptions apply_gpu_launch_flags(const GpuLaunchFlags& flags);
 
+// Where --model's weights come from: "synthetic:NAME" (seeded, generated on the device), a Hugging
+// Face directory (streamed from its memory map), else a model loaded on the host into *host.
+Status gpu_model_source(const std::string& model, uint64_t seed, GpuModelSource* out, ModelWeights* host);
+
 // Print "llmq: <status>" to stderr; exit code 2 for bad arguments, 1 otherwise.
 int fail(const Status& st);
 
