@@ -139,7 +139,10 @@ void parse(int argc, char** argv, Options* o) {
       },
       "copy,bf16,fp8,w8a16_e4m3,w8a8_e4m3,w8a16_int8,w8a8_int8 (default all)")
       ->type_name("LIST");
+  bool quick = false;
+  app.add_flag("--quick", quick, "the first two shapes only (unless --shapes is given)");
   llmq::bench::parse_command_line(app, argc, argv);
+  if (quick && app.count("--shapes") == 0) o->shapes.resize(std::min<size_t>(o->shapes.size(), 2));
 }
 
 bool wants(const Options& o, const char* kernel) {

@@ -108,7 +108,10 @@ void parse_args(int argc, char** argv, Options* o) {
       },
       "all, square, llama or MxNxK[,MxNxK...] (default all)")
       ->type_name("SHAPES");
+  bool quick = false;
+  app.add_flag("--quick", quick, "a third of the timed runs (unless --iters is given)");
   llmq::bench::parse_command_line(app, argc, argv);
+  if (quick && app.count("--iters") == 0) o->iters = std::max(1, o->iters / 3);
   o->iters = std::max(1, o->iters);
   o->warmup = std::max(0, o->warmup);
 }

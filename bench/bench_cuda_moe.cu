@@ -34,7 +34,10 @@ int main(int argc, char** argv) {
   app.add_option("--commit", commit, "the commit recorded in the JSON lines")->envname("LLMQ_COMMIT")
       ->capture_default_str()
       ->type_name("COMMIT");
+  bool quick = false;
+  app.add_flag("--quick", quick, "token counts 1, 64 and 512 only (unless --tokens is given)");
   parse_command_line(app, argc, argv);
+  if (quick && app.count("--tokens") == 0) tokens_list = {1, 64, 512};
   cudaDeviceProp prop{};
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int64_t max_t = *std::max_element(tokens_list.begin(), tokens_list.end());
