@@ -13,7 +13,7 @@
 //     B the V^T tile (u8 x s8 -> INT32 exact, or E4M3 -> FP32 fresh per tile); fold_pv_tile adds
 //     it to O with the tile's V scales one tile later, under the next tile's S = Q K^T. The query's
 //     scale rides in the softmax's per-row exponent factor, so a score costs one FMA before it.
-// Only code compiled for sm_90a has a body (LLMQ_INT8_GEMM_SM90A); the host launches it only on
+// Only code compiled for sm_90a has a body (LLMQ_SM90A); the host launches it only on
 // compute capability 9.0 when that code is present.
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -25,26 +25,29 @@
 
 #include "attention/int8_attention_sm90.hpp"
 #include "attention/int8_softmax.cuh"
-#include "attention/sm90_wgmma_rs.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/sm90_tma.cuh"
-#include "cuda/sm90_wgmma_s8.cuh"
+#include "cuda/sm90_wgmma.cuh"
 #include "attention/attention_mma.cuh"
 
 namespace llmq::attention {
 namespace {
 
-using int8_gemm::fence_barrier_init;
-using int8_gemm::make_smem_desc_k_sw128;
-using int8_gemm::mbarrier_arrive;
-using int8_gemm::mbarrier_arrive_expect_tx;
-using int8_gemm::mbarrier_init;
-using int8_gemm::mbarrier_wait;
-using int8_gemm::smem_u32;
-using int8_gemm::tma_load_2d;
-using int8_gemm::wgmma_commit_group;
-using int8_gemm::wgmma_fence;
-using int8_gemm::wgmma_wait_group;
+using sm90::fence_barrier_init;
+using sm90::fence_registers;
+using sm90::make_smem_desc_k_sw128;
+using sm90::mbarrier_arrive;
+using sm90::mbarrier_arrive_expect_tx;
+using sm90::mbarrier_init;
+using sm90::mbarrier_wait;
+using sm90::smem_u32;
+using sm90::tma_load_2d;
+using sm90::wgmma_commit_group;
+using sm90::wgmma_fence;
+using sm90::wgmma_m64n128k32_e4m3_rs;
+using sm90::wgmma_m64n128k32_s8_rs;
+using sm90::wgmma_m64n128k32_u8s8_rs;
+using sm90::wgmma_wait_group;
 
 constexpr int kHeadDim = 128;
 constexpr int kBlockN = 128;                       // keys per tile (= the specification's block_kv, v_block)
@@ -114,7 +117,7 @@ template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
                           const Sm90Params p) {
-#if LLMQ_INT8_GEMM_SM90A
+#if LLMQ_SM90A
   extern __shared__ unsigned char smem_raw[];
   // Aligned by pointer arithmetic on smem_raw itself: through an integer cast the compiler loses
   // that `sh` is shared memory and reads the scales with generic loads (measured: LD.E in the SASS).
@@ -139,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp >= kConsumers * 4) {
     // Producer warpgroup: registers back to the consumers; its first warp loads.
-    int8_gemm::setmaxnreg_dec<24>();  // 2 x 128 x 240 + 128 x 24 = 384 x 168: the launch's pool
+    sm90::setmaxnreg_dec<24>();  // 2 x 128 x 240 + 128 x 24 = 384 x 168: the launch's pool
     if (warp != kConsumers * 4) return;
     // Lanes load the tile's scales (before waiting for the slot: the loads' latency hides behind
     // the wait), store them with their magic products, then arrive; lane 0 arrives last with the
@@ -178,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Consumers.
-  int8_gemm::setmaxnreg_inc<240>();
+  sm90::setmaxnreg_inc<240>();
   // Broadcast from lane 0: ptxas then knows it is uniform in the warp, and loops bounded by it are
   // no divergent path for the wgmma in flight across them (else it serializes every wgmma).
   const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
@@ -247,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int s = it % kStages;
     const int key0 = it * kBlockN;
     wgmma_wait_group<0>();  // S_it (and nothing else is in flight)
-    int8_gemm::fence_registers(sacc);
+    fence_registers(sacc);
 
     // Scores without the query's scale (quantize_p_tile applies row_scale): acc * sk, the mask, P.
     float sc[kBlockN / 8][4];
@@ -282,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // P V, fresh per tile (INT32 exact, or FP32: the two-level accumulation of FP8).
     Acc pv[kHeadDim / 2];
     const uint64_t desc_v = make_smem_desc_k_sw128(smem_u32(sh.vt[s]));
-    int8_gemm::fence_registers(p_frag);  // P complete before the fence (else ptxas injects one before each product)
+    fence_registers(p_frag);  // P complete before the fence (else ptxas injects one before each product)
     if (it < n_turns) named_barrier_sync(1 + wg);
     wgmma_rs_product<kFp8, false>(pv, p_frag, desc_v);  // P V (unsigned P x INT8 V, or E4M3)
     if constexpr (decltype(has_next)::value) issue_scores(it + 1);
@@ -292,8 +295,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       wgmma_wait_group<0>();
     }
-    int8_gemm::fence_registers(pv);
-    int8_gemm::fence_registers(p_frag);  // read by P V_it until here
+    fence_registers(pv);
+    fence_registers(p_frag);  // read by P V_it until here
     fold_pv_tile<kHeadDim>(as_tiles(o), as_tiles(pv), corr, carry, sh.v_scale[s], t);  // the scale pairs
     release(s);
   };

@@ -26,14 +26,27 @@
 #include "cuda/device_facts.cuh"
 #include "cuda/int8_gemm_epilogue.cuh"
 #include "cuda/int8_gemm_mma_sync.cuh"
+#include "cuda/sm90_pipeline.cuh"
 #include "cuda/sm90_tma.cuh"
-#include "cuda/sm90_wgmma_s8.cuh"
+#include "cuda/sm90_wgmma.cuh"
 #include "llmq/cuda_int8_gemm.hpp"
 #include "llmq/gemm.hpp"
 #include "core/int_math.hpp"
 
 namespace llmq {
 namespace int8_gemm {
+
+using sm90::fence_registers;
+using sm90::make_smem_desc_k_sw128;
+using sm90::prefetch_tensor_map;
+using sm90::setmaxnreg_dec;
+using sm90::setmaxnreg_inc;
+using sm90::smem_u32;
+using sm90::tma_load_2d;
+using sm90::wgmma_commit_group;
+using sm90::wgmma_fence;
+using sm90::wgmma_s8;
+using sm90::wgmma_wait_group;
 
 constexpr int kSm90BlockM = 128;
 constexpr int kSm90BlockK = 128;  // one 128-byte swizzle row of int8
@@ -74,7 +87,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     int8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a,
                           const __grid_constant__ CUtensorMap tmap_b, EpilogueParams p,
                           TileScheduler sched, int k) {
-#if LLMQ_INT8_GEMM_SM90A
+#if LLMQ_SM90A
   using Tile = Sm90Tile<kBlockN>;
   constexpr int kStages = Tile::kStages;
   constexpr int kConsumerWarps = 8;  // each consumer warp releases a slot once (lane 0)
@@ -83,10 +96,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   constexpr int kConsumerRegisters = 232;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t barriers = base + kStages * Tile::kStageBytes;
   // full[s]: the slot's TMA bytes have landed; empty[s]: all 8 consumer warps are done with it.
-  auto full_bar = [&](int s) { return barriers + 8u * static_cast<uint32_t>(s); };
-  auto empty_bar = [&](int s) { return barriers + 8u * static_cast<uint32_t>(kStages + s); };
+  using Ring = sm90::StageRing<kStages>;
+  const Ring ring{base + kStages * Tile::kStageBytes};
   auto stage_a = [&](int s) { return base + static_cast<uint32_t>(s) * Tile::kStageBytes; };
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
@@ -94,11 +106,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&tmap_a);
     prefetch_tensor_map(&tmap_b);
-    for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(full_bar(s), 1);
-      mbarrier_init(empty_bar(s), kConsumerWarps);
-    }
-    fence_barrier_init();
+    ring.init(1, kConsumerWarps);
   }
   __syncthreads();
 
@@ -115,10 +123,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         int mb, nb;
         sched.coords(tile, &mb, &nb);
         for (int kb = 0; kb < k_blocks; ++kb) {
-          mbarrier_wait(empty_bar(stage), phase ^ 1u);
-          mbarrier_arrive_expect_tx(full_bar(stage), Tile::kStageBytes);
-          tma_load_2d(stage_a(stage), &tmap_a, full_bar(stage), kb * kSm90BlockK, mb * kSm90BlockM);
-          tma_load_2d(stage_a(stage) + Tile::kABytes, &tmap_b, full_bar(stage), kb * kSm90BlockK,
+          ring.wait_empty(stage, phase);
+          ring.arrive_full_expect_tx(stage, Tile::kStageBytes);
+          tma_load_2d(stage_a(stage), &tmap_a, ring.full(stage), kb * kSm90BlockK, mb * kSm90BlockM);
+          tma_load_2d(stage_a(stage) + Tile::kABytes, &tmap_b, ring.full(stage), kb * kSm90BlockK,
                       nb * kBlockN);
           if (++stage == kStages) {
             stage = 0;
@@ -144,7 +152,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       sched.coords(tile, &mb, &nb);
       int prev_stage = 0;
       for (int kb = 0; kb < k_blocks; ++kb) {
-        mbarrier_wait(full_bar(stage), phase);
+        ring.wait_full(stage, phase);
         const uint32_t a_tile = stage_a(stage) + a_offset;
         const uint32_t b_tile = stage_a(stage) + Tile::kABytes;
         wgmma_fence();
@@ -158,7 +166,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         // One group stays in flight; the one before it has finished reading its slot.
         wgmma_wait_group<1>();
         fence_registers(acc);
-        if (kb > 0 && lane == 0) mbarrier_arrive(empty_bar(prev_stage));
+        if (kb > 0 && lane == 0) ring.release(prev_stage);
         prev_stage = stage;
         if (++stage == kStages) {
           stage = 0;
@@ -167,7 +175,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       }
       wgmma_wait_group<0>();
       fence_registers(acc);
-      if (lane == 0) mbarrier_arrive(empty_bar(prev_stage));
+      if (lane == 0) ring.release(prev_stage);
 
       // Epilogue from registers: acc[4j + 0, 1] are row r, columns 8j + 2t, +1; acc[4j + 2, 3]
       // row r + 8 (r = 16 warp + lane / 4, t = lane % 4), the wgmma D fragment layout.

@@ -1,6 +1,8 @@
 // Hopper bulk tensor copies (TMA) and the shared-memory mbarriers they complete on: device-side
-// PTX wrappers, plus the host-side tensor-map encoder reached through the runtime's driver entry
-// point (so llmq needs no -lcuda). Internal; CUDA sources only. The device functions need sm_90.
+// PTX wrappers (llmq::sm90; the stage ring built on them is cuda/sm90_pipeline.cuh), plus the
+// host-side tensor-map encoder reached through the runtime's driver entry point (so llmq needs no
+// -lcuda; llmq::int8_gemm, defined in sm90_tma.cu). Internal; CUDA sources only. The device
+// functions need sm_90.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap and its enums (types only; no driver symbols are linked)
@@ -10,10 +12,10 @@
 
 #include "llmq/status.hpp"
 
-namespace llmq::int8_gemm {
-
 // ---------------------------------------------------------------------------------------------
 // Device side (call only from code compiled for sm_90 or later)
+
+namespace llmq::sm90 {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -75,8 +77,12 @@ __device__ __forceinline__ void tma_load_2d(uint32_t smem_dst, const CUtensorMap
       : "memory");
 }
 
+}  // namespace llmq::sm90
+
 // ---------------------------------------------------------------------------------------------
 // Host side
+
+namespace llmq::int8_gemm {
 
 // Tensor map of a row-major int8 matrix [rows, cols] read in boxes of [box_rows, box_cols] with
 // the 128-byte swizzle (box_cols must be 128 bytes = one swizzle row). cols * 1 byte must be a

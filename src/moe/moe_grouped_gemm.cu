@@ -26,28 +26,26 @@
 
 #include "cuda/cuda_check.cuh"
 #include "cuda/device_facts.cuh"
+#include "cuda/sm90_pipeline.cuh"
 #include "cuda/sm90_tma.cuh"
+#include "cuda/sm90_wgmma.cuh"
 #include "llmq/cuda_moe.hpp"
 #include "moe/moe_decode_gemm.hpp"
-#include "moe/sm90_wgmma_e4m3.cuh"
 #include "core/int_math.hpp"
 
 namespace llmq {
 namespace moe {
 
-using int8_gemm::fence_barrier_init;
-using int8_gemm::fence_registers;
-using int8_gemm::make_smem_desc_k_sw128;
-using int8_gemm::mbarrier_arrive;
-using int8_gemm::mbarrier_arrive_expect_tx;
-using int8_gemm::mbarrier_init;
-using int8_gemm::mbarrier_wait;
-using int8_gemm::prefetch_tensor_map;
-using int8_gemm::smem_u32;
-using int8_gemm::tma_load_2d;
-using int8_gemm::wgmma_commit_group;
-using int8_gemm::wgmma_fence;
-using int8_gemm::wgmma_wait_group;
+using sm90::fence_registers;
+using sm90::make_smem_desc_k_sw128;
+using sm90::prefetch_tensor_map;
+using sm90::smem_u32;
+using sm90::tma_load_2d;
+using sm90::wgmma_commit_group;
+using sm90::wgmma_fence;
+using sm90::wgmma_m64n128k16_bf16;
+using sm90::wgmma_m64n128k32_e4m3;
+using sm90::wgmma_wait_group;
 
 constexpr int kBlockM = 128;
 constexpr int kBlockN = 128;
@@ -84,16 +82,15 @@ template <bool kBf16, bool kBlock = false>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a,
                                  const __grid_constant__ CUtensorMap tmap_w, GroupedParams p) {
-#if LLMQ_INT8_GEMM_SM90A
+#if LLMQ_SM90A
   constexpr int kConsumerWarps = 8;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t barriers = base + kStages * kStageBytes;
-  auto full_bar = [&](int s) { return barriers + 8u * static_cast<uint32_t>(s); };
-  auto empty_bar = [&](int s) { return barriers + 8u * static_cast<uint32_t>(kStages + s); };
+  using Ring = sm90::StageRing<kStages>;
+  const Ring ring{base + kStages * kStageBytes};
   auto stage_a = [&](int s) { return base + static_cast<uint32_t>(s) * kStageBytes; };
   // The expert table lives after the barriers (generic pointers for ordinary loads and stores).
-  int32_t* offsets = reinterpret_cast<int32_t*>(smem_raw + (barriers + 16u * kStages - smem_u32(smem_raw)));
+  int32_t* offsets = reinterpret_cast<int32_t*>(smem_raw + (ring.bars + Ring::kBarrierBytes - smem_u32(smem_raw)));
   int32_t* first_tile = offsets + p.experts + 1;
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
@@ -102,11 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&tmap_a);
     prefetch_tensor_map(&tmap_w);
-    for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(full_bar(s), 1);
-      mbarrier_init(empty_bar(s), kConsumerWarps);
-    }
-    fence_barrier_init();
+    ring.init(1, kConsumerWarps);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -135,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_blocks = (p.k + kBlockK - 1) / kBlockK;
 
   if (warpgroup == 0) {
-    int8_gemm::setmaxnreg_dec<40>();
+    sm90::setmaxnreg_dec<40>();
     if (thread_in_group == 0) {
       int stage = 0;
       uint32_t phase = 0;
@@ -145,10 +138,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int a_row = offsets[e] + mb * kBlockM;
         const int w_row = e * p.n + nb * kBlockN;
         for (int kb = 0; kb < k_blocks; ++kb) {
-          mbarrier_wait(empty_bar(stage), phase ^ 1u);
-          mbarrier_arrive_expect_tx(full_bar(stage), kStageBytes);
-          tma_load_2d(stage_a(stage), &tmap_a, full_bar(stage), kb * kBlockK, a_row);
-          tma_load_2d(stage_a(stage) + kABytes, &tmap_w, full_bar(stage), kb * kBlockK, w_row);
+          ring.wait_empty(stage, phase);
+          ring.arrive_full_expect_tx(stage, kStageBytes);
+          tma_load_2d(stage_a(stage), &tmap_a, ring.full(stage), kb * kBlockK, a_row);
+          tma_load_2d(stage_a(stage) + kABytes, &tmap_w, ring.full(stage), kb * kBlockK, w_row);
           if (++stage == kStages) {
             stage = 0;
             phase ^= 1u;
@@ -157,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    int8_gemm::setmaxnreg_inc<232>();
+    sm90::setmaxnreg_inc<232>();
     const int consumer = warpgroup - 1;
     const int warp = thread_in_group / 32;
     const int lane = thread_in_group % 32;
@@ -174,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // flight (wait_group 1) while the slot before it is released, as the INT8 GEMM does.
         int prev_stage = 0;
         for (int kb = 0; kb < k_blocks; ++kb) {
-          mbarrier_wait(full_bar(stage), phase);
+          ring.wait_full(stage, phase);
           const uint32_t a_tile = stage_a(stage) + a_offset;
           const uint32_t b_tile = stage_a(stage) + kABytes;
           wgmma_fence();
@@ -185,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_commit_group();
           wgmma_wait_group<1>();
           fence_registers(acc);
-          if (kb > 0 && lane == 0) mbarrier_arrive(empty_bar(prev_stage));
+          if (kb > 0 && lane == 0) ring.release(prev_stage);
           prev_stage = stage;
           if (++stage == kStages) {
             stage = 0;
@@ -194,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         wgmma_wait_group<0>();
         fence_registers(acc);
-        if (lane == 0) mbarrier_arrive(empty_bar(prev_stage));
+        if (lane == 0) ring.release(prev_stage);
       } else if constexpr (kBlock) {
         // Block scales: K block kb's partial sums times a_scale[row, kb] * w_scale[expert's
         // 128-row block nb, kb], added in FP32. The scales are requested before the block's wgmma
@@ -211,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kb = 0; kb < k_blocks; ++kb) {
           const float sw = swp[kb];
           const float sa0 = ok0 ? sa0p[kb] : 0.0f, sa1 = ok1 ? sa1p[kb] : 0.0f;
-          mbarrier_wait(full_bar(stage), phase);
+          ring.wait_full(stage, phase);
           const uint32_t a_tile = stage_a(stage) + a_offset;
           const uint32_t b_tile = stage_a(stage) + kABytes;
           wgmma_fence();
@@ -222,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_commit_group();
           wgmma_wait_group<0>();
           fence_registers(part);
-          if (lane == 0) mbarrier_arrive(empty_bar(stage));
+          if (lane == 0) ring.release(stage);
           const float f0 = __fmul_rn(sa0, sw), f1 = __fmul_rn(sa1, sw);
 #pragma unroll
           for (int j = 0; j < kBlockN / 8; ++j) {
@@ -243,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.0f;
         for (int kb = 0; kb < k_blocks; ++kb) {
-          mbarrier_wait(full_bar(stage), phase);
+          ring.wait_full(stage, phase);
           const uint32_t a_tile = stage_a(stage) + a_offset;
           const uint32_t b_tile = stage_a(stage) + kABytes;
           wgmma_fence();
@@ -254,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_commit_group();
           wgmma_wait_group<0>();
           fence_registers(part);
-          if (lane == 0) mbarrier_arrive(empty_bar(stage));
+          if (lane == 0) ring.release(stage);
 #pragma unroll
           for (int i = 0; i < kBlockN / 2; ++i) acc[i] += part[i];
           if (++stage == kStages) {
