@@ -2,7 +2,7 @@
 // target (the reference is written to be obviously right, not fast).
 #include <benchmark/benchmark.h>
 
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/synthetic.hpp"
 
 namespace {

@@ -2,7 +2,7 @@
 // decoder under arbitrary bytes: the words must concatenate back to the text exactly, and UTF-8
 // re-encoding of the decoded code points must cover every byte.
 #include "fuzz_support.hpp"
-#include "model/tokenizer_bpe.hpp"
+#include "model/tokenizer/tokenizer_bpe.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace llmq::tokenizer_detail;

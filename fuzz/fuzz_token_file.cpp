@@ -6,7 +6,7 @@
 #include "fuzz_support.hpp"
 #include "llmq/model_io.hpp"
 #include "llmq/tokenizer.hpp"
-#include "model/tokenizer_bpe.hpp"
+#include "model/tokenizer/tokenizer_bpe.hpp"
 
 namespace {
 

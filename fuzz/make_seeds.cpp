@@ -14,7 +14,7 @@
 #include "llmq/calibration.hpp"
 #include "llmq/model_io.hpp"
 #include "llmq/safetensors.hpp"
-#include "model/tokenizer_bpe.hpp"
+#include "model/tokenizer/tokenizer_bpe.hpp"
 
 namespace {
 

@@ -8,7 +8,7 @@
 
 #include "fuzz_support.hpp"
 #include "llmq/tokenizer.hpp"
-#include "model/tokenizer_bpe.hpp"
+#include "model/tokenizer/tokenizer_bpe.hpp"
 
 namespace llmq::fuzz {
 

@@ -21,7 +21,7 @@
 #include "llmq/cuda_gemm.hpp"
 #include "llmq/format.hpp"
 #include "llmq/gemm.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "support.hpp"
 
 namespace llmq {

@@ -17,7 +17,7 @@
 
 #include "llmq/format.hpp"
 #include "llmq/gemm.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "support.hpp"
 
 namespace llmq {

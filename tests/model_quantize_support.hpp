@@ -27,7 +27,7 @@
 #include "llmq/gemm.hpp"
 #include "llmq/model.hpp"
 #include "llmq/model_io.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/quantized_model.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/scheme.hpp"

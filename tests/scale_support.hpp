@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "llmq/format.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/scale.hpp"
 #include "support.hpp"
 

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmq/calibration.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/export.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/model_io.hpp"

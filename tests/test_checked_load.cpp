@@ -25,7 +25,7 @@
 #include "llmq/synthetic_checkpoint.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/transformer.hpp"
-#include "model/input_file.hpp"
+#include "model/checkpoint/input_file.hpp"
 #include "support.hpp"
 
 namespace llmq {

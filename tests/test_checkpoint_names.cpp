@@ -1,11 +1,11 @@
-// The on-disk table of quantized linears (src/model/checkpoint_names.hpp): every (format, scale
+// The on-disk table of quantized linears (src/model/checkpoint/checkpoint_names.hpp): every (format, scale
 // layout) row is written by export_quantized exactly as the table says and read back the same by
 // both readers (read_quantized_linear: as stored; load_hf_model: dequantized); a file that holds
 // both weight_scale and weight_scale_inv, or a scale of the wrong shape, is refused by both with
 // the tensor named.
 #include "model_quantize_support.hpp"
-#include "llmq/quantize.hpp"
-#include "model/checkpoint_names.hpp"
+#include "llmq/quantize_tensor.hpp"
+#include "model/checkpoint/checkpoint_names.hpp"
 
 namespace llmq {
 namespace {

@@ -30,7 +30,7 @@
 #include "llmq/cuda_decode_gemm.hpp"
 #include "llmq/format.hpp"
 #include "llmq/gemm.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "support.hpp"
 
 namespace llmq {

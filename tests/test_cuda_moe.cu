@@ -15,7 +15,7 @@
 #include "llmq/cuda_gemm.hpp"
 #include "llmq/cuda_moe.hpp"
 #include "llmq/format.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/synthetic.hpp"
 #include "support.hpp"
 

@@ -20,7 +20,7 @@
 #include "cuda_support.hpp"
 #include "llmq/cuda_moe.hpp"
 #include "llmq/format.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/synthetic.hpp"
 #include "support.hpp"
 

@@ -14,7 +14,7 @@
 #include "cuda/quantize_kernels.cuh"
 #include "cuda_quantize_support.hpp"
 #include "llmq/format.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/scale.hpp"
 #include "support.hpp"
 

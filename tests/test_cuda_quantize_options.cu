@@ -15,7 +15,7 @@
 #include "cuda_support.hpp"
 #include "llmq/cuda_quantize.hpp"
 #include "llmq/format.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/scale.hpp"
 #include "support.hpp"
 

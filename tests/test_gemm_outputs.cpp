@@ -10,7 +10,7 @@
 #include "gemm_support.hpp"
 #include "llmq/format.hpp"
 #include "llmq/gemm.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "support.hpp"
 
 namespace llmq {

@@ -32,7 +32,7 @@
 #include "llmq/export.hpp"
 #include "llmq/format.hpp"
 #include "llmq/model_io.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/safetensors.hpp"
 #include "support.hpp"
 

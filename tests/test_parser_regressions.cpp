@@ -15,7 +15,7 @@
 #include "llmq/model_io.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/tokenizer.hpp"
-#include "model/tokenizer_bpe.hpp"
+#include "model/tokenizer/tokenizer_bpe.hpp"
 #include "fuzz_regression_inputs.hpp"
 
 namespace llmq {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/scale.hpp"
 #include "support.hpp"
 

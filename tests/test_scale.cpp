@@ -13,7 +13,7 @@
 
 #include "core/element.hpp"
 #include "llmq/format.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/scale.hpp"
 #include "scale_support.hpp"
 #include "support.hpp"

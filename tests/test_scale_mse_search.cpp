@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "llmq/format.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/scale.hpp"
 #include "scale_support.hpp"
 #include "support.hpp"

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmq/tokenizer.hpp"
-#include "model/tokenizer_bpe.hpp"
+#include "model/tokenizer/tokenizer_bpe.hpp"
 #include "support.hpp"
 #include "tokenizer_support.hpp"
 

@@ -95,7 +95,7 @@ std::string quantized_checkpoint_scheme(const Checkpoint& ckpt);
 // (a tied lm_head). Without
 // with_codes weight.data stays empty: a loader that streams the codes takes them from
 // ckpt.view(module + ".weight"). Tensor names and scale shapes are those load_hf_model reads
-// (src/model/checkpoint_names.hpp): both weight_scale and weight_scale_inv, a scale of no known
+// (src/model/checkpoint/checkpoint_names.hpp): both weight_scale and weight_scale_inv, a scale of no known
 // layout, or a weight_zero_point (asymmetric) is an error naming the tensor.
 Status read_quantized_linear(const Checkpoint& ckpt, const std::string& module, bool with_codes, bool* quantized,
                              QuantizedLinear* out);

@@ -10,7 +10,7 @@
 // FP32 accumulator. Output is rounded once to BF16 or stored as FP32.
 #pragma once
 
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/status.hpp"
 #include "llmq/tensor.hpp"
 

@@ -11,7 +11,7 @@
 
 #include "llmq/calibration.hpp"
 #include "llmq/model.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/scheme.hpp"
 #include "llmq/transformer.hpp"
 

@@ -8,7 +8,7 @@
 
 #include "core/element.hpp"
 #include "llmq/format.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/scale.hpp"
 
 namespace llmq {

@@ -1,7 +1,7 @@
 // CPU reference of quantize / dequantize: the specification the CUDA quantize kernels match bit
 // for bit. Per element: v = x * (1 / s) in float32 (after the optional SmoothQuant division),
 // then the saturating conversion of llmq/format.hpp (RNE or stochastic), then for integers + zp.
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 
 #include <cmath>
 #include <string>

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmq/gemm.hpp"
-#include "llmq/quantize.hpp"
+#include "llmq/quantize_tensor.hpp"
 #include "llmq/scale.hpp"
 #include "llmq/synthetic.hpp"
 

@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "model/input_file.hpp"
+#include "model/checkpoint/input_file.hpp"
 
 namespace llmq {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "llmq/format.hpp"
 #include "llmq/safetensors.hpp"
-#include "model/checkpoint_names.hpp"
+#include "model/checkpoint/checkpoint_names.hpp"
 #include "core/int_math.hpp"
 
 namespace llmq {

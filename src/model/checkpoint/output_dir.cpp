@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmq/atomic_io.hpp"
-#include "model/input_file.hpp"
+#include "model/checkpoint/input_file.hpp"
 
 namespace llmq {
 namespace {

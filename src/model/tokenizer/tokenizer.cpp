@@ -7,8 +7,8 @@
 #include <iterator>
 
 #include "llmq/model_io.hpp"
-#include "model/input_file.hpp"
-#include "model/tokenizer_bpe.hpp"
+#include "model/checkpoint/input_file.hpp"
+#include "model/tokenizer/tokenizer_bpe.hpp"
 
 namespace llmq {
 namespace {

@@ -10,8 +10,8 @@
 #include "llmq/dtype.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/synthetic_checkpoint.hpp"
-#include "model/checkpoint_names.hpp"
-#include "model/input_file.hpp"
+#include "model/checkpoint/checkpoint_names.hpp"
+#include "model/checkpoint/input_file.hpp"
 
 namespace llmq {
 namespace {

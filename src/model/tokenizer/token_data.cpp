@@ -8,7 +8,7 @@
 
 #include "llmq/model_io.hpp"
 #include "llmq/tokenizer.hpp"
-#include "model/input_file.hpp"
+#include "model/checkpoint/input_file.hpp"
 
 namespace llmq {
 namespace {

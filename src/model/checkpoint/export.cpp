@@ -37,8 +37,8 @@
 #include "llmq/output_dir.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/scale.hpp"
-#include "model/checkpoint_names.hpp"
-#include "model/input_file.hpp"
+#include "model/checkpoint/checkpoint_names.hpp"
+#include "model/checkpoint/input_file.hpp"
 
 namespace llmq {
 namespace {

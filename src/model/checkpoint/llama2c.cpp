@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "llmq/model.hpp"
-#include "model/input_file.hpp"
+#include "model/checkpoint/input_file.hpp"
 
 namespace llmq {
 namespace {

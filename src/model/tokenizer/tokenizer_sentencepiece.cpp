@@ -4,7 +4,7 @@
 // Every length and offset is checked against the file, and errors name the file and byte offset.
 #include <cstring>
 
-#include "model/tokenizer_bpe.hpp"
+#include "model/tokenizer/tokenizer_bpe.hpp"
 
 namespace llmq::tokenizer_detail {
 namespace {

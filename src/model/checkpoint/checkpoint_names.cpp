@@ -1,6 +1,6 @@
 // The on-disk names and scale shapes of quantized linears (see checkpoint_names.hpp): the writer's
 // table and the readers' one lookup.
-#include "model/checkpoint_names.hpp"
+#include "model/checkpoint/checkpoint_names.hpp"
 
 #include <cmath>
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <iterator>
 
-#include "model/tokenizer_bpe.hpp"
+#include "model/tokenizer/tokenizer_bpe.hpp"
 
 namespace llmq::tokenizer_detail {
 namespace {

@@ -7,8 +7,8 @@
 
 #include "llmq/export.hpp"
 #include "llmq/safetensors.hpp"
-#include "model/checkpoint_names.hpp"
-#include "model/input_file.hpp"
+#include "model/checkpoint/checkpoint_names.hpp"
+#include "model/checkpoint/input_file.hpp"
 
 namespace llmq {
 namespace {

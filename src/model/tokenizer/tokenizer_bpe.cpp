@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <queue>
 
-#include "model/tokenizer_bpe.hpp"
+#include "model/tokenizer/tokenizer_bpe.hpp"
 
 namespace llmq::tokenizer_detail {
 namespace {

@@ -1,5 +1,5 @@
 // Bounded input reading (input_file.hpp).
-#include "model/input_file.hpp"
+#include "model/checkpoint/input_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -15,7 +15,7 @@
 
 #include "llmq/export.hpp"
 #include "llmq/safetensors.hpp"
-#include "model/input_file.hpp"
+#include "model/checkpoint/input_file.hpp"
 
 namespace llmq {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "llmq/atomic_io.hpp"
 #include "llmq/calibration.hpp"
-#include "model/input_file.hpp"
+#include "model/checkpoint/input_file.hpp"
 
 namespace llmq {
 namespace {

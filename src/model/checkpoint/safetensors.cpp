@@ -23,7 +23,7 @@
 
 #include "llmq/atomic_io.hpp"
 #include "llmq/format.hpp"
-#include "model/input_file.hpp"
+#include "model/checkpoint/input_file.hpp"
 
 // Safetensors data is little-endian; elements are read and written by memcpy.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "llmq's safetensors code assumes a little-endian host");

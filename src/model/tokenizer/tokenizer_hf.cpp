@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/tokenizer_bpe.hpp"
-#include "model/input_file.hpp"
+#include "model/tokenizer/tokenizer_bpe.hpp"
+#include "model/checkpoint/input_file.hpp"
 
 namespace llmq::tokenizer_detail {
 namespace {
