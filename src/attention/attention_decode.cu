@@ -27,12 +27,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <string>
 #include <type_traits>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/device_facts.cuh"
 #include "cuda/pdl.cuh"
 #include "attention/attention.hpp"
 #include "attention/attention_validate.hpp"
@@ -366,18 +365,9 @@ DecodePlan make_plan(const DecodeAttentionArgs& a, int64_t sms) {
 }
 
 Status query_sm_count(int64_t* sms) {
-  static std::mutex mu;
-  static std::map<int, int> cache;
-  int device = 0;
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(device);
-  if (it == cache.end()) {
-    int count = 0;
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    it = cache.emplace(device, count).first;
-  }
-  *sms = it->second;
+  cuda::DeviceFacts dev;  // cached per device
+  LLMQ_RETURN_IF_ERROR(cuda::current_device_facts(&dev));
+  *sms = dev.sms;
   return {};
 }
 

@@ -7,16 +7,15 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/device_facts.cuh"
 #include "cuda/quantize_kernels.cuh"
 #include "llmq/device.hpp"
 #include "llmq/format.hpp"
@@ -50,48 +49,14 @@ float bits_float(uint32_t u) {
   return f;
 }
 
-// ---- Device facts, queried once per device (the FP8 check and the SM count). The hot path is
-// one cudaGetDevice (no system call) and an acquire load; the first call per device fills the
-// entry under a mutex.
-constexpr int kMaxCachedDevices = 64;
-struct DeviceFacts {
-  std::atomic<bool> ready{false};
-  bool fp8 = false;
-  int sms = 0;
-};
-DeviceFacts g_device_facts[kMaxCachedDevices];
-std::mutex g_device_facts_mutex;
-
-Status query_device_facts(int device, bool* fp8, int* sms) {
-  int n = 0;
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  *fp8 = require_fp8_device(device).ok();
-  *sms = n;
-  return {};
-}
-
+// ---- The current device and its SM count (cuda/device_facts.cuh, cached per device); with FP8
+// formats, the FP8 check's error where the device has no FP8 tensor cores.
 Status current_device(bool need_fp8, int* ordinal, int* sms) {
-  int device = 0;
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  bool fp8 = false;
-  int n = 0;
-  if (device >= 0 && device < kMaxCachedDevices) {
-    DeviceFacts& f = g_device_facts[device];
-    if (!f.ready.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(g_device_facts_mutex);
-      if (!f.ready.load(std::memory_order_relaxed)) {
-        LLMQ_RETURN_IF_ERROR(query_device_facts(device, &f.fp8, &f.sms));
-        f.ready.store(true, std::memory_order_release);
-      }
-    }
-    fp8 = f.fp8;
-    n = f.sms;
-  } else {
-    LLMQ_RETURN_IF_ERROR(query_device_facts(device, &fp8, &n));
-  }
-  if (need_fp8 && !fp8) return require_fp8_device(device);  // the error, with its message
-  *ordinal = device;
-  *sms = n;
+  cuda::DeviceFacts dev;
+  LLMQ_RETURN_IF_ERROR(cuda::current_device_facts(&dev));
+  if (need_fp8 && !cuda::has_fp8(dev)) return require_fp8_device(dev.ordinal);  // the error, with its message
+  *ordinal = dev.ordinal;
+  *sms = dev.sms;
   return {};
 }
 

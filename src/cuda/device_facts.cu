@@ -3,7 +3,8 @@
 
 #include <cuda_runtime.h>
 
-#include <map>
+#include <atomic>
+#include <cstdio>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -12,26 +13,49 @@
 
 namespace llmq::cuda {
 
+namespace {
+
+constexpr int kMaxCachedDevices = 64;
+struct Slot {
+  std::atomic<bool> ready{false};
+  DeviceFacts facts;
+};
+Slot g_slots[kMaxCachedDevices];
+std::mutex g_slots_mutex;
+
+Status query(int ordinal, DeviceFacts* f) {
+  cudaDeviceProp prop{};
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
+  f->ordinal = ordinal;
+  f->major = prop.major;
+  f->minor = prop.minor;
+  f->sms = prop.multiProcessorCount;
+  f->smem_optin = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+  f->global_memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+  std::snprintf(f->name, sizeof f->name, "%s", prop.name);
+  return {};
+}
+
+}  // namespace
+
+Status device_facts(int ordinal, DeviceFacts* out) {
+  if (ordinal < 0 || ordinal >= kMaxCachedDevices) return query(ordinal, out);
+  Slot& s = g_slots[ordinal];
+  if (!s.ready.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(g_slots_mutex);
+    if (!s.ready.load(std::memory_order_relaxed)) {
+      LLMQ_RETURN_IF_ERROR(query(ordinal, &s.facts));
+      s.ready.store(true, std::memory_order_release);
+    }
+  }
+  *out = s.facts;
+  return {};
+}
+
 Status current_device_facts(DeviceFacts* out) {
-  static std::mutex mu;
-  static std::map<int, DeviceFacts> cache;
   int device = 0;
   LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(device);
-  if (it == cache.end()) {
-    DeviceFacts f;
-    f.ordinal = device;
-    int optin = 0;
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device));
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device));
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device));
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    f.smem_optin = optin;
-    it = cache.emplace(device, f).first;
-  }
-  *out = it->second;
-  return {};
+  return device_facts(device, out);
 }
 
 Status allow_dynamic_smem(const void* kernel, int bytes, int device) {

@@ -1,7 +1,9 @@
-// Facts about the current CUDA device that launch paths need on every call (compute capability,
-// SM count, opt-in shared memory), queried once per device and cached, and the one-time raising of
-// a kernel's dynamic shared-memory limit. Driver queries are system calls; a launch path that
-// runs once per layer per token must not repeat them. Internal; CUDA sources only.
+// Facts about a CUDA device (compute capability, SM count, opt-in shared memory, name, memory),
+// queried once per device (one cudaGetDeviceProperties) and cached: the one source of device facts,
+// for the launch paths, which read them on every call, and for query_cuda_device
+// (llmq/device.hpp), their public view. The hot path is a cudaGetDevice and an acquire load; a
+// launch path that runs once per layer per token must not repeat driver queries. Also the one-time
+// raising of a kernel's dynamic shared-memory limit. Internal; CUDA sources only.
 #pragma once
 
 #include <cstdint>
@@ -11,13 +13,21 @@
 
 namespace llmq::cuda {
 
+// Plain data (copied on every launch without allocating).
 struct DeviceFacts {
   int ordinal = 0, major = 0, minor = 0, sms = 0;
   int64_t smem_optin = 0;  // the most dynamic shared memory a block may opt in to, bytes
+  int64_t global_memory_bytes = 0;
+  char name[256] = {};
 };
 
-// The current device's facts (cached per device after the first call; thread-safe).
+// Device `ordinal`'s facts (cached per device after the first call; thread-safe). The ordinal must
+// be a present device (query_cuda_device checks it for callers that take one from a user).
+Status device_facts(int ordinal, DeviceFacts* out);
+// The current device's.
 Status current_device_facts(DeviceFacts* out);
+// Whether the device has FP8 tensor cores (llmq/device.hpp has the rule).
+inline bool has_fp8(const DeviceFacts& d) { return compute_capability_has_fp8(d.major, d.minor); }
 
 // sm_90a machine code (wgmma, TMA) runs here (llmq/device.hpp has the rule).
 inline bool has_sm90a(const DeviceFacts& d) { return compute_capability_has_sm90a(d.major, d.minor); }

@@ -1,6 +1,8 @@
-// Device queries through the CUDA runtime; every call's status is checked.
+// query_cuda_device (llmq/device.hpp): the public view of the cached device facts
+// (cuda/device_facts.cuh); every call's status is checked.
 #include <cuda_runtime.h>
 
+#include "cuda/device_facts.cuh"
 #include "llmq/device.hpp"
 
 namespace llmq {
@@ -13,15 +15,13 @@ Status query_cuda_device(int ordinal, CudaDeviceInfo* out) {
   if (ordinal < 0 || ordinal >= count)
     return invalid_argument("device: ordinal " + std::to_string(ordinal) + " but " +
                             std::to_string(count) + " device(s) present");
-  cudaDeviceProp prop{};
-  err = cudaGetDeviceProperties(&prop, ordinal);
-  if (err != cudaSuccess)
-    return {StatusCode::kCudaError, std::string("cudaGetDeviceProperties: ") + cudaGetErrorString(err)};
-  out->name = prop.name;
-  out->major = prop.major;
-  out->minor = prop.minor;
-  out->multiprocessors = prop.multiProcessorCount;
-  out->global_memory_bytes = static_cast<long long>(prop.totalGlobalMem);
+  cuda::DeviceFacts f;
+  LLMQ_RETURN_IF_ERROR(cuda::device_facts(ordinal, &f));
+  out->name = f.name;
+  out->major = f.major;
+  out->minor = f.minor;
+  out->multiprocessors = f.sms;
+  out->global_memory_bytes = f.global_memory_bytes;
   return {};
 }
 

@@ -22,6 +22,7 @@
 #include "cuda/cublaslt_handles.cuh"
 #include "cuda/cuda_check.cuh"
 #include "llmq/cuda_gemm.hpp"
+#include "llmq/device.hpp"
 #include "core/int_math.hpp"
 
 namespace llmq {
@@ -297,18 +298,11 @@ CudaGemmRunner::~CudaGemmRunner() = default;
 Status CudaGemmRunner::create(int device_ordinal, std::unique_ptr<CudaGemmRunner>* out) {
   if (out == nullptr) return invalid_argument("out: null");
   std::unique_ptr<CudaGemmRunner> runner(new CudaGemmRunner());
-  // The compute capability straight from the runtime (two attribute reads, no property struct).
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess)
-    return unsupported(std::string("no CUDA device: ") + cudaGetErrorString(err));
-  if (device_ordinal < 0 || device_ordinal >= count)
-    return invalid_argument("device: ordinal " + std::to_string(device_ordinal) + " but " +
-                            std::to_string(count) + " device(s) present");
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&runner->impl_->sm_major,
-                                                   cudaDevAttrComputeCapabilityMajor, device_ordinal));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&runner->impl_->sm_minor,
-                                                   cudaDevAttrComputeCapabilityMinor, device_ordinal));
+  // The compute capability from the device facts (query_cuda_device checks the ordinal).
+  CudaDeviceInfo info;
+  LLMQ_RETURN_IF_ERROR(query_cuda_device(device_ordinal, &info));
+  runner->impl_->sm_major = info.major;
+  runner->impl_->sm_minor = info.minor;
   runner->impl_->ordinal = device_ordinal;
   LLMQ_RETURN_IF_ERROR(detail::create_lt_handle(&runner->impl_->handle));
   *out = std::move(runner);

@@ -2,6 +2,7 @@
 // set_programmatic_dependent_launch (llmq/device.hpp) turns it off for the process.
 #include <atomic>
 
+#include "cuda/device_facts.cuh"
 #include "cuda/pdl.cuh"
 #include "llmq/device.hpp"
 
@@ -21,9 +22,8 @@ bool pdl_enabled() {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
   if (state[device] == 0) {
-    int major = 0;
-    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess;
-    state[device] = (ok && major >= 9) ? 2 : 1;
+    cuda::DeviceFacts dev;  // PDL (griddepcontrol) is sm_90 and newer
+    state[device] = (cuda::current_device_facts(&dev).ok() && dev.major >= 9) ? 2 : 1;
   }
   return state[device] == 2;
 }
