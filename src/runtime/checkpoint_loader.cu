@@ -241,7 +241,7 @@ Status GpuModel::from_checkpoint(const std::string& dir, const GpuPrecision& p, 
   } else {
     load.bf16 = false;
     load.scheme = p.scheme;
-    if (load.scheme.needs_statistics() || !runtime::weights_quantize_on_device(load.scheme))
+    if (!runtime::scheme_streams_from_checkpoint(load.scheme))
       return unsupported("--scheme " + precision + " on the GPU from a checkpoint: static, SmoothQuant and MSE schemes need "
                          "calibration statistics; quantize with `llmq quantize --stats` first, or use a dynamic scheme");
   }

@@ -23,6 +23,11 @@ extern const char* const kMoeNotF32;
 inline bool weights_quantize_on_device(const Scheme& s) {
   return s.smooth_alpha < 0.0f && s.weight.method == ScaleMethod::kAbsmax;
 }
+// What from_checkpoint quantizes while it streams: such weights, with dynamic activations (static
+// scales come from calibration). GpuModel::load sends every other scheme through the host.
+inline bool scheme_streams_from_checkpoint(const Scheme& s) {
+  return weights_quantize_on_device(s) && !s.needs_statistics();
+}
 Status select_device(int device);
 Status check_config(const ModelConfig& c);
 // Device bytes of the weights (linears BF16 or 8-bit, embeddings and lm_head BF16).

@@ -72,16 +72,16 @@ struct Prepared {
   std::unique_ptr<QuantizedModel> quantized;  // host routes under a scheme
 };
 
-// What from_checkpoint takes: as stored, BF16, or a scheme whose weights the device quantizes
-// (runtime::weights_quantize_on_device) with dynamic activations (static scales come from calibration).
+// What from_checkpoint takes: as stored, BF16, or runtime::scheme_streams_from_checkpoint.
 bool streams_from_checkpoint(const GpuPrecision& p) {
   if (p.kind != GpuPrecision::Kind::kScheme) return p.kind != GpuPrecision::Kind::kF32;
-  return runtime::weights_quantize_on_device(p.scheme) && !p.scheme.needs_statistics();
+  return runtime::scheme_streams_from_checkpoint(p.scheme);
 }
 
 Status quantize_on_host(const ModelWeights& w, const GpuPrecision& p, const CalibrationStats* stats, Prepared* out) {
   if (p.scheme.needs_statistics() && stats == nullptr)
-    return invalid_argument("--scheme " + p.scheme.name + ": needs calibration statistics (llmq calibrate, then --stats)");
+    return invalid_argument(p.scheme.name + ": needs calibration statistics (llmq calibrate; then `run --stats`, or quantize "
+                            "with them and run the checkpoint)");
   out->quantized = std::make_unique<QuantizedModel>();
   LLMQ_RETURN_IF_ERROR(quantize_model(w, p.scheme, stats, {}, out->quantized.get()));
   out->source.kind = GpuModelSource::Kind::kHostQuantized;
@@ -98,10 +98,12 @@ Status prepare(const GpuModelSource& s, const GpuPrecision& p, const Calibration
     case GpuModelSource::Kind::kHostQuantized:
       return {};
     case GpuModelSource::Kind::kCheckpoint: {
-      // A quantized checkpoint streams (as stored; from_checkpoint refuses any other scheme).
+      if (streams_from_checkpoint(p)) return {};  // from_checkpoint reads the header itself
+      // A quantized checkpoint streams even then (as stored; from_checkpoint refuses any other
+      // scheme): the header is read here only on the way to the host route.
       std::unique_ptr<Checkpoint> ckpt;
       LLMQ_RETURN_IF_ERROR(Checkpoint::open(s.dir, &ckpt));
-      if (is_quantized_checkpoint(*ckpt) || streams_from_checkpoint(p)) return {};
+      if (is_quantized_checkpoint(*ckpt)) return {};
       // f32 and calibrated schemes: the float model on the host first.
       out->weights = std::make_unique<ModelWeights>();
       LLMQ_RETURN_IF_ERROR(load_model(s.dir, out->weights.get()));

@@ -88,8 +88,6 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
   ModelWeights host;
   GpuModelSource source;
   LLMQ_RETURN_IF_ERROR(gpu_model_source(a.model, a.seed, &source, &host));
-  if (p.kind == GpuPrecision::Kind::kScheme && p.scheme.needs_statistics() && source.kind != GpuModelSource::Kind::kSynthetic)
-    return invalid_argument("--precision " + precision + ": static and SmoothQuant schemes need calibration; bench them on a synthetic model or quantize first");
   const std::string what = (source.kind == GpuModelSource::Kind::kSynthetic ? "generating " : "loading ") + a.model + " " +
                            precision + (tp > 1 ? " over " + std::to_string(tp) + " GPUs" : "");
   Progress progress(what);
