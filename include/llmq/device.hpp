@@ -22,7 +22,9 @@ struct CudaDeviceInfo {
   bool supports_fp8() const { return compute_capability_has_fp8(major, minor); }
 };
 
-// Fails with kUnsupported when llmq was built without CUDA or no device is present.
+// Fails with kUnsupported when llmq was built without CUDA or the machine has no CUDA driver or
+// GPU ("no CUDA driver or GPU on this machine (cudaErrorNoDevice)"), with kInvalidArgument when
+// `ordinal` is not one of its devices.
 Status query_cuda_device(int ordinal, CudaDeviceInfo* out);
 
 // The standard check before an FP8 kernel: ok on sm_89+, a clear error otherwise.

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <mutex>
 #include <set>
+#include <string>
 #include <tuple>
 
 #include "cuda/cuda_check.cuh"
@@ -37,6 +38,37 @@ Status query(int ordinal, DeviceFacts* f) {
 }
 
 }  // namespace
+
+Status device_count(int* out) {
+  static int count = 0;
+  // Initialized once per process, thread-safely (a function-local static).
+  static const Status status = [] {
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky, but leave no error behind for a later check
+      count = 0;
+      return detail::cuda_status(err, "cudaGetDeviceCount");
+    }
+    return count == 0 ? detail::cuda_no_gpu_status(cudaErrorNoDevice) : Status();
+  }();
+  *out = count;
+  return status;
+}
+
+Status check_device(int ordinal) {
+  int count = 0;
+  LLMQ_RETURN_IF_ERROR(device_count(&count));
+  if (ordinal < 0 || ordinal >= count)
+    return invalid_argument("CUDA device " + std::to_string(ordinal) + " does not exist on this machine (" +
+                            std::to_string(count) + " present)");
+  return {};
+}
+
+Status select_device(int ordinal) {
+  LLMQ_RETURN_IF_ERROR(check_device(ordinal));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  return {};
+}
 
 Status device_facts(int ordinal, DeviceFacts* out) {
   if (ordinal < 0 || ordinal >= kMaxCachedDevices) return query(ordinal, out);

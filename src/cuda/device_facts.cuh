@@ -21,6 +21,16 @@ struct DeviceFacts {
   char name[256] = {};
 };
 
+// How many CUDA devices this machine has. The driver is asked once per process, at the first
+// device touch of any entry point (model loading, query_cuda_device, a tensor-parallel group), so
+// a machine without a driver or GPU is told so in one message before anything else fails:
+// kUnsupported "no CUDA driver or GPU on this machine (cudaErrorNoDevice)".
+Status device_count(int* out);
+// device_count's check, then whether `ordinal` is one of the devices (kInvalidArgument naming it).
+Status check_device(int ordinal);
+// check_device, then cudaSetDevice: how library code picks a device a caller named.
+Status select_device(int ordinal);
+
 // Device `ordinal`'s facts (cached per device after the first call; thread-safe). The ordinal must
 // be a present device (query_cuda_device checks it for callers that take one from a user).
 Status device_facts(int ordinal, DeviceFacts* out);

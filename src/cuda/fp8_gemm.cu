@@ -284,7 +284,7 @@ struct CudaGemmRunner::Impl {
         (st == CUBLAS_STATUS_SUCCESS && returned == 0))
       return unsupported("cuBLASLt has no algorithm for " + describe(p) + " (heuristic: " +
                          cublasLtGetStatusName(st) + ", " + std::to_string(returned) + " results)");
-    LLMQ_CUBLAS_RETURN_IF_ERROR(st);
+    LLMQ_RETURN_IF_ERROR(detail::cublas_status(st, "cublasLtMatmulAlgoGetHeuristic"));
     plan.algo = result.algo;
     auto inserted = plans.emplace(key, std::move(plan));
     *out = &inserted.first->second;
@@ -364,7 +364,7 @@ Status CudaGemmRunner::run(const CudaGemmProblem& p, void* workspace, int64_t wo
       plan->lt_b.get(), &beta, p.d, plan->lt_d.get(), p.d, plan->lt_d.get(), &plan->algo,
       lt_workspace, static_cast<size_t>(lt_workspace_bytes), stream);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    const Status failed = detail::cublas_status(st, "cublasLtMatmul", __FILE__, __LINE__);
+    const Status failed = detail::cublas_status(st, "cublasLtMatmul");
     return {failed.code(), describe(p) + ": " + failed.message()};
   }
   return {};

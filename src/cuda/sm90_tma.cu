@@ -26,8 +26,7 @@ EncoderLookup lookup_encoder() {
   const cudaError_t err =
       cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &query);
   if (err != cudaSuccess)
-    return {nullptr, detail::cuda_status(err, "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)",
-                                         __FILE__, __LINE__)};
+    return {nullptr, detail::cuda_status(err, "cudaGetDriverEntryPointByVersion")};
   if (query != cudaDriverEntryPointSuccess || fn == nullptr)
     return {nullptr, unsupported("the CUDA driver has no cuTensorMapEncodeTiled (driver older than 12.0?)")};
   return {reinterpret_cast<EncodeTiledFn>(fn), Status()};

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/device_facts.cuh"
 #include "llmq/tensor_parallel_group.hpp"
 #include "parallel/p2p_all_reduce.hpp"
 
@@ -95,10 +96,13 @@ Status open_nccl(const std::string& preferred, const NcclLibrary** out) {
 // peer kernel; prefill steps go through NCCL's bandwidth-optimal ring.
 constexpr int64_t kP2pAllReduceMaxBytes = 512 * 1024;
 
+// "<what>: <NCCL's sentence> (NCCL error N)", like cuda_check.cuh's. An invalid argument or usage
+// is llmq calling NCCL wrongly (kInternal); the rest are failures of the system, the GPUs or their
+// links (kCudaError).
 Status nccl_status(const NcclLibrary& lib, ncclResult_t r, const std::string& what) {
   if (r == ncclSuccess) return {};
-  return Status(StatusCode::kInternal, what + ": NCCL error " + std::to_string(static_cast<int>(r)) + " (" +
-                                           lib.error_string(r) + ")");
+  const StatusCode code = (r == ncclInvalidArgument || r == ncclInvalidUsage) ? StatusCode::kInternal : StatusCode::kCudaError;
+  return Status(code, what + ": " + lib.error_string(r) + " (NCCL error " + std::to_string(static_cast<int>(r)) + ")");
 }
 
 }  // namespace
@@ -124,12 +128,9 @@ TensorParallelGroup::~TensorParallelGroup() = default;
 
 Status TensorParallelGroup::create(const std::vector<int>& devices, std::unique_ptr<TensorParallelGroup>* out,
                                    const TensorParallelGroupOptions& options) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    count = 0;
-  }
   if (devices.size() < 2) return invalid_argument("--tp: a tensor-parallel group needs 2 or more devices");
+  int count = 0;
+  LLMQ_RETURN_IF_ERROR(cuda::device_count(&count));
   for (size_t i = 0; i < devices.size(); ++i) {
     if (devices[i] < 0 || devices[i] >= count)
       return invalid_argument("--tp " + std::to_string(devices.size()) + ": device " + std::to_string(devices[i]) +

@@ -85,7 +85,7 @@ Status P2pAllReduce::create(const std::vector<int>& devices, int64_t max_bytes, 
       if (i == j) continue;
       const cudaError_t e = cudaDeviceEnablePeerAccess(devices[j], 0);
       if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
-      else LLMQ_CUDA_RETURN_IF_ERROR(e);
+      else LLMQ_RETURN_IF_ERROR(detail::cuda_status(e, "cudaDeviceEnablePeerAccess"));
     }
     Rank& r = p->ranks_[static_cast<size_t>(i)];
     LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(2 * n * p->max_elements_ * 2, "all-reduce staging", &r.staging));

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/device_facts.cuh"
 #include "llmq/export.hpp"
 #include "llmq/format.hpp"
 #include "llmq/gpu_runtime.hpp"
@@ -245,7 +246,7 @@ Status GpuModel::from_checkpoint(const std::string& dir, const GpuPrecision& p, 
       return unsupported("--scheme " + precision + " on the GPU from a checkpoint: static, SmoothQuant and MSE schemes need "
                          "calibration statistics; quantize with `llmq quantize --stats` first, or use a dynamic scheme");
   }
-  LLMQ_RETURN_IF_ERROR(runtime::select_device(device));
+  LLMQ_RETURN_IF_ERROR(cuda::select_device(device));
   ModelConfig local;
   bool block_scales = !load.bf16 && runtime::has_weight_blocks(load.scheme);
   if (load.stored_quantized) {

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/device_facts.cuh"
 #include "llmq/cuda_quantize.hpp"
 #include "llmq/format.hpp"
 #include "llmq/quantized_model.hpp"
@@ -223,18 +224,6 @@ Status quantized_linear(const std::string& name, const std::vector<const Quantiz
   return {};
 }
 
-Status select_device(int device) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    return unsupported("no CUDA device is present");
-  }
-  if (device < 0 || device >= count)
-    return invalid_argument("--gpu: device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " present)");
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  return {};
-}
-
 std::string layer_name(int64_t l, const char* what) { return "layers." + std::to_string(l) + "." + what; }
 
 Status check_config(const ModelConfig& c) {
@@ -317,7 +306,7 @@ Status GpuModel::from_float(const ModelWeights& w, DType linear_dtype, int devic
   if (w.config.is_moe() && linear_dtype != DType::kBF16) return unsupported(kMoeNotF32);
   if (linear_dtype != DType::kF32 && linear_dtype != DType::kBF16)
     return invalid_argument(std::string("linear dtype: f32 or bf16, got ") + dtype_name(linear_dtype));
-  LLMQ_RETURN_IF_ERROR(select_device(device));
+  LLMQ_RETURN_IF_ERROR(cuda::select_device(device));
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;
   g.config = local;
@@ -367,7 +356,7 @@ Status GpuModel::from_quantized(const QuantizedModel& q, int device, std::unique
   LLMQ_RETURN_IF_ERROR(check_config(w.config));
   ModelConfig local;
   LLMQ_RETURN_IF_ERROR(begin_tensor_parallel(w.config, tp, has_weight_blocks(q.scheme), &local));
-  LLMQ_RETURN_IF_ERROR(select_device(device));
+  LLMQ_RETURN_IF_ERROR(cuda::select_device(device));
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;
   g.config = local;
@@ -501,7 +490,7 @@ Status GpuModel::synthetic(const ModelConfig& c, const GpuPrecision& p, uint64_t
   }
   ModelConfig local;
   LLMQ_RETURN_IF_ERROR(begin_tensor_parallel(c, tp, !plan.bf16 && has_weight_blocks(plan.scheme), &local));
-  LLMQ_RETURN_IF_ERROR(select_device(device));
+  LLMQ_RETURN_IF_ERROR(cuda::select_device(device));
   LLMQ_RETURN_IF_ERROR(check_fits(local, plan.bf16, precision));
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& g = *m->impl_;
@@ -556,7 +545,7 @@ Status GpuModel::synthetic(const ModelConfig& c, const GpuPrecision& p, uint64_t
 }
 
 Status measure_copy_bandwidth(int device, int64_t bytes, double* bytes_per_second) {
-  LLMQ_RETURN_IF_ERROR(select_device(device));
+  LLMQ_RETURN_IF_ERROR(cuda::select_device(device));
   DeviceAllocation a, b;
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(bytes, "copy source", &a));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(bytes, "copy destination", &b));
@@ -587,7 +576,7 @@ Status measure_copy_bandwidth(int device, int64_t bytes, double* bytes_per_secon
 }
 
 Status gpu_memory_in_use(int device, int64_t* used_bytes, int64_t* total_bytes) {
-  LLMQ_RETURN_IF_ERROR(select_device(device));
+  LLMQ_RETURN_IF_ERROR(cuda::select_device(device));
   int64_t f = 0;
   LLMQ_RETURN_IF_ERROR(runtime::device_memory_info(&f, total_bytes));
   *used_bytes = *total_bytes - f;

@@ -1,5 +1,5 @@
 // The pieces GpuModel's loaders share (gpu_model.cu defines them; checkpoint_loader.cu uses them
-// too): device selection, the "does it fit" check, uploads, and quantizing a weight on the device.
+// too): the "does it fit" check, uploads, and quantizing a weight on the device.
 #pragma once
 
 #include <string>
@@ -28,7 +28,6 @@ inline bool weights_quantize_on_device(const Scheme& s) {
 inline bool scheme_streams_from_checkpoint(const Scheme& s) {
   return weights_quantize_on_device(s) && !s.needs_statistics();
 }
-Status select_device(int device);
 Status check_config(const ModelConfig& c);
 // Device bytes of the weights (linears BF16 or 8-bit, embeddings and lm_head BF16).
 int64_t model_bytes(const ModelConfig& c, bool bf16_linears);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "llmq/calibration.hpp"
+#include "llmq/device.hpp"
 #include "llmq/export.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/model_io.hpp"
@@ -78,10 +79,27 @@ bool streams_from_checkpoint(const GpuPrecision& p) {
   return runtime::scheme_streams_from_checkpoint(p.scheme);
 }
 
-Status quantize_on_host(const ModelWeights& w, const GpuPrecision& p, const CalibrationStats* stats, Prepared* out) {
+// The devices a load will use, [first, first + count): checked before the host reads or quantizes
+// a whole model for them, so that a machine without a GPU (or a build without CUDA) says so first
+// rather than after minutes of work. Argument checks still come before it.
+struct Devices {
+  int first = 0, count = 1;
+};
+
+Status check_devices(const Devices& d) {
+  for (int i = d.first; i < d.first + d.count; ++i) {
+    CudaDeviceInfo info;
+    LLMQ_RETURN_IF_ERROR(query_cuda_device(i, &info));
+  }
+  return {};
+}
+
+Status quantize_on_host(const ModelWeights& w, const GpuPrecision& p, const CalibrationStats* stats, const Devices& devices,
+                        Prepared* out) {
   if (p.scheme.needs_statistics() && stats == nullptr)
     return invalid_argument(p.scheme.name + ": needs calibration statistics (llmq calibrate; then `run --stats`, or quantize "
                             "with them and run the checkpoint)");
+  LLMQ_RETURN_IF_ERROR(check_devices(devices));
   out->quantized = std::make_unique<QuantizedModel>();
   LLMQ_RETURN_IF_ERROR(quantize_model(w, p.scheme, stats, {}, out->quantized.get()));
   out->source.kind = GpuModelSource::Kind::kHostQuantized;
@@ -90,7 +108,8 @@ Status quantize_on_host(const ModelWeights& w, const GpuPrecision& p, const Cali
   return {};
 }
 
-Status prepare(const GpuModelSource& s, const GpuPrecision& p, const CalibrationStats* stats, Prepared* out) {
+Status prepare(const GpuModelSource& s, const GpuPrecision& p, const CalibrationStats* stats, const Devices& devices,
+               Prepared* out) {
   out->source = s;
   out->precision = p;
   switch (s.kind) {
@@ -105,6 +124,7 @@ Status prepare(const GpuModelSource& s, const GpuPrecision& p, const Calibration
       LLMQ_RETURN_IF_ERROR(Checkpoint::open(s.dir, &ckpt));
       if (is_quantized_checkpoint(*ckpt)) return {};
       // f32 and calibrated schemes: the float model on the host first.
+      LLMQ_RETURN_IF_ERROR(check_devices(devices));
       out->weights = std::make_unique<ModelWeights>();
       LLMQ_RETURN_IF_ERROR(load_model(s.dir, out->weights.get()));
       out->source.kind = GpuModelSource::Kind::kHost;
@@ -115,7 +135,7 @@ Status prepare(const GpuModelSource& s, const GpuPrecision& p, const Calibration
       break;
   }
   if (out->source.weights == nullptr) return invalid_argument("GpuModelSource: kHost without weights");
-  if (p.kind == GpuPrecision::Kind::kScheme) return quantize_on_host(*out->source.weights, p, stats, out);
+  if (p.kind == GpuPrecision::Kind::kScheme) return quantize_on_host(*out->source.weights, p, stats, devices, out);
   return {};
 }
 
@@ -145,14 +165,16 @@ Status load_prepared(const Prepared& pr, int device, std::unique_ptr<GpuModel>* 
 Status GpuModel::load(const GpuModelSource& source, const GpuPrecision& precision, int device, std::unique_ptr<GpuModel>* out,
                       const GpuProgressFn& progress, TensorParallelRank tp, const CalibrationStats* stats) {
   Prepared pr;
-  LLMQ_RETURN_IF_ERROR(prepare(source, precision, stats, &pr));
+  LLMQ_RETURN_IF_ERROR(prepare(source, precision, stats, {device, 1}, &pr));
   return load_prepared(pr, device, out, progress, tp);
 }
 
 Status TensorParallelRuntime::load(int tp, int first_device, const GpuModelSource& source, const GpuPrecision& precision,
                                    std::unique_ptr<TensorParallelRuntime>* out, const TensorParallelLoadOptions& options) {
   Prepared pr;
-  LLMQ_RETURN_IF_ERROR(prepare(source, precision, options.stats, &pr));
+  // An out-of-range --tp is refused by the load below, before any device is touched.
+  const Devices devices{first_device, tp >= 1 && tp <= 64 ? tp : 0};
+  LLMQ_RETURN_IF_ERROR(prepare(source, precision, options.stats, devices, &pr));
   return load(
       tp, first_device,
       [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {

@@ -578,10 +578,10 @@ Status GpuRuntime::Impl::decode_graph(int64_t batch, const SamplingOptions& s, c
   const Status body = decode_body(batch, s);
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
   LLMQ_RETURN_IF_ERROR(body);
-  LLMQ_CUDA_RETURN_IF_ERROR(end);
+  LLMQ_RETURN_IF_ERROR(detail::cuda_status(end, "cudaStreamEndCapture"));
   const cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
   (void)cudaGraphDestroy(graph);
-  LLMQ_CUDA_RETURN_IF_ERROR(inst);
+  LLMQ_RETURN_IF_ERROR(detail::cuda_status(inst, "cudaGraphInstantiate"));
   graphs.emplace(key, *exec);
   return {};
 }

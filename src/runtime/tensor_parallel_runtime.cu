@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/device_facts.cuh"
 #include "llmq/tensor_parallel.hpp"
 
 namespace llmq {
@@ -33,7 +34,7 @@ Status TensorParallelRuntime::on_every_rank(const std::function<Status(int rank)
   // rank's Status instead (the CLI's boundary in main() sees only the calling thread).
   auto run_rank = [&](int r) -> Status {
     try {
-      LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices_[static_cast<size_t>(r)]));
+      LLMQ_RETURN_IF_ERROR(cuda::select_device(devices_[static_cast<size_t>(r)]));
       return fn(r);
     } catch (const std::bad_alloc&) {
       return Status(StatusCode::kInternal, "out of host memory");
