@@ -16,13 +16,15 @@
 
 namespace llmq::testing {
 
-// GTEST_SKIP()s the calling test, with the reason, when no FP8-capable GPU is present.
+// GTEST_SKIP()s the calling test, with the reason, when no FP8-capable GPU is present. The reason is
+// the library's own words ("no CUDA driver or GPU on this machine (cudaErrorNoDevice)"), the same
+// for every test, so that scripts/test counts these skips under one reason.
 #define LLMQ_REQUIRE_GPU()                                                           \
   do {                                                                               \
     ::llmq::CudaDeviceInfo llmq_info_;                                               \
     const ::llmq::Status llmq_st_ = ::llmq::query_cuda_device(0, &llmq_info_);       \
-    if (!llmq_st_.ok()) GTEST_SKIP() << "no GPU: " << llmq_st_.to_string();          \
-    if (!llmq_info_.supports_fp8()) GTEST_SKIP() << "GPU without FP8: " << llmq_info_.name; \
+    if (!llmq_st_.ok()) GTEST_SKIP() << llmq_st_.message();                          \
+    if (!llmq_info_.supports_fp8()) GTEST_SKIP() << "a GPU without FP8 tensor cores: " << llmq_info_.name; \
   } while (0)
 
 // ASSERT_EQ(call, cudaSuccess), naming the call and the CUDA error.

@@ -86,7 +86,7 @@ constexpr uint64_t kEvalSeed = 202;
 
 std::string stories_path() { return testing::testdata_dir() + "/../models/stories260K.bin"; }
 bool have_stories() { return std::ifstream(stories_path(), std::ios::binary).good(); }
-std::string skip_reason() { return "SKIPPED: " + stories_path() + " not found"; }
+std::string skip_reason() { return testing::test_data_absent(stories_path()); }
 
 // dim 144 and hidden 136 are not multiples of 128: block schemes get partial edge blocks in both
 // directions (136 = 128 + 8), and vocab 160 gives lm_head two row blocks.

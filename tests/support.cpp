@@ -71,6 +71,13 @@ std::string testdata_dir() {
 #endif
 }
 
+std::string test_data_absent(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(path, ec);
+  if (ec) p = path;
+  return "test data absent: " + p.lexically_normal().string();
+}
+
 bool read_file(const std::string& path, std::vector<uint8_t>* out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;

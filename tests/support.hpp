@@ -38,6 +38,10 @@ int spawn_with_log(const std::string& exe, const std::vector<std::string>& args,
 // The folder of reference vectors: $LLMQ_TESTDATA, else the build's default (../shared/testdata).
 std::string testdata_dir();
 bool read_file(const std::string& path, std::vector<uint8_t>* out);
+// The skip message of a test whose data (outside the repository) is absent, "test data absent:
+// /work/shared/models/stories260K.bin": one spelling, the path made plain, so that scripts/test
+// counts such skips under one reason.
+std::string test_data_absent(const std::string& path);
 
 // "REPRO seed=3 rows=19 cols=99 spec=e4m3 per-token absmax dynamic" for failure messages.
 std::string repro(uint64_t seed, int64_t rows, int64_t cols, const std::string& what);

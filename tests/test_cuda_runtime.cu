@@ -110,7 +110,7 @@ TEST(GpuRuntime, SchemesMatchCpuReference) {
 // and through step-by-step decoding (which must agree with each other exactly).
 TEST(GpuRuntime, Stories260KGreedyMatchesLlama2c) {
   LLMQ_REQUIRE_GPU();
-  if (!have_stories()) GTEST_SKIP() << "SKIPPED: " << stories_path() << " not found";
+  if (!have_stories()) GTEST_SKIP() << testing::test_data_absent(stories_path());
   const std::vector<int32_t> expected = read_ids(models_dir() + "/stories260K.greedy128.ids");
   ASSERT_EQ(expected.size(), 128u);
   ModelWeights w;

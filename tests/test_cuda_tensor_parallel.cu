@@ -47,7 +47,7 @@ int gpu_count() {
 #define LLMQ_REQUIRE_GPUS(n)                                                                          \
   do {                                                                                                \
     LLMQ_REQUIRE_GPU();                                                                               \
-    if (gpu_count() < (n)) GTEST_SKIP() << "SKIPPED: needs " << (n) << " GPUs, " << gpu_count() << " present"; \
+    if (gpu_count() < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, " << gpu_count() << " present"; \
   } while (0)
 
 // The TP sizes to test on this machine: 2, and 4 when there are 4 GPUs.
@@ -245,7 +245,7 @@ TEST(TensorParallel, SyntheticModelMatchesOneGpu) {
 // weights, through CUDA graphs with the all-reduces captured in them.
 TEST(TensorParallel, Stories260KGreedyMatchesLlama2c) {
   LLMQ_REQUIRE_GPUS(2);
-  if (!have_stories()) GTEST_SKIP() << "SKIPPED: " << stories_path() << " not found";
+  if (!have_stories()) GTEST_SKIP() << testing::test_data_absent(stories_path());
   const std::vector<int32_t> expected = read_ids(models_dir() + "/stories260K.greedy128.ids");
   ASSERT_EQ(expected.size(), 128u);
   ModelWeights w;

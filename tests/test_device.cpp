@@ -13,7 +13,7 @@ TEST(Device, QueryAndFp8Requirement) {
   if (!st.ok()) {
     EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
     EXPECT_FALSE(require_fp8_device(0).ok());
-    GTEST_SKIP() << "no GPU: " << st.to_string();
+    GTEST_SKIP() << st.message();
   }
   EXPECT_FALSE(info.name.empty());
   EXPECT_GT(info.multiprocessors, 0);

@@ -53,7 +53,7 @@ bool load_torch(TorchColumns* t, std::string* why) {
   std::vector<uint8_t> json;
   if (!testing::read_file(dir + "/fp8_conversions.json", &json) ||
       !testing::read_file(dir + "/fp8_conversions.bin", &t->raw)) {
-    *why = "no PyTorch reference vectors in " + dir + " (set LLMQ_TESTDATA)";
+    *why = testing::test_data_absent(dir + "/fp8_conversions.json") + " (PyTorch reference vectors; set LLMQ_TESTDATA)";
     return false;
   }
   // n is the first number after "n": in the json; the column order is fixed by the generator.

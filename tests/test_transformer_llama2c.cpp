@@ -36,7 +36,7 @@ bool file_exists(const std::string& path) { return std::ifstream(path, std::ios:
 
 // Tests that need stories260K start with: if (!have_stories()) GTEST_SKIP() << skip_reason();
 bool have_stories() { return file_exists(stories_path()); }
-std::string skip_reason() { return "SKIPPED: " + stories_path() + " not found"; }
+std::string skip_reason() { return testing::test_data_absent(stories_path()); }
 
 // ---------------------------------------------------------------------------------------------
 // llama2.c files
