@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,7 +46,9 @@ Status gpu_model_source(const std::string& model, uint64_t seed, GpuModelSource*
 // Print "llmq: <status>" to stderr; exit code 2 for bad arguments, 1 otherwise.
 int fail(const Status& st);
 
-// A progress bar on stderr, drawn only when stderr is a terminal.
+// Progress of a counted step on stderr, shown only once the step has run for 2 s: on a terminal
+// a bar redrawn in place with the time left; in a log a line at most every 10 s. finish() prints
+// how long the step took when anything was shown.
 class Progress {
  public:
   explicit Progress(std::string what);
@@ -56,7 +59,26 @@ class Progress {
   std::string what_;
   bool tty_;
   double start_;
+  double last_print_ = 0;
   int last_percent_ = -1;
+  bool shown_ = false;
 };
+
+// A step that cannot count its progress (loading a model): "llmq: <what> ..." on stderr once it has
+// run for 2 s, then "done in N s" when it ends. Nothing for a quick step.
+class SlowStep {
+ public:
+  explicit SlowStep(std::string what);
+  ~SlowStep();
+  SlowStep(const SlowStep&) = delete;
+  SlowStep& operator=(const SlowStep&) = delete;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+// Threads a CPU command uses: `requested`, or every core when 0.
+int cpu_threads(int requested);
 
 }  // namespace llmq::cli
