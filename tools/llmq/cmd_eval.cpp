@@ -274,6 +274,7 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
 void add_schemes_command(CLI::App& app, std::vector<Command>* commands) {
   CLI::App* cmd = app.add_subcommand("schemes", "list the quantization schemes");
   commands->push_back({cmd, [] {
+                         std::printf("%-20s %-19s %s\n", "scheme", "format", "what it quantizes, and how");
                          for (const Scheme& s : all_schemes())
                            std::printf("%-20s %-19s %s\n", s.name.c_str(), export_format_name(s.export_format),
                                        s.description.c_str());

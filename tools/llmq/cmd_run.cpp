@@ -140,8 +140,9 @@ Status prompt_tokens(const RunArgs& a, const ModelConfig& config, const Tokenize
 int run(const RunArgs& a) {
   if (a.tp > 1 && a.device != "cuda") return fail(invalid_argument("--tp: tensor parallelism runs on the GPU (--device cuda)"));
   std::unique_ptr<Tokenizer> tokenizer;
-  if (!a.ids && !is_builtin_model(a.model) && !Tokenizer::find(a.model).empty())
+  if ((!a.ids || !a.prompt.empty()) && !is_builtin_model(a.model) && !Tokenizer::find(a.model).empty())
     if (Status st = Tokenizer::load(a.model, &tokenizer); !st.ok()) return fail(st);
+  const bool text_out = tokenizer != nullptr && !a.ids;
   std::unique_ptr<TensorParallelRuntime> gpu_model;
   ModelWeights model;
   {
@@ -197,7 +198,7 @@ int run(const RunArgs& a) {
     prev = t;
   };
   std::function<void(int32_t)> on_token = [](int32_t) {};
-  if (tokenizer != nullptr) {
+  if (text_out) {
     for (int32_t t : prompt) print_piece(t);
     on_token = print_piece;
   }
@@ -217,7 +218,7 @@ int run(const RunArgs& a) {
     if (Status st = generate(&transformer, prompt, g, &out, &stats); !st.ok()) return fail(st);
   }
   if (!decode_error.ok()) return fail(decode_error);
-  if (tokenizer == nullptr) {
+  if (!text_out) {
     if (!a.ids) std::fprintf(stderr, "llmq: no tokenizer beside the model; printing token ids\n");
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
   }
@@ -236,7 +237,7 @@ int run(const RunArgs& a) {
 
 void add_run_command(CLI::App& app, std::vector<Command>* commands) {
   auto args = std::make_shared<RunArgs>();
-  CLI::App* cmd = app.add_subcommand("run", "generate tokens (reproduces llama2.c's run.c token for token)");
+  CLI::App* cmd = app.add_subcommand("run", "generate text from a model: the CPU reference (llama2.c's run.c token for token) or --device cuda");
   cmd->add_option("--model", args->model, "llama2.c .bin, Hugging Face directory, or 'default'");
   cmd->add_option("--prompt", args->prompt, "prompt text, encoded with the model's tokenizer");
   cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as space-separated token ids (BOS is added)");

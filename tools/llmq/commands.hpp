@@ -19,6 +19,7 @@ struct Command {
   std::function<int()> run;
 };
 
+void add_demo_command(CLI::App& app, std::vector<Command>* commands);
 void add_run_command(CLI::App& app, std::vector<Command>* commands);
 void add_calibrate_command(CLI::App& app, std::vector<Command>* commands);
 void add_quantize_command(CLI::App& app, std::vector<Command>* commands);
