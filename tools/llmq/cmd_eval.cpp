@@ -72,6 +72,7 @@ int run(const EvalArgs& a) {
   std::vector<std::vector<int32_t>> sequences;
   std::string data_name = a.data;
   if (a.data.empty()) {
+    SlowStep step("sampling evaluation text from the model");
     if (Status st = sample_token_sequences(model, a.samples, std::min(a.length, model.config.max_seq_len - 1), a.seed,
                                            &sequences);
         !st.ok())
