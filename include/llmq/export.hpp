@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,6 +65,8 @@ struct ExportOptions {
   NonFinitePolicy nonfinite = NonFinitePolicy::kError;  // NaN / Inf in a weight (nonfinite.hpp)
   bool unquantized = false;         // write every tensor in keep_dtype: a plain HF checkpoint
                                     // (llama2.c -> Hugging Face conversion); the scheme is ignored
+  // Called as tensor bytes are produced (read, quantized and written), with the total to write.
+  std::function<void(int64_t bytes_done, int64_t bytes_total)> progress;
 };
 
 struct ExportSummary {

@@ -87,10 +87,12 @@ int run(const QuantizeArgs& a) {
   }
   ExportSummary summary;
   {
-    SlowStep step((a.dry_run ? "planning " : "quantizing and writing ") + a.out);
+    Progress progress("quantizing and writing " + a.out);
+    options.progress = [&progress](int64_t done, int64_t total) { progress.update(done, total); };
     if (Status st = export_quantized(*source, scheme, a.stats.empty() ? nullptr : &stats, a.out, options, &summary);
         !st.ok())
       return fail(st);
+    progress.finish();
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const char* format = export_format_name(options.format ? *options.format : scheme.export_format);

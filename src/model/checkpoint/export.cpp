@@ -227,14 +227,43 @@ Status input_error(const WeightSource& source, const Status& st) {
 // fsynced; shards an earlier run finished under the same plan are kept as they are.
 Status write_staged(const WeightSource& source, const std::vector<std::string>& side_files,
                     const std::vector<std::vector<SafetensorsWriteEntry>>& shards, int64_t total_bytes,
-                    const std::string& config_text, OutputDir* dir) {
+                    const std::string& config_text, const ExportOptions& options, OutputDir* dir) {
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  int64_t done = 0;  // tensor bytes produced so far, for options.progress
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file = shard_file_name(i, shards.size());
     for (const auto& e : shards[i]) weight_map[e.name] = file;
-    if (dir->reused(file)) continue;
+    std::vector<SafetensorsWriteEntry> entries = shards[i];
+    int64_t shard_bytes = 0;
+    for (const auto& e : entries) shard_bytes += safetensors_entry_bytes(e);
+    if (dir->reused(file)) {
+      done += shard_bytes;
+      continue;
+    }
+    if (options.progress) {
+      // Each tensor reports its bytes once filled (row blocks as they go).
+      for (auto& e : entries) {
+        const int64_t bytes = safetensors_entry_bytes(e);
+        const int64_t rows = e.shape.empty() ? 1 : e.shape[0];
+        if (e.fill)
+          e.fill = [fill = e.fill, bytes, &done, &options, total_bytes](uint8_t* dst) {
+            LLMQ_RETURN_IF_ERROR(fill(dst));
+            done += bytes;
+            options.progress(done, total_bytes);
+            return Status();
+          };
+        if (e.fill_rows)
+          e.fill_rows = [fill = e.fill_rows, bytes, rows, &done, &options, total_bytes](int64_t begin, int64_t n,
+                                                                                         uint8_t* dst) {
+            LLMQ_RETURN_IF_ERROR(fill(begin, n, dst));
+            done += rows > 0 ? bytes * n / rows : 0;
+            options.progress(done, total_bytes);
+            return Status();
+          };
+      }
+    }
     SafetensorsWritten written;
-    LLMQ_RETURN_IF_ERROR(write_safetensors(dir->path(file), shards[i], {{"format", "pt"}}, &written));
+    LLMQ_RETURN_IF_ERROR(write_safetensors(dir->path(file), entries, {{"format", "pt"}}, &written));
     LLMQ_RETURN_IF_ERROR(dir->mark_complete(file, written.bytes, written.checksum));
   }
   if (shards.size() > 1) {
@@ -432,7 +461,7 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
 
   std::unique_ptr<OutputDir> staging;
   LLMQ_RETURN_IF_ERROR(OutputDir::begin(out_dir, rules, checksum_hex(plan_sum.digest()), options.resume, &staging));
-  if (Status st = write_staged(source, side_files, shards, sum.bytes, config_json.dump(2), staging.get());
+  if (Status st = write_staged(source, side_files, shards, sum.bytes, config_json.dump(2), options, staging.get());
       !st.ok()) {
     // A failure to write (a full disk) keeps the shards already finished for --resume, as does a
     // --resume run the shards of the run it resumed. Anything else (the input does not read, a
