@@ -65,7 +65,8 @@ struct HfTokenizerFiles {
 // U+2581 ("▁") in the text, which tokenizer.json cannot tell from a space (nor can sentencepiece,
 // which made the vocabulary). A vocabulary they could not reproduce is refused with an error that
 // names the file and the piece: a piece that is not UTF-8 or holds "▁", two equal pieces, two
-// pieces merges make with the same score (run.c takes the leftmost; a merge list has one order).
+// pieces merges make with the same score (run.c takes the leftmost; a merge list has one order), a
+// missing byte token <0xNN> (transformers would put the <unk> standing in for it out of order).
 Status llama2c_tokenizer_to_hf(const std::string& path, HfTokenizerFiles* out);
 
 }  // namespace llmq

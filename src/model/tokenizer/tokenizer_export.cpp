@@ -12,8 +12,10 @@
 //   longer left piece, the longer right; then vocabulary order). Equal scores are where run.c's
 //   "leftmost first" and a fixed rank can part; among pairs making the same piece they agree on
 //   every text tested, but two different pieces with one score are refused.
-// - Characters without a piece become their <0xNN> tokens (byte_fallback), else <unk>, one per
-//   character in both (fuse_unk off; with all 256 byte tokens it never comes up).
+// - Characters without a piece become their <0xNN> tokens (byte_fallback), so every one of the 256
+//   must be there: tokenizers puts the <unk> of a character without them after the byte tokens of
+//   the characters that follow it (transformers 5.17 / tokenizers 0.23.2), where run.c keeps text
+//   order.
 // - "<s>" / "</s>" / "<unk>" in text are text to run.c: tokenizer.json lists no added tokens, and
 //   tokenizer_config.json sets split_special_tokens, which stops transformers from matching the
 //   special tokens it registers from the config.
@@ -64,17 +66,20 @@ bool is_utf8(const std::string& s) {
   return true;
 }
 
+// "<0x0A>": the spelling byte_fallback looks a byte up by.
+std::string byte_piece(int byte) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "<0x%02X>", static_cast<unsigned>(byte));
+  return buf;
+}
+
 // The piece tokenizer.json lists for token `id`: llama2.c's export wrote BOS / EOS as "\n<s>\n" /
 // "\n</s>\n" (transformers' Llama names them "<s>" / "</s>"), byte tokens in the spelling
 // byte_fallback looks up (<0x0A>, upper case), and "▁" for every space.
 std::string hf_piece(int32_t id, const std::string& piece) {
   if (id == kBos && piece == "\n<s>\n") return "<s>";
   if (id == kEos && piece == "\n</s>\n") return "</s>";
-  if (const int b = parse_byte_piece(piece); b >= 0) {
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "<0x%02X>", static_cast<unsigned>(b));
-    return buf;
-  }
+  if (const int b = parse_byte_piece(piece); b >= 0) return byte_piece(b);
   std::string out;
   for (char c : piece) out += c == ' ' ? std::string(kSpaceSymbol) : std::string(1, c);
   return out;
@@ -187,13 +192,11 @@ Status convert(const std::string& path, const std::string& data, HfTokenizerFile
   }
   const auto unk_it = bin_ids.find("<unk>");
   const int32_t unk = unk_it == bin_ids.end() ? -1 : unk_it->second;
-  // A character with neither a piece nor byte tokens is <unk> to both; without <unk>, llmq refuses
-  // the text but transformers would drop the character without a word.
-  for (int b = 0; b < 256 && unk < 0; ++b)
+  // run.c takes ids 3..258 for the bytes without looking; a vocabulary that lacks one spells some
+  // character as <unk>, which transformers puts out of order (above).
+  for (int b = 0; b < 256; ++b)
     if (!have_byte[static_cast<size_t>(b)])
-      return refuse("it has neither an <unk> piece nor every byte token (<0x" +
-                    std::string(1, "0123456789ABCDEF"[b >> 4]) + std::string(1, "0123456789ABCDEF"[b & 15]) +
-                    "> is missing), so some text would have no tokens");
+      return refuse("it lacks the byte token " + byte_piece(b) + " (every character needs its bytes' tokens)");
 
   // Every split of every piece, at character boundaries (run.c's symbols are whole characters or
   // byte tokens), into two pieces: the pairs run.c merges.
