@@ -84,6 +84,14 @@ int run(const QuantizeArgs& a) {
   } else {
     if (Status st = load_model(a.model, &model); !st.ok()) return fail(st);
     source = memory_weight_source(model);
+    // A llama2.c model keeps its tokenizer (tokenizer.bin / tok<N>.bin beside it), as the
+    // tokenizer.json and tokenizer_config.json that llmq and transformers read.
+    if (const std::string tok_path = Tokenizer::find(a.model); !tok_path.empty()) {
+      HfTokenizerFiles tok;
+      if (Status st = llama2c_tokenizer_to_hf(tok_path, &tok); !st.ok()) return fail(st);
+      options.side_files = {{"tokenizer.json", tok.tokenizer_json},
+                            {"tokenizer_config.json", tok.tokenizer_config_json}};
+    }
   }
   ExportSummary summary;
   {

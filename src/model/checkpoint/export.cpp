@@ -215,6 +215,23 @@ Status find_side_files(const std::string& dir, std::vector<std::string>* files) 
   return {};
 }
 
+// options.side_files: plain names (nothing outside the output, no hidden file beside llmq's marker
+// and manifest), none twice, none that export writes or copies itself.
+Status check_side_files(const std::vector<ExportSideFile>& extra, const std::vector<std::string>& copied) {
+  std::set<std::string> seen(copied.begin(), copied.end());
+  for (const ExportSideFile& f : extra) {
+    const std::string& n = f.name;
+    const bool safetensors = n.size() >= 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0;
+    if (n.empty() || n[0] == '.' || n.find('/') != std::string::npos || n.find('\0') != std::string::npos)
+      return invalid_argument("side file '" + n + "': not a plain file name");
+    if (n == "config.json" || n == "model.safetensors.index.json" || safetensors)
+      return invalid_argument("side file '" + n + "': export writes that file itself");
+    if (!seen.insert(n).second)
+      return invalid_argument("side file '" + n + "': given twice, or also copied from the input directory");
+  }
+  return {};
+}
+
 // An error reading or checking the input while a shard is written names the input (the model
 // directory when there is one), not the staging file being written.
 Status input_error(const WeightSource& source, const Status& st) {
@@ -223,9 +240,11 @@ Status input_error(const WeightSource& source, const Status& st) {
   return Status(st.code(), "--model: " + dir + ": " + st.message());
 }
 
-// Every shard, the index, config.json and the tokenizer files into the staging directory, each
-// fsynced; shards an earlier run finished under the same plan are kept as they are.
+// Every shard, the index, config.json and the tokenizer files (copied from the input directory, or
+// options.side_files) into the staging directory, each fsynced; shards an earlier run finished
+// under the same plan are kept as they are.
 Status write_staged(const WeightSource& source, const std::vector<std::string>& side_files,
+                    const std::vector<ExportSideFile>& extra_files,
                     const std::vector<std::vector<SafetensorsWriteEntry>>& shards, int64_t total_bytes,
                     const std::string& config_text, const ExportOptions& options, OutputDir* dir) {
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
@@ -273,6 +292,7 @@ Status write_staged(const WeightSource& source, const std::vector<std::string>& 
   LLMQ_RETURN_IF_ERROR(write_file_atomic(dir->path("config.json"), config_text + "\n"));
   for (const std::string& f : side_files)
     LLMQ_RETURN_IF_ERROR(copy_file_synced(source.directory() + "/" + f, dir->path(f)));
+  for (const ExportSideFile& f : extra_files) LLMQ_RETURN_IF_ERROR(write_file_atomic(dir->path(f.name), f.content));
   return fsync_directory(dir->staging());
 }
 
@@ -300,6 +320,7 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
   LLMQ_RETURN_IF_ERROR(check_output_path(out_dir, planned));
   std::vector<std::string> side_files;
   LLMQ_RETURN_IF_ERROR(find_side_files(source.directory(), &side_files));
+  LLMQ_RETURN_IF_ERROR(check_side_files(options.side_files, side_files));
   // Set when reading or checking the input fails while the shards are written: such a failure
   // leaves no staging directory behind (a failure to write keeps finished shards for --resume).
   bool input_failed = false;
@@ -461,7 +482,8 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
 
   std::unique_ptr<OutputDir> staging;
   LLMQ_RETURN_IF_ERROR(OutputDir::begin(out_dir, rules, checksum_hex(plan_sum.digest()), options.resume, &staging));
-  if (Status st = write_staged(source, side_files, shards, sum.bytes, config_json.dump(2), options, staging.get());
+  if (Status st = write_staged(source, side_files, options.side_files, shards, sum.bytes, config_json.dump(2), options,
+                               staging.get());
       !st.ok()) {
     // A failure to write (a full disk) keeps the shards already finished for --resume, as does a
     // --resume run the shards of the run it resumed. Anything else (the input does not read, a
