@@ -6,7 +6,7 @@ execute_process(COMMAND git -C "${SOURCE_DIR}" rev-parse --short=12 HEAD
 if(NOT rc EQUAL 0 OR commit STREQUAL "")
   set(commit "unknown")
 else()
-  execute_process(COMMAND git -C "${SOURCE_DIR}" status --porcelain --untracked-files=no
+  execute_process(COMMAND git --no-optional-locks -C "${SOURCE_DIR}" status --porcelain --untracked-files=no
                   OUTPUT_VARIABLE changes ERROR_QUIET)
   if(NOT changes STREQUAL "")
     string(APPEND commit "-dirty")

@@ -16,7 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr double kSlowTimeout = 300.0 * kTimeScale;  // the demo and eval run real (small) evaluations
+constexpr double kSlowTimeout = 300.0;  // the demo and eval run real (small) evaluations (the harness scales it)
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
@@ -72,6 +72,12 @@ void expect_sorted_with_one_best(const std::vector<TableRow>& rows, const std::s
 void expect_narrow(const std::string& out, size_t columns = 100) {
   for (const std::string& line : lines_of(out))
     EXPECT_LE(line.size(), columns) << "wider than " << columns << " columns: " << line;
+}
+
+// Whether this build has CUDA and sees a GPU: `llmq --version` says so.
+bool have_gpu(Case& c) {
+  const RunResult r = c.run({"--version"});
+  return r.out.find("compute capability") != std::string::npos;
 }
 
 // A Hugging Face model directory with a byte-level BPE tokenizer beside its weights.
@@ -176,8 +182,56 @@ TEST(CliFirstContact, SamplingWithoutASeedPrintsOneThatRepeatsIt) {
   RunResult r = c.succeeds({"run", "-t", "1", "-n", "24"});
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.err, m, std::regex("sampling with seed ([0-9]+)"))) << r.err;
-  const RunResult again = c.succeeds({"run", "-t", "1", "-n", "24", "--seed", m[1].str()});
+  const std::string seed = m[1].str();
+  EXPECT_GE(ids_of(r.out).size(), 1u) << r.out;
+  const RunResult again = c.succeeds({"run", "-t", "1", "-n", "24", "--seed", seed});
   EXPECT_EQ(again.out, r.out);
+  const RunResult other = c.succeeds({"run", "-t", "1", "-n", "24"});
+  ASSERT_TRUE(std::regex_search(other.err, m, std::regex("sampling with seed ([0-9]+)"))) << other.err;
+  EXPECT_NE(m[1].str(), seed) << "a new random seed each run";
+}
+
+TEST(CliFirstContact, APromptLongerThanTheStepsIsRefused) {
+  Case c;
+  const RunResult r = c.run({"run", "--prompt-ids", "5 6 7 8 9", "-n", "4", "-t", "0"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--steps: 4 positions do not hold the 6-token prompt"), std::string::npos) << r.err;
+}
+
+// On a GPU machine: the demo's speed column, and EOS past the first 64-token chunk of greedy
+// decoding on the device.
+TEST(CliFirstContact, OnTheGpuTheDemoTimesDecodeAndRunStopsAtEos) {
+  Case c;
+  if (!have_gpu(c)) GTEST_SKIP() << "no CUDA GPU on this machine";
+  c.allow_change("out");
+  RunResult r = c.expect(Want::kSucceeds,
+                         {"demo", "-o", "out", "--samples", "2", "--device", "cuda", "--schemes", "fp8-dynamic,int8-w8a8"},
+                         {}, kSlowTimeout);
+  EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("x BF16's speed"), std::string::npos) << r.out;
+  expect_narrow(r.out);
+  const std::string dir = model_with_tokenizer(c);
+  const std::vector<std::string> base = {"run", "--device", "cuda", "--precision", "f32", "--model", dir,
+                                         "--prompt", "hello", "-t", "0", "-n", "120", "--ids"};
+  std::vector<std::string> free_args = base;
+  free_args.push_back("--ignore-eos");
+  r = c.succeeds(free_args);
+  const std::vector<int32_t> free_run = ids_of(r.out);
+  ASSERT_GE(free_run.size(), 80u) << r.out << r.err;
+  size_t k = 70;  // the first token past the first chunk that did not come earlier
+  while (k < free_run.size() && std::find(free_run.begin(), free_run.begin() + static_cast<std::ptrdiff_t>(k),
+                                          free_run[k]) != free_run.begin() + static_cast<std::ptrdiff_t>(k))
+    ++k;
+  if (k == free_run.size()) GTEST_SKIP() << "every late token repeats an earlier one";
+  const int32_t eos = free_run[k];
+  edit_config(c.path(dir), [eos](json& j) { j["eos_token_id"] = eos; });
+  r = c.succeeds(base);
+  const std::vector<int32_t> stopped = ids_of(r.out);
+  // The first EOS: config.json's, or the tokenizer's own "</s>" (511), whichever comes first.
+  size_t end = 0;
+  while (end < k && free_run[end] != 511) ++end;
+  EXPECT_EQ(stopped, std::vector<int32_t>(free_run.begin(), free_run.begin() + static_cast<std::ptrdiff_t>(end)));
+  EXPECT_NE(r.err.find("stopped at EOS (token " + std::to_string(free_run[end]) + ")"), std::string::npos) << r.err;
 }
 
 TEST(CliFirstContact, QuantizePrintsASummaryKeepsTheTokenizerAndNamesFormatsOneWay) {
@@ -203,8 +257,16 @@ TEST(CliFirstContact, QuantizePrintsASummaryKeepsTheTokenizerAndNamesFormatsOneW
   }
   ASSERT_FALSE(formats.empty()) << r.out;
   for (const std::string& f : formats) {
-    r = c.run({"quantize", "--model", dir, "-o", "q3", "--dry-run", "--format", f, "--scheme", "fp8-block"});
-    EXPECT_EQ(r.err.find("unknown format"), std::string::npos) << f << ": " << r.err;
+    // Each format with a scheme `schemes` lists in it: accepted.
+    std::string scheme;
+    for (const std::string& line : lines_of(r.out)) {
+      std::stringstream in(line);
+      std::string s, g;
+      in >> s >> g;
+      if (g == f && scheme.empty()) scheme = s;
+    }
+    const RunResult q = c.run({"quantize", "--model", dir, "-o", "q3", "--dry-run", "--format", f, "--scheme", scheme});
+    EXPECT_EQ(q.code, 0) << f << " with " << scheme << ": " << q.err;
   }
 }
 

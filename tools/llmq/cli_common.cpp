@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "commands.hpp"
@@ -104,6 +105,10 @@ void Progress::update(int64_t done, int64_t total) {
   std::fflush(stderr);
 }
 
+Progress::~Progress() {
+  if (shown_ && tty_) std::fprintf(stderr, "\n");
+}
+
 void Progress::finish() {
   if (!shown_) return;
   const std::string took = duration_text(now_seconds() - start_);
@@ -123,21 +128,32 @@ struct SlowStep::State {
 
 SlowStep::SlowStep(std::string what) : state_(std::make_shared<State>()) {
   state_->what = std::move(what);
-  std::thread([s = state_] {
-    std::unique_lock<std::mutex> lock(s->mutex);
-    if (s->ended_cv.wait_for(lock, std::chrono::duration<double>(kQuietSeconds), [&s] { return s->ended; })) return;
-    std::fprintf(stderr, "llmq: %s ...\n", s->what.c_str());
-    s->shown = true;
-  }).detach();
+  try {
+    std::thread([s = state_] {
+      std::unique_lock<std::mutex> lock(s->mutex);
+      if (s->ended_cv.wait_for(lock, std::chrono::duration<double>(kQuietSeconds), [&s] { return s->ended; })) return;
+      std::fprintf(stderr, "llmq: %s ...\n", s->what.c_str());
+      s->shown = true;
+    }).detach();
+  } catch (const std::system_error&) {
+    // No thread for a progress line: the step runs without one.
+  }
+}
+
+void SlowStep::done() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->ended) return;
+  state_->ended = true;
+  state_->ended_cv.notify_all();
+  if (state_->shown)
+    std::fprintf(stderr, "llmq: %s: done in %s\n", state_->what.c_str(),
+                 duration_text(now_seconds() - state_->start).c_str());
 }
 
 SlowStep::~SlowStep() {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->ended = true;
   state_->ended_cv.notify_all();
-  if (state_->shown)
-    std::fprintf(stderr, "llmq: %s: done in %s\n", state_->what.c_str(),
-                 duration_text(now_seconds() - state_->start).c_str());
 }
 
 int cpu_threads(int requested) {

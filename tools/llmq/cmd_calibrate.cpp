@@ -35,6 +35,7 @@ int run(const CalibrateArgs& a) {
   {
     SlowStep step("loading " + a.model);
     if (Status st = load_model(a.model, &model, &description); !st.ok()) return fail(st);
+    step.done();
   }
   std::vector<std::vector<int32_t>> sequences;
   std::string data_name = a.data;
@@ -43,6 +44,7 @@ int run(const CalibrateArgs& a) {
     if (Status st = sample_token_sequences(model, a.samples, std::min(a.length, model.config.max_seq_len), a.seed, &sequences);
         !st.ok())
       return fail(st);
+    step.done();
     data_name = "sampled from the model: " + std::to_string(a.samples) + " x " + std::to_string(a.length) +
                 " tokens, seeds from " + std::to_string(a.seed);
   } else {

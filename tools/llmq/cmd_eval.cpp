@@ -53,6 +53,7 @@ int run(const EvalArgs& a) {
   {
     SlowStep step("loading " + a.model);
     if (Status st = load_model(a.model, &model, &description); !st.ok()) return fail(st);
+    step.done();
   }
 
   std::vector<std::string> scheme_names = split(a.schemes);
@@ -77,6 +78,7 @@ int run(const EvalArgs& a) {
                                            &sequences);
         !st.ok())
       return fail(st);
+    step.done();
     data_name = fmt::format("{} sequences sampled from the model (T=1, top-p 0.9, seeds {}..{})", a.samples, a.seed,
                             a.seed + static_cast<uint64_t>(a.samples) - 1);
   } else {

@@ -67,7 +67,9 @@ std::string rate_text(int64_t tokens, double seconds) {
 }
 
 // The GPU runtime: prefill the prompt but its last token, then decode from that token, sampled on
-// the device (the same positions the CPU path runs), in chunks so that a stop token ends the work.
+// the device (the same positions the CPU path runs). Greedy decoding goes in chunks so that a
+// stop token ends the work early; sampling runs in one call, since the runtime's random stream
+// (and its CUDA graph) restarts with each call, and is cut at the stop token afterwards.
 Status run_on_gpu(const RunArgs& a, uint64_t seed, TensorParallelRuntime& rt, const std::vector<int32_t>& prompt,
                   const std::vector<int32_t>& stop, const std::function<void(int32_t)>& on_token,
                   std::vector<int32_t>* out, GenerateStats* stats) {
@@ -88,17 +90,16 @@ Status run_on_gpu(const RunArgs& a, uint64_t seed, TensorParallelRuntime& rt, co
   const auto prefilled = Clock::now();
   stats->prompt_tokens = static_cast<int64_t>(prompt.size()) - 1;
   stats->prompt_seconds = std::chrono::duration<double>(prefilled - start).count();
-  // Greedy output does not depend on the chunking; sampled output takes a seed per chunk.
-  constexpr int64_t kChunk = 64;
+  const int64_t chunk = a.temperature == 0.0f ? 64 : generated;
+  SamplingOptions s;
+  s.temperature = a.temperature;
+  s.top_p = a.topp;
+  s.seed = seed;
   out->clear();
   int32_t last = prompt.back();
-  for (int64_t done = 0, chunk = 0; done < generated && stats->stop_token < 0; done += kChunk, ++chunk) {
-    SamplingOptions s;
-    s.temperature = a.temperature;
-    s.top_p = a.topp;
-    s.seed = seed + static_cast<uint64_t>(chunk) * 0x9E3779B97F4A7C15ull;
+  for (int64_t done = 0; done < generated && stats->stop_token < 0; done += chunk) {
     std::vector<std::vector<int32_t>> tokens;
-    LLMQ_RETURN_IF_ERROR(rt.generate({last}, std::min(kChunk, generated - done), s, &tokens));
+    LLMQ_RETURN_IF_ERROR(rt.generate({last}, std::min(chunk, generated - done), s, &tokens));
     for (int32_t t : tokens[0]) {
       if (std::find(stop.begin(), stop.end(), t) != stop.end()) {
         stats->stop_token = t;
@@ -152,10 +153,14 @@ int run(const RunArgs& a) {
     } else if (Status st = load_model(a.model, &model); !st.ok()) {
       return fail(st);
     }
+    step.done();
   }
   const ModelConfig& config = gpu_model != nullptr ? gpu_model->config() : model.config;
   std::vector<int32_t> prompt;
   if (Status st = prompt_tokens(a, config, tokenizer.get(), &prompt); !st.ok()) return fail(st);
+  if (static_cast<int64_t>(prompt.size()) > a.steps)
+    return fail(invalid_argument("--steps: " + std::to_string(a.steps) + " positions do not hold the " +
+                                 std::to_string(prompt.size()) + "-token prompt (BOS included) and a new token"));
   uint64_t seed = a.seed;
   if (a.temperature > 0.0f && seed == 0) {
     std::random_device rd;
@@ -163,7 +168,8 @@ int run(const RunArgs& a) {
     std::fprintf(stderr, "llmq: sampling with seed %llu (--seed %llu repeats this output)\n",
                  static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
   }
-  std::vector<int32_t> stop;
+  // BOS ends generation as in run.c (a new text would begin); EOS unless --ignore-eos.
+  std::vector<int32_t> stop = {config.bos_token};
   if (!a.ignore_eos) {
     if (config.eos_token >= 0) stop.push_back(config.eos_token);
     if (tokenizer != nullptr && tokenizer->eos() >= 0 && tokenizer->eos() != config.eos_token) stop.push_back(tokenizer->eos());
@@ -181,6 +187,7 @@ int run(const RunArgs& a) {
     if (Status st = quantize_model(model, scheme, a.stats.empty() ? nullptr : &stats, {}, &qm); !st.ok()) return fail(st);
     backend = std::make_unique<QuantizedLinearBackend>(qm);
     weights = &qm.weights;
+    step.done();
   }
 
   // Text streams as it is generated: the prompt first, then each token's piece. Without a

@@ -53,6 +53,9 @@ int fail(const Status& st);
 class Progress {
  public:
   explicit Progress(std::string what);
+  ~Progress();  // a bar left unfinished (an error) gets its line ended, so the message starts clean
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
   void update(int64_t done, int64_t total);
   void finish();
 
@@ -66,11 +69,13 @@ class Progress {
 };
 
 // A step that cannot count its progress (loading a model): "llmq: <what> ..." on stderr once it has
-// run for 2 s, then "done in N s" when it ends. Nothing for a quick step.
+// run for 2 s, then "done in N s" when done() is called. Nothing for a quick step, and nothing
+// more for a failed one (its error follows).
 class SlowStep {
  public:
   explicit SlowStep(std::string what);
   ~SlowStep();
+  void done();
   SlowStep(const SlowStep&) = delete;
   SlowStep& operator=(const SlowStep&) = delete;
 

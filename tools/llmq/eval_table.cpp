@@ -10,7 +10,12 @@ namespace llmq::cli {
 
 void sort_by_kl(std::vector<EvalRow>* rows) {
   std::stable_sort(rows->begin(), rows->end(),
-                   [](const EvalRow& a, const EvalRow& b) { return a.summary.kl.mean < b.summary.kl.mean; });
+                   [](const EvalRow& a, const EvalRow& b) {
+                     // NaN (a broken candidate) sorts last and is never marked best.
+                     const double x = a.summary.kl.mean, y = b.summary.kl.mean;
+                     if (std::isnan(x) || std::isnan(y)) return !std::isnan(x) && std::isnan(y);
+                     return x < y;
+                   });
 }
 
 std::string with_error(double value, double error, int decimals) {

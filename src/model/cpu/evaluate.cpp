@@ -2,9 +2,43 @@
 #include "llmq/evaluate.hpp"
 
 #include <algorithm>
+#include <exception>
+#include <functional>
+#include <new>
+#include <system_error>
 #include <thread>
 
 namespace llmq {
+namespace {
+
+// Runs task(0 .. n-1), task 0 on this thread and each other on a thread of its own; an exception
+// in a task becomes its status (a worker's exception would otherwise end the process), and a task
+// whose thread cannot start runs here after the others.
+void run_in_parallel(size_t n, const std::function<void(size_t)>& task, std::vector<Status>* status) {
+  auto guarded = [&task, status](size_t i) {
+    try {
+      task(i);
+    } catch (const std::bad_alloc&) {
+      (*status)[i] = Status(StatusCode::kInternal, "evaluate: out of memory");
+    } catch (const std::exception& e) {
+      (*status)[i] = Status(StatusCode::kInternal, std::string("evaluate: ") + e.what());
+    }
+  };
+  std::vector<std::thread> pool;
+  std::vector<size_t> here = {0};
+  for (size_t i = 1; i < n; ++i) {
+    try {
+      pool.emplace_back(guarded, i);
+    } catch (const std::system_error&) {
+      here.push_back(i);
+    }
+  }
+  for (size_t i : here)
+    if (i < n) guarded(i);
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace
 
 Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,
                 const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
@@ -97,17 +131,11 @@ Status evaluate_windows(Transformer* base, const std::vector<WindowLogitsFn>& ca
         return run_candidate(first + slot, &cand_logits[slot]);
       };
       const size_t tasks = slots + (base_done ? 0 : 1);
-      std::vector<std::thread> pool;
-      for (size_t t = 1; t < tasks; ++t) pool.emplace_back([&, t] { task_status[t] = work(t); });
-      task_status[0] = work(0);
-      for (std::thread& t : pool) t.join();
+      run_in_parallel(tasks, [&](size_t t) { task_status[t] = work(t); }, &task_status);
       for (size_t t = 0; t < tasks; ++t) LLMQ_RETURN_IF_ERROR(task_status[t]);
       base_done = true;
       // Scoring: one candidate per thread as well (each has its own accumulator).
-      pool.clear();
-      for (size_t s = 1; s < slots; ++s) pool.emplace_back([&, s] { task_status[s] = score(first + s, cand_logits[s]); });
-      if (slots > 0) task_status[0] = score(first, cand_logits[0]);
-      for (std::thread& t : pool) t.join();
+      run_in_parallel(slots, [&](size_t s) { task_status[s] = score(first + s, cand_logits[s]); }, &task_status);
       for (size_t s = 0; s < slots; ++s) LLMQ_RETURN_IF_ERROR(task_status[s]);
     }
     scored += score_n;
