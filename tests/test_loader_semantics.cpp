@@ -416,7 +416,7 @@ TEST(LoaderSemantics, FormatOverrideRefusesWhatALoaderWouldReadWrong) {
   EXPECT_NE(block_ct.message().find("--format fp8"), std::string::npos) << block_ct.to_string();
   EXPECT_TRUE(export_as("fp8-block", ExportFormat::kVllmFp8).ok());
   EXPECT_TRUE(export_as("fp8-tensor-dynamic", ExportFormat::kCompressedTensors).ok());
-  EXPECT_FALSE(fs::exists(dir.file("fp8-tensor-dynamic-vllm-fp8"))) << "a refused export writes nothing";
+  EXPECT_FALSE(fs::exists(dir.file("fp8-tensor-dynamic-fp8"))) << "a refused export writes nothing";
 }
 
 }  // namespace

@@ -52,7 +52,15 @@ TEST(Schemes, NeedsStatisticsExactlyForStaticAndSmoothQuantSchemes) {
 }
 
 TEST(Schemes, ExportFormatNames) {
-  EXPECT_STREQ(export_format_name(ExportFormat::kVllmFp8), "vllm-fp8");
+  EXPECT_STREQ(export_format_name(ExportFormat::kVllmFp8), "fp8");
+  for (ExportFormat f : {ExportFormat::kVllmFp8, ExportFormat::kCompressedTensors}) {
+    ExportFormat back = ExportFormat::kNone;
+    ASSERT_TRUE(parse_export_format(export_format_name(f), &back).ok());
+    EXPECT_EQ(back, f);
+  }
+  ExportFormat unused;
+  EXPECT_FALSE(parse_export_format("vllm-fp8", &unused).ok()) << "one name per format";
+  EXPECT_FALSE(parse_export_format("none", &unused).ok());
   EXPECT_STREQ(export_format_name(ExportFormat::kCompressedTensors), "compressed-tensors");
   EXPECT_STREQ(export_format_name(ExportFormat::kNone), "none");
 }

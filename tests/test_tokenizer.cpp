@@ -25,10 +25,6 @@ using namespace tokenizer_test;  // NOLINT: the suite's shared helpers
 
 // ---- llama2.c tokenizer.bin
 
-struct BinPiece {
-  std::string text;
-  float score;
-};
 constexpr int32_t kBinSpace = 259, kBinA = 260, kBinB = 261, kBinAa = 262, kBinSpaceB = 263, kBinAb = 264;
 std::vector<BinPiece> bin_pieces() {
   // llama2.c's export: "▁" became " ", BOS / EOS became "\n<s>\n" / "\n</s>\n".
@@ -41,19 +37,6 @@ std::vector<BinPiece> bin_pieces() {
   p.push_back({" b", -1.5f});
   p.push_back({"ab", -4.0f});
   return p;
-}
-
-std::string llama2c_bin(const std::vector<BinPiece>& pieces) {
-  int32_t max_len = 0;
-  for (const BinPiece& p : pieces) max_len = std::max(max_len, static_cast<int32_t>(p.text.size()));
-  std::string out(reinterpret_cast<const char*>(&max_len), 4);
-  for (const BinPiece& p : pieces) {
-    const auto len = static_cast<int32_t>(p.text.size());
-    out.append(reinterpret_cast<const char*>(&p.score), 4);
-    out.append(reinterpret_cast<const char*>(&len), 4);
-    out += p.text;
-  }
-  return out;
 }
 
 TEST(Llama2cTokenizer, EncodesLikeRunC) {

@@ -49,44 +49,6 @@ std::vector<int32_t> read_ids(const std::string& path) {
   return ids;
 }
 
-void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
-
-void append(std::vector<uint8_t>* out, const void* p, size_t n) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  out->insert(out->end(), b, b + n);
-}
-void append(std::vector<uint8_t>* out, const Tensor& t) { append(out, t.data(), static_cast<size_t>(t.nbytes())); }
-
-// export.py's version1_export layout, written from loaded weights.
-std::vector<uint8_t> v1_bytes(const ModelWeights& w, bool shared) {
-  const ModelConfig& c = w.config;
-  std::vector<uint8_t> b;
-  const uint32_t magic = 0x616b3432;
-  const int32_t header[8] = {1, static_cast<int32_t>(c.dim), static_cast<int32_t>(c.hidden_dim),
-                             static_cast<int32_t>(c.n_layers), static_cast<int32_t>(c.n_heads),
-                             static_cast<int32_t>(c.n_kv_heads), static_cast<int32_t>(c.vocab_size),
-                             static_cast<int32_t>(c.max_seq_len)};
-  append(&b, &magic, 4);
-  append(&b, header, sizeof header);
-  b.push_back(shared ? 1 : 0);
-  b.resize(256, 0);
-  for (const auto& L : w.layers) append(&b, L.attn_norm);
-  for (const auto& L : w.layers) append(&b, L.ffn_norm);
-  append(&b, w.final_norm);
-  append(&b, w.token_embedding);
-  for (const auto& L : w.layers) append(&b, L.q.weight);
-  for (const auto& L : w.layers) append(&b, L.k.weight);
-  for (const auto& L : w.layers) append(&b, L.v.weight);
-  for (const auto& L : w.layers) append(&b, L.o.weight);
-  for (const auto& L : w.layers) append(&b, L.mlp.gate.weight);
-  for (const auto& L : w.layers) append(&b, L.mlp.down.weight);
-  for (const auto& L : w.layers) append(&b, L.mlp.up.weight);
-  if (!shared) append(&b, w.lm_head.weight);
-  return b;
-}
 
 std::string temp_path(const std::string& name) { return ::testing::TempDir() + "llmq_test_transformer_" + name; }
 

@@ -1,11 +1,12 @@
 // Helpers shared by the tokenizer tests (test_tokenizer_byte_level_bpe.cpp,
 // test_tokenizer_sentencepiece.cpp, test_tokenizer.cpp): test texts, a temporary directory, files
 // written byte for byte, loading and encoding that report their status, round trips, and the ids
-// every sentencepiece-style vocabulary here starts with.
+// every sentencepiece-style vocabulary here starts with, and llama2.c tokenizer.bin files.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -77,6 +78,26 @@ inline void expect_round_trip(const Tokenizer& tok, const std::string& text, con
 
 constexpr int32_t kUnk = 0, kBos = 1, kEos = 2, kByte0 = 3;
 constexpr int32_t byte_id(int byte) { return kByte0 + byte; }
+
+// ---- llama2.c tokenizer.bin: max_token_length, then per piece float32 score, int32 length, bytes.
+
+struct BinPiece {
+  std::string text;
+  float score;
+};
+// The file llama2.c's export writes for `pieces`, byte for byte.
+inline std::string llama2c_bin(const std::vector<BinPiece>& pieces) {
+  int32_t max_len = 0;
+  for (const BinPiece& p : pieces) max_len = std::max(max_len, static_cast<int32_t>(p.text.size()));
+  std::string out(reinterpret_cast<const char*>(&max_len), 4);
+  for (const BinPiece& p : pieces) {
+    const auto len = static_cast<int32_t>(p.text.size());
+    out.append(reinterpret_cast<const char*>(&p.score), 4);
+    out.append(reinterpret_cast<const char*>(&len), 4);
+    out += p.text;
+  }
+  return out;
+}
 
 }  // namespace tokenizer_test
 }  // namespace llmq

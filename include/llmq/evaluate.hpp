@@ -19,6 +19,12 @@ struct EvalOptions {
   int64_t context = 256;    // window length in tokens (BOS included)
   int64_t max_tokens = 0;   // stop after this many scored tokens (0: all)
   std::function<void(int64_t scored, int64_t total)> progress;  // called after each window
+  // Threads that run the base model and the candidates of a window at the same time (each model
+  // is one task; a window's logits are held for at most `threads` models at once besides the
+  // base). > 1 means each candidate is called from any thread, concurrently with the others:
+  // candidates must not share state (a GPU runtime bound to one host thread's device is not).
+  // The results are the same for every thread count.
+  int threads = 1;
 };
 
 Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,13 @@ Status checkpoint_weight_source(const std::string& dir, std::unique_ptr<WeightSo
 // Config JSON (text) for a model that came without one.
 std::string hf_config_json(const ModelConfig& config);
 
+// A file export_quantized writes into the output beside config.json, as the text given (a
+// tokenizer converted from llama2.c's: tokenizer.hpp's llama2c_tokenizer_to_hf).
+struct ExportSideFile {
+  std::string name;  // a plain file name: no folder, not hidden, none of the files export writes
+  std::string content;
+};
+
 struct ExportOptions {
   QuantizeModelOptions quantize;
   // The scheme's own format unless set; a format the scheme cannot be written in, or one a loader
@@ -64,6 +72,11 @@ struct ExportOptions {
   NonFinitePolicy nonfinite = NonFinitePolicy::kError;  // NaN / Inf in a weight (nonfinite.hpp)
   bool unquantized = false;         // write every tensor in keep_dtype: a plain HF checkpoint
                                     // (llama2.c -> Hugging Face conversion); the scheme is ignored
+  // Called as tensor bytes are produced (read, quantized and written), with the total to write.
+  std::function<void(int64_t bytes_done, int64_t bytes_total)> progress;
+  // Written with the checkpoint, in the same transaction. A name export writes itself (config.json,
+  // a shard, the index) or copies from source.directory() (tokenizer.json there) is refused.
+  std::vector<ExportSideFile> side_files;
 };
 
 struct ExportSummary {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "llmq/status.hpp"
@@ -31,11 +32,24 @@ struct GenerateOptions {
   float temperature = 1.0f;
   float topp = 0.9f;
   uint64_t seed = 0;  // run.c uses time(NULL) when 0; llmq requires an explicit seed for sampling
+  // Generation also ends when one of these is sampled (EOS); the stop token is not returned.
+  std::vector<int32_t> stop_tokens;
+  // Called with every generated token as soon as it is sampled (streaming).
+  std::function<void(int32_t token)> on_token;
 };
 
-// run.c's generate loop: feed the prompt (BOS first), then sample until `steps` positions or BOS.
-// Returns the generated token ids (not the prompt).
+// What a generate() call did, for tokens/s: the prompt's forward passes and the generated tokens'.
+struct GenerateStats {
+  int64_t prompt_tokens = 0;    // positions fed from the prompt (BOS included)
+  double prompt_seconds = 0;
+  int64_t generated_tokens = 0;  // tokens returned
+  double decode_seconds = 0;
+  int32_t stop_token = -1;       // the BOS / stop token that ended generation, -1 when steps ran out
+};
+
+// run.c's generate loop: feed the prompt (BOS first), then sample until `steps` positions or BOS
+// (or a stop token). Returns the generated token ids (not the prompt).
 Status generate(Transformer* model, const std::vector<int32_t>& prompt, const GenerateOptions& options,
-                std::vector<int32_t>* out);
+                std::vector<int32_t>* out, GenerateStats* stats = nullptr);
 
 }  // namespace llmq

@@ -39,6 +39,9 @@ struct Scheme {
 const std::vector<Scheme>& all_schemes();
 Status find_scheme(const std::string& name, Scheme* out);  // error lists the known names
 inline const char* kDefaultScheme = "fp8-dynamic";
+// The one name of each format, everywhere (tables, --format, messages): the quant_method its
+// config.json holds ("fp8", "compressed-tensors"), or "none".
 const char* export_format_name(ExportFormat f);
+Status parse_export_format(const std::string& name, ExportFormat* out);  // the names above but "none"
 
 }  // namespace llmq

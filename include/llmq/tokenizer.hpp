@@ -51,4 +51,22 @@ class Tokenizer {
   std::string description_;
 };
 
+// A llama2.c tokenizer as the Hugging Face files that stand for it beside a converted model, so
+// llmq and transformers both read the model's text. tokenizer.json is sentencepiece-style BPE as
+// transformers writes Llama 2's: "▁" prepended and for spaces, <0xNN> byte fallback, and merges
+// derived from the scores as transformers' sentencepiece converter derives them.
+struct HfTokenizerFiles {
+  std::string tokenizer_json;
+  std::string tokenizer_config_json;
+  int32_t bos = -1;  // the ids config.json must carry (llama2.c's fixed 1 and 2)
+  int32_t eos = -1;
+};
+// `path`: tokenizer.bin / tok<N>.bin. The files encode every text to the ids run.c gives, but for
+// U+2581 ("▁") in the text, which tokenizer.json cannot tell from a space (nor can sentencepiece,
+// which made the vocabulary). A vocabulary they could not reproduce is refused with an error that
+// names the file and the piece: a piece that is not UTF-8 or holds "▁", two equal pieces, two
+// pieces merges make with the same score (run.c takes the leftmost; a merge list has one order), a
+// missing byte token <0xNN> (transformers would put the <unk> standing in for it out of order).
+Status llama2c_tokenizer_to_hf(const std::string& path, HfTokenizerFiles* out);
+
 }  // namespace llmq

@@ -1,9 +1,17 @@
 // Shared CLI helpers: error printing, the progress bar and the GPU launch flags.
 #include <unistd.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <chrono>
-#include <filesystem>
+#include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "commands.hpp"
 #include "llmq/device.hpp"
@@ -55,30 +63,102 @@ Status gpu_model_source(const std::string& model, uint64_t seed, GpuModelSource*
 }
 
 namespace {
+
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+constexpr double kQuietSeconds = 2.0;     // a step shorter than this shows nothing
+constexpr double kLogLineSeconds = 10.0;  // not a terminal: at most one line this often
+
+std::string duration_text(double seconds) {
+  if (seconds < 90) return fmt::format("{:.0f} s", std::max(1.0, seconds));
+  return fmt::format("{:.0f} min {:02.0f} s", std::floor(seconds / 60), std::fmod(seconds, 60));
+}
+
 }  // namespace
 
 Progress::Progress(std::string what) : what_(std::move(what)), tty_(::isatty(2) != 0), start_(now_seconds()) {}
 
 void Progress::update(int64_t done, int64_t total) {
-  if (!tty_ || total <= 0) return;
-  const int percent = static_cast<int>(100 * done / total);
+  if (total <= 0) return;
+  const double now = now_seconds();
+  const double elapsed = now - start_;
+  if (elapsed < kQuietSeconds) return;
+  const int percent = static_cast<int>(100 * std::min(done, total) / total);
   if (percent == last_percent_) return;
+  if (!tty_ && now - last_print_ < kLogLineSeconds) return;
   last_percent_ = percent;
+  last_print_ = now;
+  shown_ = true;
+  const double left = done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0.0;
+  const std::string eta = done > 0 && done < total ? ", about " + duration_text(left) + " left" : "";
+  if (!tty_) {
+    std::fprintf(stderr, "llmq: %s: %d%% (%lld/%lld)%s\n", what_.c_str(), percent, static_cast<long long>(done),
+                 static_cast<long long>(total), eta.c_str());
+    return;
+  }
   constexpr int kWidth = 30;
   const int filled = kWidth * percent / 100;
-  const double elapsed = now_seconds() - start_;
-  const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0.0;
-  std::fprintf(stderr, "\r%s [%.*s%*s] %3d%% %lld/%lld (%.0f/s)", what_.c_str(), filled,
-               "==============================", kWidth - filled, "", percent, static_cast<long long>(done),
-               static_cast<long long>(total), rate);
+  std::fprintf(stderr, "\r\033[Kllmq: %s [%.*s%*s] %3d%%%s", what_.c_str(), filled, "==============================",
+               kWidth - filled, "", percent, eta.c_str());
   std::fflush(stderr);
 }
 
+Progress::~Progress() {
+  if (shown_ && tty_) std::fprintf(stderr, "\n");
+}
+
 void Progress::finish() {
-  if (tty_ && last_percent_ >= 0) std::fprintf(stderr, "\n");
+  if (!shown_) return;
+  const std::string took = duration_text(now_seconds() - start_);
+  if (tty_) std::fprintf(stderr, "\r\033[Kllmq: %s: done in %s\n", what_.c_str(), took.c_str());
+  else std::fprintf(stderr, "llmq: %s: done in %s\n", what_.c_str(), took.c_str());
+  shown_ = false;
+}
+
+struct SlowStep::State {
+  std::string what;
+  double start = now_seconds();
+  std::mutex mutex;
+  std::condition_variable ended_cv;
+  bool ended = false;
+  bool shown = false;
+};
+
+SlowStep::SlowStep(std::string what) : state_(std::make_shared<State>()) {
+  state_->what = std::move(what);
+  try {
+    std::thread([s = state_] {
+      std::unique_lock<std::mutex> lock(s->mutex);
+      if (s->ended_cv.wait_for(lock, std::chrono::duration<double>(kQuietSeconds), [&s] { return s->ended; })) return;
+      std::fprintf(stderr, "llmq: %s ...\n", s->what.c_str());
+      s->shown = true;
+    }).detach();
+  } catch (const std::system_error&) {
+    // No thread for a progress line: the step runs without one.
+  }
+}
+
+void SlowStep::done() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->ended) return;
+  state_->ended = true;
+  state_->ended_cv.notify_all();
+  if (state_->shown)
+    std::fprintf(stderr, "llmq: %s: done in %s\n", state_->what.c_str(),
+                 duration_text(now_seconds() - state_->start).c_str());
+}
+
+SlowStep::~SlowStep() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->ended = true;
+  state_->ended_cv.notify_all();
+}
+
+int cpu_threads(int requested) {
+  if (requested > 0) return requested;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace llmq::cli

@@ -32,13 +32,19 @@ int run(const CalibrateArgs& a) {
   if (Status st = check_output_path(a.out, out_rules); !st.ok()) return fail(st);
   ModelWeights model;
   std::string description;
-  if (Status st = load_model(a.model, &model, &description); !st.ok()) return fail(st);
+  {
+    SlowStep step("loading " + a.model);
+    if (Status st = load_model(a.model, &model, &description); !st.ok()) return fail(st);
+    step.done();
+  }
   std::vector<std::vector<int32_t>> sequences;
   std::string data_name = a.data;
   if (a.data.empty()) {
+    SlowStep step("sampling calibration text from the model");
     if (Status st = sample_token_sequences(model, a.samples, std::min(a.length, model.config.max_seq_len), a.seed, &sequences);
         !st.ok())
       return fail(st);
+    step.done();
     data_name = "sampled from the model: " + std::to_string(a.samples) + " x " + std::to_string(a.length) +
                 " tokens, seeds from " + std::to_string(a.seed);
   } else {
@@ -51,7 +57,7 @@ int run(const CalibrateArgs& a) {
   CalibrationStats stats;
   stats.model = a.model;
   stats.data = data_name;
-  Progress progress("calibrate");
+  Progress progress("calibrating");
   int64_t total = 0, done = 0;
   for (const auto& s : sequences) total += static_cast<int64_t>(s.size()) + 1;
   for (const auto& s : sequences) {

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "eval_table.hpp"
 #include "llmq/evaluate.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/export.hpp"
@@ -34,6 +35,7 @@ struct EvalArgs {
   std::string device = "cpu";
   int gpu = 0;
   std::string attention;  // comma-separated attention variants; each candidate runs once per variant
+  int threads = 0;        // 0: every core
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -48,7 +50,11 @@ std::vector<std::string> split(const std::string& s) {
 int run(const EvalArgs& a) {
   ModelWeights model;
   std::string description;
-  if (Status st = load_model(a.model, &model, &description); !st.ok()) return fail(st);
+  {
+    SlowStep step("loading " + a.model);
+    if (Status st = load_model(a.model, &model, &description); !st.ok()) return fail(st);
+    step.done();
+  }
 
   std::vector<std::string> scheme_names = split(a.schemes);
   if (scheme_names.size() == 1 && scheme_names[0] == "all") {
@@ -67,10 +73,12 @@ int run(const EvalArgs& a) {
   std::vector<std::vector<int32_t>> sequences;
   std::string data_name = a.data;
   if (a.data.empty()) {
+    SlowStep step("sampling evaluation text from the model");
     if (Status st = sample_token_sequences(model, a.samples, std::min(a.length, model.config.max_seq_len - 1), a.seed,
                                            &sequences);
         !st.ok())
       return fail(st);
+    step.done();
     data_name = fmt::format("{} sequences sampled from the model (T=1, top-p 0.9, seeds {}..{})", a.samples, a.seed,
                             a.seed + static_cast<uint64_t>(a.samples) - 1);
   } else {
@@ -92,11 +100,14 @@ int run(const EvalArgs& a) {
     if (Status st = sample_token_sequences(model, 32, std::min<int64_t>(128, model.config.max_seq_len - 1), 1000, &calib);
         !st.ok())
       return fail(st);
-    for (const auto& s : calib) {
+    Progress progress("calibrating for the static schemes");
+    for (size_t i = 0; i < calib.size(); ++i) {
       std::vector<int32_t> t = {model.config.bos_token};
-      t.insert(t.end(), s.begin(), s.end());
+      t.insert(t.end(), calib[i].begin(), calib[i].end());
       if (Status st = calibrate(model, t, std::min(a.context, model.config.max_seq_len), &stats); !st.ok()) return fail(st);
+      progress.update(static_cast<int64_t>(i + 1), static_cast<int64_t>(calib.size()));
     }
+    progress.finish();
     std::fprintf(stderr, "llmq: no --stats: calibrated on 32 sampled sequences (seeds 1000..1031), %lld tokens\n",
                  static_cast<long long>(stats.tokens));
     have_stats = true;
@@ -117,12 +128,15 @@ int run(const EvalArgs& a) {
 
   std::vector<std::string> labels;
   std::vector<std::unique_ptr<QuantizedModel>> qmodels;
+  Progress quantizing("quantizing");
   for (const Scheme& s : schemes) {
     auto qm = std::make_unique<QuantizedModel>();
     if (Status st = quantize_model(model, s, have_stats ? &stats : nullptr, {}, qm.get()); !st.ok()) return fail(st);
     labels.push_back(s.name);
     qmodels.push_back(std::move(qm));
+    quantizing.update(static_cast<int64_t>(qmodels.size()), static_cast<int64_t>(schemes.size()));
   }
+  quantizing.finish();
   for (const std::string& dir : a.quantized) {
     auto qm = std::make_unique<QuantizedModel>();
     if (Status st = load_quantized_checkpoint(dir, qm.get()); !st.ok()) return fail(st);
@@ -183,7 +197,9 @@ int run(const EvalArgs& a) {
     }
   Transformer base(model);
   options.max_tokens = a.max_tokens;
-  Progress progress("eval");
+  // GPU candidates stay on this thread (a runtime is bound to the device this thread selected).
+  options.threads = a.device == "cuda" ? 1 : cpu_threads(a.threads);
+  Progress progress(fmt::format("evaluating {} candidate(s) against the unquantized model", candidates.size()));
   options.progress = [&progress](int64_t done, int64_t total) { progress.update(done, total); };
   std::vector<EvalAccumulator> results;
   if (Status st = evaluate_windows(&base, candidates, sequences, options, &results); !st.ok()) return fail(st);
@@ -222,22 +238,11 @@ int run(const EvalArgs& a) {
   std::printf("model: %s\ndata:  %s\ntokens scored: %lld, context %lld\n", description.c_str(), data_name.c_str(),
               static_cast<long long>(sums.empty() ? 0 : sums[0].tokens), static_cast<long long>(options.context));
   if (!sums.empty())
-    std::printf("unquantized perplexity: %.4f +- %.4f\n\n", sums[0].ppl_base, sums[0].ppl_base_err);
-  size_t w = 6;
-  for (const auto& l : candidate_labels) w = std::max(w, l.size());
-  std::printf("%s\n", fmt::format("{:<{}} | {:>9} | {:>16} | {:>19} | {:>9} | {:>9} | {:>14} | {:>17}", "scheme", w,
-                                  "PPL", "PPL ratio", "mean KL", "KL p99", "KL max", "top-1 agree %", "mean dp %")
-                          .c_str());
-  std::printf("%s\n", std::string(w + 126, '-').c_str());
-  for (size_t i = 0; i < sums.size(); ++i) {
-    const auto& s = sums[i];
-    std::printf("%s\n", fmt::format("{:<{}} | {:>9.4f} | {:>7.5f} +- {:.5f} | {:>8.6f} +- {:.6f} | {:>9.6f} | {:>9.6f} | "
-                                    "{:>6.2f} +- {:.2f} | {:>7.4f} +- {:.4f}",
-                                    candidate_labels[i], w, s.ppl_quant, s.ppl_ratio, s.ppl_ratio_err, s.kl.mean, s.kl.stderr_,
-                                    s.kl_p99, s.kl_max, 100 * s.top1_agreement.mean, 100 * s.top1_agreement.stderr_,
-                                    100 * s.delta_p.mean, 100 * s.delta_p.stderr_)
-                            .c_str());
-  }
+    std::printf("unquantized perplexity: %.4f +- %.4f\n", sums[0].ppl_base, sums[0].ppl_base_err);
+  std::vector<EvalRow> rows;
+  for (size_t i = 0; i < sums.size(); ++i) rows.push_back({candidate_labels[i], sums[i], {}});
+  sort_by_kl(&rows);
+  std::printf("\n%s", eval_table_text(rows).c_str());
   return 0;
 }
 
@@ -257,7 +262,9 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--samples", args->samples, "without --data: sequences to sample")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--length", args->length, "without --data: tokens per sequence")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--seed", args->seed, "without --data: first sampling seed");
-  cmd->add_flag("--json", args->json, "machine-readable output");
+  cmd->add_flag("--json", args->json, "machine-readable output (every statistic, in the order given)");
+  cmd->add_option("--threads", args->threads, "CPU threads (0: every core); models of a window run side by side")
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--device", args->device, "where the quantized candidates run: cpu (reference) or cuda (GPU runtime)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
@@ -270,6 +277,7 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
 void add_schemes_command(CLI::App& app, std::vector<Command>* commands) {
   CLI::App* cmd = app.add_subcommand("schemes", "list the quantization schemes");
   commands->push_back({cmd, [] {
+                         std::printf("%-20s %-19s %s\n", "scheme", "format", "what it quantizes, and how");
                          for (const Scheme& s : all_schemes())
                            std::printf("%-20s %-19s %s\n", s.name.c_str(), export_format_name(s.export_format),
                                        s.description.c_str());

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.hpp"
 #include "llmq/export.hpp"
 #include "llmq/model_io.hpp"
@@ -27,6 +29,7 @@ struct QuantizeArgs {
   bool resume = false;
   std::string nonfinite = "error";
   int64_t shard_mb = 4096;
+  bool json = false;
 };
 
 // Peak resident set of this process so far, in bytes (Linux reports ru_maxrss in KiB).
@@ -50,10 +53,11 @@ int run(const QuantizeArgs& a) {
   if (!a.stats.empty())
     if (Status st = CalibrationStats::load(a.stats, &stats); !st.ok()) return fail(st);
   ExportOptions options;
-  if (a.format == "fp8" || a.format == "vllm-fp8") options.format = ExportFormat::kVllmFp8;
-  else if (a.format == "compressed-tensors") options.format = ExportFormat::kCompressedTensors;
-  else if (a.format != "auto")
-    return fail(invalid_argument("--format: unknown format '" + a.format + "' (auto, compressed-tensors or fp8)"));
+  if (a.format != "auto") {
+    ExportFormat f;
+    if (Status st = parse_export_format(a.format, &f); !st.ok()) return fail(st);
+    options.format = f;
+  }
   options.dry_run = a.dry_run;
   options.unquantized = unquantized;
   options.overwrite = a.force;
@@ -80,24 +84,69 @@ int run(const QuantizeArgs& a) {
   } else {
     if (Status st = load_model(a.model, &model); !st.ok()) return fail(st);
     source = memory_weight_source(model);
+    // A llama2.c model keeps its tokenizer (tokenizer.bin / tok<N>.bin beside it), as the
+    // tokenizer.json and tokenizer_config.json that llmq and transformers read.
+    // A tokenizer of another vocabulary size beside it (llama2.c's 32k tokenizer.bin next to a
+    // tok512 model) is not its tokenizer: the output gets none, and says so.
+    if (const std::string tok_path = Tokenizer::find(a.model); !tok_path.empty()) {
+      std::unique_ptr<Tokenizer> loaded;
+      if (Status st = Tokenizer::load(tok_path, &loaded); !st.ok()) return fail(st);
+      if (loaded->vocab_size() != model.config.vocab_size) {
+        std::fprintf(stderr, "llmq: warning: %s has %lld tokens, the model %lld: not its tokenizer; the output has none\n",
+                     tok_path.c_str(), static_cast<long long>(loaded->vocab_size()),
+                     static_cast<long long>(model.config.vocab_size));
+      } else {
+        HfTokenizerFiles tok;
+        if (Status st = llama2c_tokenizer_to_hf(tok_path, &tok); !st.ok()) return fail(st);
+        options.side_files = {{"tokenizer.json", tok.tokenizer_json},
+                              {"tokenizer_config.json", tok.tokenizer_config_json}};
+      }
+    }
   }
   ExportSummary summary;
-  if (Status st = export_quantized(*source, scheme, a.stats.empty() ? nullptr : &stats, a.out, options, &summary);
-      !st.ok())
-    return fail(st);
-  std::printf("%s %s: scheme %s (%s), %lld tensors, %lld quantized linear layers, %.2f MB in %lld shard(s)\n",
-              a.dry_run ? "would write" : "wrote", a.out.c_str(), scheme.name.c_str(),
-              export_format_name(options.format ? *options.format : scheme.export_format),
+  {
+    Progress progress("quantizing and writing " + a.out);
+    options.progress = [&progress](int64_t done, int64_t total) { progress.update(done, total); };
+    if (Status st = export_quantized(*source, scheme, a.stats.empty() ? nullptr : &stats, a.out, options, &summary);
+        !st.ok())
+      return fail(st);
+    progress.finish();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const char* format = export_format_name(options.format ? *options.format : scheme.export_format);
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["out"] = a.out;
+    j["written"] = !a.dry_run;
+    j["scheme"] = scheme.name;
+    j["format"] = format;
+    j["tensors"] = summary.tensors;
+    j["quantized_linears"] = summary.quantized_linears;
+    j["bytes"] = summary.bytes;
+    j["shards"] = summary.shards;
+    j["reused_shards"] = summary.reused_shards;
+    j["nonfinite_replaced"] = summary.nonfinite_replaced;
+    j["seconds"] = seconds;
+    j["peak_rss_bytes"] = peak_rss_bytes();
+    if (!unquantized) j["quantization_config"] = nlohmann::ordered_json::parse(summary.quantization_config, nullptr, false);
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s %s: %s, %s format; %lld tensors (%lld linear layers quantized), %.2f MB in %lld shard%s\n",
+              a.dry_run ? "would write" : "wrote", a.out.c_str(), scheme.name.c_str(), format,
               static_cast<long long>(summary.tensors), static_cast<long long>(summary.quantized_linears),
-              static_cast<double>(summary.bytes) / 1e6, static_cast<long long>(summary.shards));
-  if (!unquantized) std::printf("quantization_config: %s\n", summary.quantization_config.c_str());
+              static_cast<double>(summary.bytes) / 1e6, static_cast<long long>(summary.shards),
+              summary.shards == 1 ? "" : "s");
   if (a.resume) std::printf("resumed: %lld of %lld shard(s) kept from the interrupted run\n",
                             static_cast<long long>(summary.reused_shards), static_cast<long long>(summary.shards));
   if (summary.nonfinite_replaced > 0)
     std::printf("nonfinite: %lld NaN/Inf weight values written as 0 (--nonfinite zero)\n",
                 static_cast<long long>(summary.nonfinite_replaced));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("time: %.2f s, peak RSS %.1f MB\n", seconds, static_cast<double>(peak_rss_bytes()) / 1e6);
+  std::printf("time: %.2f s, peak memory %.1f MB\n", seconds, static_cast<double>(peak_rss_bytes()) / 1e6);
+  if (!a.dry_run && !unquantized)
+    std::printf("next: llmq eval --model %s --quantized %s    (its accuracy against the unquantized model)\n"
+                "      llmq run --device cuda --model %s --prompt \"...\"    (run it on the GPU)\n",
+                a.model.c_str(), a.out.c_str(), a.out.c_str());
   return 0;
 }
 
@@ -115,7 +164,8 @@ void add_quantize_command(CLI::App& app, std::vector<Command>* commands) {
                   "directory (it holds the .llmq-output marker) and --force is given")->required();
   cmd->add_option("--keep-dtype", args->keep_dtype, "dtype of tensors not quantized: bf16, f16 or f32");
   cmd->add_option("--format", args->format,
-                  "auto (the scheme's own), compressed-tensors or fp8. Who loads what:\n"
+                  "auto (the scheme's own), compressed-tensors or fp8 (each named by the quant_method it writes).\n"
+                  "Who loads what:\n"
                   "compressed-tensors (every scheme but fp8-block: per-tensor / per-channel weights, per-token /\n"
                   "  per-tensor activations): vLLM, SGLang; transformers with the compressed-tensors package\n"
                   "  (without it transformers refuses to load it: ImportError).\n"
@@ -124,6 +174,7 @@ void add_quantize_command(CLI::App& app, std::vector<Command>* commands) {
                   "  blocks), as are weights not a whole number of 128x128 blocks (engines disagree on edges).");
   cmd->add_flag("--quantize-lm-head", args->quantize_lm_head, "quantize lm_head too (kept by default)");
   cmd->add_flag("--dry-run", args->dry_run, "plan and report; write nothing");
+  cmd->add_flag("--json", args->json, "print the summary as JSON (with the quantization_config written)");
   cmd->add_flag("--force", args->force,
                 "replace a previous llmq output directory (never an input, a symbolic link or anything llmq did "
                 "not write)");

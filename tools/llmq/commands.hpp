@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@ struct Command {
   std::function<int()> run;
 };
 
+void add_demo_command(CLI::App& app, std::vector<Command>* commands);
 void add_run_command(CLI::App& app, std::vector<Command>* commands);
 void add_calibrate_command(CLI::App& app, std::vector<Command>* commands);
 void add_quantize_command(CLI::App& app, std::vector<Command>* commands);
@@ -45,10 +47,15 @@ Status gpu_model_source(const std::string& model, uint64_t seed, GpuModelSource*
 // Print "llmq: <status>" to stderr; exit code 2 for bad arguments, 1 otherwise.
 int fail(const Status& st);
 
-// A progress bar on stderr, drawn only when stderr is a terminal.
+// Progress of a counted step on stderr, shown only once the step has run for 2 s: on a terminal
+// a bar redrawn in place with the time left; in a log a line at most every 10 s. finish() prints
+// how long the step took when anything was shown.
 class Progress {
  public:
   explicit Progress(std::string what);
+  ~Progress();  // a bar left unfinished (an error) gets its line ended, so the message starts clean
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
   void update(int64_t done, int64_t total);
   void finish();
 
@@ -56,7 +63,28 @@ class Progress {
   std::string what_;
   bool tty_;
   double start_;
+  double last_print_ = 0;
   int last_percent_ = -1;
+  bool shown_ = false;
 };
+
+// A step that cannot count its progress (loading a model): "llmq: <what> ..." on stderr once it has
+// run for 2 s, then "done in N s" when done() is called. Nothing for a quick step, and nothing
+// more for a failed one (its error follows).
+class SlowStep {
+ public:
+  explicit SlowStep(std::string what);
+  ~SlowStep();
+  void done();
+  SlowStep(const SlowStep&) = delete;
+  SlowStep& operator=(const SlowStep&) = delete;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+// Threads a CPU command uses: `requested`, or every core when 0.
+int cpu_threads(int requested);
 
 }  // namespace llmq::cli

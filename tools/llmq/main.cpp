@@ -1,8 +1,11 @@
-// The llmq command line: a thin shell over the library. Only this file prints and exits.
-//   llmq                      the default report (formats, scaling-method round trip, W8A8 GEMM)
+// The llmq command line: a thin shell over the library; only the CLI prints and exits.
+//   llmq demo                 the main job on the built-in model (scripts/run with no arguments)
+//   llmq run / calibrate / quantize / eval / schemes   the model workflow (see --help of each)
+//   llmq report               formats, scaling-method round trip, W8A8 GEMM on a seeded tensor
 //   llmq formats              the format table
 //   llmq convert -f e4m3 X..  encode values and show the codes and what they decode to
-//   llmq run / calibrate / quantize / eval / schemes   the model workflow (see --help of each)
+// Exit status: 0 done; 2 a wrong option or an input llmq refuses (kInvalidArgument); 1 any other
+// failure (unsupported, I/O, device, memory). One rule, in cli::fail().
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -12,10 +15,15 @@
 #include <exception>
 #include <new>
 
+#include "llmq/device.hpp"
 #include "llmq/format.hpp"
 #include "llmq/status.hpp"
 #include "commands.hpp"
 #include "report.hpp"
+
+namespace llmq::cli {
+extern const char* const kBuildCommit;  // build_info.cpp, written at build time
+}
 
 namespace {
 
@@ -57,22 +65,63 @@ int run_convert(const std::string& format_name, const std::vector<double>& value
   return 0;
 }
 
+// `llmq --version`: what was built and what this machine has.
+std::string version_text() {
+  std::string text = fmt::format("llmq {} (commit {})\n", LLMQ_VERSION, llmq::cli::kBuildCommit);
+  if (std::string(LLMQ_CUDA_COMPILER).empty()) {
+    text += "CUDA: not compiled in (a CPU-only build: --device cpu only)\n";
+    return text;
+  }
+  text += fmt::format("CUDA: compiled with {} for {}\n", LLMQ_CUDA_COMPILER, LLMQ_CUDA_TARGETS);
+  llmq::CudaDeviceInfo info;
+  if (llmq::Status st = llmq::query_cuda_device(0, &info); !st.ok()) {
+    text += "GPU 0: " + st.message() + "\n";
+    return text;
+  }
+  text += fmt::format("GPU 0: {}, compute capability {}.{}, {:.0f} GiB{}\n", info.name, info.major, info.minor,
+                      static_cast<double>(info.global_memory_bytes) / (1 << 30),
+                      llmq::compute_capability_has_sm90a(info.major, info.minor) ? " (runs the sm_90a kernels)"
+                      : info.supports_fp8() ? " (FP8; the portable kernels)"
+                                            : " (no FP8: BF16 and INT8 only)");
+  return text;
+}
+
+// CLI11 ends the version text with a newline of its own.
+std::string version_flag_text() {
+  std::string text = version_text();
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
 }  // namespace
 
 int run_main(int argc, char** argv) {
-  CLI::App app{"llmq: 8-bit (FP8 / INT8) quantization of large language models, with the accuracy measured"};
+  CLI::App app{"llmq: quantize large language models to 8 bits (FP8 / INT8), measure what it costs, run them fast.\n"
+                "Start with `llmq demo`; every command has --help."};
+  app.footer("Exit status: 0 done; 2 a wrong option or an input llmq refuses (the message names it); 1 any other\n"
+             "failure (a model feature llmq does not support, a file system, GPU or memory error).");
+  app.option_defaults()->always_capture_default();  // --help shows every default
+  app.set_version_flag("-V,--version", version_flag_text, "print the version, commit, CUDA build and GPU, then exit");
   app.require_subcommand(0, 1);
+  std::vector<llmq::cli::Command> commands;
+  llmq::cli::add_demo_command(app, &commands);
+  llmq::cli::add_run_command(app, &commands);
+  llmq::cli::add_calibrate_command(app, &commands);
+  llmq::cli::add_quantize_command(app, &commands);
+  llmq::cli::add_attention_command(app, &commands);
+  llmq::cli::add_eval_command(app, &commands);
+  llmq::cli::add_schemes_command(app, &commands);
+  llmq::cli::add_logits_command(app, &commands);
+  llmq::cli::add_bench_command(app, &commands);
+  llmq::cli::add_make_checkpoint_command(app, &commands);
+
   llmq::cli::ReportOptions report_options;
-  auto add_report_flags = [&report_options](CLI::App* cmd) {
-    cmd->add_option("--rows", report_options.rows, "tokens in the seeded tensor")->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--cols", report_options.cols, "hidden size (K)")->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--out-features", report_options.out_features, "N of the GEMM table")->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--seed", report_options.seed, "seed of the synthetic tensors");
-    cmd->add_flag("--json", report_options.json, "print JSON instead of tables");
-  };
-  add_report_flags(&app);
-  CLI::App* report = app.add_subcommand("report", "the default report (also what `llmq` alone prints)");
-  add_report_flags(report);
+  CLI::App* report = app.add_subcommand("report", "round-trip and GEMM error of every scaling method on a seeded outlier tensor");
+  report->add_option("--rows", report_options.rows, "tokens in the seeded tensor")->check(CLI::Range(1, 1 << 20));
+  report->add_option("--cols", report_options.cols, "hidden size (K)")->check(CLI::Range(1, 1 << 20));
+  report->add_option("--out-features", report_options.out_features, "N of the GEMM table")->check(CLI::Range(1, 1 << 20));
+  report->add_option("--seed", report_options.seed, "seed of the synthetic tensors");
+  report->add_flag("--json", report_options.json, "print JSON instead of tables");
   CLI::App* formats = app.add_subcommand("formats", "print the table of 8-bit and 4-bit formats");
 
   CLI::App* convert = app.add_subcommand("convert", "encode values in a format, print codes and decoded values");
@@ -86,18 +135,18 @@ int run_main(int argc, char** argv) {
   convert->add_flag("--stochastic", stochastic, "stochastic rounding (Philox, counter = position)");
   convert->add_option("--seed", seed, "stochastic rounding seed");
 
-  std::vector<llmq::cli::Command> commands;
-  llmq::cli::add_run_command(app, &commands);
-  llmq::cli::add_calibrate_command(app, &commands);
-  llmq::cli::add_quantize_command(app, &commands);
-  llmq::cli::add_attention_command(app, &commands);
-  llmq::cli::add_eval_command(app, &commands);
-  llmq::cli::add_schemes_command(app, &commands);
-  llmq::cli::add_logits_command(app, &commands);
-  llmq::cli::add_bench_command(app, &commands);
-  llmq::cli::add_make_checkpoint_command(app, &commands);
-
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);  // prints the message and the --help hint
+    return 2;
+  }
   for (const auto& c : commands)
     if (*c.app) return c.run();
   if (*formats) {
@@ -105,7 +154,9 @@ int run_main(int argc, char** argv) {
     return 0;
   }
   if (*convert) return run_convert(format_name, values, nosat, stochastic, seed);
-  return run_report(report_options);
+  if (*report) return run_report(report_options);
+  std::fputs(app.help().c_str(), stdout);
+  return 0;
 }
 
 // The one boundary where exceptions stop: whatever escapes a command (std::bad_alloc from an

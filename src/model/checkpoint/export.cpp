@@ -215,6 +215,23 @@ Status find_side_files(const std::string& dir, std::vector<std::string>* files) 
   return {};
 }
 
+// options.side_files: plain names (nothing outside the output, no hidden file beside llmq's marker
+// and manifest), none twice, none that export writes or copies itself.
+Status check_side_files(const std::vector<ExportSideFile>& extra, const std::vector<std::string>& copied) {
+  std::set<std::string> seen(copied.begin(), copied.end());
+  for (const ExportSideFile& f : extra) {
+    const std::string& n = f.name;
+    const bool safetensors = n.size() >= 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0;
+    if (n.empty() || n[0] == '.' || n.find('/') != std::string::npos || n.find('\0') != std::string::npos)
+      return invalid_argument("side file '" + n + "': not a plain file name");
+    if (n == "config.json" || n == "model.safetensors.index.json" || safetensors)
+      return invalid_argument("side file '" + n + "': export writes that file itself");
+    if (!seen.insert(n).second)
+      return invalid_argument("side file '" + n + "': given twice, or also copied from the input directory");
+  }
+  return {};
+}
+
 // An error reading or checking the input while a shard is written names the input (the model
 // directory when there is one), not the staging file being written.
 Status input_error(const WeightSource& source, const Status& st) {
@@ -223,18 +240,49 @@ Status input_error(const WeightSource& source, const Status& st) {
   return Status(st.code(), "--model: " + dir + ": " + st.message());
 }
 
-// Every shard, the index, config.json and the tokenizer files into the staging directory, each
-// fsynced; shards an earlier run finished under the same plan are kept as they are.
+// Every shard, the index, config.json and the tokenizer files (copied from the input directory, or
+// options.side_files) into the staging directory, each fsynced; shards an earlier run finished
+// under the same plan are kept as they are.
 Status write_staged(const WeightSource& source, const std::vector<std::string>& side_files,
+                    const std::vector<ExportSideFile>& extra_files,
                     const std::vector<std::vector<SafetensorsWriteEntry>>& shards, int64_t total_bytes,
-                    const std::string& config_text, OutputDir* dir) {
+                    const std::string& config_text, const ExportOptions& options, OutputDir* dir) {
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  int64_t done = 0;  // tensor bytes produced so far, for options.progress
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file = shard_file_name(i, shards.size());
     for (const auto& e : shards[i]) weight_map[e.name] = file;
-    if (dir->reused(file)) continue;
+    std::vector<SafetensorsWriteEntry> entries = shards[i];
+    int64_t shard_bytes = 0;
+    for (const auto& e : entries) shard_bytes += safetensors_entry_bytes(e);
+    if (dir->reused(file)) {
+      done += shard_bytes;
+      continue;
+    }
+    if (options.progress) {
+      // Each tensor reports its bytes once filled (row blocks as they go).
+      for (auto& e : entries) {
+        const int64_t bytes = safetensors_entry_bytes(e);
+        const int64_t rows = e.shape.empty() ? 1 : e.shape[0];
+        if (e.fill)
+          e.fill = [fill = e.fill, bytes, &done, &options, total_bytes](uint8_t* dst) {
+            LLMQ_RETURN_IF_ERROR(fill(dst));
+            done += bytes;
+            options.progress(done, total_bytes);
+            return Status();
+          };
+        if (e.fill_rows)
+          e.fill_rows = [fill = e.fill_rows, bytes, rows, &done, &options, total_bytes](int64_t begin, int64_t n,
+                                                                                         uint8_t* dst) {
+            LLMQ_RETURN_IF_ERROR(fill(begin, n, dst));
+            done += rows > 0 ? bytes * n / rows : 0;
+            options.progress(done, total_bytes);
+            return Status();
+          };
+      }
+    }
     SafetensorsWritten written;
-    LLMQ_RETURN_IF_ERROR(write_safetensors(dir->path(file), shards[i], {{"format", "pt"}}, &written));
+    LLMQ_RETURN_IF_ERROR(write_safetensors(dir->path(file), entries, {{"format", "pt"}}, &written));
     LLMQ_RETURN_IF_ERROR(dir->mark_complete(file, written.bytes, written.checksum));
   }
   if (shards.size() > 1) {
@@ -244,6 +292,7 @@ Status write_staged(const WeightSource& source, const std::vector<std::string>& 
   LLMQ_RETURN_IF_ERROR(write_file_atomic(dir->path("config.json"), config_text + "\n"));
   for (const std::string& f : side_files)
     LLMQ_RETURN_IF_ERROR(copy_file_synced(source.directory() + "/" + f, dir->path(f)));
+  for (const ExportSideFile& f : extra_files) LLMQ_RETURN_IF_ERROR(write_file_atomic(dir->path(f.name), f.content));
   return fsync_directory(dir->staging());
 }
 
@@ -271,6 +320,7 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
   LLMQ_RETURN_IF_ERROR(check_output_path(out_dir, planned));
   std::vector<std::string> side_files;
   LLMQ_RETURN_IF_ERROR(find_side_files(source.directory(), &side_files));
+  LLMQ_RETURN_IF_ERROR(check_side_files(options.side_files, side_files));
   // Set when reading or checking the input fails while the shards are written: such a failure
   // leaves no staging directory behind (a failure to write keeps finished shards for --resume).
   bool input_failed = false;
@@ -432,7 +482,8 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
 
   std::unique_ptr<OutputDir> staging;
   LLMQ_RETURN_IF_ERROR(OutputDir::begin(out_dir, rules, checksum_hex(plan_sum.digest()), options.resume, &staging));
-  if (Status st = write_staged(source, side_files, shards, sum.bytes, config_json.dump(2), staging.get());
+  if (Status st = write_staged(source, side_files, options.side_files, shards, sum.bytes, config_json.dump(2), options,
+                               staging.get());
       !st.ok()) {
     // A failure to write (a full disk) keeps the shards already finished for --resume, as does a
     // --resume run the shards of the run it resumed. Anything else (the input does not read, a

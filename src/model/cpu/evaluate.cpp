@@ -1,7 +1,44 @@
 // Windowed evaluation of candidates against a base model (see llmq/evaluate.hpp).
 #include "llmq/evaluate.hpp"
 
+#include <algorithm>
+#include <exception>
+#include <functional>
+#include <new>
+#include <system_error>
+#include <thread>
+
 namespace llmq {
+namespace {
+
+// Runs task(0 .. n-1), task 0 on this thread and each other on a thread of its own; an exception
+// in a task becomes its status (a worker's exception would otherwise end the process), and a task
+// whose thread cannot start runs here after the others.
+void run_in_parallel(size_t n, const std::function<void(size_t)>& task, std::vector<Status>* status) {
+  auto guarded = [&task, status](size_t i) {
+    try {
+      task(i);
+    } catch (const std::bad_alloc&) {
+      (*status)[i] = Status(StatusCode::kInternal, "evaluate: out of memory");
+    } catch (const std::exception& e) {
+      (*status)[i] = Status(StatusCode::kInternal, std::string("evaluate: ") + e.what());
+    }
+  };
+  std::vector<std::thread> pool;
+  std::vector<size_t> here = {0};
+  for (size_t i = 1; i < n; ++i) {
+    try {
+      pool.emplace_back(guarded, i);
+    } catch (const std::system_error&) {
+      here.push_back(i);
+    }
+  }
+  for (size_t i : here)
+    if (i < n) guarded(i);
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace
 
 Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,
                 const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
@@ -51,23 +88,55 @@ Status evaluate_windows(Transformer* base, const std::vector<WindowLogitsFn>& ca
   if (options.max_tokens > 0) total = std::min(total, options.max_tokens);
   results->assign(candidates.size(), EvalAccumulator());
   const int64_t vocab = c.vocab_size;
-  std::vector<float> base_logits, cand_logits;
+  const size_t threads = static_cast<size_t>(std::max(1, options.threads));
+  // Task 0 is the base model, task 1 + m candidate m. A window runs in rounds of `threads` tasks
+  // (the base in the first): their logits are computed at the same time, then each candidate's
+  // positions are scored in order, so every accumulator sees what the one-thread loop gives it.
+  std::vector<float> base_logits;
+  std::vector<std::vector<float>> cand_logits(std::min(threads, candidates.size()));
+  std::vector<Status> task_status(threads);
   int64_t scored = 0;
   for (const Window& w : windows) {
     if (scored >= total) break;
     const int64_t n = static_cast<int64_t>(w.tokens.size());
     const int64_t score_n = std::min(n - 1, total - scored);  // positions 0 .. n-2 predict tokens 1 .. n-1
-    base_logits.resize(static_cast<size_t>(n * vocab));
-    base->reset();
-    LLMQ_RETURN_IF_ERROR(base->forward(w.tokens.data(), n, 0, base_logits.data()));
-    for (size_t m = 0; m < candidates.size(); ++m) {
-      LLMQ_RETURN_IF_ERROR(candidates[m](w.tokens, &cand_logits));
-      if (static_cast<int64_t>(cand_logits.size()) != n * vocab)
-        return Status(StatusCode::kInternal, "candidate " + std::to_string(m) + ": " + std::to_string(cand_logits.size()) +
+    auto run_base = [&]() -> Status {
+      base_logits.resize(static_cast<size_t>(n * vocab));
+      base->reset();
+      return base->forward(w.tokens.data(), n, 0, base_logits.data());
+    };
+    auto run_candidate = [&](size_t m, std::vector<float>* logits) -> Status {
+      LLMQ_RETURN_IF_ERROR(candidates[m](w.tokens, logits));
+      if (static_cast<int64_t>(logits->size()) != n * vocab)
+        return Status(StatusCode::kInternal, "candidate " + std::to_string(m) + ": " + std::to_string(logits->size()) +
                                                  " logits for a window of " + std::to_string(n) + " tokens");
+      return {};
+    };
+    auto score = [&](size_t m, const std::vector<float>& logits) -> Status {
       for (int64_t p = 0; p < score_n; ++p)
-        LLMQ_RETURN_IF_ERROR((*results)[m].add(base_logits.data() + p * vocab, cand_logits.data() + p * vocab, vocab,
+        LLMQ_RETURN_IF_ERROR((*results)[m].add(base_logits.data() + p * vocab, logits.data() + p * vocab, vocab,
                                                w.tokens[static_cast<size_t>(p + 1)]));
+      return {};
+    };
+    size_t next = 0;  // the next candidate to run
+    bool base_done = false;
+    while (!base_done || next < candidates.size()) {
+      // This round: the base (first round only) and up to `threads` candidates, slot s of the round
+      // on thread s.
+      const size_t first = next;
+      const size_t slots = std::min(threads - (base_done ? 0 : 1), candidates.size() - next);
+      next += slots;
+      auto work = [&](size_t slot) -> Status {
+        if (!base_done && slot == slots) return run_base();
+        return run_candidate(first + slot, &cand_logits[slot]);
+      };
+      const size_t tasks = slots + (base_done ? 0 : 1);
+      run_in_parallel(tasks, [&](size_t t) { task_status[t] = work(t); }, &task_status);
+      for (size_t t = 0; t < tasks; ++t) LLMQ_RETURN_IF_ERROR(task_status[t]);
+      base_done = true;
+      // Scoring: one candidate per thread as well (each has its own accumulator).
+      run_in_parallel(slots, [&](size_t s) { task_status[s] = score(first + s, cand_logits[s]); }, &task_status);
+      for (size_t s = 0; s < slots; ++s) LLMQ_RETURN_IF_ERROR(task_status[s]);
     }
     scored += score_n;
     if (options.progress) options.progress(scored, total);

@@ -1,6 +1,7 @@
 // Sampler and generate(): llama2.c run.c's sampling and generation loop, reimplemented so that
 // the same logits, temperature, top-p and seed pick the same tokens as run.c.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 
@@ -98,7 +99,7 @@ int32_t Sampler::sample(float* logits) {
 }
 
 Status generate(Transformer* model, const std::vector<int32_t>& prompt, const GenerateOptions& options,
-                std::vector<int32_t>* out) {
+                std::vector<int32_t>* out, GenerateStats* stats) {
   if (model == nullptr || out == nullptr) return invalid_argument("generate: model or out is null");
   if (prompt.empty()) return invalid_argument("generate: prompt is empty (it must start with BOS)");
   if (!(options.temperature >= 0.0f)) return invalid_argument("generate: temperature must be >= 0");
@@ -113,16 +114,39 @@ Status generate(Transformer* model, const std::vector<int32_t>& prompt, const Ge
   Sampler sampler(c.vocab_size, options.temperature, options.topp, options.seed);
   std::vector<float> logits(static_cast<size_t>(c.vocab_size));
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  GenerateStats st;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto prompt_end = start;
   out->clear();
   model->reset();
   int32_t token = prompt[0];
   for (int64_t pos = 0; pos < steps; ++pos) {
     LLMQ_RETURN_IF_ERROR(model->forward(&token, 1, pos, logits.data()));
     const bool forced = pos < n_prompt - 1;  // still reading the prompt
+    if (!forced && pos == n_prompt - 1) {
+      prompt_end = Clock::now();
+      st.prompt_tokens = n_prompt;
+    }
     const int32_t next = forced ? prompt[static_cast<size_t>(pos + 1)] : sampler.sample(logits.data());
-    if (next == c.bos_token) break;  // run.c: BOS delimits sequences
-    if (!forced) out->push_back(next);
+    if (!forced && (next == c.bos_token ||  // run.c: BOS delimits sequences
+                    std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) != options.stop_tokens.end())) {
+      st.stop_token = next;
+      break;
+    }
+    if (next == c.bos_token) break;
+    if (!forced) {
+      out->push_back(next);
+      if (options.on_token) options.on_token(next);
+    }
     token = next;
+  }
+  if (stats != nullptr) {
+    if (st.prompt_tokens == 0) prompt_end = Clock::now();  // steps ran out inside the prompt
+    st.prompt_seconds = std::chrono::duration<double>(prompt_end - start).count();
+    st.decode_seconds = std::chrono::duration<double>(Clock::now() - prompt_end).count();
+    st.generated_tokens = static_cast<int64_t>(out->size());
+    *stats = st;
   }
   return {};
 }

@@ -134,11 +134,20 @@ Status find_scheme(const std::string& name, Scheme* out) {
 
 const char* export_format_name(ExportFormat f) {
   switch (f) {
-    case ExportFormat::kVllmFp8: return "vllm-fp8";
+    case ExportFormat::kVllmFp8: return "fp8";
     case ExportFormat::kCompressedTensors: return "compressed-tensors";
     case ExportFormat::kNone: return "none";
   }
   return "?";
+}
+
+Status parse_export_format(const std::string& name, ExportFormat* out) {
+  for (ExportFormat f : {ExportFormat::kCompressedTensors, ExportFormat::kVllmFp8})
+    if (name == export_format_name(f)) {
+      *out = f;
+      return {};
+    }
+  return invalid_argument("--format: unknown format '" + name + "' (compressed-tensors or fp8)");
 }
 
 }  // namespace llmq

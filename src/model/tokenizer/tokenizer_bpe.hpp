@@ -149,6 +149,12 @@ Status parse_tokenizer_json(const std::string& path, const std::string& text, st
 Status parse_sentencepiece_model(const std::string& path, const std::string& data, std::unique_ptr<Tokenizer>* out);
 Status parse_llama2c_tokenizer(const std::string& path, const std::string& data, std::unique_ptr<Tokenizer>* out);
 
+// A llama2.c tokenizer's pieces (bytes as stored: spaces, not "▁") and scores, id by id; an error
+// naming the file and byte offset when it is cut short or a length is out of range. Read by
+// parse_llama2c_tokenizer and by llama2c_tokenizer_to_hf (tokenizer_export.cpp).
+Status read_llama2c_pieces(const std::string& path, const std::string& data, std::vector<std::string>* pieces,
+                           std::vector<float>* scores);
+
 // The whole file; an IoError naming it when it cannot be read.
 Status read_whole_file(const std::string& path, std::string* out);
 

@@ -267,7 +267,8 @@ Status load_llama2c_tokenizer(const std::string& path, std::unique_ptr<Tokenizer
   return parse_llama2c_tokenizer(path, data, out);
 }
 
-Status parse_llama2c_tokenizer(const std::string& path, const std::string& data, std::unique_ptr<Tokenizer>* out) {
+Status read_llama2c_pieces(const std::string& path, const std::string& data, std::vector<std::string>* pieces,
+                           std::vector<float>* scores) {
   auto bad = [&path](const std::string& what) {
     return invalid_argument(path + ": not a valid llama2.c tokenizer: " + what);
   };
@@ -276,16 +277,16 @@ Status parse_llama2c_tokenizer(const std::string& path, const std::string& data,
     std::memcpy(&v, data.data() + at, sizeof v);
     return v;
   };
+  pieces->clear();
+  scores->clear();
   if (data.size() < 4) return bad("shorter than its 4-byte header (" + std::to_string(data.size()) + " bytes)");
   const int32_t max_token_length = read_i32(0);
   if (max_token_length <= 0) return bad("max_token_length " + std::to_string(max_token_length) + " is not positive");
-  BpeSpec spec;
-  spec.source = path;
   size_t pos = 4;
   // The file does not store its token count (run.c takes it from the checkpoint): tokens run to
   // the end of the file, and one cut short anywhere inside is an error.
   while (pos < data.size()) {
-    const std::string where = "token " + std::to_string(spec.pieces.size()) + " at byte " + std::to_string(pos);
+    const std::string where = "token " + std::to_string(pieces->size()) + " at byte " + std::to_string(pos);
     if (data.size() - pos < 8) return bad(where + ": the file ends inside its score and length");
     float score = 0.0f;
     std::memcpy(&score, data.data() + pos, sizeof score);
@@ -296,11 +297,18 @@ Status parse_llama2c_tokenizer(const std::string& path, const std::string& data,
                  std::to_string(max_token_length) + "]");
     if (data.size() - pos < static_cast<size_t>(len))
       return bad(where + ": its " + std::to_string(len) + " bytes run past the end of the file");
-    spec.pieces.push_back(data.substr(pos, static_cast<size_t>(len)));
-    spec.scores.push_back(score);
+    pieces->push_back(data.substr(pos, static_cast<size_t>(len)));
+    scores->push_back(score);
     pos += static_cast<size_t>(len);
   }
-  if (spec.pieces.empty()) return bad("it holds no tokens");
+  if (pieces->empty()) return bad("it holds no tokens");
+  return {};
+}
+
+Status parse_llama2c_tokenizer(const std::string& path, const std::string& data, std::unique_ptr<Tokenizer>* out) {
+  BpeSpec spec;
+  spec.source = path;
+  LLMQ_RETURN_IF_ERROR(read_llama2c_pieces(path, data, &spec.pieces, &spec.scores));
   spec.merge_mode = BpeSpec::MergeMode::kScore;
   spec.mergeable.assign(spec.pieces.size(), true);  // run.c's str_lookup searches every piece
   spec.byte_fallback = true;
