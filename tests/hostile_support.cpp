@@ -159,8 +159,15 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 
 }  // namespace
 
+// The binary under test: $LLMQ_CLI when set (a build carried to another machine, where the
+// build tree's path does not exist), else the one this test was built with.
+std::string cli_binary() {
+  const char* env = std::getenv("LLMQ_CLI");
+  return env != nullptr && *env != '\0' ? env : LLMQ_CLI_PATH;
+}
+
 std::string RunResult::repro() const {
-  std::string s = "REPRO: cd " + shell_quote(cwd) + " && " + shell_quote(LLMQ_CLI_PATH);
+  std::string s = "REPRO: cd " + shell_quote(cwd) + " && " + shell_quote(cli_binary());
   for (const auto& a : args) s += " " + shell_quote(a);
   return s;
 }
@@ -171,7 +178,7 @@ RunResult run_cli(const std::vector<std::string>& args, const std::string& cwd, 
   r.args = args;
   r.cwd = cwd;
   timeout_seconds *= kTimeScale;
-  std::vector<std::string> full = {LLMQ_CLI_PATH};
+  std::vector<std::string> full = {cli_binary()};
   full.insert(full.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : full) argv.push_back(&a[0]);

@@ -268,7 +268,7 @@ int run(const DemoArgs& a) {
   const std::string& L = a.llmq;
   std::printf(
       "\nnext, on a real model: a Hugging Face directory (config.json, *.safetensors, tokenizer.json), e.g.\n"
-      "`huggingface-cli download Qwen/Qwen2.5-0.5B --local-dir qwen` (docs/workflow.md lists what loads):\n"
+      "`hf download Qwen/Qwen2.5-0.5B --local-dir qwen` (docs/workflow.md lists what loads):\n"
       "  %s run --model qwen --prompt \"The capital of France is\" -n 64%s\n"
       "  %s eval --model qwen --scheme %s --data text.txt\n"
       "  %s quantize --model qwen --scheme %s -o qwen-%s\n",

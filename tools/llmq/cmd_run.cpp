@@ -235,7 +235,9 @@ int run(const RunArgs& a) {
                             : stats.stop_token == config.bos_token && stats.stop_token != config.eos_token
                                 ? "stopped at BOS (token " + std::to_string(stats.stop_token) + ")"
                                 : "stopped at EOS (token " + std::to_string(stats.stop_token) + ")";
-  std::fprintf(stderr, "llmq: prompt %s; generated %s; %s\n", rate_text(stats.prompt_tokens, stats.prompt_seconds).c_str(),
+  // The GPU's first forward pass also makes its cuBLASLt plans: the prompt's time includes that.
+  std::fprintf(stderr, "llmq: prompt %s%s; generated %s; %s\n", rate_text(stats.prompt_tokens, stats.prompt_seconds).c_str(),
+               a.device == "cuda" ? " (with the GPU's one-time setup)" : "",
                rate_text(stats.generated_tokens, stats.decode_seconds).c_str(), ended.c_str());
   return 0;
 }
