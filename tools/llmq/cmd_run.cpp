@@ -56,7 +56,11 @@ Status load_on_gpu(const RunArgs& a, ModelWeights* host, std::unique_ptr<TensorP
   o.expert_parallel = a.ep;
   o.stats = a.stats.empty() ? nullptr : &stats;
   o.group = apply_gpu_launch_flags(a.launch);
-  return TensorParallelRuntime::load(a.tp, a.gpu, source, p, out, o);
+  Progress progress("loading " + a.model + " onto the GPU");
+  o.progress = [&progress](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
+  LLMQ_RETURN_IF_ERROR(TensorParallelRuntime::load(a.tp, a.gpu, source, p, out, o));
+  progress.finish();
+  return {};
 }
 
 // "12 tokens in 0.100 s (120.0 tokens/s)"; the count alone when nothing ran.
@@ -146,13 +150,11 @@ int run(const RunArgs& a) {
   const bool text_out = tokenizer != nullptr && !a.ids;
   std::unique_ptr<TensorParallelRuntime> gpu_model;
   ModelWeights model;
-  {
-    SlowStep step("loading " + a.model + (a.device == "cuda" ? " onto the GPU" : ""));
-    if (a.device == "cuda") {
-      if (Status st = load_on_gpu(a, &model, &gpu_model); !st.ok()) return fail(st);
-    } else if (Status st = load_model(a.model, &model); !st.ok()) {
-      return fail(st);
-    }
+  if (a.device == "cuda") {
+    if (Status st = load_on_gpu(a, &model, &gpu_model); !st.ok()) return fail(st);  // with its progress bar
+  } else {
+    SlowStep step("loading " + a.model);
+    if (Status st = load_model(a.model, &model); !st.ok()) return fail(st);
     step.done();
   }
   const ModelConfig& config = gpu_model != nullptr ? gpu_model->config() : model.config;
