@@ -266,13 +266,15 @@ int run(const DemoArgs& a) {
                 gpu ? " --device cuda" : "");
   }
   const std::string& L = a.llmq;
+  // The eval suggestion: the two best schemes here (the whole list makes a line too long to read).
+  const std::string top_two = rows.size() > 1 ? rows[0].label + "," + rows[1].label : rows[0].label;
   std::printf(
       "\nnext, on a real model: a Hugging Face directory (config.json, *.safetensors, tokenizer.json), e.g.\n"
       "`hf download Qwen/Qwen2.5-0.5B --local-dir qwen` (docs/workflow.md lists what loads):\n"
       "  %s run --model qwen --prompt \"The capital of France is\" -n 64%s\n"
       "  %s eval --model qwen --scheme %s --data text.txt\n"
       "  %s quantize --model qwen --scheme %s -o qwen-%s\n",
-      L.c_str(), gpu ? " --device cuda" : "", L.c_str(), a.schemes.c_str(), L.c_str(), best.label.c_str(),
+      L.c_str(), gpu ? " --device cuda" : "", L.c_str(), top_two.c_str(), L.c_str(), best.label.c_str(),
       best.label.c_str());
   return 0;
 }
