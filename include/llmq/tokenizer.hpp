@@ -60,6 +60,7 @@ struct HfTokenizerFiles {
   std::string tokenizer_config_json;
   int32_t bos = -1;  // the ids config.json must carry (llama2.c's fixed 1 and 2)
   int32_t eos = -1;
+  int64_t vocab_size = 0;  // tokens in the vocabulary (a model of another size is not its own)
 };
 // `path`: tokenizer.bin / tok<N>.bin. The files encode every text to the ids run.c gives, but for
 // U+2581 ("▁") in the text, which tokenizer.json cannot tell from a space (nor can sentencepiece,

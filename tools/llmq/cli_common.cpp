@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <sstream>
 #include <system_error>
 #include <thread>
 
@@ -154,6 +155,30 @@ SlowStep::~SlowStep() {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->ended = true;
   state_->ended_cv.notify_all();
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+Status calibrate_on_samples(const ModelWeights& model, int64_t count, int64_t length, int64_t context,
+                            CalibrationStats* stats) {
+  std::vector<std::vector<int32_t>> samples;
+  LLMQ_RETURN_IF_ERROR(sample_token_sequences(model, count, length, 1000, &samples));
+  Progress progress("calibrating");
+  for (size_t i = 0; i < samples.size(); ++i) {
+    std::vector<int32_t> tokens = {model.config.bos_token};
+    tokens.insert(tokens.end(), samples[i].begin(), samples[i].end());
+    LLMQ_RETURN_IF_ERROR(calibrate(model, tokens, context, stats));
+    progress.update(static_cast<int64_t>(i + 1), static_cast<int64_t>(samples.size()));
+  }
+  progress.finish();
+  return {};
 }
 
 int cpu_threads(int requested) {

@@ -41,15 +41,6 @@ struct Candidate {
   std::string gpu_error;      // why it was not
 };
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 // `text` broken at spaces into lines of at most `width` columns, the later ones indented.
 std::string wrapped(const std::string& text, size_t width, size_t indent) {
   std::string out, line;
@@ -141,16 +132,7 @@ int run(const DemoArgs& a) {
   // Calibration (static schemes) on other samples than the evaluation's, as the FP8 paper advises.
   CalibrationStats stats;
   if (need_stats) {
-    std::vector<std::vector<int32_t>> calib;
-    if (Status st = sample_token_sequences(model, 16, 128, 1000, &calib); !st.ok()) return fail(st);
-    Progress progress("calibrating");
-    for (size_t i = 0; i < calib.size(); ++i) {
-      std::vector<int32_t> t = {model.config.bos_token};
-      t.insert(t.end(), calib[i].begin(), calib[i].end());
-      if (Status st = calibrate(model, t, 256, &stats); !st.ok()) return fail(st);
-      progress.update(static_cast<int64_t>(i + 1), static_cast<int64_t>(calib.size()));
-    }
-    progress.finish();
+    if (Status st = calibrate_on_samples(model, 16, 128, 256, &stats); !st.ok()) return fail(st);
   }
   int64_t bf16_bytes = 0;
   {

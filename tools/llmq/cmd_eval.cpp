@@ -38,15 +38,6 @@ struct EvalArgs {
   int threads = 0;        // 0: every core
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 int run(const EvalArgs& a) {
   ModelWeights model;
   std::string description;
@@ -56,7 +47,7 @@ int run(const EvalArgs& a) {
     step.done();
   }
 
-  std::vector<std::string> scheme_names = split(a.schemes);
+  std::vector<std::string> scheme_names = split_commas(a.schemes);
   if (scheme_names.size() == 1 && scheme_names[0] == "all") {
     scheme_names.clear();
     for (const Scheme& s : all_schemes()) scheme_names.push_back(s.name);
@@ -96,18 +87,10 @@ int run(const EvalArgs& a) {
     have_stats = true;
   } else if (need_stats) {
     // Calibrate on other samples than the evaluation data (seeds 1000+), as the paper advises.
-    std::vector<std::vector<int32_t>> calib;
-    if (Status st = sample_token_sequences(model, 32, std::min<int64_t>(128, model.config.max_seq_len - 1), 1000, &calib);
+    if (Status st = calibrate_on_samples(model, 32, std::min<int64_t>(128, model.config.max_seq_len - 1),
+                                         std::min(a.context, model.config.max_seq_len), &stats);
         !st.ok())
       return fail(st);
-    Progress progress("calibrating for the static schemes");
-    for (size_t i = 0; i < calib.size(); ++i) {
-      std::vector<int32_t> t = {model.config.bos_token};
-      t.insert(t.end(), calib[i].begin(), calib[i].end());
-      if (Status st = calibrate(model, t, std::min(a.context, model.config.max_seq_len), &stats); !st.ok()) return fail(st);
-      progress.update(static_cast<int64_t>(i + 1), static_cast<int64_t>(calib.size()));
-    }
-    progress.finish();
     std::fprintf(stderr, "llmq: no --stats: calibrated on 32 sampled sequences (seeds 1000..1031), %lld tokens\n",
                  static_cast<long long>(stats.tokens));
     have_stats = true;
@@ -115,7 +98,7 @@ int run(const EvalArgs& a) {
 
   // --attention: every candidate once per attention variant (empty: the default attention only).
   std::vector<AttentionVariant> attentions;
-  for (const std::string& name : split(a.attention)) {
+  for (const std::string& name : split_commas(a.attention)) {
     AttentionVariant v;
     if (Status st = parse_attention_variant(name, &v); !st.ok())
       return fail(invalid_argument("--attention: " + st.message()));

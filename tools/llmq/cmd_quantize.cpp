@@ -89,18 +89,15 @@ int run(const QuantizeArgs& a) {
     // A tokenizer of another vocabulary size beside it (llama2.c's 32k tokenizer.bin next to a
     // tok512 model) is not its tokenizer: the output gets none, and says so.
     if (const std::string tok_path = Tokenizer::find(a.model); !tok_path.empty()) {
-      std::unique_ptr<Tokenizer> loaded;
-      if (Status st = Tokenizer::load(tok_path, &loaded); !st.ok()) return fail(st);
-      if (loaded->vocab_size() != model.config.vocab_size) {
+      HfTokenizerFiles tok;
+      if (Status st = llama2c_tokenizer_to_hf(tok_path, &tok); !st.ok()) return fail(st);
+      if (tok.vocab_size != model.config.vocab_size)
         std::fprintf(stderr, "llmq: warning: %s has %lld tokens, the model %lld: not its tokenizer; the output has none\n",
-                     tok_path.c_str(), static_cast<long long>(loaded->vocab_size()),
+                     tok_path.c_str(), static_cast<long long>(tok.vocab_size),
                      static_cast<long long>(model.config.vocab_size));
-      } else {
-        HfTokenizerFiles tok;
-        if (Status st = llama2c_tokenizer_to_hf(tok_path, &tok); !st.ok()) return fail(st);
+      else
         options.side_files = {{"tokenizer.json", tok.tokenizer_json},
                               {"tokenizer_config.json", tok.tokenizer_config_json}};
-      }
     }
   }
   ExportSummary summary;

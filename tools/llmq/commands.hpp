@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "llmq/calibration.hpp"
 #include "llmq/status.hpp"
 #include "llmq/tensor_parallel.hpp"
 
@@ -83,6 +84,15 @@ class SlowStep {
   struct State;
   std::shared_ptr<State> state_;
 };
+
+// "a,b,,c" -> {"a", "b", "c"}: the comma lists of --scheme, --schemes, --attention.
+std::vector<std::string> split_commas(const std::string& s);
+
+// Calibration statistics from `count` sequences the model samples itself (seeds 1000.., other
+// samples than an evaluation's, as the FP8 paper advises), BOS first, in windows of `context`;
+// with a progress line.
+Status calibrate_on_samples(const ModelWeights& model, int64_t count, int64_t length, int64_t context,
+                            CalibrationStats* stats);
 
 // Threads a CPU command uses: `requested`, or every core when 0.
 int cpu_threads(int requested);

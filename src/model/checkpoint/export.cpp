@@ -244,7 +244,6 @@ Status input_error(const WeightSource& source, const Status& st) {
 // options.side_files) into the staging directory, each fsynced; shards an earlier run finished
 // under the same plan are kept as they are.
 Status write_staged(const WeightSource& source, const std::vector<std::string>& side_files,
-                    const std::vector<ExportSideFile>& extra_files,
                     const std::vector<std::vector<SafetensorsWriteEntry>>& shards, int64_t total_bytes,
                     const std::string& config_text, const ExportOptions& options, OutputDir* dir) {
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
@@ -292,7 +291,7 @@ Status write_staged(const WeightSource& source, const std::vector<std::string>& 
   LLMQ_RETURN_IF_ERROR(write_file_atomic(dir->path("config.json"), config_text + "\n"));
   for (const std::string& f : side_files)
     LLMQ_RETURN_IF_ERROR(copy_file_synced(source.directory() + "/" + f, dir->path(f)));
-  for (const ExportSideFile& f : extra_files) LLMQ_RETURN_IF_ERROR(write_file_atomic(dir->path(f.name), f.content));
+  for (const ExportSideFile& f : options.side_files) LLMQ_RETURN_IF_ERROR(write_file_atomic(dir->path(f.name), f.content));
   return fsync_directory(dir->staging());
 }
 
@@ -482,7 +481,7 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
 
   std::unique_ptr<OutputDir> staging;
   LLMQ_RETURN_IF_ERROR(OutputDir::begin(out_dir, rules, checksum_hex(plan_sum.digest()), options.resume, &staging));
-  if (Status st = write_staged(source, side_files, options.side_files, shards, sum.bytes, config_json.dump(2), options,
+  if (Status st = write_staged(source, side_files, shards, sum.bytes, config_json.dump(2), options,
                                staging.get());
       !st.ok()) {
     // A failure to write (a full disk) keeps the shards already finished for --resume, as does a

@@ -244,6 +244,7 @@ Status convert(const std::string& path, const std::string& data, HfTokenizerFile
   out->tokenizer_config_json = tokenizer_config_json(hf, unk).dump(2) + "\n";
   out->bos = kBos;
   out->eos = kEos;
+  out->vocab_size = n;
   return {};
 }
 
