@@ -272,5 +272,18 @@ TEST(CliFirstContact, QuantizePrintsASummaryKeepsTheTokenizerAndNamesFormatsOneW
   }
 }
 
+// The llama2.c tokenizer quantize converts is read as an input like any other: a FIFO or a link to
+// /dev/zero in its place is refused by name (no hang, no endless read), and nothing is written.
+TEST(CliFirstContact, AHostileTokenizerBesideALlama2cModelIsRefusedByName) {
+  for (Special kind : {Special::kFifo, Special::kDevZero}) {
+    Case c;
+    const std::string model = c.add(Base::kLlama2c, "model.bin");
+    make_special(c.path("tokenizer.bin"), kind);
+    c.refused({"quantize", "--model", model, "-o", "q"}, {"tokenizer.bin", special_words(kind)},
+              kShortTimeoutSeconds);
+    EXPECT_FALSE(fs::exists(c.path("q"))) << special_name(kind);
+  }
+}
+
 }  // namespace
 }  // namespace llmq::hostile
