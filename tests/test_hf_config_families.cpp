@@ -188,8 +188,12 @@ TEST(HfConfig, BadConfigsNameTheField) {
       {"string hidden_size", [](json& j) { j["hidden_size"] = "4096"; }, StatusCode::kInvalidArgument, {"hidden_size"}},
       {"missing model_type", [](json& j) { j.erase("model_type"); }, StatusCode::kInvalidArgument, {"model_type"}},
       {"unknown model_type", [](json& j) { j["model_type"] = "gpt2"; }, StatusCode::kUnsupported, {"model_type", "gpt2"}},
-      {"yarn rope", [](json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }, StatusCode::kUnsupported,
-       {"rope_scaling", "yarn"}},
+      {"yarn rope without its original length", [](json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; },
+       StatusCode::kInvalidArgument, {"rope_scaling.original_max_position_embeddings", "missing"}},
+      {"yarn rope with DeepSeek's mscale", [](json& j) {
+         j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}, {"mscale", 1.0}};
+       },
+       StatusCode::kUnsupported, {"rope_scaling.mscale"}},
       {"linear rope (old key)", [](json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
        StatusCode::kUnsupported, {"rope_scaling", "linear"}},
       {"llama3 rope without factor", [](json& j) { j["rope_scaling"].erase("factor"); }, StatusCode::kInvalidArgument,

@@ -84,6 +84,22 @@ inline std::vector<double> ref_inv_freq(const ModelConfig& c) {
   std::vector<double> inv(static_cast<size_t>(c.head_dim / 2));
   for (size_t j = 0; j < inv.size(); ++j)
     inv[j] = 1.0 / std::pow(c.rope_theta, 2.0 * static_cast<double>(j) / static_cast<double>(c.head_dim));
+  if (c.yarn.enabled) {  // YaRN (arXiv 2309.00071): a ramp between kept and 1/factor frequencies
+    const YarnScaling& y = c.yarn;
+    const double dim = static_cast<double>(c.head_dim);
+    auto dim_of = [&](double rotations) {
+      return dim * std::log(static_cast<double>(y.original_max_position) / (rotations * 2 * kPi)) / (2 * std::log(c.rope_theta));
+    };
+    double lo = dim_of(y.beta_fast), hi = dim_of(y.beta_slow);
+    if (y.truncate) lo = std::floor(lo), hi = std::ceil(hi);
+    lo = std::max(lo, 0.0);
+    hi = std::min(hi, dim - 1);
+    if (lo == hi) hi += 0.001;
+    for (size_t j = 0; j < inv.size(); ++j) {
+      const double ramp = std::min(1.0, std::max(0.0, (static_cast<double>(j) - lo) / (hi - lo)));
+      inv[j] = inv[j] / y.factor * ramp + inv[j] * (1 - ramp);
+    }
+  }
   if (c.rope_scaling.enabled) {
     const RopeScaling& s = c.rope_scaling;
     const double old_ctx = static_cast<double>(s.original_max_position);
@@ -101,57 +117,89 @@ inline std::vector<double> ref_inv_freq(const ModelConfig& c) {
   return inv;
 }
 
-inline void ref_rope(double* v, int64_t hd, int64_t pos, const std::vector<double>& inv, RopeStyle style) {
+// scale: YaRN's attention factor on cos and sin (1 otherwise).
+inline void ref_rope(double* v, int64_t hd, int64_t pos, const std::vector<double>& inv, RopeStyle style,
+                     double scale = 1.0) {
   const int64_t half = hd / 2;
   for (int64_t j = 0; j < half; ++j) {
     const double a = static_cast<double>(pos) * inv[j];
     const int64_t i0 = style == RopeStyle::kInterleaved ? 2 * j : j;
     const int64_t i1 = style == RopeStyle::kInterleaved ? 2 * j + 1 : j + half;
     const double x0 = v[i0], x1 = v[i1];
-    v[i0] = x0 * std::cos(a) - x1 * std::sin(a);
-    v[i1] = x0 * std::sin(a) + x1 * std::cos(a);
+    v[i0] = (x0 * std::cos(a) - x1 * std::sin(a)) * scale;
+    v[i1] = (x0 * std::sin(a) + x1 * std::cos(a)) * scale;
   }
 }
 
-inline std::vector<double> ref_swiglu_mlp(const Expert& e, const std::vector<double>& x) {
+// SiLU-gated MLP, or gpt-oss's: gate clamped above at the limit, up to [-limit, limit],
+// (up + 1) * gate * sigmoid(alpha * gate).
+inline std::vector<double> ref_swiglu_mlp(const Expert& e, const std::vector<double>& x, const ModelConfig* c = nullptr) {
   std::vector<double> g = ref_linear(e.gate, x), u = ref_linear(e.up, x);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+  const bool clamped = c != nullptr && c->activation == GluActivation::kClampedSwiglu;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (clamped) {
+      const double gg = std::min(g[i], c->glu_limit), uu = std::max(-c->glu_limit, std::min(u[i], c->glu_limit));
+      g[i] = (uu + 1) * gg / (1 + std::exp(-c->glu_alpha * gg));
+    } else {
+      g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+    }
+  }
   return ref_linear(e.down, g);
+}
+
+// Per-head RMSNorm of Qwen3's q and k, on `heads` heads of hd values.
+inline void ref_head_norm(double* v, int64_t heads, int64_t hd, const Tensor& g, double eps) {
+  for (int64_t h = 0; h < heads; ++h) {
+    const std::vector<double> y = ref_rmsnorm(std::vector<double>(v + h * hd, v + (h + 1) * hd), g, eps);
+    std::copy(y.begin(), y.end(), v + h * hd);
+  }
 }
 
 inline std::vector<double> reference_logits(const ModelWeights& w, const std::vector<int32_t>& tokens) {
   const ModelConfig& c = w.config;
   const int64_t n = static_cast<int64_t>(tokens.size()), hd = c.head_dim;
   const std::vector<double> inv = ref_inv_freq(c);
+  const double rope_scale = c.yarn.enabled ? c.yarn.attention_factor : 1.0;
   std::vector<std::vector<double>> x(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const float* e = w.token_embedding.data_as<float>() + tokens[i] * c.dim;
     x[i].assign(e, e + c.dim);
   }
-  for (const LayerWeights& L : w.layers) {
+  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
+    const LayerWeights& L = w.layers[static_cast<size_t>(layer)];
+    const int64_t window = c.layer_window(layer);
     std::vector<std::vector<double>> q(x.size()), k(x.size()), v(x.size());
     for (int64_t i = 0; i < n; ++i) {
       const auto h = ref_rmsnorm(x[i], L.attn_norm, c.norm_eps);
       q[i] = ref_linear(L.q, h);
       k[i] = ref_linear(L.k, h);
       v[i] = ref_linear(L.v, h);
-      for (int64_t hh = 0; hh < c.n_heads; ++hh) ref_rope(&q[i][hh * hd], hd, i, inv, c.rope_style);
-      for (int64_t hh = 0; hh < c.n_kv_heads; ++hh) ref_rope(&k[i][hh * hd], hd, i, inv, c.rope_style);
+      if (c.qk_norm) {
+        ref_head_norm(q[i].data(), c.n_heads, hd, L.q_norm, c.norm_eps);
+        ref_head_norm(k[i].data(), c.n_kv_heads, hd, L.k_norm, c.norm_eps);
+      }
+      for (int64_t hh = 0; hh < c.n_heads; ++hh) ref_rope(&q[i][hh * hd], hd, i, inv, c.rope_style, rope_scale);
+      for (int64_t hh = 0; hh < c.n_kv_heads; ++hh) ref_rope(&k[i][hh * hd], hd, i, inv, c.rope_style, rope_scale);
     }
     for (int64_t i = 0; i < n; ++i) {
       std::vector<double> att(static_cast<size_t>(c.n_heads * hd), 0.0);
       for (int64_t hh = 0; hh < c.n_heads; ++hh) {
         const int64_t kvh = hh / (c.n_heads / c.n_kv_heads);
-        std::vector<double> s(static_cast<size_t>(i + 1));
-        double mx = -1e300, sum = 0;
-        for (int64_t t = 0; t <= i; ++t) {
+        // Keys t with i - window < t <= i (all t <= i without a window); a sink joins the
+        // denominator with no value.
+        const int64_t first = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+        const double sink = c.attention_sinks ? L.sinks.data_as<float>()[hh] : -1e300;
+        std::vector<double> s(static_cast<size_t>(i + 1), 0.0);
+        double mx = sink, sum = 0;
+        for (int64_t t = first; t <= i; ++t) {
           double d = 0;
           for (int64_t j = 0; j < hd; ++j) d += q[i][hh * hd + j] * k[t][kvh * hd + j];
           s[t] = d / std::sqrt(static_cast<double>(hd));
           mx = std::max(mx, s[t]);
         }
-        for (double& e : s) sum += (e = std::exp(e - mx));
-        for (int64_t t = 0; t <= i; ++t)
+        for (int64_t t = first; t <= i; ++t) sum += (s[t] = std::exp(s[t] - mx));
+        if (c.attention_sinks) sum += std::exp(sink - mx);
+        for (int64_t t = first; t <= i; ++t)
           for (int64_t j = 0; j < hd; ++j) att[hh * hd + j] += s[t] / sum * v[t][kvh * hd + j];
       }
       const auto o = ref_linear(L.o, att);
@@ -159,21 +207,24 @@ inline std::vector<double> reference_logits(const ModelWeights& w, const std::ve
       const auto h = ref_rmsnorm(x[i], L.ffn_norm, c.norm_eps);
       std::vector<double> f(static_cast<size_t>(c.dim), 0.0);
       if (!c.is_moe()) {
-        f = ref_swiglu_mlp(L.mlp, h);
+        f = ref_swiglu_mlp(L.mlp, h, &c);
       } else {
+        // The k largest logits (ties to the lower id). Their weights: softmax over all experts,
+        // then optionally divided by the k kept (Mixtral, Qwen3-MoE); or softmax over the k
+        // logits alone (gpt-oss), which is the same as the renormalised case.
         std::vector<double> p = ref_linear(L.router, h);
-        const double mx = *std::max_element(p.begin(), p.end());
-        double sum = 0;
-        for (double& e : p) sum += (e = std::exp(e - mx));
-        for (double& e : p) e /= sum;
         std::vector<int64_t> idx(p.size());
         for (size_t e = 0; e < idx.size(); ++e) idx[e] = static_cast<int64_t>(e);
         std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
-        double kept = 0;
+        const double mx = p[idx[0]];
+        double sum = 0, kept = 0;
+        for (double& e : p) sum += (e = std::exp(e - mx));
         for (int64_t s = 0; s < c.n_experts_per_token; ++s) kept += p[idx[s]];
+        const bool renormalise = c.moe_routing == MoeRouting::kTopKSoftmax || c.moe_renormalize;
         for (int64_t s = 0; s < c.n_experts_per_token; ++s) {
-          const auto y = ref_swiglu_mlp(L.experts[idx[s]], h);
-          for (int64_t d = 0; d < c.dim; ++d) f[d] += p[idx[s]] / kept * y[d];
+          const auto y = ref_swiglu_mlp(L.experts[idx[s]], h, &c);
+          const double weight = renormalise ? p[idx[s]] / kept : p[idx[s]] / sum;
+          for (int64_t d = 0; d < c.dim; ++d) f[d] += weight * y[d];
         }
       }
       for (int64_t d = 0; d < c.dim; ++d) x[i][d] += f[d];

@@ -22,11 +22,13 @@ enum class DType : uint8_t {
   kI8,         // two's complement int8 [-128, 127]
   kI4,         // two's complement int4 [-8, 7], two per byte, element 2i in the low nibble
   kI32,
+  kU8,         // raw bytes (MXFP4 blocks and E8M0 scales); read as given, never quantized to
 };
 
 inline constexpr DType kAllDTypes[] = {
     DType::kF32,  DType::kF64,      DType::kBF16,     DType::kF16,      DType::kE4M3, DType::kE4M3Ieee,
-    DType::kE5M2, DType::kE4M3Fnuz, DType::kE5M2Fnuz, DType::kI8,       DType::kI4,   DType::kI32};
+    DType::kE5M2, DType::kE4M3Fnuz, DType::kE5M2Fnuz, DType::kI8,       DType::kI4,   DType::kI32,
+    DType::kU8};
 
 // The formats a tensor can be quantized to (the targets of `quantize`).
 inline constexpr DType kQuantizedDTypes[] = {DType::kE4M3,     DType::kE4M3Ieee, DType::kE5M2,

@@ -45,8 +45,10 @@ std::unique_ptr<WeightSource> memory_weight_source(const ModelWeights& model);
 // A Hugging Face directory (memory-mapped). Refuses an already-quantized checkpoint.
 Status checkpoint_weight_source(const std::string& dir, std::unique_ptr<WeightSource>* out);
 
-// Config JSON (text) for a model that came without one.
+// Config JSON (text) for a model that came without one, and the model_type it is written as
+// (Phi-3, whose fused tensors llmq writes unfused, as Llama or Mistral; a Llama-shaped MoE as Mixtral).
 std::string hf_config_json(const ModelConfig& config);
+std::string hf_written_model_type(const ModelConfig& config);
 
 // A file export_quantized writes into the output beside config.json, as the text given (a
 // tokenizer converted from llama2.c's: tokenizer.hpp's llama2c_tokenizer_to_hf).

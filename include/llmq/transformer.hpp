@@ -1,6 +1,8 @@
 // The reference forward pass of a Llama-family model on the CPU, in float32: RMSNorm, RoPE
-// (interleaved or rotate-half, Llama 3 scaling), grouped-query attention with a KV cache, SwiGLU,
-// and Mixtral-style MoE (softmax over the router logits, top-k, renormalised weights).
+// (interleaved or rotate-half, Llama 3 or YaRN scaling), per-head q/k RMSNorm (Qwen3), grouped-query
+// attention with a KV cache, sliding windows per layer and attention sinks (gpt-oss), SwiGLU or
+// gpt-oss's clamped SwiGLU, and MoE routing (softmax then top-k, optionally renormalised; or top-k
+// then softmax).
 // Every linear layer goes through a LinearBackend, so the same forward pass runs in float, through
 // llmq's quantized reference GEMM in any scheme, or with calibration observers attached.
 #pragma once
@@ -20,7 +22,10 @@ namespace llmq {
 // run.c (powf) and Hugging Face (a float32 tensor) compute it, then Llama 3 scaling if enabled
 // (transformers' _compute_llama3_parameters, also in float32). The angle of position p is
 // float(p) * inv_freq[j], in float; the GPU runtime's cos/sin table is built from the same values.
+// YaRN: the inverse frequencies of _compute_yarn_parameters (see YarnScaling).
 std::vector<float> rope_inv_freq(const ModelConfig& config);
+// What cos and sin are multiplied by after the angle (YaRN's attention factor; 1 otherwise).
+float rope_attention_factor(const ModelConfig& config);
 
 class LinearBackend {
  public:

@@ -31,6 +31,7 @@ const FormatInfo kFormats[] = {
     {"int8",   8, false, true, 0, 0, 0, false, NanEncoding::kNone, 127.0, 1.0, 1.0, -128, 127},
     {"int4",   4, false, true, 0, 0, 0, false, NanEncoding::kNone, 7.0, 1.0, 1.0, -8, 7},
     {"int32", 32, false, true, 0, 0, 0, false, NanEncoding::kNone, 2147483647.0, 1.0, 1.0, INT32_MIN, INT32_MAX},
+    {"uint8",  8, false, true, 0, 0, 0, false, NanEncoding::kNone, 255.0, 1.0, 1.0, 0, 255},
 };
 static_assert(sizeof(kFormats) / sizeof(kFormats[0]) == sizeof(kAllDTypes) / sizeof(kAllDTypes[0]),
               "one FormatInfo per DType");
@@ -57,6 +58,7 @@ std::optional<DType> parse_dtype(std::string_view name) {
       {"int8", DType::kI8}, {"i8", DType::kI8},
       {"int4", DType::kI4}, {"i4", DType::kI4},
       {"int32", DType::kI32}, {"i32", DType::kI32},
+      {"uint8", DType::kU8}, {"u8", DType::kU8},
   };
   for (const auto& a : kAliases)
     if (n == a.name) return a.dtype;

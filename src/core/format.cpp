@@ -132,7 +132,7 @@ float decode_float_slow(uint32_t code, DType source);
 // Every 8-bit code of every FP8 format, decoded once: decode is on the hot path of dequantize,
 // the MSE search and the GEMM reference.
 struct Fp8Tables {
-  float values[static_cast<int>(DType::kI32) + 1][256];
+  float values[static_cast<int>(DType::kU8) + 1][256];
   Fp8Tables() {
     for (DType d : kAllDTypes)
       if (is_fp8(d))

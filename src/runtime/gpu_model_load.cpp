@@ -13,6 +13,7 @@
 #include "llmq/quantized_model.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/tensor_parallel.hpp"
+#include "model/checkpoint/model_family.hpp"
 #include "runtime/gpu_model_build.hpp"
 
 namespace llmq {
@@ -117,12 +118,20 @@ Status prepare(const GpuModelSource& s, const GpuPrecision& p, const Calibration
     case GpuModelSource::Kind::kHostQuantized:
       return {};
     case GpuModelSource::Kind::kCheckpoint: {
-      if (streams_from_checkpoint(p)) return {};  // from_checkpoint reads the header itself
+      // Families stored fused (Phi-3's qkv_proj, gpt-oss's experts, MXFP4) take the host route:
+      // the float loader splits them into the unfused linears every device route takes.
+      std::unique_ptr<Checkpoint> ckpt;
+      ModelConfig config;
+      LLMQ_RETURN_IF_ERROR(open_hf_checkpoint(s.dir, &ckpt, &config));
+      const bool streams = family_layout(config).streams();
+      if (streams && streams_from_checkpoint(p)) return {};  // from_checkpoint reads the header itself
       // A quantized checkpoint streams even then (as stored; from_checkpoint refuses any other
       // scheme): the header is read here only on the way to the host route.
-      std::unique_ptr<Checkpoint> ckpt;
-      LLMQ_RETURN_IF_ERROR(Checkpoint::open(s.dir, &ckpt));
-      if (is_quantized_checkpoint(*ckpt)) return {};
+      if (is_quantized_checkpoint(*ckpt)) {
+        if (streams) return {};
+        return unsupported(s.dir + ": an 8-bit " + config.model_type + " checkpoint (fused tensors) cannot run on the GPU "
+                           "as stored yet; run its float checkpoint under a scheme instead");
+      }
       // f32 and calibrated schemes: the float model on the host first.
       LLMQ_RETURN_IF_ERROR(check_devices(devices));
       out->weights = std::make_unique<ModelWeights>();

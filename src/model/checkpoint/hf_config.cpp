@@ -15,12 +15,13 @@
 
 #include "llmq/export.hpp"
 #include "llmq/safetensors.hpp"
+#include "model/checkpoint/hf_config_fields.hpp"
 #include "model/checkpoint/input_file.hpp"
 
 namespace llmq {
 namespace {
 
-using json = nlohmann::json;
+using namespace hf_config;  // json and the field readers
 
 // vLLM / DeepSeek block FP8 quantizes 128 x 128 tiles unless quantization_config says otherwise.
 constexpr int64_t kDefaultWeightBlock = 128;
@@ -55,7 +56,12 @@ const std::set<std::string>& ignored_keys() {
       "use_cache", "initializer_range", "attention_dropout", "router_aux_loss_coef", "output_router_logits",
       "router_jitter_noise",
       // SmolLM / SmolLM2 (llama) configs carry this marker of their conversion; no class reads it.
-      "is_llama_config"};
+      "is_llama_config",
+      // Remote-code class names: read only under trust_remote_code; transformers' own class, the
+      // reference llmq matches, ignores them. Accepted for Phi-3 alone (key_belongs_to), whose
+      // configs name the modeling files its native class was made from; elsewhere they mean a
+      // model transformers' class of that name may not compute.
+      "auto_map"};
   return keys;
 }
 
@@ -68,240 +74,44 @@ const std::set<std::string>& read_keys() {
       "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "bos_token_id", "eos_token_id",
       "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "num_local_experts",
       "num_experts_per_tok", "pretraining_tp", "pruned_heads", "is_encoder_decoder", "add_cross_attention",
-      "tie_encoder_decoder", "quantization_config", "max_sequence_length", "use_mrope", "rope_interleaved"};
+      "tie_encoder_decoder", "quantization_config", "max_sequence_length", "use_mrope", "rope_interleaved",
+      // Qwen3-MoE
+      "num_experts", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+      // Phi-3
+      "resid_pdrop", "embd_pdrop", "original_max_position_embeddings",
+      // gpt-oss (the original release's keys, which no transformers class reads: checked to agree)
+      "swiglu_limit", "experts_per_token", "initial_context_length"};
   return keys;
 }
 
 // Keys read only for some model types; elsewhere transformers' config class has no such field.
-bool key_belongs_to(const std::string& key, const std::string& model_type) {
-  static const std::set<std::string> mixtral = {"num_local_experts", "num_experts_per_tok"};
-  static const std::set<std::string> qwen2 = {"max_window_layers"};
-  if (mixtral.count(key) != 0) return model_type == "mixtral";
-  if (qwen2.count(key) != 0) return model_type == "qwen2";
+bool key_belongs_to(const std::string& key, const std::string& t) {
+  static const std::set<std::string> moe = {"num_local_experts", "num_experts_per_tok"};
+  static const std::set<std::string> qwen3_moe = {"moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+                                                  "mlp_only_layers"};
+  static const std::set<std::string> phi3 = {"resid_pdrop", "embd_pdrop", "original_max_position_embeddings"};
+  static const std::set<std::string> gpt_oss = {"swiglu_limit", "experts_per_token", "initial_context_length"};
+  if (moe.count(key) != 0) return t == "mixtral" || t == "qwen3_moe" || t == "gpt_oss";
+  if (qwen3_moe.count(key) != 0) return t == "qwen3_moe";
+  if (key == "num_experts") return t == "qwen3_moe" || t == "gpt_oss";
+  if (phi3.count(key) != 0) return t == "phi3";
+  if (gpt_oss.count(key) != 0) return t == "gpt_oss";
+  if (key == "max_window_layers") return t == "qwen2" || t == "qwen3";
+  if (key == "use_sliding_window") return t != "phi3" && t != "gpt_oss";
+  if (key == "auto_map") return t == "phi3";
   return true;
 }
 
-Status not_understood(const std::string& key, const std::string& model_type = "") {
-  return unsupported("config.json: field '" + key + "' is not understood by llmq" +
-                     (model_type.empty() ? "" : " for model_type '" + model_type + "'") +
-                     "; refusing rather than computing a different model");
-}
-
-// ---- config.json field readers. A null value counts as absent: configs write "head_dim": null,
-// ---- "rope_scaling": null, "sliding_window": null.
-
-const json* field(const json& obj, const char* key) {
-  const auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-// `parent` names the enclosing object in messages ("rope_scaling." for its fields).
-Status missing(const std::string& key) { return invalid_argument("config.json: " + key + ": missing"); }
-
-Status read_int(const json& obj, const std::string& key, bool required, int64_t* out, const std::string& parent = "") {
-  const json* v = field(obj, key.c_str());
-  if (v == nullptr) return required ? missing(parent + key) : Status();
-  if (!v->is_number_integer())
-    return invalid_argument("config.json: " + parent + key + ": expected an integer, got " + v->dump());
-  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    return invalid_argument("config.json: " + parent + key + ": " + v->dump() + " is too large");
-  *out = v->get<int64_t>();
-  return {};
-}
-
-// Finite numbers only: a parser may turn 1e999 into infinity.
-Status read_double(const json& obj, const std::string& key, bool required, double* out,
-                   const std::string& parent = "") {
-  const json* v = field(obj, key.c_str());
-  if (v == nullptr) return required ? missing(parent + key) : Status();
-  if (!v->is_number() || !std::isfinite(v->get<double>()))
-    return invalid_argument("config.json: " + parent + key + ": expected a finite number, got " + v->dump());
-  *out = v->get<double>();
-  return {};
-}
-
-Status read_bool(const json& obj, const std::string& key, bool* out) {
-  const json* v = field(obj, key.c_str());
-  if (v == nullptr) return {};
-  if (!v->is_boolean()) return invalid_argument("config.json: " + key + ": expected true or false, got " + v->dump());
-  *out = v->get<bool>();
-  return {};
-}
-
-Status read_string(const json& obj, const std::string& key, bool required, std::string* out,
-                   const std::string& parent = "") {
-  const json* v = field(obj, key.c_str());
-  if (v == nullptr) return required ? missing(parent + key) : Status();
-  if (!v->is_string())
-    return invalid_argument("config.json: " + parent + key + ": expected a string, got " + v->dump());
-  *out = v->get<std::string>();
-  return {};
-}
-
-// A boolean key llmq accepts only with the value that leaves the model a plain Llama.
-Status require_bool(const json& obj, const std::string& key, bool allowed, const std::string& why) {
-  bool v = allowed;
-  LLMQ_RETURN_IF_ERROR(read_bool(obj, key, &v));
-  if (v != allowed) return unsupported("config.json: " + key + ": " + (v ? "true" : "false") + " is not supported (" + why + ")");
-  return {};
-}
-
-// bos_token_id / eos_token_id: an integer, or a list of them (Llama 3.1 lists three EOS tokens;
-// the first is the one generation stops on by default).
-Status read_token_id(const json& obj, const std::string& key, int32_t* out) {
-  const json* v = field(obj, key.c_str());
-  if (v == nullptr) return {};
-  const json* id = v;
-  if (v->is_array()) {
-    if (v->empty()) return {};
-    id = &(*v)[0];
-  }
-  if (!id->is_number_integer() || id->get<int64_t>() < 0 ||
-      id->get<int64_t>() > std::numeric_limits<int32_t>::max())
-    return invalid_argument("config.json: " + key + ": expected a token id, got " + v->dump());
-  *out = static_cast<int32_t>(id->get<int64_t>());
-  return {};
-}
-
-// partial_rotary_factor (top level, as 4.x read it through getattr, or inside the rope object as
-// 5.x writes it): RoPE on a fraction of each head, which llmq does not implement.
-Status check_partial_rotary(const json& obj, const std::string& parent) {
-  double f = 1.0;
-  LLMQ_RETURN_IF_ERROR(read_double(obj, "partial_rotary_factor", false, &f, parent));
-  if (f != 1.0)
-    return unsupported("config.json: " + parent + "partial_rotary_factor: " + json(f).dump() +
-                       " is not supported (llmq rotates whole heads: only 1)");
-  return {};
-}
-
-// ---- RoPE, in either spelling.
-
-// One spelling's view of RoPE: rope_scaling (4.x) or rope_parameters (5.x).
-struct RopeSpelling {
-  std::string name;          // "rope_scaling" or "rope_parameters"
-  std::string type;          // "default" or "llama3"
-  bool has_theta = false;    // rope_theta inside the object
-  double theta = 0.0;
-  RopeScaling scaling;       // enabled for llama3
-};
-
-// `type_required`: 4.x needs a rope_type (or type) in rope_scaling and fails without one; 5.x
-// defaults rope_parameters' to "default".
-Status read_rope_object(const json& obj, const std::string& name, bool type_required, RopeSpelling* out) {
-  if (!obj.is_object()) return invalid_argument("config.json: " + name + ": expected an object, got " + obj.dump());
-  const std::string parent = name + ".";
-  RopeSpelling r;
-  r.name = name;
-  std::string rope_type, type;
-  LLMQ_RETURN_IF_ERROR(read_string(obj, "rope_type", false, &rope_type, parent));
-  LLMQ_RETURN_IF_ERROR(read_string(obj, "type", false, &type, parent));
-  if (!rope_type.empty() && !type.empty() && rope_type != type)
-    return invalid_argument("config.json: " + parent + "rope_type ('" + rope_type + "') and " + parent + "type ('" +
-                            type + "') disagree; refusing to pick one");
-  r.type = !rope_type.empty() ? rope_type : type;
-  if (r.type.empty()) {
-    if (type_required)
-      return invalid_argument("config.json: " + name + ": no rope_type (or type): transformers 4 cannot load it");
-    r.type = "default";
-  }
-  if (r.type != "default" && r.type != "llama3")
-    return unsupported("config.json: " + parent + (rope_type.empty() ? "type" : "rope_type") + ": RoPE type '" +
-                       r.type + "' is not supported (llmq implements 'default' and 'llama3'); refusing rather than "
-                       "computing a different model");
-  static const std::set<std::string> known = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
-                                              "high_freq_factor", "original_max_position_embeddings",
-                                              "partial_rotary_factor"};
-  // Anything else (mrope_section, per-layer-type objects, attention scaling, ...) is a RoPE llmq
-  // does not compute.
-  for (auto it = obj.begin(); it != obj.end(); ++it)
-    if (!it->is_null() && known.count(it.key()) == 0) return not_understood(parent + it.key());
-  LLMQ_RETURN_IF_ERROR(check_partial_rotary(obj, parent));
-  if (field(obj, "rope_theta") != nullptr) {
-    r.has_theta = true;
-    LLMQ_RETURN_IF_ERROR(read_double(obj, "rope_theta", true, &r.theta, parent));
-  }
-  if (r.type == "llama3") {
-    // Llama 3 configs give all four; transformers 4 refuses the type without them (5 would take
-    // original_max_position_embeddings from max_position_embeddings, but it writes it out).
-    RopeScaling& s = r.scaling;
-    s.enabled = true;
-    LLMQ_RETURN_IF_ERROR(read_double(obj, "factor", true, &s.factor, parent));
-    LLMQ_RETURN_IF_ERROR(read_double(obj, "low_freq_factor", true, &s.low_freq_factor, parent));
-    LLMQ_RETURN_IF_ERROR(read_double(obj, "high_freq_factor", true, &s.high_freq_factor, parent));
-    LLMQ_RETURN_IF_ERROR(read_int(obj, "original_max_position_embeddings", true, &s.original_max_position, parent));
-    // ModelConfig::validate checks the ranges again for every loader; here the message can name
-    // the object the values came from.
-    if (!(s.factor > 0) || !(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor) ||
-        s.original_max_position <= 0)
-      return invalid_argument("config.json: " + name + ": need factor > 0, 0 < low_freq_factor < high_freq_factor, "
-                              "original_max_position_embeddings > 0, got " + obj.dump());
-  }
-  *out = std::move(r);
-  return {};
-}
-
-bool same_rope(const RopeSpelling& a, const RopeSpelling& b) {
-  if (a.type != b.type) return false;
-  if (a.type != "llama3") return true;
-  const RopeScaling &x = a.scaling, &y = b.scaling;
-  return x.factor == y.factor && x.low_freq_factor == y.low_freq_factor && x.high_freq_factor == y.high_freq_factor &&
-         x.original_max_position == y.original_max_position;
-}
-
-// theta and scaling from rope_theta, rope_scaling and rope_parameters. transformers 5 moves the
-// 4.x keys into rope_parameters (rope_scaling replacing it, a top-level rope_theta filling in a
-// missing one); transformers 4 reads only the top-level keys. Where the spellings disagree, one
-// of the two versions computes something else: refused, naming both.
-Status read_rope(const json& j, double default_theta, ModelConfig* c) {
-  LLMQ_RETURN_IF_ERROR(check_partial_rotary(j, ""));
-  std::vector<RopeSpelling> spellings;
-  if (const json* rs = field(j, "rope_scaling")) {
-    spellings.emplace_back();
-    LLMQ_RETURN_IF_ERROR(read_rope_object(*rs, "rope_scaling", true, &spellings.back()));
-  }
-  if (const json* rp = field(j, "rope_parameters")) {
-    spellings.emplace_back();
-    LLMQ_RETURN_IF_ERROR(read_rope_object(*rp, "rope_parameters", false, &spellings.back()));
-  }
-  if (spellings.size() == 2 && !same_rope(spellings[0], spellings[1]))
-    return invalid_argument("config.json: rope_scaling (" + field(j, "rope_scaling")->dump() + ") and rope_parameters (" +
-                            field(j, "rope_parameters")->dump() + ") disagree; refusing to pick one");
-
-  // theta: every place it is stated must agree.
-  std::vector<std::pair<std::string, double>> thetas;
-  if (field(j, "rope_theta") != nullptr) {
-    double t = 0;
-    LLMQ_RETURN_IF_ERROR(read_double(j, "rope_theta", true, &t));
-    thetas.emplace_back("rope_theta", t);
-  }
-  for (const RopeSpelling& s : spellings) {
-    if (!s.has_theta) continue;
-    // transformers 4 never reads a theta inside rope_scaling; 5 does. Alone it means two models.
-    if (s.name == "rope_scaling" && field(j, "rope_theta") == nullptr)
-      return unsupported("config.json: rope_scaling.rope_theta without a top-level rope_theta: transformers 4 "
-                         "ignores it, transformers 5 uses it; refusing to pick one");
-    thetas.emplace_back(s.name + ".rope_theta", s.theta);
-  }
-  for (const auto& t : thetas)
-    if (t.second != thetas.front().second)
-      return invalid_argument("config.json: " + thetas.front().first + " (" + json(thetas.front().second).dump() +
-                              ") and " + t.first + " (" + json(t.second).dump() + ") disagree; refusing to pick one");
-  c->rope_theta = thetas.empty() ? default_theta : thetas.front().second;
-  c->rope_scaling = RopeScaling{};
-  if (!spellings.empty()) c->rope_scaling = spellings.front().scaling;
-  c->rope_style = RopeStyle::kHalf;  // transformers' rotate_half
-  return {};
-}
-
-// ---- Sliding windows (transformers 5 semantics; the window is refused past its end, see
-// ---- ModelConfig::sliding_window).
+// ---- Sliding windows (transformers 5 semantics): ModelConfig::sliding_window and, per layer,
+// ---- window_layers.
 
 Status read_sliding_window(const json& j, ModelConfig* c) {
   const std::string& type = c->model_type;
   // Absent (not null) means the config class's default: MistralConfig's is 4096 (transformers 4
-  // and 5); Mixtral's and Qwen2's none. Only an explicit null says "no window" for mistral.
-  int64_t window = type == "mistral" && j.find("sliding_window") == j.end() ? 4096 : 0;
+  // and 5), GptOssConfig's 128; the Qwen classes' 4096 applies only under use_sliding_window;
+  // Mixtral's and Phi-3's none. Only an explicit null says "no window" for mistral and gpt_oss.
+  const bool absent = j.find("sliding_window") == j.end();
+  int64_t window = !absent ? 0 : type == "mistral" ? 4096 : type == "gpt_oss" ? 128 : type.rfind("qwen", 0) == 0 ? 4096 : 0;
   if (field(j, "sliding_window") != nullptr) {
     LLMQ_RETURN_IF_ERROR(read_int(j, "sliding_window", true, &window));
     if (window <= 0)
@@ -313,36 +123,37 @@ Status read_sliding_window(const json& j, ModelConfig* c) {
 
   // layer_types (5.x): which layers attend through the window. Its length is checked before
   // anything is sized by num_hidden_layers.
-  int64_t n_sliding = 0;
   const json* lt = field(j, "layer_types");
+  std::vector<bool> sliding;
   if (lt != nullptr) {
     if (!lt->is_array() || static_cast<int64_t>(lt->size()) != c->n_layers)
       return invalid_argument("config.json: layer_types: expected a list of num_hidden_layers (" +
                               std::to_string(c->n_layers) + ") strings");
     for (size_t i = 0; i < lt->size(); ++i) {
       const json& t = (*lt)[i];
-      if (t == "full_attention") continue;
-      if (t == "sliding_attention") {
-        ++n_sliding;
+      if (t == "full_attention" || t == "sliding_attention") {
+        sliding.push_back(t == "sliding_attention");
         continue;
       }
       return unsupported("config.json: layer_types[" + std::to_string(i) + "]: " + t.dump() +
-                         " is not supported (llmq implements \"full_attention\" and, up to the window, "
-                         "\"sliding_attention\")");
+                         " is not supported (llmq implements \"full_attention\" and \"sliding_attention\")");
     }
   }
+  const int64_t n_sliding = static_cast<int64_t>(std::count(sliding.begin(), sliding.end(), true));
 
   if (type == "llama") {
     // LlamaConfig has no window: accepted only where the keys cannot mean one.
-    if (window > 0) return not_understood("sliding_window", type);
+    if (field(j, "sliding_window") != nullptr) return not_understood("sliding_window", type);
     if (use_window) return not_understood("use_sliding_window", type);
     if (n_sliding > 0) return not_understood("layer_types", type);
     return {};
   }
-  if (type == "mistral" || type == "mixtral") {
-    // Every layer attends through sliding_window; these classes read no use_sliding_window or
-    // layer_types, so those are accepted only where they say the same.
-    if (has_flag && use_window != (window > 0))
+  if (type == "mistral" || type == "mixtral" || type == "phi3" || type == "qwen3_moe") {
+    // Every layer attends through the window (Qwen3-MoE: when use_sliding_window); these classes
+    // read no layer_types (and Mistral, Mixtral, Phi-3 no use_sliding_window), so those are
+    // accepted only where they say the same.
+    if (type == "qwen3_moe" && !use_window) window = 0;
+    if (type != "qwen3_moe" && has_flag && use_window != (window > 0))
       return unsupported("config.json: use_sliding_window: " + std::string(use_window ? "true" : "false") +
                          ", but transformers' " + type + " ignores it and " +
                          (window > 0 ? "applies sliding_window = " + std::to_string(window) : "has no window") +
@@ -354,15 +165,29 @@ Status read_sliding_window(const json& j, ModelConfig* c) {
     c->sliding_window = window;
     return {};
   }
-  // qwen2: the window exists only with use_sliding_window; it applies to the layers layer_types
-  // names, or else to layers max_window_layers and up (Qwen2Config.__post_init__).
+  if (type == "gpt_oss") {
+    // Layer types as given, else alternating from layer 0 (GptOssConfig.__post_init__); no
+    // use_sliding_window switch.
+    if (has_flag) return not_understood("use_sliding_window", type);
+    if (lt == nullptr)
+      for (int64_t i = 0; i < c->n_layers; ++i) sliding.push_back((i + 1) % 2 != 0);
+    if (window == 0 && std::count(sliding.begin(), sliding.end(), true) > 0)
+      return invalid_argument("config.json: layer_types names sliding_attention layers but sliding_window is null");
+    c->sliding_window = window;
+    c->window_layers = std::move(sliding);
+    return {};
+  }
+  // qwen2, qwen3: the window exists only with use_sliding_window; it applies to the layers
+  // layer_types names, or else to layers max_window_layers and up (__post_init__).
   int64_t max_window_layers = 28;
   LLMQ_RETURN_IF_ERROR(read_int(j, "max_window_layers", false, &max_window_layers));
   if (max_window_layers < 0)
     return invalid_argument("config.json: max_window_layers: must be >= 0, got " + std::to_string(max_window_layers));
   if (!use_window || window == 0) return {};
-  const bool windowed = lt != nullptr ? n_sliding > 0 : max_window_layers < c->n_layers;
-  if (windowed) c->sliding_window = window;
+  if (lt == nullptr)
+    for (int64_t i = 0; i < c->n_layers; ++i) sliding.push_back(i >= max_window_layers);
+  c->sliding_window = window;
+  c->window_layers = std::move(sliding);
   return {};
 }
 
@@ -392,12 +217,15 @@ Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
 
   ModelConfig c;
   LLMQ_RETURN_IF_ERROR(read_string(j, "model_type", true, &c.model_type));
-  static const std::set<std::string> kSupported = {"llama", "mistral", "qwen2", "mixtral"};
+  static const std::set<std::string> kSupported = {"llama", "mistral", "qwen2", "mixtral", "qwen3",
+                                                   "qwen3_moe", "phi3", "gpt_oss"};
   if (kSupported.count(c.model_type) == 0)
     return unsupported("config.json: model_type '" + c.model_type +
-                       "' is not supported (llama, mistral, qwen2, mixtral)");
+                       "' is not supported (llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, phi3, gpt_oss)");
   const std::string& type = c.model_type;
   const bool mixtral = type == "mixtral";
+  const bool gpt_oss = type == "gpt_oss";
+  const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
 
   // Every key first, so that an unknown one is named even when another field is also wrong.
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -417,9 +245,14 @@ Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
   // transformers' defaults where a config leaves num_key_value_heads out differ by class (Llama:
   // num_attention_heads; Mistral, Mixtral: 8; Qwen2: 32); every class maps an explicit null to
   // num_attention_heads.
-  c.n_kv_heads = type == "llama" || j.contains("num_key_value_heads") ? c.n_heads : type == "qwen2" ? 32 : 8;
+  // Qwen3: 32; Qwen3-MoE: 4; gpt-oss: 8; Phi-3: num_attention_heads.
+  c.n_kv_heads = type == "llama" || type == "phi3" || j.contains("num_key_value_heads") ? c.n_heads
+                 : type == "qwen2" || type == "qwen3"                                  ? 32
+                 : type == "qwen3_moe"                                                 ? 4
+                                                                                       : 8;
   LLMQ_RETURN_IF_ERROR(read_int(j, "num_key_value_heads", false, &c.n_kv_heads));
-  c.head_dim = 0;
+  // Qwen3's and gpt-oss's classes default head_dim to 128 and 64, not hidden_size / heads.
+  c.head_dim = type == "qwen3" ? 128 : gpt_oss ? 64 : 0;
   LLMQ_RETURN_IF_ERROR(read_int(j, "head_dim", false, &c.head_dim));
   if (c.head_dim == 0 && c.n_heads > 0) {
     if (c.dim % c.n_heads != 0)
@@ -428,7 +261,7 @@ Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
     c.head_dim = c.dim / c.n_heads;
   }
   // transformers' class defaults where a config leaves a field out.
-  c.max_seq_len = type == "llama" ? 2048 : type == "qwen2" ? 32768 : 131072;
+  c.max_seq_len = type == "llama" ? 2048 : type == "phi3" ? 4096 : qwen3 || type == "qwen2" ? 32768 : 131072;
   LLMQ_RETURN_IF_ERROR(read_int(j, "max_position_embeddings", false, &c.max_seq_len));
   // LLaMA 1 conversions (huggyllama/llama-7b) carry max_sequence_length, which no transformers
   // class reads: accepted where it repeats max_position_embeddings.
@@ -445,20 +278,57 @@ Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
     LLMQ_RETURN_IF_ERROR(read_bool(j, flag, &on));
     if (on) return not_understood(flag, type);
   }
-  c.norm_eps = mixtral ? 1e-5 : 1e-6;
+  c.norm_eps = mixtral || gpt_oss || type == "phi3" ? 1e-5 : 1e-6;
   LLMQ_RETURN_IF_ERROR(read_double(j, "rms_norm_eps", false, &c.norm_eps));
-  LLMQ_RETURN_IF_ERROR(read_rope(j, mixtral ? 1e6 : 10000.0, &c));
+  LLMQ_RETURN_IF_ERROR(read_rope(j, mixtral ? 1e6 : gpt_oss ? 150000.0 : 10000.0, &c));
+  if (gpt_oss && field(j, "rope_scaling") == nullptr && field(j, "rope_parameters") == nullptr) {
+    // GptOssConfig.__post_init__'s RoPE when the config names none.
+    c.yarn = YarnScaling{};
+    c.yarn.enabled = true;
+    c.yarn.factor = 32.0;
+    c.yarn.truncate = false;
+    c.yarn.original_max_position = 4096;
+    c.yarn.attention_factor = 0.1 * std::log(32.0) + 1.0;
+  }
+  if (type == "phi3") {
+    // Phi3Config turns rope types "su" and "yarn" into "longrope", whose frequencies switch with
+    // the sequence length: not implemented, and its yarn is not the yarn read above.
+    if (c.yarn.enabled || c.rope_scaling.enabled)
+      return unsupported("config.json: rope_scaling: Phi-3's scaled RoPE (longrope, which Phi3Config makes of 'su' and "
+                         "'yarn') is not implemented; refusing rather than computing a different model");
+    // original_max_position_embeddings only feeds longrope.
+  }
   c.tie_embeddings = false;
   LLMQ_RETURN_IF_ERROR(read_bool(j, "tie_word_embeddings", &c.tie_embeddings));
 
   // Llama reads attention_bias (q/k/v and o biases); Qwen2 always biases q/k/v and Mistral and
   // Mixtral never do, whatever the key says: there it is accepted only with that value.
-  c.attention_bias = type == "qwen2";
+  // Llama, Qwen3 and gpt-oss read attention_bias (q/k/v and o biases; gpt-oss's default true);
+  // Qwen2 always biases q/k/v, and Mistral, Mixtral and Phi-3 never do, whatever the key says:
+  // there it is accepted only with that value.
+  c.attention_bias = type == "qwen2" || gpt_oss;
   LLMQ_RETURN_IF_ERROR(read_bool(j, "attention_bias", &c.attention_bias));
-  if (type != "llama" && c.attention_bias != (type == "qwen2"))
+  const bool reads_bias = type == "llama" || qwen3 || gpt_oss;
+  if (!reads_bias && c.attention_bias != (type == "qwen2"))
     return unsupported("config.json: attention_bias: " + std::string(c.attention_bias ? "true" : "false") +
                        ", but transformers' " + type + (type == "qwen2" ? " always has" : " never has") +
                        " attention biases (it does not read the key); refusing rather than computing a different model");
+  c.qk_norm = qwen3;
+  if (gpt_oss) {
+    c.attention_sinks = true;
+    c.activation = GluActivation::kClampedSwiglu;
+    c.moe_routing = MoeRouting::kTopKSoftmax;
+    c.moe_bias = true;
+    // GptOssExperts fixes limit = 7 and alpha = 1.702; the original release's swiglu_limit must
+    // say the same, or the checkpoint was meant for another arithmetic.
+    double limit = 7.0;
+    LLMQ_RETURN_IF_ERROR(read_double(j, "swiglu_limit", false, &limit));
+    if (limit != 7.0)
+      return unsupported("config.json: swiglu_limit: " + json(limit).dump() +
+                         ", but transformers' gpt_oss clamps at 7 (it does not read the key); refusing to pick one");
+    int64_t initial_context = 0;  // the original release's name for the YaRN original length; not read
+    LLMQ_RETURN_IF_ERROR(read_int(j, "initial_context_length", false, &initial_context));
+  }
 
   // Things llmq's transformer does not compute: refuse rather than run a different model.
   LLMQ_RETURN_IF_ERROR(require_bool(j, "mlp_bias", false, "MLP biases are not implemented"));
@@ -485,15 +355,56 @@ Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
     std::string method;
     if (!qc->is_object()) return invalid_argument("config.json: quantization_config: expected an object, got " + qc->dump());
     LLMQ_RETURN_IF_ERROR(read_string(*qc, "quant_method", true, &method, "quantization_config."));
-    if (method != "fp8" && method != "compressed-tensors")
+    const bool mxfp4 = method == "mxfp4" && gpt_oss;
+    if (method != "fp8" && method != "compressed-tensors" && !mxfp4)
       return unsupported("config.json: quantization_config.quant_method '" + method +
-                         "' is not supported (llmq reads fp8 and compressed-tensors)");
+                         "' is not supported (llmq reads fp8 and compressed-tensors, and mxfp4 for gpt_oss)");
+    if (mxfp4) {
+      // The published gpt-oss checkpoints: MXFP4 experts, every other tensor BF16 (the modules
+      // listed in modules_to_not_convert). Which tensors are MXFP4 is checked by name and dtype.
+      for (auto it = qc->begin(); it != qc->end(); ++it)
+        if (it.key() != "quant_method" && it.key() != "modules_to_not_convert" && !it->is_null())
+          return not_understood("quantization_config." + it.key(), type);
+      c.experts_mxfp4 = true;
+    }
   }
 
-  if (mixtral) {
-    LLMQ_RETURN_IF_ERROR(read_int(j, "num_local_experts", true, &c.n_experts));
-    LLMQ_RETURN_IF_ERROR(read_int(j, "num_experts_per_tok", true, &c.n_experts_per_token));
+  if (mixtral || gpt_oss || type == "qwen3_moe") {
+    // num_experts is num_local_experts' other name (attribute_map); 4.x Qwen3-MoE configs write it.
+    const bool local = field(j, "num_local_experts") != nullptr, other = field(j, "num_experts") != nullptr;
+    if (local && other) {
+      int64_t a = 0, b = 0;
+      LLMQ_RETURN_IF_ERROR(read_int(j, "num_local_experts", true, &a));
+      LLMQ_RETURN_IF_ERROR(read_int(j, "num_experts", true, &b));
+      if (a != b) return invalid_argument("config.json: num_local_experts and num_experts disagree; refusing to pick one");
+    }
+    c.n_experts = mixtral ? 8 : gpt_oss ? 128 : 128;
+    c.n_experts_per_token = mixtral ? 2 : gpt_oss ? 4 : 8;
+    LLMQ_RETURN_IF_ERROR(read_int(j, other ? "num_experts" : "num_local_experts", mixtral, &c.n_experts));
+    LLMQ_RETURN_IF_ERROR(read_int(j, "num_experts_per_tok", mixtral, &c.n_experts_per_token));
     if (c.n_experts <= 0) return invalid_argument("config.json: num_local_experts: must be positive");
+    int64_t experts_per_token = c.n_experts_per_token;
+    LLMQ_RETURN_IF_ERROR(read_int(j, "experts_per_token", false, &experts_per_token));
+    if (experts_per_token != c.n_experts_per_token)
+      return unsupported("config.json: experts_per_token (" + std::to_string(experts_per_token) +
+                         ") differs from num_experts_per_tok (" + std::to_string(c.n_experts_per_token) +
+                         "); transformers reads only the latter; refusing to pick one");
+  }
+  if (type == "qwen3_moe") {
+    // Every layer sparse (decoder_sparse_step 1, no mlp_only_layers), as every published
+    // Qwen3-MoE: a mix of dense and sparse layers is refused, naming the field.
+    int64_t step = 1;
+    LLMQ_RETURN_IF_ERROR(read_int(j, "decoder_sparse_step", false, &step));
+    if (step != 1)
+      return unsupported("config.json: decoder_sparse_step: " + std::to_string(step) +
+                         " (dense layers between the MoE layers) is not supported; only 1");
+    if (const json* mlp_only = field(j, "mlp_only_layers"); mlp_only != nullptr && !(mlp_only->is_array() && mlp_only->empty()))
+      return unsupported("config.json: mlp_only_layers: " + mlp_only->dump() + " (dense layers in an MoE model) is not "
+                         "supported; only []");
+    c.hidden_dim = 768;
+    LLMQ_RETURN_IF_ERROR(read_int(j, "moe_intermediate_size", false, &c.hidden_dim));
+    c.moe_renormalize = false;
+    LLMQ_RETURN_IF_ERROR(read_bool(j, "norm_topk_prob", &c.moe_renormalize));
   }
   LLMQ_RETURN_IF_ERROR(read_token_id(j, "bos_token_id", &c.bos_token));
   LLMQ_RETURN_IF_ERROR(read_token_id(j, "eos_token_id", &c.eos_token));
@@ -518,63 +429,6 @@ Status parse_hf_weight_block_size(const std::string& config_text, int64_t* rows,
   *rows = (*wbs)[0].get<int64_t>();
   *cols = (*wbs)[1].get<int64_t>();
   return {};
-}
-
-// Written in transformers 4's spelling (top-level rope_theta / rope_scaling), which transformers 5,
-// vLLM and llmq all read.
-std::string hf_config_json(const ModelConfig& c) {
-  nlohmann::ordered_json j;
-  // The config's own family: a Qwen2 model written as "llama" with attention_bias would make
-  // transformers expect an o_proj bias (Llama's attention_bias biases o_proj too) and start it
-  // from random weights.
-  std::string type = c.is_moe() ? "mixtral" : c.model_type;
-  // Llama has no window in transformers: a windowed Llama-shaped model is a Mistral (or, with
-  // q/k/v biases, a Qwen2), so that the checkpoint keeps its window.
-  if (type == "llama" && c.sliding_window > 0) type = c.attention_bias ? "qwen2" : "mistral";
-  const char* arch = type == "mixtral" ? "MixtralForCausalLM"
-                     : type == "mistral" ? "MistralForCausalLM"
-                     : type == "qwen2"   ? "Qwen2ForCausalLM"
-                                         : "LlamaForCausalLM";
-  j["architectures"] = {arch};
-  j["model_type"] = type;
-  j["hidden_size"] = c.dim;
-  j["intermediate_size"] = c.hidden_dim;
-  j["num_hidden_layers"] = c.n_layers;
-  j["num_attention_heads"] = c.n_heads;
-  j["num_key_value_heads"] = c.n_kv_heads;
-  j["head_dim"] = c.head_dim;
-  j["vocab_size"] = c.vocab_size;
-  j["max_position_embeddings"] = c.max_seq_len;
-  j["rms_norm_eps"] = c.norm_eps;
-  j["rope_theta"] = c.rope_theta;
-  if (c.rope_scaling.enabled)
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", c.rope_scaling.factor},
-                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
-  j["tie_word_embeddings"] = c.tie_embeddings;
-  j["hidden_act"] = "silu";
-  if (type == "llama") j["attention_bias"] = c.attention_bias;  // Qwen2 biases q/k/v by its type
-  j["bos_token_id"] = c.bos_token;
-  j["eos_token_id"] = c.eos_token;
-  j["torch_dtype"] = "bfloat16";
-  if (c.sliding_window > 0) {
-    // ModelConfig keeps one window, not which layers use it: written for every layer (Qwen2:
-    // max_window_layers 0), which is what llmq computes, up to the window, either way.
-    if (type == "qwen2") {
-      j["use_sliding_window"] = true;
-      j["max_window_layers"] = 0;
-    }
-    j["sliding_window"] = c.sliding_window;
-  } else if (type != "llama") {
-    j["sliding_window"] = nullptr;  // explicit: an absent key means 4096 to transformers' Mistral
-  }
-  if (c.is_moe()) {
-    j["num_local_experts"] = c.n_experts;
-    j["num_experts_per_tok"] = c.n_experts_per_token;
-  }
-  return j.dump(2);
 }
 
 }  // namespace llmq

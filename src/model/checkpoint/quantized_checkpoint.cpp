@@ -128,9 +128,13 @@ Status read_linear(const Checkpoint& ckpt, const nlohmann::json& q, const std::s
 
 }  // namespace
 
+// MXFP4 (gpt-oss's published experts) is a storage format the float loader dequantizes exactly,
+// not an 8-bit checkpoint read as stored.
 bool is_quantized_checkpoint(const Checkpoint& ckpt) {
   nlohmann::json q;
-  return parse_quantization_config(ckpt, &q).ok();
+  if (!parse_quantization_config(ckpt, &q).ok()) return false;
+  const auto method = q.find("quant_method");
+  return !(method != q.end() && method->is_string() && method->get<std::string>() == "mxfp4");
 }
 
 std::string quantized_checkpoint_scheme(const Checkpoint& ckpt) {

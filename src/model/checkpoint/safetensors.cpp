@@ -55,6 +55,7 @@ struct SafetensorsName {
 constexpr SafetensorsName kSafetensorsNames[] = {
     {DType::kF32, "F32"},       {DType::kF64, "F64"},       {DType::kF16, "F16"}, {DType::kBF16, "BF16"},
     {DType::kE4M3, "F8_E4M3"}, {DType::kE5M2, "F8_E5M2"}, {DType::kI8, "I8"},   {DType::kI32, "I32"},
+    {DType::kU8, "U8"},
 };
 
 Status io_error(std::string message) { return {StatusCode::kIoError, std::move(message)}; }
@@ -497,6 +498,7 @@ bool convert_to_f32(DType dtype, const uint8_t* src, int64_t n, float* dst) {
     case DType::kI8: convert_elements<int8_t>(src, n, dst, [](int8_t x) { return static_cast<float>(x); }); return true;
     // Integers above 2^24 round to the nearest float32.
     case DType::kI32: convert_elements<int32_t>(src, n, dst, [](int32_t x) { return static_cast<float>(x); }); return true;
+    case DType::kU8: convert_elements<uint8_t>(src, n, dst, [](uint8_t x) { return static_cast<float>(x); }); return true;
     default: return false;
   }
 }

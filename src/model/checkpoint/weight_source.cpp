@@ -10,6 +10,7 @@
 #include "llmq/export.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/synthetic_checkpoint.hpp"
+#include "model/checkpoint/model_family.hpp"
 
 namespace llmq {
 namespace {
@@ -37,6 +38,8 @@ class MemorySource : public WeightSource {
     const ModelConfig& c = m.config;
     const bool permute = c.rope_style == RopeStyle::kInterleaved;
     config_.rope_style = RopeStyle::kHalf;
+    // Written unfused, under the family that reads them so (Phi-3 as Llama or Mistral).
+    config_.model_type = hf_written_model_type(c);
     add("model.embed_tokens.weight", &m.token_embedding);
     for (int64_t i = 0; i < c.n_layers; ++i) {
       const LayerWeights& l = m.layers[static_cast<size_t>(i)];
@@ -53,11 +56,20 @@ class MemorySource : public WeightSource {
         }
         if (lin->bias.numel() > 0) add(lin->id.hf_name(c) + ".bias", &lin->bias);
       }
+      if (c.qk_norm) {
+        add(p + "self_attn.q_norm.weight", &l.q_norm);
+        add(p + "self_attn.k_norm.weight", &l.k_norm);
+      }
+      if (c.attention_sinks) add(p + "self_attn.sinks", &l.sinks);
       add(p + "post_attention_layernorm.weight", &l.ffn_norm);
       if (c.is_moe()) {
         add(l.router.id.hf_name(c) + ".weight", &l.router.weight);
+        if (l.router.bias.numel() > 0) add(l.router.id.hf_name(c) + ".bias", &l.router.bias);
         for (const Expert& e : l.experts)
-          for (const Linear* lin : {&e.gate, &e.up, &e.down}) add(lin->id.hf_name(c) + ".weight", &lin->weight);
+          for (const Linear* lin : {&e.gate, &e.up, &e.down}) {
+            add(lin->id.hf_name(c) + ".weight", &lin->weight);
+            if (lin->bias.numel() > 0) add(lin->id.hf_name(c) + ".bias", &lin->bias);
+          }
       } else {
         for (const Linear* lin : {&l.mlp.gate, &l.mlp.up, &l.mlp.down}) add(lin->id.hf_name(c) + ".weight", &lin->weight);
       }
@@ -164,6 +176,30 @@ Status WeightSource::read_rows(const std::string& name, int64_t row_begin, int64
   return {};
 }
 
+namespace {
+
+// A MemorySource over a model it owns: checkpoints whose family stores fused tensors (Phi-3,
+// gpt-oss), read whole by the float loader and written unfused.
+class OwnedMemorySource : public WeightSource {
+ public:
+  explicit OwnedMemorySource(std::unique_ptr<ModelWeights> m, std::string dir)
+      : model_(std::move(m)), inner_(*model_), dir_(std::move(dir)) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::vector<std::string> tensor_names() const override { return inner_.tensor_names(); }
+  Status shape(const std::string& name, std::vector<int64_t>* out) const override { return inner_.shape(name, out); }
+  Status read(const std::string& name, Tensor* out) const override { return inner_.read(name, out); }
+  std::string config_json() const override { return inner_.config_json(); }
+  std::string directory() const override { return dir_; }
+  std::string identity() const override { return ""; }  // never resumable: the read is the cost
+
+ private:
+  std::unique_ptr<ModelWeights> model_;
+  MemorySource inner_;
+  std::string dir_;
+};
+
+}  // namespace
+
 std::unique_ptr<WeightSource> memory_weight_source(const ModelWeights& model) {
   return std::make_unique<MemorySource>(model);
 }
@@ -172,8 +208,15 @@ Status checkpoint_weight_source(const std::string& dir, std::unique_ptr<WeightSo
   std::unique_ptr<Checkpoint> ckpt;
   ModelConfig config;
   LLMQ_RETURN_IF_ERROR(open_hf_checkpoint(dir, &ckpt, &config));
-  if (config_has_quantization(ckpt->config_json()))
+  const bool mxfp4 = config.experts_mxfp4;
+  if (config_has_quantization(ckpt->config_json()) && !mxfp4)
     return invalid_argument("--model: " + dir + " is already quantized (config.json has quantization_config)");
+  if (!family_layout(config).streams()) {
+    auto model = std::make_unique<ModelWeights>();
+    LLMQ_RETURN_IF_ERROR(load_hf_model(dir, model.get()));
+    *out = std::make_unique<OwnedMemorySource>(std::move(model), dir);
+    return {};
+  }
   *out = std::make_unique<CheckpointSource>(std::move(ckpt), std::move(config));
   return {};
 }

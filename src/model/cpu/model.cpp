@@ -121,6 +121,28 @@ Status ModelConfig::validate() const {
       return invalid_argument("config.rope_scaling.original_max_position_embeddings: must be in [1, 2^26], got " +
                               std::to_string(r.original_max_position));
   }
+  if (yarn.enabled) {
+    const YarnScaling& y = yarn;
+    auto finite_positive = [](double v) { return v > 0 && v <= 1e12; };
+    if (rope_scaling.enabled) return invalid_argument("config.rope: llama3 and yarn scaling at once");
+    if (!finite_positive(y.factor)) return invalid_argument("config.rope_parameters.factor: must be finite and positive, got " + num(y.factor));
+    if (!finite_positive(y.beta_fast) || !finite_positive(y.beta_slow))
+      return invalid_argument("config.rope_parameters.beta_fast / beta_slow: must be finite and positive, got " +
+                              num(y.beta_fast) + " / " + num(y.beta_slow));
+    if (!finite_positive(y.attention_factor))
+      return invalid_argument("config.rope_parameters.attention_factor: must be finite and positive, got " +
+                              num(y.attention_factor));
+    if (y.original_max_position <= 0 || y.original_max_position > (int64_t{1} << 26))
+      return invalid_argument("config.rope_parameters.original_max_position_embeddings: must be in [1, 2^26], got " +
+                              std::to_string(y.original_max_position));
+  }
+  if (!window_layers.empty() && static_cast<int64_t>(window_layers.size()) != n_layers)
+    return invalid_argument("config.window_layers: " + std::to_string(window_layers.size()) + " entries for " +
+                            std::to_string(n_layers) + " layers");
+  if (activation == GluActivation::kClampedSwiglu && (!(glu_limit > 0 && glu_limit < 1e6) || !(glu_alpha > 0 && glu_alpha < 1e6)))
+    return invalid_argument("config.swiglu_limit / alpha: must be finite and positive, got " + num(glu_limit) + " / " +
+                            num(glu_alpha));
+  if (moe_bias && n_experts <= 0) return invalid_argument("config.moe_bias: set on a dense model");
   return {};
 }
 
@@ -139,18 +161,25 @@ const char* linear_role_name(LinearRole role) {
   return "?";
 }
 
+// The module names of the unfused families as transformers saves them. Phi-3's fused qkv_proj /
+// gate_up_proj and gpt-oss's fused expert tensors are split on load into these same linears,
+// named as the unfused families name them (model_family.cpp maps them to the tensors on disk).
 std::string LinearId::hf_name(const ModelConfig& config) const {
   if (role == LinearRole::kLmHead) return "lm_head";
   const std::string layer_prefix = "model.layers." + std::to_string(layer) + ".";
+  const std::string& type = config.model_type;
   switch (role) {
     case LinearRole::kQ:
     case LinearRole::kK:
     case LinearRole::kV:
     case LinearRole::kO: return layer_prefix + "self_attn." + linear_role_name(role);
-    case LinearRole::kRouter: return layer_prefix + "block_sparse_moe.gate";
+    case LinearRole::kRouter:
+      return layer_prefix + (type == "qwen3_moe" ? "mlp.gate" : type == "gpt_oss" ? "mlp.router" : "block_sparse_moe.gate");
     default: break;
   }
   if (config.is_moe()) {
+    if (type == "qwen3_moe" || type == "gpt_oss")
+      return layer_prefix + "mlp.experts." + std::to_string(expert) + "." + linear_role_name(role);
     // Mixtral: w1 = gate, w3 = up, w2 = down.
     const char* w = role == LinearRole::kGate ? "w1" : role == LinearRole::kUp ? "w3" : "w2";
     return layer_prefix + "block_sparse_moe.experts." + std::to_string(expert) + "." + w;
@@ -215,7 +244,12 @@ std::vector<const Linear*> ModelWeights::linears() const {
 
 int64_t ModelWeights::parameter_count() const {
   int64_t n = token_embedding.numel() + final_norm.numel();
-  for (const auto& layer : layers) n += layer.attn_norm.numel() + layer.ffn_norm.numel();
+  for (const auto& layer : layers) {
+    n += layer.attn_norm.numel() + layer.ffn_norm.numel();
+    // nbytes, not numel: an absent tensor's empty shape has numel() 1.
+    for (const Tensor* t : {&layer.q_norm, &layer.k_norm, &layer.sinks})
+      if (t->nbytes() > 0) n += t->numel();
+  }
   for (const Linear* l : linears()) {
     if (l->id.role == LinearRole::kLmHead && config.tie_embeddings) continue;
     n += l->weight.numel() + l->bias.numel();
@@ -225,7 +259,7 @@ int64_t ModelWeights::parameter_count() const {
 
 Status ModelWeights::check_finite(const std::string& where) const {
   auto check = [&where](const std::string& name, const Tensor& t) -> Status {
-    if (t.numel() == 0) return {};
+    if (t.nbytes() == 0) return {};
     const NonFiniteCount c = count_nonfinite(t.data_as<float>(), t.numel());
     if (c.total() == 0) return {};
     Tensor copy = t;  // the policy's message, without modifying the model
@@ -237,6 +271,9 @@ Status ModelWeights::check_finite(const std::string& where) const {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     LLMQ_RETURN_IF_ERROR(check(p + "input_layernorm.weight", layers[i].attn_norm));
     LLMQ_RETURN_IF_ERROR(check(p + "post_attention_layernorm.weight", layers[i].ffn_norm));
+    if (layers[i].q_norm.nbytes() > 0) LLMQ_RETURN_IF_ERROR(check(p + "self_attn.q_norm.weight", layers[i].q_norm));
+    if (layers[i].k_norm.nbytes() > 0) LLMQ_RETURN_IF_ERROR(check(p + "self_attn.k_norm.weight", layers[i].k_norm));
+    if (layers[i].sinks.nbytes() > 0) LLMQ_RETURN_IF_ERROR(check(p + "self_attn.sinks", layers[i].sinks));
   }
   LLMQ_RETURN_IF_ERROR(check("model.norm.weight", final_norm));
   for (const Linear* l : linears()) {

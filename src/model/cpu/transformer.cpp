@@ -61,16 +61,19 @@ void rmsnorm(float* o, const float* x, const float* weight, int64_t size, float 
   for (int64_t j = 0; j < size; ++j) o[j] = weight[j] * (ss * x[j]);
 }
 
-// run.c's softmax: subtract the max (first occurrence), exp, sum in order, divide.
-void softmax(float* x, int64_t size) {
-  float max_val = x[0];
-  for (int64_t i = 1; i < size; ++i)
+// run.c's softmax: subtract the max (first occurrence), exp, sum in order, divide. With an
+// attention sink (gpt-oss) the sink's logit joins the max and the denominator, as transformers
+// concatenates it to the scores, and takes no value.
+void softmax(float* x, int64_t size, const float* sink = nullptr) {
+  float max_val = sink != nullptr ? *sink : x[0];
+  for (int64_t i = sink != nullptr ? 0 : 1; i < size; ++i)
     if (x[i] > max_val) max_val = x[i];
   float sum = 0.0f;
   for (int64_t i = 0; i < size; ++i) {
     x[i] = std::exp(x[i] - max_val);
     sum += x[i];
   }
+  if (sink != nullptr) sum += std::exp(*sink - max_val);
   for (int64_t i = 0; i < size; ++i) x[i] /= sum;
 }
 
@@ -84,7 +87,60 @@ void swiglu(float* gate, const float* up, int64_t size) {
   }
 }
 
+// gpt-oss's clamped SwiGLU, as GptOssExperts._apply_gate: g = min(gate, limit), u = clamp(up,
+// -limit, limit), (u + 1) * (g * sigmoid(g * alpha)), with sigmoid(x) = 1 / (1 + exp(-x)).
+void clamped_swiglu(float* gate, const float* up, int64_t size, float limit, float alpha) {
+  for (int64_t i = 0; i < size; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::min(std::max(up[i], -limit), limit);
+    const float glu = g * (1.0f / (1.0f + std::exp(-(g * alpha))));
+    gate[i] = (u + 1.0f) * glu;
+  }
+}
+
+void glu(const ModelConfig& c, float* gate, const float* up, int64_t size) {
+  if (c.activation == GluActivation::kClampedSwiglu)
+    clamped_swiglu(gate, up, size, static_cast<float>(c.glu_limit), static_cast<float>(c.glu_alpha));
+  else
+    swiglu(gate, up, size);
+}
+
+// YaRN's inverse frequencies (transformers' _compute_yarn_parameters): the ramp between pairs that
+// keep their frequency (extrapolation) and pairs divided by factor (interpolation), computed in
+// double where transformers computes in Python floats and in float where it uses float32 tensors.
+void yarn_inv_freq(const ModelConfig& c, std::vector<float>* inv) {
+  const YarnScaling& y = c.yarn;
+  const double dim = static_cast<double>(c.head_dim);
+  const double base = c.rope_theta;
+  auto correction_dim = [&](double rotations) {
+    return (dim * std::log(static_cast<double>(y.original_max_position) / (rotations * 2.0 * kPi))) / (2.0 * std::log(base));
+  };
+  double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
+  if (y.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1.0);
+  if (low == high) high += 0.001;  // transformers' guard against a zero-width ramp
+  const float lo = static_cast<float>(low), width = static_cast<float>(high - low);
+  const float factor = static_cast<float>(y.factor);
+  const float theta = static_cast<float>(base);
+  for (size_t j = 0; j < inv->size(); ++j) {
+    const float pos_freq = std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(c.head_dim));
+    const float extrapolation = 1.0f / pos_freq;
+    const float interpolation = 1.0f / (factor * pos_freq);
+    const float ramp = std::min(std::max((static_cast<float>(j) - lo) / width, 0.0f), 1.0f);
+    const float extrapolation_factor = 1.0f - ramp;
+    (*inv)[j] = interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
+  }
+}
+
 }  // namespace
+
+float rope_attention_factor(const ModelConfig& c) {
+  return c.yarn.enabled ? static_cast<float>(c.yarn.attention_factor) : 1.0f;
+}
 
 std::vector<float> rope_inv_freq(const ModelConfig& c) {
   const int64_t half = c.head_dim / 2;
@@ -92,6 +148,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
   const float theta = static_cast<float>(c.rope_theta);
   for (int64_t j = 0; j < half; ++j)
     inv[j] = 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(c.head_dim));
+  if (c.yarn.enabled) yarn_inv_freq(c, &inv);
   if (c.rope_scaling.enabled) {
     const RopeScaling& s = c.rope_scaling;
     const float factor = static_cast<float>(s.factor);
@@ -171,6 +228,12 @@ Status check_weights(const ModelWeights& w) {
     LLMQ_RETURN_IF_ERROR(check_linear(L.k, kv_dim, c.dim, c));
     LLMQ_RETURN_IF_ERROR(check_linear(L.v, kv_dim, c.dim, c));
     LLMQ_RETURN_IF_ERROR(check_linear(L.o, c.dim, q_dim, c));
+    if (c.qk_norm) {
+      LLMQ_RETURN_IF_ERROR(check_tensor(L.q_norm, {c.head_dim}, [&] { return prefix() + "self_attn.q_norm"; }));
+      LLMQ_RETURN_IF_ERROR(check_tensor(L.k_norm, {c.head_dim}, [&] { return prefix() + "self_attn.k_norm"; }));
+    }
+    if (c.attention_sinks)
+      LLMQ_RETURN_IF_ERROR(check_tensor(L.sinks, {c.n_heads}, [&] { return prefix() + "self_attn.sinks"; }));
     if (c.is_moe()) {
       LLMQ_RETURN_IF_ERROR(check_linear(L.router, c.n_experts, c.dim, c));
       if (static_cast<int64_t>(L.experts.size()) != c.n_experts)
@@ -285,13 +348,6 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
   if (start_pos < 0 || start_pos > c.max_seq_len - n)  // not start_pos + n, which can overflow
     return invalid_argument("forward: " + std::to_string(n) + " positions from " + std::to_string(start_pos) +
                             " are outside [0, max_seq_len = " + std::to_string(c.max_seq_len) + ")");
-  // Within the window, sliding-window attention and full attention see the same keys, so the model
-  // runs exactly up to it; past it this forward pass would compute full attention, another model.
-  if (c.sliding_window > 0 && start_pos + n > c.sliding_window)
-    return unsupported("sliding-window attention (config.json sliding_window = " + std::to_string(c.sliding_window) +
-                       ") is not implemented yet: llmq runs at most " + std::to_string(c.sliding_window) +
-                       " positions of this model (asked for positions " + std::to_string(start_pos) + " .. " +
-                       std::to_string(start_pos + n - 1) + ")");
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
       return invalid_argument("forward: tokens[" + std::to_string(i) + "] = " + std::to_string(tokens[i]) +
@@ -315,15 +371,17 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
   const int64_t seq_cap = static_cast<int64_t>(key_cache_.size()) / (c.n_layers * kv_dim);
   cached_positions_ = std::max(cached_positions_, end_pos);
 
-  // (cos, sin) per position of this call and pair: angle = pos * inv_freq in float, as run.c.
+  // (cos, sin) per position of this call and pair: angle = pos * inv_freq in float, as run.c;
+  // YaRN multiplies both by its attention factor (1 otherwise, which leaves them bit-identical).
   const std::vector<float> inv_freq = rope_inv_freq(c);
+  const float rope_factor = rope_attention_factor(c);
   const int64_t half = hd / 2;
   std::vector<float> cos_sin(static_cast<size_t>(n * hd));  // (n, half, 2)
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < half; ++j) {
       const float val = static_cast<float>(start_pos + i) * inv_freq[j];
-      cos_sin[i * hd + 2 * j] = std::cos(val);
-      cos_sin[i * hd + 2 * j + 1] = std::sin(val);
+      cos_sin[i * hd + 2 * j] = rope_factor == 1.0f ? std::cos(val) : std::cos(val) * rope_factor;
+      cos_sin[i * hd + 2 * j + 1] = rope_factor == 1.0f ? std::sin(val) : std::sin(val) * rope_factor;
     }
 
   auto buf = [](int64_t a, int64_t b) { return std::vector<float>(static_cast<size_t>(a * b)); };
@@ -341,6 +399,11 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
     LLMQ_RETURN_IF_ERROR(backend_->forward(L.q, xb.data(), n, q.data()));
     LLMQ_RETURN_IF_ERROR(backend_->forward(L.k, xb.data(), n, k.data()));
     LLMQ_RETURN_IF_ERROR(backend_->forward(L.v, xb.data(), n, v.data()));
+
+    if (c.qk_norm) {  // Qwen3: RMSNorm over each head's head_dim values, before RoPE
+      for (int64_t i = 0; i < n * c.n_heads; ++i) rmsnorm(&q[i * hd], &q[i * hd], L.q_norm.data_as<float>(), hd, eps);
+      for (int64_t i = 0; i < n * c.n_kv_heads; ++i) rmsnorm(&k[i * hd], &k[i * hd], L.k_norm.data_as<float>(), hd, eps);
+    }
 
     float* key_layer = key_cache_.data() + l * seq_cap * kv_dim;  // (seq_cap, kv_dim)
     float* value_layer = value_cache_.data() + l * seq_cap * kv_dim;
@@ -365,6 +428,13 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
 
     if (attention_observer_) attention_observer_(l, q.data(), n, key_layer, value_layer, end_pos);
 
+    // Sliding window: the query at pos sees keys (pos - window, pos]. The cache keeps every
+    // position; the window only decides which are read.
+    const int64_t window = c.layer_window(l);
+    const float* sinks = c.attention_sinks ? L.sinks.data_as<float>() : nullptr;
+    if (attention_options_.variant != AttentionVariant::kFloat && (window > 0 || sinks != nullptr))
+      return unsupported("8-bit attention (--attention) with a sliding window or attention sinks is not implemented in the "
+                         "CPU reference yet");
     if (attention_options_.variant != AttentionVariant::kFloat) {
       AttentionProblem ap;
       ap.q_len = n;
@@ -381,18 +451,19 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
       for (int64_t h = 0; h < c.n_heads; ++h) {
         const float* qh = &q[i * q_dim + h * hd];
         const int64_t kv_off = (h / kv_mul) * hd;
-        for (int64_t t = 0; t <= pos; ++t) {
+        const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+        for (int64_t t = first; t <= pos; ++t) {
           const float* kt = key_layer + t * kv_dim + kv_off;
           float score = 0.0f;
           for (int64_t d = 0; d < hd; ++d) score += qh[d] * kt[d];
-          att[t] = score / score_div;
+          att[t - first] = score / score_div;
         }
-        softmax(att.data(), pos + 1);
+        softmax(att.data(), pos + 1 - first, sinks != nullptr ? &sinks[h] : nullptr);
         float* out = &att_out[i * q_dim + h * hd];
         std::fill(out, out + hd, 0.0f);
-        for (int64_t t = 0; t <= pos; ++t) {
+        for (int64_t t = first; t <= pos; ++t) {
           const float* vt = value_layer + t * kv_dim + kv_off;
-          const float a = att[t];
+          const float a = att[t - first];
           for (int64_t d = 0; d < hd; ++d) out[d] += a * vt[d];
         }
       }
@@ -404,11 +475,13 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
     if (!c.is_moe()) {
       LLMQ_RETURN_IF_ERROR(backend_->forward(L.mlp.gate, xb.data(), n, hb.data()));
       LLMQ_RETURN_IF_ERROR(backend_->forward(L.mlp.up, xb.data(), n, hb2.data()));
-      swiglu(hb.data(), hb2.data(), n * hidden);
+      glu(c, hb.data(), hb2.data(), n * hidden);
       LLMQ_RETURN_IF_ERROR(backend_->forward(L.mlp.down, hb.data(), n, proj.data()));
     } else {
-      // Mixtral routing: softmax over all experts, top-k (ties to the lower expert id), the k
-      // weights renormalised to sum to 1. Each expert runs once on the rows routed to it.
+      // Routing (ties to the lower expert id). kSoftmaxTopK (Mixtral, Qwen3-MoE): softmax over all
+      // experts, the top k, their weights renormalised to sum to 1 when moe_renormalize.
+      // kTopKSoftmax (gpt-oss): the top k logits, a softmax over those k. Each expert runs once on
+      // the rows routed to it.
       const int64_t n_exp = c.n_experts;
       const int64_t top_k = c.n_experts_per_token;
       std::vector<float> router = buf(n, n_exp);
@@ -418,16 +491,24 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
       std::vector<int64_t> order(static_cast<size_t>(n_exp));
       for (int64_t i = 0; i < n; ++i) {
         float* p = &router[i * n_exp];
-        softmax(p, n_exp);
+        const bool topk_first = c.moe_routing == MoeRouting::kTopKSoftmax;
+        if (!topk_first) softmax(p, n_exp);
         for (int64_t e = 0; e < n_exp; ++e) order[e] = e;
         std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
                           [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-        std::sort(order.begin(), order.begin() + top_k);  // sum experts in id order, as HF's loop
-        float total = 0.0f;
+        if (topk_first) {  // softmax over the k logits, in rank order as torch.topk returns them
+          std::vector<float> top(static_cast<size_t>(top_k));
+          for (int64_t s = 0; s < top_k; ++s) top[s] = p[order[s]];
+          softmax(top.data(), top_k);
+          for (int64_t s = 0; s < top_k; ++s) p[order[s]] = top[s];
+        }
+        float total = 0.0f;  // in rank order, as torch sums the top-k values
         for (int64_t s = 0; s < top_k; ++s) total += p[order[s]];
+        std::sort(order.begin(), order.begin() + top_k);  // sum experts in id order, as HF's loop
+        const bool divide = !topk_first && c.moe_renormalize;
         for (int64_t s = 0; s < top_k; ++s) {
           route_expert[i * top_k + s] = order[s];
-          route_weight[i * top_k + s] = p[order[s]] / total;
+          route_weight[i * top_k + s] = divide ? p[order[s]] / total : p[order[s]];
         }
       }
       std::vector<float> slot_out = buf(n * top_k, dim);  // expert output per (token, slot)
@@ -450,7 +531,7 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
         const Expert& ex = L.experts[static_cast<size_t>(e)];
         LLMQ_RETURN_IF_ERROR(backend_->forward(ex.gate, xe.data(), m, ge.data()));
         LLMQ_RETURN_IF_ERROR(backend_->forward(ex.up, xe.data(), m, ue.data()));
-        swiglu(ge.data(), ue.data(), m * hidden);
+        glu(c, ge.data(), ue.data(), m * hidden);
         LLMQ_RETURN_IF_ERROR(backend_->forward(ex.down, ge.data(), m, de.data()));
         for (int64_t r = 0; r < m; ++r) std::copy(&de[r * dim], &de[(r + 1) * dim], slot_out.begin() + slots[r] * dim);
       }
