@@ -232,6 +232,24 @@ Status check_config(const ModelConfig& c) {
   // biases only, so such a model is refused rather than run without its o_proj bias.
   if (c.attention_bias && c.model_type == "llama")
     return unsupported("the GPU runtime does not add an o_proj bias (a llama model with attention_bias: true)");
+  // Features of the newer families the GPU runtime does not compute yet (the CPU reference does):
+  // refused by name rather than run as another model.
+  const struct {
+    bool on;
+    const char* what;
+  } missing[] = {
+      {c.attention_bias && (c.model_type == "qwen3" || c.model_type == "qwen3_moe" || c.model_type == "gpt_oss"),
+       "o_proj biases"},
+      {c.qk_norm, "q/k RMSNorm (Qwen3)"},
+      {c.attention_sinks, "attention sinks (gpt-oss)"},
+      {c.activation != GluActivation::kSilu, "gpt-oss's clamped SwiGLU"},
+      {c.moe_routing != MoeRouting::kSoftmaxTopK, "top-k-then-softmax routing (gpt-oss)"},
+      {c.is_moe() && !c.moe_renormalize, "MoE weights without renormalisation (Qwen3-MoE norm_topk_prob: false)"},
+      {c.moe_bias, "router and expert biases (gpt-oss)"},
+      {c.yarn.enabled, "YaRN RoPE"},
+  };
+  for (const auto& m : missing)
+    if (m.on) return unsupported("the GPU runtime does not compute " + std::string(m.what) + " yet (" + c.model_type + ")");
   return {};
 }
 
