@@ -41,9 +41,9 @@ void host_route(const float* logits, int64_t experts, int64_t top_k, int32_t* id
   std::iota(order.begin(), order.end(), 0);
   std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
                     [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-  std::sort(order.begin(), order.begin() + top_k);
-  float total = 0.0f;
+  float total = 0.0f;  // in rank order, as the reference (and torch) sums the top-k values
   for (int64_t s = 0; s < top_k; ++s) total += p[order[s]];
+  std::sort(order.begin(), order.begin() + top_k);
   for (int64_t s = 0; s < top_k; ++s) {
     ids[s] = static_cast<int32_t>(order[s]);
     weights[s] = p[order[s]] / total;

@@ -27,6 +27,7 @@
 #include "llmq/format.hpp"
 
 #include "llmq/tensor_parallel.hpp"
+#include "model_family_support.hpp"
 #include "runtime_compare.hpp"
 
 namespace llmq {
@@ -210,6 +211,34 @@ TEST(TensorParallel, MoeModelMatchesOneGpu) {
     r.expert_parallel = true;
     return GpuModel::from_quantized(qm, device, m, r);
   }, &cpu_q, true);
+}
+
+// The newer families' per-layer pieces under a split: Qwen3's q/k norms (whole on every rank) and
+// o_proj bias (added once, after the ranks' sum), gpt-oss's router and expert biases (gate/up's
+// sliced with their rows; down's added by one rank, or by each expert's rank under expert
+// parallelism). Sinks and windows off, as the GPU attention does not compute them yet.
+TEST(TensorParallel, FamilyPiecesMatchOneGpu) {
+  LLMQ_REQUIRE_GPUS(2);
+  for (const std::string type : {"qwen3", "gpt_oss"}) {
+    ModelWeights w = family_test::family_model(type);
+    w.config.attention_sinks = false;
+    w.config.sliding_window = 0;
+    w.config.window_layers.clear();
+    for (LayerWeights& L : w.layers) {
+      L.sinks = Tensor();
+      // A decisive router, as test_cuda_runtime_families.cpp's (few BF16 routing flips).
+      for (int64_t i = 0; i < L.router.weight.numel(); ++i) L.router.weight.data_as<float>()[i] *= 3.0f;
+    }
+    Transformer cpu(w);
+    for (const bool ep : {false, true}) {
+      if (ep && !w.config.is_moe()) continue;
+      // 2 kv heads: TP=2 only.
+      check_split(type + (ep ? " bf16 ep" : " bf16"), [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+        r.expert_parallel = ep;
+        return GpuModel::from_float(w, DType::kBF16, device, m, r);
+      }, &cpu, w.config.is_moe(), 2);
+    }
+  }
 }
 
 // Synthetic weights (what the benchmarks run): every rank generates the whole tensors of the same

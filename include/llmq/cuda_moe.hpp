@@ -46,10 +46,13 @@ Status cuda_moe_post_scale(const MoePostScale& p, CudaStream stream);
 
 namespace llmq {
 
-// Mixtral routing, as the CPU reference (transformer.cpp): softmax over all experts, the top_k
-// largest (ties to the lower expert id), their probabilities renormalised to sum to 1, listed in
-// ascending expert id. Slot t * top_k + s is token t's s-th expert. The permuted order lists the
-// slots of expert 0, then expert 1, ..., each in ascending slot order (deterministic).
+// Routing, as the CPU reference (transformer.cpp), on logits + logit_bias: Mixtral / Qwen3-MoE
+// (topk_softmax false) take the softmax over all experts, the top_k largest (ties to the lower
+// expert id), their probabilities divided by their sum (summed in rank order) when renormalize;
+// gpt-oss (topk_softmax) takes the top_k logits and a softmax over those k (in rank order). Either
+// way the picks are listed in ascending expert id. Slot t * top_k + s is token t's s-th expert.
+// The permuted order lists the slots of expert 0, then expert 1, ..., each in ascending slot order
+// (deterministic).
 struct MoeRouteArgs {
   int64_t tokens = 0;
   int64_t experts = 0;  // 1 .. 1024
@@ -62,6 +65,10 @@ struct MoeRouteArgs {
   int32_t* sorted_slots = nullptr;    // [tokens * top_k]: the slot at each permuted row
   int32_t* slot_rows = nullptr;       // [tokens * top_k]: the permuted row of each slot
   int32_t* row_tokens = nullptr;      // optional [tokens * top_k]: the token of each permuted row
+  int32_t* row_experts = nullptr;     // optional [tokens * top_k]: the expert of each permuted row
+  const float* logit_bias = nullptr;  // optional [experts]: the router's bias (gpt-oss)
+  bool topk_softmax = false;          // gpt-oss: the top_k logits, then a softmax over those k
+  bool renormalize = true;            // softmax then top_k: divide the k weights by their sum
 };
 Status cuda_moe_route(const MoeRouteArgs& args, CudaStream stream);
 
@@ -81,6 +88,9 @@ Status cuda_moe_gather(const MoeGatherArgs& args, CudaStream stream);
 
 // out[t, :] = sum over s (ascending) of topk_weights[t, s] * y[slot_rows[t * top_k + s], :], summed
 // in f32, stored BF16. y is BF16 [tokens * top_k, n] (the second grouped GEMM's output).
+// With bias (gpt-oss's down_proj biases, f32 [bias_experts, n]) each slot's expert output is
+// y + bias[e - bias_first] before its weight, e = topk_ids[t * top_k + s]; experts outside
+// [bias_first, bias_first + bias_experts) get none (expert parallelism: their rank adds it).
 struct MoeCombineArgs {
   int64_t tokens = 0;
   int64_t top_k = 0;
@@ -89,6 +99,10 @@ struct MoeCombineArgs {
   const float* topk_weights = nullptr;
   const int32_t* slot_rows = nullptr;
   uint16_t* out = nullptr;  // BF16 [tokens, n]
+  const float* bias = nullptr;
+  const int32_t* topk_ids = nullptr;  // with bias
+  int64_t bias_first = 0;
+  int64_t bias_experts = 0;
 };
 Status cuda_moe_combine(const MoeCombineArgs& args, CudaStream stream);
 

@@ -32,9 +32,15 @@ __global__ void moe_combine_kernel(MoeCombineArgs a) {
   constexpr int kMaxTopK = 16;
   int64_t rows[kMaxTopK];
   float w[kMaxTopK];
+  const float* bias[kMaxTopK];  // each slot's expert's bias row, or null
   for (int s = 0; s < a.top_k; ++s) {
     rows[s] = a.slot_rows[t * a.top_k + s];
     w[s] = a.topk_weights[t * a.top_k + s];
+    bias[s] = nullptr;
+    if (a.bias != nullptr) {
+      const int64_t e = a.topk_ids[t * a.top_k + s] - a.bias_first;
+      if (e >= 0 && e < a.bias_experts) bias[s] = a.bias + e * a.n;
+    }
   }
   const __nv_bfloat16* y = reinterpret_cast<const __nv_bfloat16*>(a.y);
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
@@ -48,8 +54,14 @@ __global__ void moe_combine_kernel(MoeCombineArgs a) {
         *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(y + rows[s] * a.n + c);
       else
         v[0] = y[rows[s] * a.n + c];
+      float y_f[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(w[s], __bfloat162float(v[i])));
+      for (int i = 0; i < kVec; ++i) y_f[i] = __bfloat162float(v[i]);
+      if (bias[s] != nullptr)  // the expert's output is y + its bias, then weighted (CPU order)
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) y_f[i] = __fadd_rn(y_f[i], bias[s][c + i]);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(w[s], y_f[i]));
     }
     __align__(16) __nv_bfloat16 r[kVec];
 #pragma unroll
@@ -94,6 +106,8 @@ Status cuda_moe_combine(const MoeCombineArgs& a, CudaStream stream) {
   if (a.y == nullptr || a.topk_weights == nullptr || a.slot_rows == nullptr || a.out == nullptr)
     return invalid_argument(std::string(a.y == nullptr ? "y" : a.topk_weights == nullptr ? "topk_weights" : a.slot_rows == nullptr ? "slot_rows" : "out") +
                             ": null device pointer");
+  if (a.bias != nullptr && (a.topk_ids == nullptr || a.bias_experts < 0))
+    return invalid_argument("bias: needs topk_ids and bias_experts >= 0");
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const unsigned grid = static_cast<unsigned>(a.tokens);
   if (a.n % 8 == 0 && aligned16(a.y) && aligned16(a.out)) {

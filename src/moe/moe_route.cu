@@ -3,9 +3,9 @@
 // CTA's work comfortably, and one CTA needs no grid-wide scan: counts, offsets and ranks are
 // computed in shared memory.
 //   1. thread per token: softmax over the experts (as the CPU reference: max, exp, sum, divide;
-//      non-finite logits get defined, valid picks),
-//      the top_k by probability (ties to the lower id) found by k passes of "next largest", their
-//      ids sorted ascending and weights renormalised;
+//      non-finite logits get defined, valid picks) and the top_k by probability, or (topk_softmax)
+//      the top_k by logit and a softmax over them; ties to the lower id, found by k passes of
+//      "next largest"; their ids sorted ascending and weights renormalised when asked;
 //   2. counts per expert (shared atomics), exclusive scan -> expert_offsets;
 //   3. ranks: slots are taken in chunks of 1024 in ascending order; inside a warp a slot's rank
 //      among same-expert slots comes from __match_any_sync, across the chunk's warps from per-warp
@@ -46,57 +46,74 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a) {
     // experts (an overflowed hidden state must not turn into out-of-bounds writes): NaN counts as
     // -inf; a +inf logit takes all the probability (shared among the +inf ones); a row with no
     // finite logit and no +inf is uniform.
-    const auto logit = [&](int e) { return isnan(l[e]) ? -INFINITY : l[e]; };
-    float mx = -INFINITY;
-    for (int e = 0; e < E; ++e) mx = fmaxf(mx, logit(e));
-    const auto weight = [&](int e) {
-      const float v = logit(e);
+    const auto logit = [&](int e) {
+      const float v = a.logit_bias != nullptr ? l[e] + a.logit_bias[e] : l[e];
+      return isnan(v) ? -INFINITY : v;
+    };
+    // exp(v - mx) with the non-finite cases above.
+    const auto weight = [](float v, float mx) {
       if (isinf(mx)) return mx > 0.0f ? (v == mx ? 1.0f : 0.0f) : 1.0f;
       return expf(v - mx);
     };
-    float sum = 0.0f;
-    for (int e = 0; e < E; ++e) sum += weight(e);
+    float mx = -INFINITY, sum = 0.0f;
+    if (!a.topk_softmax) {
+      for (int e = 0; e < E; ++e) mx = fmaxf(mx, logit(e));
+      for (int e = 0; e < E; ++e) sum += weight(logit(e), mx);
+    }
+    // The key experts are ranked by: the probability, or (topk_softmax) the logit itself.
+    const auto key = [&](int e) { return a.topk_softmax ? logit(e) : weight(logit(e), mx) / sum; };
     int ids[kMaxTopK];
     float probs[kMaxTopK];
     float prev_p = 0.0f;
     int prev_id = -1;
     for (int s = 0; s < K; ++s) {
-      // The next expert in (probability descending, id ascending) order after (prev_p, prev_id).
-      float best_p = -1.0f;
+      // The next expert in (key descending, id ascending) order after (prev_p, prev_id).
+      float best_p = 0.0f;
       int best = -1;
       for (int e = 0; e < E; ++e) {
-        const float p = weight(e) / sum;
+        const float p = key(e);
         const bool after = prev_id < 0 || p < prev_p || (p == prev_p && e > prev_id);
-        if (after && (p > best_p || best < 0)) {  // strict >: the lower id wins a tie
+        if (after && (best < 0 || p > best_p)) {  // strict >: the lower id wins a tie
           best_p = p;
           best = e;
         }
       }
-      if (best < 0) {  // unreachable with the weights above; kept so that an id is always valid
+      if (best < 0) {  // unreachable with the keys above; kept so that an id is always valid
         best = 0;
         for (bool taken = true; taken && best < E; ) {
           taken = false;
           for (int i = 0; i < s; ++i) taken = taken || ids[i] == best;
           if (taken) ++best;
         }
-        best_p = 0.0f;
+        best_p = a.topk_softmax ? -INFINITY : 0.0f;
       }
       ids[s] = best;
       probs[s] = best_p;
       prev_p = best_p;
       prev_id = best;
     }
-    // Ascending expert id (insertion sort of <= 16), then renormalise in that order.
+    if (a.topk_softmax) {  // softmax over the k logits in rank order (the first is the largest)
+      const float top = probs[0];
+      float total = 0.0f;
+      for (int s = 0; s < K; ++s) {
+        probs[s] = weight(probs[s], top);
+        total += probs[s];
+      }
+      for (int s = 0; s < K; ++s) probs[s] = probs[s] / total;
+    } else if (a.renormalize) {  // divided by their sum, summed in rank order as torch sums them
+      float total = 0.0f;
+      for (int s = 0; s < K; ++s) total += probs[s];
+      for (int s = 0; s < K; ++s) probs[s] = total > 0.0f ? probs[s] / total : 1.0f / static_cast<float>(K);
+    }
+    // Ascending expert id (insertion sort of <= 16).
     for (int i = 1; i < K; ++i)
       for (int j = i; j > 0 && ids[j - 1] > ids[j]; --j) {
         const int ti = ids[j]; ids[j] = ids[j - 1]; ids[j - 1] = ti;
         const float tp = probs[j]; probs[j] = probs[j - 1]; probs[j - 1] = tp;
       }
-    float total = 0.0f;
-    for (int s = 0; s < K; ++s) total += probs[s];
     for (int s = 0; s < K; ++s) {
       a.topk_ids[t * K + s] = ids[s];
-      a.topk_weights[t * K + s] = total > 0.0f ? probs[s] / total : 1.0f / static_cast<float>(K);
+      a.topk_weights[t * K + s] = probs[s];
       atomicAdd(&count[ids[s]], 1);
     }
   }
@@ -132,6 +149,7 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a) {
       a.sorted_slots[row] = static_cast<int32_t>(slot);
       a.slot_rows[slot] = row;
       if (a.row_tokens != nullptr) a.row_tokens[row] = static_cast<int32_t>(slot / K);
+      if (a.row_experts != nullptr) a.row_experts[row] = e;
     }
     __syncthreads();
     for (int x = tid; x < E; x += kThreads) {

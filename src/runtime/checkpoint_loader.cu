@@ -16,6 +16,7 @@
 #include "runtime/shard_linear.hpp"
 #include "runtime/gpu_model_build.hpp"
 #include "runtime/gpu_model_impl.hpp"
+#include "model/checkpoint/model_family.hpp"
 
 namespace llmq {
 
@@ -77,10 +78,17 @@ struct Loader {
                        "through load_quantized_checkpoint + GpuModel::from_quantized");
   }
 
-  Status small_f32(const std::string& name, DeviceAllocation* out) const {
-    Tensor t;
-    LLMQ_RETURN_IF_ERROR(ckpt.read_f32(name, &t));
-    return DeviceAllocation::upload(t.data(), t.nbytes(), name, out);
+  Status small_f32(const std::string& name, DeviceAllocation* out) const { return stacked_f32({name}, name, out); }
+
+  // Small f32 tensors (biases) concatenated, as one device vector `what`.
+  Status stacked_f32(const std::vector<std::string>& names, const std::string& what, DeviceAllocation* out) const {
+    std::vector<float> all;
+    for (const std::string& name : names) {
+      Tensor t;
+      LLMQ_RETURN_IF_ERROR(ckpt.read_f32(name, &t));
+      all.insert(all.end(), t.data_as<float>(), t.data_as<float>() + t.numel());
+    }
+    return DeviceAllocation::upload(all.data(), static_cast<int64_t>(all.size() * 4), what, out);
   }
 
   // One BF16 table (embeddings, lm_head): stored BF16 goes up as it is, anything else converts.
@@ -199,14 +207,22 @@ Status load_moe(const Loader& load, const ModelConfig& c, int64_t l, runtime::Gp
   Loader bf16 = load;
   bf16.bf16 = true;
   bf16.stored_quantized = false;
-  moe->experts = c.n_experts;
-  moe->top_k = c.n_experts_per_token;
+  runtime::init_moe(c, moe);
   LLMQ_RETURN_IF_ERROR(bf16.linear(runtime::layer_name(l, "router"), {router + ".weight"}, &moe->router));
   std::vector<std::string> gate_up, down;
   for (int64_t e = 0; e < c.n_experts; ++e) {
     gate_up.push_back(weight(LinearRole::kGate, e));
     gate_up.push_back(weight(LinearRole::kUp, e));
     down.push_back(weight(LinearRole::kDown, e));
+  }
+  if (c.moe_bias) {  // the checkpoint check asked for every router and expert bias
+    auto biases = [](std::vector<std::string> names) {
+      for (std::string& n : names) n.replace(n.size() - std::string("weight").size(), std::string::npos, "bias");
+      return names;
+    };
+    LLMQ_RETURN_IF_ERROR(load.stacked_f32({router + ".bias"}, router + ".bias", &moe->router_bias));
+    LLMQ_RETURN_IF_ERROR(load.stacked_f32(biases(gate_up), runtime::layer_name(l, "experts.gate_up.bias"), &moe->gate_up_bias));
+    LLMQ_RETURN_IF_ERROR(load.stacked_f32(biases(down), runtime::layer_name(l, "experts.down.bias"), &moe->down_bias));
   }
   LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "experts.gate_up"), gate_up, &moe->gate_up));
   LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "experts.down"), down, &moe->down));
@@ -284,7 +300,13 @@ Status GpuModel::from_checkpoint(const std::string& dir, const GpuPrecision& p, 
       }
       LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(bias.data(), static_cast<int64_t>(bias.size() * 4), p + "qkv.bias",
                                                     &gl.qkv_bias));
+      if (family_layout(c).o_bias) LLMQ_RETURN_IF_ERROR(load.small_f32(p + "self_attn.o_proj.bias", &gl.o_bias));
     }
+    if (c.qk_norm) {
+      LLMQ_RETURN_IF_ERROR(load.small_f32(p + "self_attn.q_norm.weight", &gl.q_norm));
+      LLMQ_RETURN_IF_ERROR(load.small_f32(p + "self_attn.k_norm.weight", &gl.k_norm));
+    }
+    if (c.attention_sinks) LLMQ_RETURN_IF_ERROR(load.small_f32(p + "self_attn.sinks", &gl.sinks));
     LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "qkv"),
                                      {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
                                      &gl.qkv));

@@ -17,6 +17,7 @@
 #include "runtime/gpu_model_build.hpp"
 #include "runtime/gpu_model_impl.hpp"
 #include "runtime/row_kernels.hpp"
+#include "model/checkpoint/model_family.hpp"
 
 namespace llmq {
 
@@ -30,8 +31,8 @@ using runtime::WeightScale;
 int64_t GpuModel::Impl::bytes() const {
   int64_t b = embedding.bytes() + final_norm.bytes() + lm_head.bytes();
   for (const GpuLayer& l : layers)
-    b += l.attn_norm.bytes() + l.ffn_norm.bytes() + l.qkv_bias.bytes() + l.qkv.bytes() + l.o.bytes() +
-         l.gate_up.bytes() + l.down.bytes() + l.moe.bytes();
+    b += l.attn_norm.bytes() + l.ffn_norm.bytes() + l.qkv_bias.bytes() + l.q_norm.bytes() + l.k_norm.bytes() +
+         l.o_bias.bytes() + l.sinks.bytes() + l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes() + l.moe.bytes();
   return b;
 }
 
@@ -93,6 +94,36 @@ Status bias_of(const std::vector<const Linear*>& parts, const std::string& what,
     else b.insert(b.end(), static_cast<size_t>(n), 0.0f);
   }
   return DeviceAllocation::upload(b.data(), static_cast<int64_t>(b.size() * 4), what, out);
+}
+
+// A per-layer f32 vector of `n` values (a norm's gains, sinks), checked: a missing one would
+// otherwise run as a model without it.
+Status upload_vector(const Tensor& t, int64_t n, const std::string& what, DeviceAllocation* out) {
+  if (t.numel() != n) return invalid_argument(what + ": expected " + std::to_string(n) + " values, got " + t.view().describe());
+  return upload_f32(t, what, out);
+}
+
+// What every float route uploads of a layer besides its linears, as f32: q/k/v biases merged,
+// o_proj's bias, q/k norms and sinks; and an MoE layer's arithmetic and its router and expert
+// biases, stacked as the expert linears are.
+Status upload_layer_extras(const ModelConfig& c, const LayerWeights& L, int64_t i, GpuLayer* gl) {
+  LLMQ_RETURN_IF_ERROR(bias_of({&L.q, &L.k, &L.v}, layer_name(i, "qkv.bias"), &gl->qkv_bias));
+  LLMQ_RETURN_IF_ERROR(bias_of({&L.o}, layer_name(i, "o_proj.bias"), &gl->o_bias));
+  if (c.qk_norm) {
+    LLMQ_RETURN_IF_ERROR(upload_vector(L.q_norm, c.head_dim, layer_name(i, "self_attn.q_norm"), &gl->q_norm));
+    LLMQ_RETURN_IF_ERROR(upload_vector(L.k_norm, c.head_dim, layer_name(i, "self_attn.k_norm"), &gl->k_norm));
+  }
+  if (c.attention_sinks) LLMQ_RETURN_IF_ERROR(upload_vector(L.sinks, c.n_heads, layer_name(i, "self_attn.sinks"), &gl->sinks));
+  if (!c.is_moe()) return {};
+  init_moe(c, &gl->moe);
+  std::vector<const Linear*> gate_up, down;
+  for (const Expert& ex : L.experts) {
+    gate_up.insert(gate_up.end(), {&ex.gate, &ex.up});
+    down.push_back(&ex.down);
+  }
+  LLMQ_RETURN_IF_ERROR(bias_of({&L.router}, layer_name(i, "router.bias"), &gl->moe.router_bias));
+  LLMQ_RETURN_IF_ERROR(bias_of(gate_up, layer_name(i, "experts.gate_up.bias"), &gl->moe.gate_up_bias));
+  return bias_of(down, layer_name(i, "experts.down.bias"), &gl->moe.down_bias);
 }
 
 // ---- Quantized linears.
@@ -228,28 +259,9 @@ std::string layer_name(int64_t l, const char* what) { return "layers." + std::to
 
 Status check_config(const ModelConfig& c) {
   LLMQ_RETURN_IF_ERROR(c.validate());
-  // Llama's attention_bias also biases o_proj (Qwen2's does not); the GPU layers add q/k/v
-  // biases only, so such a model is refused rather than run without its o_proj bias.
-  if (c.attention_bias && c.model_type == "llama")
-    return unsupported("the GPU runtime does not add an o_proj bias (a llama model with attention_bias: true)");
   // Features of the newer families the GPU runtime does not compute yet (the CPU reference does):
-  // refused by name rather than run as another model.
-  const struct {
-    bool on;
-    const char* what;
-  } missing[] = {
-      {c.attention_bias && (c.model_type == "qwen3" || c.model_type == "qwen3_moe" || c.model_type == "gpt_oss"),
-       "o_proj biases"},
-      {c.qk_norm, "q/k RMSNorm (Qwen3)"},
-      {c.attention_sinks, "attention sinks (gpt-oss)"},
-      {c.activation != GluActivation::kSilu, "gpt-oss's clamped SwiGLU"},
-      {c.moe_routing != MoeRouting::kSoftmaxTopK, "top-k-then-softmax routing (gpt-oss)"},
-      {c.is_moe() && !c.moe_renormalize, "MoE weights without renormalisation (Qwen3-MoE norm_topk_prob: false)"},
-      {c.moe_bias, "router and expert biases (gpt-oss)"},
-      {c.yarn.enabled, "YaRN RoPE"},
-  };
-  for (const auto& m : missing)
-    if (m.on) return unsupported("the GPU runtime does not compute " + std::string(m.what) + " yet (" + c.model_type + ")");
+  // refused by name rather than run as another model. (Sliding windows: GpuRuntime's check_window.)
+  if (c.attention_sinks) return unsupported("the GPU runtime does not compute attention sinks (gpt-oss) yet (" + c.model_type + ")");
   return {};
 }
 
@@ -344,12 +356,10 @@ Status GpuModel::from_float(const ModelWeights& w, DType linear_dtype, int devic
     const int64_t i = static_cast<int64_t>(l);
     LLMQ_RETURN_IF_ERROR(upload_f32(L.attn_norm, layer_name(i, "input_layernorm"), &gl.attn_norm));
     LLMQ_RETURN_IF_ERROR(upload_f32(L.ffn_norm, layer_name(i, "post_attention_layernorm"), &gl.ffn_norm));
-    LLMQ_RETURN_IF_ERROR(bias_of({&L.q, &L.k, &L.v}, layer_name(i, "qkv.bias"), &gl.qkv_bias));
+    LLMQ_RETURN_IF_ERROR(upload_layer_extras(w.config, L, i, &gl));
     LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "qkv"), {&L.q, &L.k, &L.v}, linear_dtype, &gl.qkv));
     LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "o_proj"), {&L.o}, linear_dtype, &gl.o));
     if (w.config.is_moe()) {
-      gl.moe.experts = w.config.n_experts;
-      gl.moe.top_k = w.config.n_experts_per_token;
       std::vector<const Linear*> gate_up, down;
       for (const Expert& ex : L.experts) {
         gate_up.insert(gate_up.end(), {&ex.gate, &ex.up});
@@ -403,7 +413,7 @@ Status GpuModel::from_quantized(const QuantizedModel& q, int device, std::unique
     GpuLayer gl;
     LLMQ_RETURN_IF_ERROR(upload_f32(L.attn_norm, layer_name(i, "input_layernorm"), &gl.attn_norm));
     LLMQ_RETURN_IF_ERROR(upload_f32(L.ffn_norm, layer_name(i, "post_attention_layernorm"), &gl.ffn_norm));
-    LLMQ_RETURN_IF_ERROR(bias_of({&L.q, &L.k, &L.v}, layer_name(i, "qkv.bias"), &gl.qkv_bias));
+    LLMQ_RETURN_IF_ERROR(upload_layer_extras(c, L, i, &gl));
     const QuantizedLinear *qq, *qk, *qv, *qo;
     LLMQ_RETURN_IF_ERROR(find(L.q, &qq));
     LLMQ_RETURN_IF_ERROR(find(L.k, &qk));
@@ -416,8 +426,6 @@ Status GpuModel::from_quantized(const QuantizedModel& q, int device, std::unique
       // expert's gate rows then its up rows, per-channel scales concatenated alike.
       if (q.find(L.router.id.hf_name(c)) != nullptr)
         return unsupported(L.router.id.hf_name(c) + ": a quantized router (the GPU runtime keeps routers BF16)");
-      gl.moe.experts = c.n_experts;
-      gl.moe.top_k = c.n_experts_per_token;
       LLMQ_RETURN_IF_ERROR(float_linear(layer_name(i, "router"), {&L.router}, DType::kBF16, &gl.moe.router));
       std::vector<const QuantizedLinear*> gate_up, down;
       for (const Expert& ex : L.experts) {
@@ -481,15 +489,22 @@ Status synthetic_linear(const std::string& name, int64_t n, int64_t k, const Syn
   return {};
 }
 
-Status synthetic_gains(int64_t dim, uint64_t seed, const std::string& what, DeviceAllocation* out) {
+Status synthetic_gains(int64_t dim, uint64_t seed, const std::string& what, DeviceAllocation* out, int outliers = 4) {
   // Gains near 1 with a few outlier channels, as real RMSNorm gains have (they feed outlier input
-  // channels to the next linears, which is what makes per-tensor activation scales hard).
+  // channels to the next linears, which is what makes per-tensor activation scales hard). The q/k
+  // norms (per head, read by no linear) take none.
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(1.0f, 0.1f);
   std::vector<float> g(static_cast<size_t>(dim));
   for (float& v : g) v = normal(rng);
-  for (int i = 0; i < 4; ++i) g[rng() % static_cast<uint64_t>(dim)] = 8.0f;
+  for (int i = 0; i < outliers; ++i) g[rng() % static_cast<uint64_t>(dim)] = 8.0f;
   return DeviceAllocation::upload(g.data(), dim * 4, what, out);
+}
+
+// f32 [n] ~ N(0, std) on the device: a synthetic bias or sinks.
+Status synthetic_vector(int64_t n, float std, uint64_t seed, const std::string& what, DeviceAllocation* out) {
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(n * 4, what, out));
+  return runtime::fill_random_f32(out->as<float>(), n, 0.0f, std, seed, nullptr);
 }
 
 }  // namespace
@@ -531,17 +546,27 @@ Status GpuModel::synthetic(const ModelConfig& c, const GpuPrecision& p, uint64_t
     LLMQ_RETURN_IF_ERROR(synthetic_gains(c.dim, ls, layer_name(l, "input_layernorm"), &gl.attn_norm));
     LLMQ_RETURN_IF_ERROR(synthetic_gains(c.dim, ls + 1, layer_name(l, "post_attention_layernorm"), &gl.ffn_norm));
     if (c.attention_bias) {
-      const int64_t nb = q_dim + 2 * kv_dim;
-      LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(nb * 4, layer_name(l, "qkv.bias"), &gl.qkv_bias));
-      LLMQ_RETURN_IF_ERROR(runtime::fill_random_f32(gl.qkv_bias.as<float>(), nb, 0.0f, 0.1f, ls + 2, nullptr));
+      LLMQ_RETURN_IF_ERROR(synthetic_vector(q_dim + 2 * kv_dim, 0.1f, ls + 2, layer_name(l, "qkv.bias"), &gl.qkv_bias));
+      if (family_layout(c).o_bias) LLMQ_RETURN_IF_ERROR(synthetic_vector(c.dim, 0.1f, ls + 8, layer_name(l, "o_proj.bias"), &gl.o_bias));
     }
+    if (c.qk_norm) {
+      LLMQ_RETURN_IF_ERROR(synthetic_gains(c.head_dim, ls + 9, layer_name(l, "self_attn.q_norm"), &gl.q_norm, 0));
+      LLMQ_RETURN_IF_ERROR(synthetic_gains(c.head_dim, ls + 10, layer_name(l, "self_attn.k_norm"), &gl.k_norm, 0));
+    }
+    if (c.attention_sinks) LLMQ_RETURN_IF_ERROR(synthetic_vector(c.n_heads, 1.0f, ls + 11, layer_name(l, "self_attn.sinks"), &gl.sinks));
     LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "qkv"), q_dim + 2 * kv_dim, c.dim, plan, ls + 3, &gl.qkv));
     LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "o_proj"), c.dim, q_dim, plan, ls + 4, &gl.o));
     if (c.is_moe()) {
       // All experts of a layer as one stacked matrix: per-channel scales are per row, so quantizing
       // the stack equals quantizing each expert.
-      gl.moe.experts = c.n_experts;
-      gl.moe.top_k = c.n_experts_per_token;
+      init_moe(c, &gl.moe);
+      if (c.moe_bias) {
+        LLMQ_RETURN_IF_ERROR(synthetic_vector(c.n_experts, 0.1f, ls + 12, layer_name(l, "router.bias"), &gl.moe.router_bias));
+        LLMQ_RETURN_IF_ERROR(synthetic_vector(c.n_experts * 2 * c.hidden_dim, 0.1f, ls + 13, layer_name(l, "experts.gate_up.bias"),
+                                              &gl.moe.gate_up_bias));
+        LLMQ_RETURN_IF_ERROR(synthetic_vector(c.n_experts * c.dim, 0.1f, ls + 14, layer_name(l, "experts.down.bias"),
+                                              &gl.moe.down_bias));
+      }
       LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "router"), c.n_experts, c.dim, bf16_plan, ls + 7, &gl.moe.router));
       LLMQ_RETURN_IF_ERROR(synthetic_linear(layer_name(l, "experts.gate_up"), c.n_experts * 2 * c.hidden_dim, c.dim, plan,
                                             ls + 5, &gl.moe.gate_up));

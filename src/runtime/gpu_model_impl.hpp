@@ -1,6 +1,6 @@
-// What GpuModel holds on the device (gpu_runtime.hpp): per layer the norm gains, the merged QKV and
-// gate/up linears, o_proj and down_proj (or, in MoE layers, the router and the stacked experts);
-// the embedding table, the final norm and lm_head.
+// What GpuModel holds on the device (gpu_runtime.hpp): per layer the norm gains (q/k norms too),
+// biases and sinks, the merged QKV and gate/up linears, o_proj and down_proj (or, in MoE layers,
+// the router and the stacked experts); the embedding table, the final norm and lm_head.
 #pragma once
 
 #include <string>
@@ -17,6 +17,10 @@ struct GpuLayer {
   DeviceAllocation attn_norm;  // f32 [dim]
   DeviceAllocation ffn_norm;   // f32 [dim]
   DeviceAllocation qkv_bias;   // f32 [q_dim + 2 kv_dim] (Qwen2) or empty
+  DeviceAllocation q_norm;     // f32 [head_dim] (Qwen3's qk_norm) or empty; k_norm with it
+  DeviceAllocation k_norm;
+  DeviceAllocation o_bias;     // f32 [dim] (Llama / Qwen3 / gpt-oss attention_bias) or empty; whole on every rank
+  DeviceAllocation sinks;      // f32 [n_heads of this rank] (gpt-oss) or empty
   GpuLinear qkv;               // [q_dim + 2 kv_dim, dim]
   GpuLinear o;                 // [dim, q_dim]
   GpuLinear gate_up;           // [2 hidden, dim]: gate rows, then up rows (dense layers)

@@ -140,15 +140,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(logits_flag.get(), 0, 4));
 
   // RoPE (cos, sin) per position and pair, computed exactly as the CPU reference computes them.
-  const std::vector<float> inv = rope_inv_freq(c);
-  const int64_t half = c.head_dim / 2;
-  std::vector<float> cs(static_cast<size_t>(o.max_context * half * 2));
-  for (int64_t p = 0; p < o.max_context; ++p)
-    for (int64_t j = 0; j < half; ++j) {
-      const float val = static_cast<float>(p) * inv[static_cast<size_t>(j)];
-      cs[(p * half + j) * 2] = std::cos(val);
-      cs[(p * half + j) * 2 + 1] = std::sin(val);
-    }
+  const std::vector<float> cs = runtime::rope_cos_sin(c, o.max_context);
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(cs.data(), static_cast<int64_t>(cs.size() * 4), "rope table", &cos_sin));
 
   meta_ints = 3 * rows + 3 * o.max_batch + 1 + rows;
@@ -241,6 +233,9 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     runtime::RopeKvArgs rope;
     rope.qkv = qkv_out.as<uint16_t>();
     rope.bias = L.qkv_bias.as<float>();
+    rope.q_norm = L.q_norm.as<float>();  // Qwen3 (null otherwise)
+    rope.k_norm = L.k_norm.as<float>();
+    rope.norm_eps = eps;
     rope.q_out = q_rot.as<uint16_t>();
     rope.k_cache = k_cache(l);
     rope.v_cache = v_cache(l);
@@ -315,6 +310,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     norm2.delta = o_out.as<uint16_t>();
     norm2.peer = fused ? peer : runtime::RowPeerSum{};
     norm2.gain = L.ffn_norm.as<float>();
+    norm2.delta_bias = L.o_bias.as<float>();  // once, after the ranks' sum (null without a bias)
     if (L.moe.active()) {
       // The router reads the normalised rows in BF16; FP8 experts read their per-token E4M3 codes,
       // written by the same pass.
@@ -346,6 +342,9 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     silu.rows = T;
     silu.n = c.hidden_dim;
     silu.src = gu_out.as<uint16_t>();
+    silu.clamped = c.activation == GluActivation::kClampedSwiglu;
+    silu.glu_limit = static_cast<float>(c.glu_limit);
+    silu.glu_alpha = static_cast<float>(c.glu_alpha);
     LLMQ_RETURN_IF_ERROR(produce(L.down, silu, in_down, &in, run(kStageSilu)));
     if (run(kStageDown)) LLMQ_RETURN_IF_ERROR(run_linear(L.down, plan.layers[l].down, in, T, down_out.get(), lin));
     // The last layer's sums go to the final norm (lm_head), which all-reduces them first.

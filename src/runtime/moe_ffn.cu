@@ -17,7 +17,7 @@ int64_t blocks128(int64_t n) { return (n + 127) / 128; }
 
 int64_t MoeBuffers::bytes_for(int64_t rows, const ModelConfig& c, bool block) {
   const int64_t slots = rows * c.n_experts_per_token;
-  return rows * c.n_experts * 4 + slots * (2 * 4 + 3 * 4) + (c.n_experts + 1) * 4 +
+  return rows * c.n_experts * 4 + slots * (2 * 4 + 4 * 4) + (c.n_experts + 1) * 4 +
          slots * (c.dim * 2 + 4 * blocks128(c.dim)) + slots * 2 * c.hidden_dim * 2 +
          slots * (c.hidden_dim * 2 + 4 * blocks128(c.hidden_dim)) + (block ? slots * c.hidden_dim * 2 : 0) +
          slots * c.dim * 2;
@@ -32,6 +32,7 @@ Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c, bool block) {
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe sorted slots", &sorted_slots));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe slot rows", &slot_rows));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe row tokens", &row_tokens));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 4, "moe row experts", &row_experts));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.dim * 2, "moe gathered activations", &perm_codes));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * blocks128(c.dim) * 4, "moe gathered scales", &perm_scales));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * 2 * c.hidden_dim * 2, "moe gate/up output", &gate_up_out));
@@ -49,11 +50,21 @@ Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c, bool block) {
 
 int64_t MoeBuffers::bytes() const {
   int64_t b = 0;
-  for (const DeviceAllocation* a : {&logits, &topk_ids, &topk_weights, &offsets, &sorted_slots, &slot_rows, &row_tokens,
+  for (const DeviceAllocation* a : {&logits, &topk_ids, &topk_weights, &offsets, &sorted_slots, &slot_rows, &row_tokens, &row_experts,
                                     &perm_codes, &perm_scales, &gate_up_out, &act_codes, &act_scales, &act_bf16,
                                     &quant_workspace, &down_out})
     b += a->bytes();
   return b;
+}
+
+void init_moe(const ModelConfig& c, GpuMoe* moe) {
+  moe->experts = c.n_experts;
+  moe->top_k = c.n_experts_per_token;
+  moe->routing = c.moe_routing;
+  moe->renormalize = c.moe_renormalize;
+  moe->activation = c.activation;
+  moe->glu_limit = static_cast<float>(c.glu_limit);
+  moe->glu_alpha = static_cast<float>(c.glu_alpha);
 }
 
 Status check_moe_linear(const GpuLinear& l) {
@@ -130,6 +141,10 @@ Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf
   r.sorted_slots = buf.sorted_slots.as<int32_t>();
   r.slot_rows = buf.slot_rows.as<int32_t>();
   r.row_tokens = buf.row_tokens.as<int32_t>();
+  r.row_experts = moe.gate_up_bias.empty() ? nullptr : buf.row_experts.as<int32_t>();
+  r.logit_bias = moe.router_bias.as<float>();
+  r.topk_softmax = moe.routing == MoeRouting::kTopKSoftmax;
+  r.renormalize = moe.renormalize;
   LLMQ_RETURN_IF_ERROR(cuda_moe_route(r, ctx.stream));
 
   const bool block = moe.block();
@@ -166,6 +181,15 @@ Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf
   silu.rows = slots;
   silu.n = hidden;
   silu.src = buf.gate_up_out.as<uint16_t>();
+  silu.clamped = moe.activation == GluActivation::kClampedSwiglu;
+  silu.glu_limit = moe.glu_limit;
+  silu.glu_alpha = moe.glu_alpha;
+  if (!moe.gate_up_bias.empty()) {  // each permuted row takes its expert's gate/up biases
+    silu.glu_bias = moe.gate_up_bias.as<float>();
+    silu.bias_group = buf.row_experts.as<int32_t>();
+    silu.group_begin = moe.expert_begin;
+    silu.groups = moe.held();
+  }
   if (bf16) {
     silu.out = RowOut::kBF16;
     silu.out_bf16 = buf.act_codes.as<uint16_t>();
@@ -201,6 +225,12 @@ Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf
   cb.topk_weights = buf.topk_weights.as<float>();
   cb.slot_rows = buf.slot_rows.as<int32_t>();
   cb.out = out;
+  if (!moe.down_bias.empty()) {
+    cb.bias = moe.down_bias.as<float>();
+    cb.topk_ids = buf.topk_ids.as<int32_t>();
+    cb.bias_first = moe.expert_begin;
+    cb.bias_experts = moe.held();
+  }
   return cuda_moe_combine(cb, ctx.stream);
 }
 
@@ -211,7 +241,8 @@ std::string describe_moe(const GpuMoe& moe, const LinearPlan& router_plan, int64
                                                           std::to_string(moe.expert_begin + moe.held() - 1) + " here)" : "";
   return "moe " + std::to_string(moe.experts) + " experts" + held + " top-" + std::to_string(moe.top_k) + ": router " +
          linear_path(moe.router, router_plan, tokens) + ", route, " + (decode ? "" : "gather, ") + "grouped " +
-         (decode ? "decode-gemm" : "wgmma") + " gate/up, silu-quant, grouped " + (decode ? "decode-gemm" : "wgmma") +
+         (decode ? "decode-gemm" : "wgmma") + " gate/up, " +
+         (moe.activation == GluActivation::kClampedSwiglu ? "clamped-swiglu" : "silu") + "-quant, grouped " + (decode ? "decode-gemm" : "wgmma") +
          " down, combine (" + std::to_string(launches) + " launches, + the norm)";
 }
 

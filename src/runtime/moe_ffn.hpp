@@ -1,8 +1,9 @@
-// The GPU runtime's Mixtral-style MoE feed-forward block (the sparse top-k path of
-// include/llmq/cuda_moe.hpp inside a forward pass):
-//   router GEMM (BF16 weights, F32 logits) -> cuda_moe_route (top-k, renormalised weights, the
-//   expert-major permutation) -> [prefill: cuda_moe_gather] -> grouped FP8 GEMM gate/up ->
-//   SiLU * up + per-row FP8 quantize (row_op) -> grouped FP8 GEMM down -> cuda_moe_combine.
+// The GPU runtime's MoE feed-forward block (the sparse top-k path of include/llmq/cuda_moe.hpp
+// inside a forward pass), for Mixtral, Qwen3-MoE and gpt-oss:
+//   router GEMM (BF16 weights, F32 logits) -> cuda_moe_route (router bias, top-k, the weights,
+//   the expert-major permutation) -> [prefill: cuda_moe_gather] -> grouped FP8 GEMM gate/up ->
+//   [gate/up biases +] SiLU * up or clamped SwiGLU + per-row FP8 quantize (row_op) -> grouped FP8
+//   GEMM down -> cuda_moe_combine ([down bias +] weighted sum).
 // No host sync anywhere, so a decode step with MoE layers is captured in one CUDA graph like a
 // dense one. At decode sizes (<= kMoeDecodeMaxRows tokens) the grouped GEMMs run the decode kernel
 // on the token rows in place (only routed experts' weights are read); above, the tokens are
@@ -33,12 +34,26 @@ struct GpuMoe {
   GpuLinear router;   // [experts, dim], BF16
   GpuLinear gate_up;  // one part, E4M3 [held * 2 hidden, dim]: expert e's gate rows, then its up rows
   GpuLinear down;     // one part, E4M3 [held * dim, hidden]
+  // gpt-oss's biases, f32, empty when the model has none: the router's [experts]; gate/up's
+  // [held * 2 hidden] as the rows of gate_up; down's [held * dim], on one rank only when the ranks
+  // split every expert's hidden columns (their partial sums are added up after the block).
+  DeviceAllocation router_bias, gate_up_bias, down_bias;
+  // The arithmetic (ModelConfig): routing rule, and the activation between the GEMMs.
+  MoeRouting routing = MoeRouting::kSoftmaxTopK;
+  bool renormalize = true;
+  GluActivation activation = GluActivation::kSilu;
+  float glu_limit = 7.0f, glu_alpha = 1.702f;
   bool active() const { return experts > 0; }
   bool bf16() const { return !gate_up.parts.empty() && gate_up.parts[0].w_dtype == DType::kBF16; }
   // 128x128 weight blocks with 1x128 activation blocks (fp8-block).
   bool block() const { return !gate_up.parts.empty() && gate_up.parts[0].scale_kind == WeightScale::kBlock128; }
-  int64_t bytes() const { return router.bytes() + gate_up.bytes() + down.bytes(); }
+  int64_t bytes() const {
+    return router.bytes() + gate_up.bytes() + down.bytes() + router_bias.bytes() + gate_up_bias.bytes() + down_bias.bytes();
+  }
 };
+
+// An MoE layer's experts, top-k and arithmetic from the model's config (every loader's first step).
+void init_moe(const ModelConfig& c, GpuMoe* moe);
 
 // The buffers one step of up to `rows` tokens needs (owned by the runtime); activation buffers are
 // sized for BF16, so they serve both kinds of experts.
@@ -46,7 +61,7 @@ struct MoeBuffers {
   DeviceAllocation logits;                       // f32 [rows, experts]
   DeviceAllocation topk_ids, topk_weights;       // [rows * top_k]
   DeviceAllocation offsets;                      // int32 [experts + 1]
-  DeviceAllocation sorted_slots, slot_rows, row_tokens;  // int32 [rows * top_k]
+  DeviceAllocation sorted_slots, slot_rows, row_tokens, row_experts;  // int32 [rows * top_k]
   DeviceAllocation perm_codes, perm_scales;      // gathered activations [rows * top_k, dim], [rows * top_k]
   DeviceAllocation gate_up_out;                  // bf16 [rows * top_k, 2 hidden]
   DeviceAllocation act_codes, act_scales;        // SiLU * up, quantized [rows * top_k, hidden], [rows * top_k, hidden / 128]

@@ -81,6 +81,33 @@ struct Vec<8> {
   }
 };
 
+// The GLU of one element pair (RowOpArgs::clamped), in the CPU reference's rounding order. The
+// clamps are written as std::min / std::max are (a NaN gate or up stays NaN).
+__device__ __forceinline__ float glu(float g, float u, const RowOpArgs& a) {
+  if (!a.clamped) return g * __fdiv_rn(1.0f, 1.0f + expf(-g)) * u;
+  const float limit = a.glu_limit;
+  const float gc = limit < g ? limit : g;
+  const float ul = u < -limit ? -limit : u;
+  const float uc = limit < ul ? limit : ul;
+  const float gated = gc * __fdiv_rn(1.0f, 1.0f + expf(-(gc * a.glu_alpha)));
+  return (uc + 1.0f) * gated;
+}
+
+// Row r's gate/up biases ([gate n, up n]) or null (RowOpArgs::glu_bias).
+__device__ __forceinline__ const float* glu_bias_row(const RowOpArgs& a, int64_t r) {
+  if (a.glu_bias == nullptr || a.bias_group == nullptr) return a.glu_bias;
+  const int64_t g = a.bias_group[r] - a.group_begin;
+  return g >= 0 && g < a.groups ? a.glu_bias + g * 2 * a.n : nullptr;
+}
+
+template <int V>
+__device__ __forceinline__ void add_f32(const float* p, float (&v)[V]) {
+  float b[V];
+  Vec<V>::load_f32(p, b);
+#pragma unroll
+  for (int i = 0; i < V; ++i) v[i] += b[i];
+}
+
 template <RowFn F, RowOut O, int V>
 __global__ void __launch_bounds__(1024) row_op_kernel(RowKernelArgs args) {
   detail::pdl_wait();
@@ -102,6 +129,7 @@ __global__ void __launch_bounds__(1024) row_op_kernel(RowKernelArgs args) {
       if (a.delta != nullptr) {
         float d[V];
         Vec<V>::load_bf16(a.delta + in_row * n + j, d);
+        if (a.delta_bias != nullptr) add_f32<V>(a.delta_bias + j, d);
 #pragma unroll
         for (int i = 0; i < V; ++i) v[i] += d[i];
         Vec<V>::store_f32(x + j, v);
@@ -123,12 +151,17 @@ __global__ void __launch_bounds__(1024) row_op_kernel(RowKernelArgs args) {
     }
   } else if constexpr (F == RowFn::kSiluMul) {
     const uint16_t* gu = a.src + r * 2 * n;
+    const float* bias = glu_bias_row(a, r);
     for (int64_t j = first; j < n; j += step) {
       float g[V], u[V];
       Vec<V>::load_bf16(gu + j, g);
       Vec<V>::load_bf16(gu + n + j, u);
+      if (bias != nullptr) {
+        add_f32<V>(bias + j, g);
+        add_f32<V>(bias + n + j, u);
+      }
 #pragma unroll
-      for (int i = 0; i < V; ++i) g[i] = g[i] * __fdiv_rn(1.0f, 1.0f + expf(-g[i])) * u[i];
+      for (int i = 0; i < V; ++i) g[i] = glu(g[i], u[i], a);
       Vec<V>::store_f32(vals + j, g);
     }
   } else {
@@ -228,6 +261,7 @@ __global__ void __launch_bounds__(1024) row_op_registers_kernel(RowKernelArgs ar
         float d[8];
         if (peer) parallel::peer_row_delta(a.peer, call, delta_row, r, n, at[c], d);
         else Vec<8>::load_bf16(delta_row + at[c], d);
+        if (a.delta_bias != nullptr) add_f32<8>(a.delta_bias + at[c], d);  // after the ranks' sum
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[c][i] += d[i];
         Vec<8>::store_f32(x + at[c], v[c]);
@@ -244,16 +278,21 @@ __global__ void __launch_bounds__(1024) row_op_registers_kernel(RowKernelArgs ar
       for (int i = 0; i < 8; ++i) v[c][i] = g[c][i] * (inv * v[c][i]);
   } else if constexpr (F == RowFn::kSiluMul) {
     const uint16_t* gu = a.src + r * 2 * n;
+    const float* bias = glu_bias_row(a, r);
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       if (!on[c]) continue;
       Vec<8>::load_bf16(gu + at[c], v[c]);
       Vec<8>::load_bf16(gu + n + at[c], g[c]);
+      if (bias != nullptr) {
+        add_f32<8>(bias + at[c], v[c]);
+        add_f32<8>(bias + n + at[c], g[c]);
+      }
     }
 #pragma unroll
     for (int c = 0; c < C; ++c)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[c][i] = v[c][i] * __fdiv_rn(1.0f, 1.0f + expf(-v[c][i])) * g[c][i];
+      for (int i = 0; i < 8; ++i) v[c][i] = glu(v[c][i], g[c][i], a);
   } else {
 #pragma unroll
     for (int c = 0; c < C; ++c)
@@ -318,7 +357,7 @@ Status launch_row_op(const RowKernelArgs& args, CudaStream stream) {
   const int64_t per_thread = a.rows <= 64 ? 8 : 32;
   int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (a.n / per_thread + 31) / 32 * 32)));
   const bool vec = a.n % 8 == 0 && aligned16(a.x) && aligned16(a.delta) && aligned16(a.gain) && aligned16(a.src) &&
-                   aligned16(a.out_bf16) && aligned16(a.codes);
+                   aligned16(a.out_bf16) && aligned16(a.codes) && aligned16(a.delta_bias) && aligned16(a.glu_bias);
   if (vec && a.rows <= 64) {
     // Registers: 8 elements per thread, once (n <= 8192) or twice (n <= 16384).
     const int64_t vecs = a.n / 8;
@@ -374,6 +413,24 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   const float* cs = a.cos_sin + pos * hd;  // (half, 2)
   const int64_t cache_row = (slot * a.capacity + pos) * kv_dim;
   auto value = [&](int64_t c) { return bf16_at(row, c) + (a.bias != nullptr ? a.bias[c] : 0.0f); };
+  // Qwen3's q/k norm: 1 / rms of each q head, then each k head, a warp per head (dynamic shared
+  // memory, n_heads + n_kv_heads floats), in the CPU rmsnorm's order: mean of squares, + eps,
+  // 1 / sqrt, then gain * (inv * x) below.
+  extern __shared__ float head_inv[];
+  if (a.q_norm != nullptr) {
+    const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+    for (int64_t h = warp; h < a.n_heads + a.n_kv_heads; h += blockDim.x / 32) {
+      const int64_t base = h < a.n_heads ? h * hd : q_dim + (h - a.n_heads) * hd;
+      float ss = 0.0f;
+      for (int64_t d = lane; d < hd; d += 32) {
+        const float v = value(base + d);
+        ss += v * v;
+      }
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+      if (lane == 0) head_inv[h] = __fdiv_rn(1.0f, __fsqrt_rn(__fdiv_rn(ss, static_cast<float>(hd)) + a.norm_eps));
+    }
+    __syncthreads();
+  }
   // Rotated pairs of q (n_heads * half) and k (n_kv_heads * half).
   const int64_t pairs = (a.n_heads + a.n_kv_heads) * half;
   for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
@@ -382,7 +439,13 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
     const int64_t i1 = a.interleaved ? 2 * j + 1 : j + half;
     const bool is_q = head < a.n_heads;
     const int64_t base = is_q ? head * hd : q_dim + (head - a.n_heads) * hd;
-    const float v0 = value(base + i0), v1 = value(base + i1);
+    float v0 = value(base + i0), v1 = value(base + i1);
+    if (a.q_norm != nullptr) {
+      const float* gain = is_q ? a.q_norm : a.k_norm;
+      const float inv = head_inv[head];
+      v0 = gain[i0] * (inv * v0);
+      v1 = gain[i1] * (inv * v1);
+    }
     const float fcr = cs[2 * j], fci = cs[2 * j + 1];
     const float o0 = v0 * fcr - v1 * fci;
     const float o1 = v0 * fci + v1 * fcr;
@@ -426,7 +489,7 @@ Status row_op(const RowOpArgs& a, CudaStream stream) {
   if (a.rows == 0) return {};
   if (a.peer.ranks > 1 && (a.fn != RowFn::kAddRmsNorm || a.delta == nullptr || !row_op_fuses_peer_sum(a.rows, a.n, a.peer.slot_elements) ||
                            !aligned16(a.x) || !aligned16(a.delta) || !aligned16(a.gain) || !aligned16(a.out_bf16) ||
-                           !aligned16(a.codes) || a.peer.ranks > kRowPeerMaxRanks))
+                           !aligned16(a.codes) || !aligned16(a.delta_bias) || a.peer.ranks > kRowPeerMaxRanks))
     return invalid_argument("row_op: the peer sum runs in the decode norm kernel only (" + std::to_string(a.rows) + " rows of " +
                             std::to_string(a.n) + ")");
   if (a.n <= 0 || a.n > kMaxRowElems)
@@ -453,9 +516,12 @@ Status broadcast_scale(float* scales, int64_t rows, CudaStream stream) {
 Status rope_kv(const RopeKvArgs& a, CudaStream stream) {
   if (a.rows == 0) return {};
   if (a.head_dim % 2 != 0) return invalid_argument("rope_kv: odd head_dim " + std::to_string(a.head_dim));
+  if ((a.q_norm == nullptr) != (a.k_norm == nullptr)) return invalid_argument("rope_kv: q_norm and k_norm go together");
+  const size_t smem = a.q_norm != nullptr ? static_cast<size_t>(a.n_heads + a.n_kv_heads) * sizeof(float) : 0;
+  if (smem > 48 * 1024) return invalid_argument("rope_kv: " + std::to_string(a.n_heads + a.n_kv_heads) + " heads");
   // A decode step has one row per sequence: a wide CTA keeps the row from being a chain of loads.
-  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(rope_kv_kernel, dim3(static_cast<unsigned>(a.rows)), dim3(a.rows <= 64 ? 1024 : 256), 0,
-                                                stream, a));
+  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(rope_kv_kernel, dim3(static_cast<unsigned>(a.rows)), dim3(a.rows <= 64 ? 1024 : 256),
+                                                smem, stream, a));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("rope_kv_kernel");
   return {};
 }

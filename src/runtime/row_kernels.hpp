@@ -2,17 +2,21 @@
 // its rows, launched one CTA per row:
 //   embedding   x[t] = float(table[token[t]])
 //   row_op      y = f(row) then written as BF16 or quantized (codes + one scale per row), where f is
-//               add + RMSNorm (x += delta, written back, then gain * x / rms), SiLU(gate) * up, or a
-//               copy; the quantize is llmq's per-token absmax (or a static per-tensor scale), bit
-//               for bit the CPU reference's on the same float values
-//   rope_kv     q/k rotated (interleaved or rotate-half pairs), k and v written into the KV cache
+//               add + RMSNorm (x += delta (+ bias), written back, then gain * x / rms), the GLU
+//               (SiLU(gate) * up or gpt-oss's clamped SwiGLU, gate/up biases first), or a copy; the
+//               quantize is llmq's per-token absmax (or a static per-tensor scale), bit for bit the
+//               CPU reference's on the same float values
+//   rope_kv     q/k per-head RMSNorm (Qwen3), rotated (interleaved or rotate-half pairs), k and v
+//               written into the KV cache
 // and the bookkeeping of device-side decoding (greedy argmax, advancing positions).
 // No CUDA headers here.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "llmq/cuda_stream.hpp"
+#include "llmq/model.hpp"
 #include "llmq/quant_spec.hpp"
 #include "llmq/status.hpp"
 #include "parallel/peer_sum.hpp"
@@ -45,11 +49,27 @@ struct RowOpArgs {
   // row_index (optional) gathers input rows: output row r reads row row_index[r].
   float* x = nullptr;
   const uint16_t* delta = nullptr;
+  // f32 [n] or null: the bias of the linear that produced delta (o_proj's), x += delta + bias. Added
+  // after the tensor-parallel sum of delta, so once whatever the ranks.
+  const float* delta_bias = nullptr;
   const float* gain = nullptr;      // [n]
   float eps = 1e-5f;
   const int32_t* row_index = nullptr;
   // kSiluMul: gate_up bf16 [rows, 2n] (gate = columns 0..n-1, up = n..2n-1). kCopy: src bf16 [rows, n].
   const uint16_t* src = nullptr;
+  // kSiluMul's activation (ModelConfig::activation): silu(g) * u, or with `clamped` gpt-oss's
+  // g = min(g, limit), u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha g).
+  bool clamped = false;
+  float glu_limit = 7.0f;
+  float glu_alpha = 1.702f;
+  // kSiluMul's gate/up biases, f32 [groups, 2n] (gate bias, then up bias), added before the
+  // activation. bias_group null: group 0 for every row. Else row r takes group bias_group[r] -
+  // group_begin, and none when that is outside [0, groups) (MoE: the expert of each permuted row;
+  // under expert parallelism rows of other ranks' experts, which no one reads).
+  const float* glu_bias = nullptr;
+  const int32_t* bias_group = nullptr;
+  int64_t group_begin = 0;
+  int64_t groups = 1;
   // Output.
   RowOut out = RowOut::kBF16;
   uint16_t* out_bf16 = nullptr;     // [rows, n]; with a codes output, when set, the BF16 values too
@@ -67,6 +87,11 @@ Status broadcast_scale(float* scales, int64_t rows, CudaStream stream);
 struct RopeKvArgs {
   const uint16_t* qkv = nullptr;    // [rows, q_dim + 2 kv_dim] bf16 (q, then k, then v)
   const float* bias = nullptr;      // [q_dim + 2 kv_dim] or null (Qwen2), added before rotating
+  // Qwen3: RMSNorm over each q head and each k head (gains f32 [head_dim] each, eps norm_eps), after
+  // the bias and before rotating, as the CPU reference's rmsnorm. Both or neither.
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float norm_eps = 1e-6f;
   uint16_t* q_out = nullptr;        // [rows, n_heads, head_dim]
   uint16_t* k_cache = nullptr;      // [slots, capacity, n_kv_heads, head_dim] (this layer)
   uint16_t* v_cache = nullptr;
@@ -83,6 +108,9 @@ struct RopeKvArgs {
   const float* v_scale = nullptr;
 };
 Status rope_kv(const RopeKvArgs& args, CudaStream stream);
+// RopeKvArgs::cos_sin for positions 0 .. positions - 1 ([positions, head_dim / 2, 2]), computed
+// exactly as the CPU reference computes it (rope_inv_freq; YaRN's attention factor on both).
+std::vector<float> rope_cos_sin(const ModelConfig& c, int64_t positions);
 
 // tokens[r] = argmax of logits row r (float32 [rows, vocab]); ties go to the lowest id; NaN never
 // wins. With a workspace (argmax_workspace_bytes, zeroed once when allocated; every call leaves it

@@ -160,13 +160,26 @@ Status shard_layer(const ModelConfig& full, TensorParallelRank tp, GpuLayer* lay
   const LinearShard qkv = linear_shard(full, ShardedLinear::kQkv, tp);
   LLMQ_RETURN_IF_ERROR(shard_linear(qkv, &L.qkv));
   LLMQ_RETURN_IF_ERROR(slice_f32(L.qkv_bias, qkv, L.qkv.name + ".bias (slice)", &L.qkv_bias));
+  // Sinks go with their query heads; q/k norms (per head_dim) and o_proj's bias (added once, after
+  // the ranks' partial sums) stay whole.
+  LinearShard heads;
+  heads.rows = {{tp.rank * (full.n_heads / tp.size), full.n_heads / tp.size}};
+  LLMQ_RETURN_IF_ERROR(slice_f32(L.sinks, heads, L.qkv.name + ".sinks (slice)", &L.sinks));
   LLMQ_RETURN_IF_ERROR(shard_linear(linear_shard(full, ShardedLinear::kO, tp), &L.o));
   if (L.moe.active()) {
-    LLMQ_RETURN_IF_ERROR(shard_linear(linear_shard(full, ShardedLinear::kExpertsGateUp, tp), &L.moe.gate_up));
-    LLMQ_RETURN_IF_ERROR(shard_linear(linear_shard(full, ShardedLinear::kExpertsDown, tp), &L.moe.down));
+    const LinearShard gate_up = linear_shard(full, ShardedLinear::kExpertsGateUp, tp);
+    const LinearShard down = linear_shard(full, ShardedLinear::kExpertsDown, tp);
+    LLMQ_RETURN_IF_ERROR(shard_linear(gate_up, &L.moe.gate_up));
+    LLMQ_RETURN_IF_ERROR(shard_linear(down, &L.moe.down));
+    // Expert biases follow the rows of their linears. down's output rows are whole on every rank
+    // unless the ranks hold whole experts: then rank 0 alone adds them, as the sum adds the ranks'.
+    LLMQ_RETURN_IF_ERROR(slice_f32(L.moe.gate_up_bias, gate_up, L.moe.gate_up.name + ".bias (slice)", &L.moe.gate_up_bias));
     if (tp.expert_parallel) {
       L.moe.local_experts = L.moe.experts / tp.size;
       L.moe.expert_begin = tp.rank * L.moe.local_experts;
+      LLMQ_RETURN_IF_ERROR(slice_f32(L.moe.down_bias, down, L.moe.down.name + ".bias (slice)", &L.moe.down_bias));
+    } else if (tp.rank != 0) {
+      L.moe.down_bias = DeviceAllocation();
     }
     LLMQ_RETURN_IF_ERROR(check_moe_linear(L.moe.gate_up));
     return check_moe_linear(L.moe.down);
