@@ -78,11 +78,11 @@ struct Sm90Params {
   const float* k_scale;  // [kv_heads, kv_len]
   const float* v_scale;  // [kv_heads, kv_tiles, 128]
   uint16_t* out;
-  const float* sinks;    // [heads] or null
   int q_len, kv_len, heads, group, kv_tiles;
-  int window;            // 0, or below kv_len
   float scale_log2;
   bool causal;
+  const float* sinks;    // [heads] or null (read with kSinks)
+  int window;            // 0, or below kv_len (read with kWindow)
 };
 
 // Named barriers 1, 2 over both consumer warpgroups (256 threads): wait at one's own, arrive at the other's.
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // counters below count from tile_begin (ring stages and phases included).
   const int window = kWindow ? p.window : 0;
   const int tile_begin = kWindow ? max(0, pos0 - window + 1) / kBlockN : 0;
-  const int n_loaded = max(n_tiles - tile_begin, 0);
+  const int n_loaded = kWindow ? max(n_tiles - tile_begin, 0) : n_tiles;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
@@ -223,7 +223,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto active_tiles = [&](int w) {
     const int last_row = min(w * 64 + 63, q_rows - 1);
     const int key_end = w * 64 >= q_rows ? 0 : (p.causal ? min(p.kv_len, pos0 + last_row + 1) : p.kv_len);
-    return max((key_end + kBlockN - 1) / kBlockN - tile_begin, 0);
+    const int end_tile = (key_end + kBlockN - 1) / kBlockN;
+    return kWindow ? max(end_tile - tile_begin, 0) : end_tile;
   };
   // Tiles below window_edge hold keys before some row's window of this warpgroup (-1: none does).
   const int window_edge = kWindow ? pos0 + wg * 64 + 64 - window : -1;
@@ -336,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                          : nullptr;
     if constexpr (kSinks) sink[r] = sink_share<kFp8 ? kSinkFp8 : kSinkInt8>(p.sinks[head], frame[r]);
   }
-  store_normalized_rows<kHeadDim>(as_tiles(o), row_sum, sink, out_row, t);
+  store_normalized_rows<kHeadDim, kSinks>(as_tiles(o), row_sum, sink, out_row, t);
 #endif
 }
 
