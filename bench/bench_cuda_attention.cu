@@ -9,7 +9,10 @@
 // QKV projection -> INT8 or E4M3 codes, scales and the transposed V) alone, in GB/s of bytes read
 // and written beside a device-to-device copy of its input, and in front of the full-INT8 and FP8
 // kernels (lines "+quantize", beside the same kernel alone on the quantize's outputs).
-// Usage: bench_cuda_attention [iterations] [--quick] [--json FILE] [--8bit-lengths N,N,..]
+// --window W / --sinks: every causal prefill case (BF16 and 8-bit) and every decode case with a
+// sliding window of W keys / attention sinks (0.5 for every head); FLOPs and bytes are still
+// counted as without the window, so compare the times.
+// Usage: bench_cuda_attention [iterations] [--quick] [--json FILE] [--8bit-lengths N,N,..] [--window W] [--sinks]
 // (--json: one JSON line per printed row; --quick: 5 iterations unless a count is given)
 #include <cuda_runtime.h>
 
@@ -31,6 +34,14 @@ using llmq::bench::DeviceMem;
 // bench/results/*-attention-*.jsonl).
 std::FILE* g_json = nullptr;
 std::string g_device;
+int64_t g_window = 0;                  // --window
+const float* g_sink_logits = nullptr;  // --sinks: device [kHeads]
+
+// The sliding window (causal cases only: a window needs the causal mask) and the sinks.
+template <typename Args> void set_window_and_sinks(Args* a, bool causal) {
+  a->window = causal ? g_window : 0;
+  a->sinks = g_sink_logits;
+}
 
 void json_row(const std::string& fields);
 
@@ -59,9 +70,10 @@ constexpr int64_t kHeads = 32, kKvHeads = 8, kHeadDim = 128;
 
 void json_row(const std::string& fields) {
   if (g_json == nullptr) return;
-  std::fprintf(g_json, "{%s, \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"device\": \"%s\", \"source\": \"bench_cuda_attention\"}\n",
+  std::fprintf(g_json, "{%s, \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"window\": %lld, \"sinks\": %s, \"device\": \"%s\", \"source\": \"bench_cuda_attention\"}\n",
                fields.c_str(), static_cast<long long>(kHeads), static_cast<long long>(kKvHeads),
-               static_cast<long long>(kHeadDim), g_device.c_str());
+               static_cast<long long>(kHeadDim), static_cast<long long>(g_window), g_sink_logits != nullptr ? "true" : "false",
+               g_device.c_str());
 }
 
 std::string prefill_fields(const char* kernel, int64_t n, bool causal, double ms, double tflops) {
@@ -121,6 +133,7 @@ void bench_prefill(int64_t n, bool causal, llmq::attention::PrefillKernel kernel
   a.softmax_scale = 0.08838834764831845f;
   a.causal = causal;
   a.kernel = kernel;
+  set_window_and_sinks(&a, causal);
   if (e4m3) cache8.set(&a, kKvHeads);
   const double ms = time_ms(iters, [&] { BENCH_CHECK(llmq::attention::prefill_attention(a, nullptr)); });
   const double pairs = causal ? 0.5 * static_cast<double>(n) * static_cast<double>(n + 1) : static_cast<double>(n) * n;
@@ -156,6 +169,7 @@ void bench_half_int8(int64_t n, bool causal, int iters, int mode = 0) {  // 0 ha
   a.k_scale = ks.as<float>();
   a.v = v.as<uint16_t>();
   a.out = out.as<uint16_t>();
+  set_window_and_sinks(&a, causal);
   // Full-INT8: the same codes read as INT8 V, scales per (tile, channel).
   const int64_t tiles = (n + 63) / 64;
   DeviceMem vs(kKvHeads * tiles * kHeadDim * 4);
@@ -208,6 +222,7 @@ void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
   a.softmax_scale = 0.08838834764831845f;
   a.workspace = ws.p;
   a.workspace_bytes = ws_bytes;
+  set_window_and_sinks(&a, true);
   if (e4m3) cache8.set(&a, kKvHeads);
   const double ms = time_ms(iters, [&] { BENCH_CHECK(llmq::attention::decode_attention(a, nullptr)); });
   const double gbs = 2.0 * kv_elems * (e4m3 ? 1 : 2) / (ms * 1e-3) / 1e9;  // K and V, BF16 or E4M3
@@ -261,6 +276,7 @@ struct QuantizedInputs {
     f.qk.kv_heads = kKvHeads;
     f.qk.head_dim = kHeadDim;
     f.qk.causal = causal;
+    set_window_and_sinks(&f.qk, causal);
     f.qk.q = q8.as<int8_t>();
     f.qk.q_scale = qs.as<float>();
     f.qk.k = k8.as<int8_t>();
@@ -346,6 +362,10 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "5 timed runs per case (a count given wins)");
   app.add_option("--json", json_path, "also write each printed row as a JSON object on its own line to FILE")
       ->type_name("FILE");
+  app.add_option("--window", g_window, "sliding window of the causal prefill and the decode cases (0: none)")
+      ->check(llmq::bench::at_least(0, "0 (no window) or more"));
+  bool sinks = false;
+  app.add_flag("--sinks", sinks, "attention sinks (0.5 for every head) in every prefill and decode case");
   llmq::bench::comma_list(app.add_option("--8bit-lengths", only_8bit,
                                          "only the full-INT8 and FP8 prefill (v_t, +quantize) at these lengths"))
       ->check(llmq::bench::at_least(1, "a token at least"));
@@ -361,8 +381,15 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   g_device = prop.name;
-  std::printf("device: %s, %d SMs; heads %lld/%lld, head_dim %lld\n", prop.name, prop.multiProcessorCount,
-              static_cast<long long>(kHeads), static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim));
+  std::printf("device: %s, %d SMs; heads %lld/%lld, head_dim %lld; window %lld, sinks %s\n", prop.name,
+              prop.multiProcessorCount, static_cast<long long>(kHeads), static_cast<long long>(kKvHeads),
+              static_cast<long long>(kHeadDim), static_cast<long long>(g_window), sinks ? "on" : "off");
+  DeviceMem sink_logits(sinks ? kHeads * 4 : 0);
+  if (sinks) {
+    const std::vector<float> host(static_cast<size_t>(kHeads), 0.5f);
+    BENCH_CHECK(cudaMemcpy(sink_logits.p, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    g_sink_logits = sink_logits.as<float>();
+  }
   if (!only_8bit.empty()) {
     for (int64_t n : only_8bit)
       for (bool causal : {false, true})

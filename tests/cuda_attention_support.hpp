@@ -6,7 +6,8 @@
 // [0.01, 4] (saturated outliers and subnormals), NaN codes (0x7F in K, 0xFF in V) outside the valid
 // positions; the reference runs on the dequantized values decode_e4m3(code) * scale. Inputs are
 // Gaussian with outlier channels and spikes (never zero), seeded; the seed and the case are in every
-// failure message.
+// failure message. Sliding windows and attention sinks: reference_row's key_begin and sink,
+// random_sinks.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -182,22 +183,23 @@ struct DeviceCache {
   }
 };
 
-// out[row, h, :] = softmax(scale * q k^T) v over keys [0, key_end), in float64.
+// out[row, h, :] = softmax(scale * q k^T) v over keys [key_begin, key_end), in float64. sink: the
+// head's attention-sink logit (not scaled), which joins the maximum and the denominator, or null.
 inline void reference_row(const KvProblem& p, int64_t b, int64_t h, const uint16_t* q, int64_t key_end,
-                          double scale, double* out) {
+                          double scale, double* out, int64_t key_begin = 0, const float* sink = nullptr) {
   const int64_t d = p.head_dim, kvh = h / (p.n_heads / p.n_kv_heads);
   std::vector<double> s(static_cast<size_t>(key_end));
-  double m = -INFINITY;
-  for (int64_t j = 0; j < key_end; ++j) {
+  double m = sink != nullptr ? double(*sink) : -INFINITY;
+  for (int64_t j = key_begin; j < key_end; ++j) {
     const int64_t k = p.cache_index(b, j, kvh);
     double dot = 0;
     for (int64_t i = 0; i < d; ++i) dot += double(bf16_bits_to_float(q[i])) * p.key(k + i, kvh);
     s[j] = dot * scale;
     m = std::max(m, s[j]);
   }
-  double sum = 0;
+  double sum = sink != nullptr ? std::exp(double(*sink) - m) : 0.0;
   std::fill(out, out + d, 0.0);
-  for (int64_t j = 0; j < key_end; ++j) {
+  for (int64_t j = key_begin; j < key_end; ++j) {
     const double w = std::exp(s[j] - m);
     sum += w;
     const int64_t v = p.cache_index(b, j, kvh);
@@ -222,6 +224,18 @@ inline void expect_close(const std::vector<uint16_t>& out, const std::vector<dou
   const double rel = std::sqrt(err2 / ref2);
   EXPECT_LT(rel, kMaxRelativeError) << what << ": relative Frobenius error";
   EXPECT_LT(max_err, kMaxAbsErrorFraction * max_ref) << what << ": max abs error (max |ref| " << max_ref << ")";
+}
+
+// Attention-sink logits for n heads: uniform in [-3, 3], with head 0 at +8 (the sink takes most of
+// the weight) and head 1 at -30 (no visible effect), the extremes gpt-oss's learned sinks reach.
+inline std::vector<float> random_sinks(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uniform(-3.f, 3.f);
+  std::vector<float> sinks(static_cast<size_t>(n));
+  for (float& x : sinks) x = uniform(rng);
+  if (n > 0) sinks[0] = 8.f;
+  if (n > 1) sinks[1] = -30.f;
+  return sinks;
 }
 
 }  // namespace cuda_attention_test

@@ -187,6 +187,13 @@ TEST(CudaPrefillAttention, RejectsInvalidArguments) {
   a = valid_prefill_args();
   a.capacity = 0;
   expect_invalid(attention::prefill_attention(a, nullptr), "capacity");
+  a = valid_prefill_args();
+  a.window = -1;
+  expect_invalid(attention::prefill_attention(a, nullptr), "window -1");
+  a = valid_prefill_args();
+  a.window = 8;
+  a.causal = false;  // the window is defined against the causal mask
+  expect_invalid(attention::prefill_attention(a, nullptr), "window 8 needs causal");
 }
 
 attention::DecodeAttentionArgs valid_decode_args() {
@@ -229,6 +236,9 @@ TEST(CudaDecodeAttention, RejectsInvalidArguments) {
   a = valid_decode_args();
   a.max_kv_len = 0;
   expect_invalid(attention::decode_attention(a, nullptr), "max_kv_len");
+  a = valid_decode_args();
+  a.window = -5;
+  expect_invalid(attention::decode_attention(a, nullptr), "window -5");
 }
 
 // An E4M3 cache: the BF16 pointers null (allowed), the code and scale pointers set.

@@ -3,7 +3,9 @@
 // max_kv_len above all of them; batch 1 with 32 q / 8 kv heads at 8192 (the split over many chunks);
 // a single-chunk plan with no workspace; odd kv head counts (3, 5, 7) and groups (1, 3, 5); a CUDA
 // graph captured once and replayed after kv_len grew on the device (E4M3: before the scales were
-// written). Every case again over an E4M3 cache (suites *E4m3). The cache holds NaN outside the
+// written). Sliding windows (1 key to past max_kv_len) with kv_len inside and past them, and
+// attention sinks (random, +8, -30), over one chunk and many, and in a replayed graph whose
+// kv_len grows past the window. Every case again over an E4M3 cache (suites *E4m3). The cache holds NaN outside the
 // valid positions, outputs are poisoned before each run, and each case runs twice over different
 // poisons: the outputs must be equal byte for byte. Every GPU test SKIPs (visibly) without an FP8 GPU.
 #include <cuda_runtime.h>
@@ -36,11 +38,13 @@ struct DecodeCase {
   std::vector<int32_t> kv_len, slot;
   int64_t slots = 1, capacity = 0;
   bool fp8 = false;  // E4M3 cache
+  int64_t window = 0;  // sliding window (0: none)
+  bool sinks = false;  // random_sinks per q head
   uint64_t seed = kSeed;
   std::string describe() const {
     std::ostringstream os;
     os << "REPRO seed=" << seed << " decode d=" << head_dim << " heads=" << n_heads << "/" << n_kv_heads
-       << " max_kv_len=" << max_kv_len << " cache=" << (fp8 ? "e4m3" : "bf16") << " (kv_len,slot)=";
+       << " max_kv_len=" << max_kv_len << " window=" << window << (sinks ? " sinks" : "") << " cache=" << (fp8 ? "e4m3" : "bf16") << " (kv_len,slot)=";
     for (size_t b = 0; b < kv_len.size(); ++b) os << "(" << kv_len[b] << "," << slot[b] << ")";
     return os.str();
   }
@@ -50,6 +54,7 @@ struct DecodeCase {
 struct DecodeRun {
   KvProblem p;
   std::vector<uint16_t> q;
+  std::vector<float> sinks;  // empty: none
   std::vector<double> ref;
 };
 
@@ -68,10 +73,15 @@ void make_decode_problem(const DecodeCase& c, DecodeRun* run) {
   const int64_t row = c.n_heads * c.head_dim;
   run->q = to_bf16(testing::outlier_matrix(p.batch(), row, c.seed + 7, 4.0f));
   run->ref.assign(run->q.size(), 0.0);
+  if (c.sinks) run->sinks = random_sinks(c.n_heads, c.seed + 11);
   const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  for (int64_t b = 0; b < p.batch(); ++b)
+  for (int64_t b = 0; b < p.batch(); ++b) {
+    // The query sits at position kv_len - 1: its window is [kv_len - window, kv_len).
+    const int64_t key_begin = c.window > 0 ? std::max<int64_t>(0, p.kv_len[b] - c.window) : 0;
     for (int64_t h = 0; h < c.n_heads; ++h)
-      reference_row(p, b, h, &run->q[b * row + h * c.head_dim], p.kv_len[b], scale, &run->ref[b * row + h * c.head_dim]);
+      reference_row(p, b, h, &run->q[b * row + h * c.head_dim], p.kv_len[b], scale, &run->ref[b * row + h * c.head_dim],
+                    key_begin, c.sinks ? &run->sinks[h] : nullptr);
+  }
 }
 
 // The device copies of a decode case and the arguments that point at them.
@@ -80,10 +90,12 @@ struct DecodeDevice {
   DeviceCache cache;
   DeviceBuffer<int32_t> kv_len, slot;
   DeviceBuffer<uint8_t> ws;
+  DeviceBuffer<float> sinks;
   attention::DecodeAttentionArgs args;
 
   DecodeDevice(const DecodeCase& c, const DecodeRun& run)
       : q(run.q.size()), out(run.q.size()), cache(run.p), kv_len(run.p.kv_len.size()), slot(run.p.slot.size()),
+        sinks(run.sinks.size()),
         ws(static_cast<size_t>(attention::decode_attention_workspace_bytes(run.p.batch(), c.n_heads, c.head_dim, c.max_kv_len))) {
     const int64_t ws_bytes = attention::decode_attention_workspace_bytes(run.p.batch(), c.n_heads, c.head_dim, c.max_kv_len);
     args.q = q.get();
@@ -100,12 +112,14 @@ struct DecodeDevice {
     args.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
     args.workspace = ws_bytes > 0 ? ws.get() : nullptr;
     args.workspace_bytes = ws_bytes;
+    args.window = c.window;
+    args.sinks = c.sinks ? sinks.get() : nullptr;
   }
   bool ok() const { return q.ok() && out.ok() && cache.ok() && kv_len.ok() && slot.ok() && ws.ok(); }
   cudaError_t upload(const DecodeRun& run) {
     for (cudaError_t e : {q.upload(run.q), cache.upload(run.p), kv_len.upload(run.p.kv_len), slot.upload(run.p.slot)})
       if (e != cudaSuccess) return e;
-    return cudaSuccess;
+    return run.sinks.empty() ? cudaSuccess : sinks.upload(run.sinks);
   }
 };
 
@@ -240,6 +254,88 @@ void decode_odd_head_counts(bool fp8) {
     }
 }
 
+// Windows of 1 key, under a chunk, across chunks and past max_kv_len (the plain path), with and
+// without sinks (and sinks alone); kv_len inside the window (1, 17, 100) and past it (1000, 8192)
+// in one batch, so chunks are offset differently per sequence; GQA; a single-chunk plan; batch one
+// over many chunks of the window; every head dim.
+void decode_window_and_sinks(bool fp8) {
+  uint64_t seed = kSeed + 700 + (fp8 ? 10000 : 0);
+  for (int64_t d : {64, 128})
+    for (int64_t window : {0, 1, 100, 700, 4096, 9000})
+      for (bool sinks : {false, true}) {
+        if (window == 0 && !sinks) continue;  // the other suites
+        DecodeCase c;
+        c.fp8 = fp8;
+        c.head_dim = d;
+        c.n_heads = 8;
+        c.n_kv_heads = 2;
+        c.kv_len = {1, 17, 100, 1000, 8192};
+        c.slot = {2, 0, 4, 3, 1};
+        c.slots = 5;
+        c.capacity = 9000;
+        c.max_kv_len = 9000;
+        c.window = window;
+        c.sinks = sinks;
+        c.seed = ++seed;
+        check_decode(c);
+      }
+  DecodeCase one;  // one chunk: the chunk kernel adds the sink itself
+  one.fp8 = fp8;
+  one.head_dim = 64;
+  one.n_heads = 8;
+  one.n_kv_heads = 2;
+  one.kv_len = {1, 64, 37};
+  one.slot = {1, 2, 0};
+  one.slots = 3;
+  one.capacity = 64;
+  one.max_kv_len = 64;
+  one.window = 10;
+  one.sinks = true;
+  one.seed = ++seed;
+  check_decode(one);
+  for (int64_t window : {1000, 4096}) {  // batch one, 32 / 8 heads: many chunks over the window
+    DecodeCase c;
+    c.fp8 = fp8;
+    c.head_dim = 128;
+    c.n_heads = 32;
+    c.n_kv_heads = 8;
+    c.kv_len = {8192};
+    c.slot = {0};
+    c.slots = 1;
+    c.capacity = 32768;
+    c.max_kv_len = 32768;
+    c.window = window;
+    c.sinks = true;
+    c.seed = ++seed;
+    check_decode(c);
+  }
+  for (int64_t d : {8, 16, 32, 256}) {
+    DecodeCase c;
+    c.fp8 = fp8;
+    c.head_dim = d;
+    c.n_heads = 12;
+    c.n_kv_heads = 2;
+    c.kv_len = {5, 700, 2000};
+    c.slot = {1, 0, 2};
+    c.slots = 3;
+    c.capacity = 2048;
+    c.max_kv_len = 2048;
+    c.window = 333;
+    c.sinks = true;
+    c.seed = ++seed;
+    check_decode(c);
+  }
+}
+
+TEST(CudaDecodeAttention, WindowAndSinks) {
+  LLMQ_REQUIRE_GPU();
+  decode_window_and_sinks(false);
+}
+TEST(CudaDecodeAttentionE4m3, WindowAndSinks) {
+  LLMQ_REQUIRE_GPU();
+  decode_window_and_sinks(true);
+}
+
 TEST(CudaDecodeAttention, HeadDimsGqaAndLengths) {
   LLMQ_REQUIRE_GPU();
   decode_head_dims_gqa_and_lengths(false);
@@ -277,9 +373,12 @@ TEST(CudaDecodeAttentionE4m3, OddHeadCounts) {
 // on max_kv_len, so the replay must match the reference of the longer sequences.
 // E4M3: the scales are zeros at capture and at the first replay and written before the second:
 // the kernels read them on the device at every replay.
-void decode_graph_replay_follows_device_kv_len(bool fp8) {
+// window / sinks: the same with a window the replayed lengths pass (the captured ones do not).
+void decode_graph_replay_follows_device_kv_len(bool fp8, int64_t window = 0, bool sinks = false) {
   DecodeCase c;
   c.fp8 = fp8;
+  c.window = window;
+  c.sinks = sinks;
   c.head_dim = 128;
   c.n_heads = 32;
   c.n_kv_heads = 8;
@@ -338,6 +437,14 @@ TEST(CudaDecodeAttention, GraphReplayFollowsDeviceKvLen) {
 TEST(CudaDecodeAttentionE4m3, GraphReplayFollowsDeviceKvLenAndScales) {
   LLMQ_REQUIRE_GPU();
   decode_graph_replay_follows_device_kv_len(true);
+}
+TEST(CudaDecodeAttention, GraphReplayFollowsDeviceKvLenPastTheWindow) {
+  LLMQ_REQUIRE_GPU();
+  decode_graph_replay_follows_device_kv_len(false, 1500, true);
+}
+TEST(CudaDecodeAttentionE4m3, GraphReplayFollowsDeviceKvLenPastTheWindow) {
+  LLMQ_REQUIRE_GPU();
+  decode_graph_replay_follows_device_kv_len(true, 1500, true);
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // exp2, so the outputs agree to well under each variant's own error against float (FP8 less
 // tightly: see below); and each kernel's error against float matches the specification's. Causal
 // and not, GQA, head dims 64 and 128, lengths that are not multiples of the tile, a cached prefix
-// (q_len < kv_len). Skips visibly without a GPU.
+// (q_len < kv_len); sliding windows (1 key to past kv_len) and attention sinks (random, +8, -30)
+// on every kernel, the Hopper one included. Skips visibly without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -31,7 +32,21 @@ const char* kernel_name(Kernel k) { return k == Kernel::kHalfInt8 ? "half-int8" 
 struct Case {
   int64_t q_len, kv_len, heads, kv_heads, d;
   bool causal;
+  int64_t window = 0;  // sliding window (0: none)
+  bool sinks = false;  // sink_logits per head
 };
+
+// Attention-sink logits: uniform in [-3, 3], head 0 at +8 (the sink dominates), head 1 at -30 (no
+// visible effect).
+std::vector<float> sink_logits(int64_t heads, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uniform(-3.f, 3.f);
+  std::vector<float> s(static_cast<size_t>(heads));
+  for (float& x : s) x = uniform(rng);
+  s[0] = 8.f;
+  if (heads > 1) s[1] = -30.f;
+  return s;
+}
 const Case kCases[] = {{200, 200, 4, 2, 128, true}, {333, 333, 4, 4, 64, false}, {70, 300, 8, 2, 128, true},
                        {1, 129, 2, 1, 64, true},   {513, 513, 2, 2, 128, false}};
 
@@ -55,7 +70,8 @@ QuantAttentionOptions spec_of(Kernel k, int64_t v_block = 64) {
 void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed = false) {
   SCOPED_TRACE(std::string(kernel_name(kernel)) + " q_len=" + std::to_string(c.q_len) + " kv_len=" +
                std::to_string(c.kv_len) + " heads=" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) +
-               " d=" + std::to_string(c.d) + (c.causal ? " causal" : "") + (v_transposed ? " v_t" : ""));
+               " d=" + std::to_string(c.d) + (c.causal ? " causal" : "") + (v_transposed ? " v_t" : "") +
+               " window=" + std::to_string(c.window) + (c.sinks ? " sinks" : ""));
   const bool fp8 = kernel == Kernel::kFp8;
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -71,6 +87,9 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed
   p.kv_heads = c.kv_heads;
   p.head_dim = c.d;
   p.causal = c.causal;
+  p.window = c.window;
+  const std::vector<float> sinks = c.sinks ? sink_logits(c.heads, seed + 1) : std::vector<float>();
+  p.sinks = c.sinks ? sinks.data() : nullptr;
   std::vector<float> want_spec(q.size()), want_float(q.size());
   // With v_t, the block the device's fastest kernel takes (128 for the Hopper kernel at d = 128).
   int64_t v_block = 64;
@@ -95,6 +114,8 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed
   const std::vector<int8_t> vt = v_transposed ? transpose_v_codes(v8, c.kv_len, c.kv_heads, c.d) : std::vector<int8_t>();
   DeviceBuffer<int8_t> dvt(vt.size());
   DeviceBuffer<uint16_t> dv16(v16.size()), dout(q.size());
+  DeviceBuffer<float> dsinks(sinks.size());
+  if (c.sinks) CUDA_ASSERT(dsinks.upload(sinks));
   CUDA_ASSERT(dq.upload(q8));
   CUDA_ASSERT(dk.upload(k8));
   CUDA_ASSERT(dqs.upload(qs));
@@ -117,6 +138,8 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed
   a.qk.kv_heads = c.kv_heads;
   a.qk.head_dim = c.d;
   a.qk.causal = c.causal;
+  a.qk.window = c.window;
+  a.qk.sinks = c.sinks ? dsinks.get() : nullptr;
   a.qk.q = dq.get();
   a.qk.q_scale = dqs.get();
   a.qk.k = dk.get();
@@ -165,10 +188,11 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed
   const AttentionError vs_spec = attention_error(got.data(), want_spec.data(), n);
   const AttentionError gpu_cost = attention_error(got.data(), want_float.data(), n);
   const AttentionError spec_cost = attention_error(want_spec.data(), want_float.data(), n);
-  std::printf("  %s%s v_block %lld q %lld kv %lld heads %lld/%lld d %lld%s: vs spec rel L1 %.2e | vs float MRE: GPU %.3f%%, spec %.3f%%\n",
+  std::printf("  %s%s v_block %lld q %lld kv %lld heads %lld/%lld d %lld%s window %lld%s: vs spec rel L1 %.2e | vs float MRE: GPU %.3f%%, spec %.3f%%\n",
               kernel_name(kernel), v_transposed ? " (v_t)" : "", static_cast<long long>(v_block), static_cast<long long>(c.q_len), static_cast<long long>(c.kv_len),
               static_cast<long long>(c.heads), static_cast<long long>(c.kv_heads), static_cast<long long>(c.d),
-              c.causal ? " causal" : "", vs_spec.rel_l1, 100 * gpu_cost.mre, 100 * spec_cost.mre);
+              c.causal ? " causal" : "", static_cast<long long>(c.window), c.sinks ? " sinks" : "", vs_spec.rel_l1,
+              100 * gpu_cost.mre, 100 * spec_cost.mre);
   // Half-INT8: BF16 output rounding (2^-9) plus operation order, far below its ~1% own error.
   // Full-INT8: P's rounding to an integer can differ by one step where the GPU's exp2 and the
   // host's straddle a half: a little looser. FP8: an E4M3 P code rounds the other way wherever the
@@ -212,6 +236,32 @@ TEST(CudaFp8Attention, TransposedVMatchesTheCpuSpecification) {
   check_kernel(Kernel::kFp8, {700, 1000, 4, 1, 128, true}, 19, true);
 }
 
+// Windows of 1 key, under a tile, across tiles and past kv_len, with and without sinks (and sinks
+// alone); a cached prefix; causal (a window needs it).
+const Case kWindowCases[] = {{200, 200, 4, 2, 128, true, 1, true},   {333, 333, 4, 4, 64, true, 50, false},
+                             {70, 300, 8, 2, 128, true, 129, true},  {1, 129, 2, 1, 64, true, 64, true},
+                             {513, 513, 2, 2, 128, true, 200, true}, {300, 300, 4, 2, 64, true, 0, true},
+                             {150, 150, 2, 1, 128, true, 1000, true}};
+
+TEST(CudaHalfInt8Attention, WindowAndSinksMatchTheCpuSpecification) {
+  LLMQ_REQUIRE_GPU();
+  for (const Case& c : kWindowCases) check_kernel(Kernel::kHalfInt8, c, 23);
+}
+
+TEST(CudaFullInt8Attention, WindowAndSinksMatchTheCpuSpecification) {
+  LLMQ_REQUIRE_GPU();
+  for (const Case& c : kWindowCases) check_kernel(Kernel::kFullInt8, c, 29);
+  for (const Case& c : kWindowCases) check_kernel(Kernel::kFullInt8, c, 31, true);
+  check_kernel(Kernel::kFullInt8, {700, 1000, 4, 1, 128, true, 300, true}, 37, true);  // both Hopper warpgroups
+}
+
+TEST(CudaFp8Attention, WindowAndSinksMatchTheCpuSpecification) {
+  LLMQ_REQUIRE_GPU();
+  for (const Case& c : kWindowCases) check_kernel(Kernel::kFp8, c, 29);
+  for (const Case& c : kWindowCases) check_kernel(Kernel::kFp8, c, 31, true);
+  check_kernel(Kernel::kFp8, {700, 1000, 4, 1, 128, true, 300, true}, 37, true);
+}
+
 TEST(CudaHalfInt8Attention, RefusesBadArguments) {
   HalfInt8AttentionArgs a;
   a.q_len = 4;
@@ -225,6 +275,11 @@ TEST(CudaHalfInt8Attention, RefusesBadArguments) {
   EXPECT_EQ(cuda_half_int8_attention(a, nullptr).code(), StatusCode::kUnsupported);
   a.head_dim = 64;
   EXPECT_NE(cuda_half_int8_attention(a, nullptr).message().find("null"), std::string::npos);
+  a.window = -1;
+  EXPECT_NE(cuda_half_int8_attention(a, nullptr).message().find("window"), std::string::npos);
+  a.window = 2;
+  a.causal = false;
+  EXPECT_NE(cuda_half_int8_attention(a, nullptr).message().find("window"), std::string::npos);
 }
 
 // v_block: 64, or 128 only where the Hopper kernel runs (v_t, d = 128, sm_90a).

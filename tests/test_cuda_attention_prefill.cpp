@@ -5,7 +5,9 @@
 // count) in permuted slots; odd kv head counts (3, 5) and groups (1, 3, 5). Every case again over an
 // E4M3 cache (suites *E4m3). The cache holds NaN outside the valid positions, outputs are poisoned
 // before each run, and each case runs twice over different poisons: the outputs must be equal byte
-// for byte. Decode is tested in test_cuda_attention_decode.cu, argument errors and the widening of
+// for byte. Sliding windows (1 key, within a tile, across tiles, covering everything) and attention
+// sinks (random, +8, -30), alone and together, on both kernels and cache types (WindowAndSinks).
+// Decode is tested in test_cuda_attention_decode.cu, argument errors and the widening of
 // every E4M3 code in test_cuda_attention.cu. Every GPU test SKIPs (visibly) without an FP8 GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -39,12 +41,14 @@ struct PrefillCase {
   int64_t slots = 1, capacity = 0;
   PrefillKernel kernel = PrefillKernel::kAuto;
   bool fp8 = false;  // E4M3 cache
+  int64_t window = 0;  // sliding window (0: none)
+  bool sinks = false;  // random_sinks per q head
   uint64_t seed = kSeed;
 
   std::string describe() const {
     std::ostringstream os;
     os << "REPRO seed=" << seed << " prefill d=" << head_dim << " heads=" << n_heads << "/" << n_kv_heads
-       << (causal ? " causal" : " full") << " kernel="
+       << (causal ? " causal" : " full") << " window=" << window << (sinks ? " sinks" : "") << " kernel="
        << (kernel == PrefillKernel::kAuto ? "auto" : kernel == PrefillKernel::kTensorCore ? "mma" : "simt")
        << " cache=" << (fp8 ? "e4m3" : "bf16") << " (q,start,slot)=";
     for (size_t b = 0; b < q_len.size(); ++b) os << "(" << q_len[b] << "," << start[b] << "," << slot[b] << ")";
@@ -91,8 +95,11 @@ void check_prefill(const PrefillCase& c) {
   fill_cache(&p);
   const int64_t total_q = q_start.back(), row = c.n_heads * c.head_dim;
   const std::vector<uint16_t> q = to_bf16(testing::outlier_matrix(total_q, row, c.seed + 7, 4.0f));
+  const std::vector<float> sinks = c.sinks ? random_sinks(c.n_heads, c.seed + 11) : std::vector<float>();
 
   DeviceBuffer<uint16_t> d_q(q.size()), d_out(q.size());
+  DeviceBuffer<float> d_sinks(sinks.size());
+  if (c.sinks) CUDA_ASSERT(d_sinks.upload(sinks));
   DeviceCache d_cache(p);
   DeviceBuffer<int32_t> d_q_start(q_start.size()), d_kv_len(p.kv_len.size()), d_slot(p.slot.size());
   ASSERT_TRUE(d_q.ok() && d_out.ok() && d_cache.ok()) << "device allocation failed";
@@ -118,6 +125,8 @@ void check_prefill(const PrefillCase& c) {
   a.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   a.causal = c.causal;
   a.kernel = c.kernel;
+  a.window = c.window;
+  a.sinks = c.sinks ? d_sinks.get() : nullptr;
 
   std::vector<uint16_t> runs[2];
   const int poison[2] = {0xFF, 0x7F};
@@ -137,8 +146,10 @@ void check_prefill(const PrefillCase& c) {
     for (int64_t i = 0; i < c.q_len[b]; ++i) {
       const int64_t pos = c.start[b] + i, qrow = q_start[b] + i;
       const int64_t key_end = c.causal ? pos + 1 : p.kv_len[b];
+      const int64_t key_begin = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
       for (int64_t h = 0; h < c.n_heads; ++h)
-        reference_row(p, b, h, &q[qrow * row + h * c.head_dim], key_end, scale, &ref[qrow * row + h * c.head_dim]);
+        reference_row(p, b, h, &q[qrow * row + h * c.head_dim], key_end, scale, &ref[qrow * row + h * c.head_dim],
+                      key_begin, c.sinks ? &sinks[h] : nullptr);
     }
   expect_close(runs[0], ref, what);
 }
@@ -230,6 +241,52 @@ void odd_head_counts(bool fp8) {
         c.seed = ++seed;
         check_prefill(c);
       }
+}
+
+// Sliding windows of 1 key, within a tile, one tile, across tiles, past every position but under
+// the capacity (the window path with nothing masked) and past the capacity (the plain path), with
+// and without sinks (and sinks alone); GQA; a batch with cached context around the 64-key tiles;
+// both kernels.
+void window_and_sinks(bool fp8) {
+  uint64_t seed = kSeed + 700 + (fp8 ? 10000 : 0);
+  for (int64_t d : {32, 64, 128})
+    for (int64_t window : {0, 1, 7, 64, 100, 350, 1024})
+      for (bool sinks : {false, true}) {
+        if (window == 0 && !sinks) continue;  // the other suites
+        PrefillCase c;
+        c.fp8 = fp8;
+        c.head_dim = d;
+        c.n_heads = 8;
+        c.n_kv_heads = 2;
+        c.q_len = {1, 19, 99, 64, 130};
+        c.start = {0, 300, 0, 64, 211};
+        c.slot = {4, 0, 2, 3, 1};
+        c.slots = 5;
+        c.capacity = 400;
+        c.window = window;
+        c.sinks = sinks;
+        c.seed = ++seed;
+        check_prefill(c);
+        c.kernel = PrefillKernel::kCudaCore;
+        check_prefill(c);
+      }
+  // A long sequence whose CTAs skip most key tiles; no GQA; the CUDA-core kernel's other head dims.
+  for (int64_t d : {16, 64, 128, 256}) {
+    PrefillCase c = single_sequence(d, 1, true, d == 16 || d == 256 ? 199 : 989, fp8);
+    c.window = 100;
+    c.sinks = true;
+    c.seed = ++seed;
+    check_prefill(c);
+  }
+}
+
+TEST(CudaPrefillAttention, WindowAndSinks) {
+  LLMQ_REQUIRE_GPU();
+  window_and_sinks(false);
+}
+TEST(CudaPrefillAttentionE4m3, WindowAndSinks) {
+  LLMQ_REQUIRE_GPU();
+  window_and_sinks(true);
 }
 
 TEST(CudaPrefillAttention, HeadDimsCausalAndGqaOnBothKernels) {

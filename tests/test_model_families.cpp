@@ -3,8 +3,12 @@
 // family's layout (Phi-3's fused projections, gpt-oss's fused and MXFP4 experts) loaded into the
 // very weights they were written from. The arithmetic is test_model_family_numerics.cpp's.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -353,6 +357,45 @@ TEST(ModelFamilyCheckpoint, ExportWritesEachFamilyAsAReaderExpectsIt) {
   EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
   EXPECT_NE(st.message().find("gpt_oss"), std::string::npos) << st.to_string();
   EXPECT_FALSE(std::filesystem::exists(tmp.file("oss")));
+}
+
+// The CLI on each family's checkpoint: logits of every family, and `eval` of gpt-oss read from
+// MXFP4 under FP8 schemes, whose weight error is the MXFP4 -> FP8 conversion's.
+int run_cli(const std::string& args, std::string* output) {
+  TempDir tmp("llmq_family_cli");
+  const std::string cmd = std::string("'") + LLMQ_CLI_PATH + "' " + args + " > '" + tmp.file("out") + "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream f(tmp.file("out"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  *output = ss.str();
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+TEST(ModelFamilyCli, LogitsOfEveryFamilyAndTheMxfp4ConversionError) {
+  TempDir tmp("llmq_family_cli_models");
+  std::string out;
+  for (const char* type : {"qwen3", "qwen3_moe", "phi3", "gpt_oss"}) {
+    SCOPED_TRACE(type);
+    const std::string dir = tmp.file(type);
+    write_family_checkpoint(dir, family_model(type), std::string(type) == "gpt_oss");
+    ASSERT_EQ(run_cli("logits --model '" + dir + "' --ids '1 5 9 17 33 65 80 3 44 21' -o '" + dir + ".bin'", &out), 0) << out;
+    EXPECT_EQ(std::filesystem::file_size(dir + ".bin"), 10u * 96u * sizeof(float));
+  }
+  ASSERT_EQ(run_cli("eval --model '" + tmp.file("gpt_oss") + "' --scheme fp8-dynamic,fp8-block --samples 2 --length 12 --json", &out), 0)
+      << out;
+  const json j = json::parse(out.substr(out.find('{')));
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const json& r : j["results"]) {
+    SCOPED_TRACE(r["scheme"].get<std::string>());
+    const json& w = r["weight_error"];
+    // FP8 holds E2M1 x 2^s values with a relative error of a few percent at most; not all exactly.
+    EXPECT_GT(w["expert_rel_l2"].get<double>(), 0.0);
+    EXPECT_LT(w["expert_rel_l2"].get<double>(), 0.05);
+    EXPECT_GE(w["exact_fraction"].get<double>(), 0.0);
+    EXPECT_LE(w["exact_fraction"].get<double>(), 1.0);
+    EXPECT_GT(w["elements"].get<int64_t>(), 3 * 4 * 3 * 64 * 64);  // every expert of every layer, and more
+  }
 }
 
 }  // namespace

@@ -2,12 +2,16 @@
 // cases with a known answer, every variant against the float one on the paper's inputs (N(0,1),
 // U(-0.5, 0.5)) within bounds set from the measured errors, and the effects the variants exist for:
 // per-block V beats per-tensor V, K smoothing removes a K channel offset, 255 P levels lose less to
-// underflow than 127, causal rows see only their past.
+// underflow than 127, causal rows see only their past. Sliding windows and attention sinks: the
+// float variant against a direct float64 computation, every variant against the float one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "llmq/quant_attention.hpp"
@@ -186,6 +190,115 @@ TEST(QuantAttention, PAgainstTheTileMaximumKeepsItsLevels) {
   EXPECT_LT(e_llmq.mre, 0.55 * e_paper.mre);
 }
 
+// Attention with a sliding window and sinks written out directly in float64, as transformers
+// computes it: logits over every key with the masked ones at -inf, the sink appended as one more
+// logit, softmax over the row, the sink's column dropped.
+std::vector<double> naive_attention(const AttentionProblem& p, const Inputs& in, const std::vector<float>& sinks) {
+  const int64_t d = p.head_dim, group = p.heads / p.kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<double> out(in.q.size(), 0.0);
+  for (int64_t i = 0; i < p.q_len; ++i)
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const int64_t pos = p.kv_len - p.q_len + i, hk = h / group;
+      std::vector<double> logit(static_cast<size_t>(p.kv_len + 1), -INFINITY);
+      for (int64_t t = 0; t < p.kv_len; ++t) {
+        const bool causal_ok = !p.causal || t <= pos;
+        const bool window_ok = p.window == 0 || t > pos - p.window;  // sliding_window_overlay
+        if (!causal_ok || !window_ok) continue;
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot += double(in.q[(i * p.heads + h) * d + c]) * in.k[(t * p.kv_heads + hk) * d + c];
+        logit[t] = dot * scale;
+      }
+      if (!sinks.empty()) logit[p.kv_len] = sinks[h];
+      const double m = *std::max_element(logit.begin(), logit.end());
+      double sum = 0;
+      for (double x : logit) sum += std::exp(x - m);
+      for (int64_t t = 0; t < p.kv_len; ++t) {
+        const double w = std::exp(logit[t] - m) / sum;
+        for (int64_t c = 0; c < d; ++c) out[(i * p.heads + h) * d + c] += w * in.v[(t * p.kv_heads + hk) * d + c];
+      }
+    }
+  return out;
+}
+
+// Per head: uniform in [-3, 3], head 0 at +8 (the sink dominates), head 1 at -30 (no visible effect).
+std::vector<float> sink_logits(int64_t heads, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
+  std::vector<float> s(static_cast<size_t>(heads));
+  for (float& x : s) x = uniform(rng);
+  s[0] = 8.0f;
+  if (heads > 1) s[1] = -30.0f;
+  return s;
+}
+
+TEST(QuantAttention, FloatVariantWindowAndSinksMatchTheDirectComputation) {
+  // 40 queries after 60 cached keys (GQA 2); windows of 1 key, within and across 64-key tiles,
+  // and covering everything; sinks random, +8 and -30.
+  for (int64_t window : {0, 1, 5, 64, 77, 100, 1000})
+    for (bool with_sinks : {false, true}) {
+      AttentionProblem p = problem(100, 16, true);
+      p.q_len = 40;
+      p.window = window;
+      const Inputs in = make_inputs(p, false, 7 + static_cast<uint64_t>(window));
+      const std::vector<float> sinks = with_sinks ? sink_logits(p.heads, 8) : std::vector<float>();
+      p.sinks = with_sinks ? sinks.data() : nullptr;
+      const std::vector<double> want = naive_attention(p, in, sinks);
+      const std::vector<float> got = run(p, variant(AttentionVariant::kFloat), in);
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 1e-5 * (1.0 + std::fabs(want[i])))
+            << "window " << window << (with_sinks ? " sinks" : "") << " element " << i;
+    }
+}
+
+TEST(QuantAttention, WindowOfOneKeyReturnsTheValueAndADominantSinkTakesTheWeight) {
+  // Window 1: each query sees only its own key: out = v[pos] * e^x / (e^x + e^s), which is v[pos]
+  // without a sink and shrinks towards 0 as the sink grows.
+  AttentionProblem p = problem(9, 8, true);
+  p.window = 1;
+  const Inputs in = make_inputs(p, false, 9);
+  const std::vector<float> plain = run(p, variant(AttentionVariant::kFloat), in);
+  for (int64_t i = 0; i < p.q_len; ++i)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t c = 0; c < p.head_dim; ++c)
+        EXPECT_FLOAT_EQ(plain[(i * p.heads + h) * p.head_dim + c], in.v[(i * p.kv_heads + h / 2) * p.head_dim + c]);
+  const std::vector<float> sinks(static_cast<size_t>(p.heads), 30.0f);
+  p.sinks = sinks.data();
+  const std::vector<float> sunk = run(p, variant(AttentionVariant::kFloat), in);
+  for (size_t i = 0; i < sunk.size(); ++i) EXPECT_LT(std::fabs(sunk[i]), 1e-6 * (1.0 + std::fabs(plain[i])));
+}
+
+TEST(QuantAttention, VariantsWithWindowAndSinksAgainstFloat) {
+  // Every variant (and the kernels' options) with a window across tiles and sinks against the
+  // float variant with the same: the errors of the plain problem, no more. A window covering every
+  // key and sinks of -inf change nothing, bit for bit.
+  AttentionProblem p = problem(512, 128, true);
+  const Inputs in = make_inputs(p, false, 10);
+  const std::vector<float> sinks = sink_logits(p.heads, 11);
+  const std::vector<float> no_sinks(static_cast<size_t>(p.heads), -std::numeric_limits<float>::infinity());
+  for (AttentionVariant v : {AttentionVariant::kBf16, AttentionVariant::kHalfInt8, AttentionVariant::kFullInt8,
+                             AttentionVariant::kFp8}) {
+    const QuantAttentionOptions o = kernel_attention_options(v);
+    AttentionProblem w = p;
+    w.window = 100;
+    w.sinks = sinks.data();
+    const std::vector<float> want = run(w, variant(AttentionVariant::kFloat), in);
+    const std::vector<float> got = run(w, o, in);
+    const AttentionError e = attention_error(got.data(), want.data(), static_cast<int64_t>(want.size()));
+    const std::vector<float> plain_want = run(p, variant(AttentionVariant::kFloat), in);
+    const std::vector<float> plain = run(p, o, in);
+    const AttentionError e_plain = attention_error(plain.data(), plain_want.data(), static_cast<int64_t>(plain.size()));
+    std::printf("  %-9s window 100 + sinks: MRE %6.3f%% (no window, no sinks: %6.3f%%)\n", attention_variant_name(v),
+                100 * e.mre, 100 * e_plain.mre);
+    EXPECT_LT(e.mre, 1.2 * e_plain.mre + 1e-3) << attention_variant_name(v);  // measured: at most 1.04x
+    EXPECT_GT(e.cosine, 0.99) << attention_variant_name(v);
+    AttentionProblem same = p;
+    same.window = p.kv_len;
+    same.sinks = no_sinks.data();
+    EXPECT_TRUE(run(same, o, in) == plain) << attention_variant_name(v);
+  }
+}
+
 TEST(QuantAttention, RefusesBadArgumentsNamingThem) {
   AttentionProblem p = problem(4, 8, true);
   p.heads = 3;
@@ -200,6 +313,14 @@ TEST(QuantAttention, RefusesBadArgumentsNamingThem) {
   o.p_max = 100;
   st = quant_attention_reference(problem(4, 8, true), o, buf.data(), buf.data(), buf.data(), buf.data());
   EXPECT_NE(st.message().find("p_max"), std::string::npos) << st.to_string();
+  p = problem(4, 8, true);
+  p.window = -1;
+  st = quant_attention_reference(p, {}, buf.data(), buf.data(), buf.data(), buf.data());
+  EXPECT_NE(st.message().find("window"), std::string::npos) << st.to_string();
+  p = problem(4, 8, false);
+  p.window = 2;  // a sliding window is defined against the causal mask
+  st = quant_attention_reference(p, {}, buf.data(), buf.data(), buf.data(), buf.data());
+  EXPECT_NE(st.message().find("window"), std::string::npos) << st.to_string();
   AttentionVariant v;
   EXPECT_FALSE(parse_attention_variant("int4", &v).ok());
   ASSERT_TRUE(parse_attention_variant("half-int8", &v).ok());

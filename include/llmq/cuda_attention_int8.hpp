@@ -27,6 +27,13 @@ struct HalfInt8AttentionArgs {
   const float* k_scale = nullptr;  // [kv_heads, kv_len]
   const uint16_t* v = nullptr;     // BF16 [kv_len, kv_heads, head_dim]
   uint16_t* out = nullptr;         // BF16 [q_len, heads, head_dim]
+  // Sliding window and attention sinks, as the specification's AttentionProblem has them
+  // (quant_attention.hpp): query i (position pos) sees keys pos - window < t <= pos (0: no window,
+  // > 0 needs causal; key tiles wholly before a CTA's windows are skipped); sinks: device [heads]
+  // f32 logits added once to each row's softmax denominator (not scaled by softmax_scale), or null.
+  // Every kernel here (half-INT8, full-INT8, FP8, mma.sync and Hopper) implements both.
+  int64_t window = 0;
+  const float* sinks = nullptr;
 };
 
 Status cuda_half_int8_attention(const HalfInt8AttentionArgs& a, CudaStream stream);

@@ -61,6 +61,18 @@ struct AttentionProblem {
   int64_t head_dim = 0;
   bool causal = true;
   float softmax_scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  // Sliding window (transformers' sliding_window): query row i (position pos) sees KV position t
+  // only if pos - window < t <= pos. 0: no window; > 0 needs causal. The tiled variants keep their
+  // KV tiles at multiples of block_kv (so V's block scales do not move) and skip the tiles wholly
+  // before the window.
+  int64_t window = 0;
+  // Attention sinks (gpt-oss): host [heads] f32, one logit s_h per query head that joins the softmax
+  // denominator without a value: out = sum_t e^(x_t - m) v_t / (sum_t e^(x_t - m) + e^(s_h - m)),
+  // x_t = softmax_scale * q . k_t, m = max(max_t x_t, s_h); s_h is not multiplied by softmax_scale.
+  // The tiled variants add it once at the final division, in P's units against the running
+  // maximum m (log2 domain): l + u * 2^(s_h * log2(e) - m) with u = p_max (full INT8), 2^p_offset
+  // (FP8) or 1 (BF16, half-INT8); it is not quantized. null: no sink.
+  const float* sinks = nullptr;
 };
 
 // out = attention(q, k, v) under `options`. Errors name the bad field. `threads` <= 0: hardware

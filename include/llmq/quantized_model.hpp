@@ -72,6 +72,18 @@ Status quantize_weight(const Tensor& weight, const Scheme& scheme, QuantizedTens
 Status quantize_model(const ModelWeights& model, const Scheme& scheme, const CalibrationStats* stats,
                       const QuantizeModelOptions& options, QuantizedModel* out);
 
+// How far the quantized weights are from the float weights they stand for (QuantizedModel::weights,
+// after any smoothing): relative L2 error ||W_q - W|| / ||W|| over every quantized linear, over the
+// MoE experts alone, and the share of elements reproduced exactly. For a model read from MXFP4
+// (gpt-oss), the float weights are the exact MXFP4 values: this is the conversion's error.
+struct WeightError {
+  double rel_l2 = 0.0;
+  double expert_rel_l2 = 0.0;  // 0 for dense models
+  double exact_fraction = 0.0;
+  int64_t elements = 0;
+};
+Status weight_error(const QuantizedModel& model, WeightError* out);
+
 class QuantizedLinearBackend : public LinearBackend {
  public:
   explicit QuantizedLinearBackend(const QuantizedModel& model) : model_(model) {}

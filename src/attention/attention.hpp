@@ -24,6 +24,19 @@ namespace llmq::attention {
 // pieces of rows).
 // GQA: query head h reads kv head h / (n_heads / n_kv_heads).
 //
+// Sliding window and attention sinks (both entry points; transformers' semantics):
+//  * window W > 0: the query at position p sees key t only if p - W < t <= p (transformers'
+//    sliding_window_overlay ANDed with the causal mask); needs causal. 0: no window. A window that
+//    covers every position (W >= capacity, for decode W >= min(capacity, max_kv_len)) changes
+//    nothing and runs the plain path. Key tiles (prefill) and split chunks (decode) wholly before
+//    every query's window are never loaded.
+//  * sinks (gpt-oss): device [n_heads] f32, one learned logit s_h per QUERY head that joins the
+//    softmax denominator and carries no value: with x_t = softmax_scale * q . k_t over the visible
+//    keys and m = max(max_t x_t, s_h), out = sum_t e^(x_t - m) v_t / (sum_t e^(x_t - m) + e^(s_h - m)).
+//    s_h is NOT multiplied by softmax_scale. Added once, at the final normalisation. null: no sink
+//    (bit-identical to the kernels without the feature). s_h = -inf is no sink; a row that sees no
+//    key still gets zeros.
+//
 // kv_dtype = kE4M3: the same layout with one byte per element, OCP E4M3 codes ("e4m3fn") in
 // k_cache8 / v_cache8 (k_cache / v_cache are then ignored and may be null), and per-kv-head FP32
 // scales k_scale / v_scale on the device ([n_kv_heads] each, read by the kernels so that a captured
@@ -54,6 +67,8 @@ struct PrefillAttentionArgs {
   float softmax_scale = 0.f;         // usually 1/sqrt(head_dim)
   bool causal = true;                // query i of sequence b sits at position kv_len[b] - nq_b + i and sees keys 0..that position
   PrefillKernel kernel = PrefillKernel::kAuto;
+  int64_t window = 0;                // sliding window (see above); 0: none; > 0 needs causal
+  const float* sinks = nullptr;      // device [n_heads] f32 attention-sink logits (see above), or null
 };
 // Device-side contract (not checkable on the host): q counts <= max_q_len, nq_b <= kv_len[b] <=
 // capacity. A query row that sees no key (only possible when that contract is broken) gets zeros.
@@ -72,9 +87,14 @@ struct DecodeAttentionArgs {          // one query token per sequence
   int64_t max_kv_len = 0;             // host upper bound of every kv_len[b]: fixes the grid (split-K count) so the launch can be captured in a CUDA graph once and replayed while kv_len grows on the device
   float softmax_scale = 0.f;
   void* workspace = nullptr; int64_t workspace_bytes = 0;  // split-K partials
+  // Sliding window (see above): the query (position kv_len[b] - 1) sees keys [kv_len[b] - window,
+  // kv_len[b]); 0: all. The split covers min(max_kv_len, window) keys, offset on the device, so a
+  // captured graph stays valid while kv_len grows past the window.
+  int64_t window = 0;
+  const float* sinks = nullptr;       // device [n_heads] f32 attention-sink logits (see above), or null
 };
 // Bytes of workspace decode_attention needs for these sizes on any device (an upper bound over
-// n_kv_heads, SM counts and both cache types; 256-byte aligned pointer). Returns 0 for non-positive sizes.
+// n_kv_heads, SM counts, both cache types and any window; 256-byte aligned pointer). Returns 0 for non-positive sizes.
 int64_t decode_attention_workspace_bytes(int64_t batch, int64_t n_heads, int64_t head_dim, int64_t max_kv_len);
 // Device-side: kv_len[b] is clamped to [0, min(max_kv_len, capacity)]; kv_len[b] <= 0 gives zeros.
 Status decode_attention(const DecodeAttentionArgs& a, CudaStream stream);

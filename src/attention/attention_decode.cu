@@ -20,6 +20,11 @@
 //    cvt.f16x2.e4m3x2 then to FP32. k_scale[kv head] is folded into the query's scale, v_scale[kv
 //    head] multiplies the CTA's normalised output (a partial output or the final one: the combine
 //    is linear in them, so it needs no scale).
+//  * Sliding window W: only keys [kv_len - W, kv_len) count. The split covers min(max_kv_len, W)
+//    keys (host), and every chunk's key range is offset on the device by kv_len - W, so no chunk
+//    outside the window is launched and a captured graph stays valid as kv_len grows past W.
+//  * Sinks: one term of the softmax denominator per q head, added once: by the single chunk when
+//    there is one, else by the combine (the partials stay normalised by their own keys only).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -98,6 +103,11 @@ __device__ __forceinline__ uint16_t to_bf16_bits(float x) {
   return *reinterpret_cast<const uint16_t*>(&v);
 }
 
+// The first key the query (position kv_len - 1) sees: kv_len - window, or 0 (window 0: none).
+__device__ __forceinline__ int window_begin(int kv_len, int64_t window) {
+  return window > 0 ? max(0, kv_len - static_cast<int>(window)) : 0;
+}
+
 // The split, identical on the host (grid, workspace offsets) and the device.
 struct DecodePlan {
   int n_chunks = 1;
@@ -139,7 +149,8 @@ __global__ void __launch_bounds__(kThreads)
   const int group = static_cast<int>(a.n_heads / a.n_kv_heads);
   const int kv_head = head0 / group;
   const int kv_len = min(max(a.kv_len[b], 0), static_cast<int>(min(a.capacity, a.max_kv_len)));
-  const int key_begin = chunk * plan.chunk_keys;
+  // The window (host-clamped below min(capacity, max_kv_len), or 0) moves every chunk up.
+  const int key_begin = window_begin(kv_len, a.window) + chunk * plan.chunk_keys;
   const int key_end = min(kv_len, key_begin + plan.chunk_keys);
   if (key_begin >= key_end) {
     // Chunk 0 of an empty sequence still owes the output: zeros, never NaN.
@@ -303,7 +314,10 @@ __global__ void __launch_bounds__(kThreads)
       o = __fmaf_rn(red_acc[(kl * kHeads + h) * kHeadDim + d], w, o);
     }
     const int64_t bh = static_cast<int64_t>(b) * a.n_heads + head0 + h;
-    const float out = kFp8 ? o / sum * v_scale : o / sum;
+    // A single chunk owns the whole denominator, sink included (log2 units, as m_max).
+    const float denom =
+        single_chunk && a.sinks != nullptr ? sum + fast_exp2(__fmaf_rn(a.sinks[head0 + h], kLog2e, -m_max)) : sum;
+    const float out = kFp8 ? o / denom * v_scale : o / denom;
     if (single_chunk) {
       a.out[bh * kHeadDim + d] = to_bf16_bits(out);
     } else {
@@ -320,7 +334,8 @@ __global__ void decode_attention_combine_kernel(DecodeAttentionArgs a, DecodePla
   const int head = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const int64_t bh = static_cast<int64_t>(b) * a.n_heads + head;
   const int kv_len = min(max(a.kv_len[b], 0), static_cast<int>(min(a.capacity, a.max_kv_len)));
-  const int live = min(plan.n_chunks, (kv_len + plan.chunk_keys - 1) / plan.chunk_keys);
+  const int keys = kv_len - window_begin(kv_len, a.window);
+  const int live = min(plan.n_chunks, (keys + plan.chunk_keys - 1) / plan.chunk_keys);
   if (live == 0) {
     a.out[bh * a.head_dim + d] = 0;
     return;
@@ -334,6 +349,7 @@ __global__ void decode_attention_combine_kernel(DecodeAttentionArgs a, DecodePla
     sum += w;
     o = __fmaf_rn(w, ws.partial_out[(bh * plan.n_chunks + c) * a.head_dim + d], o);
   }
+  if (a.sinks != nullptr) sum += fast_exp2(__fmaf_rn(a.sinks[head], kLog2e, -lse_max));  // the sink, once
   a.out[bh * a.head_dim + d] = to_bf16_bits(o / sum);
 }
 
@@ -348,19 +364,23 @@ int64_t max_chunks_bound(int64_t batch, int64_t max_kv_len) {
   return std::max<int64_t>(1, std::min(ceil_div(max_kv_len, kMinChunkKeys), ceil_div(kCtasPerSmTarget * kMaxPlanSms, batch)));
 }
 
+// a.window: already clamped (0, or below min(capacity, max_kv_len)); the split covers the keys
+// one query can see.
 DecodePlan make_plan(const DecodeAttentionArgs& a, int64_t sms) {
   DecodePlan p;
+  const int64_t keys_seen = a.window > 0 ? std::min(a.max_kv_len, a.window) : a.max_kv_len;
   const int64_t group = a.n_heads / a.n_kv_heads;
   int64_t hpc = std::min<int64_t>(group, kMaxHeadsPerCta);
   while (group % hpc != 0) --hpc;
   p.heads_per_cta = static_cast<int>(hpc);
   const int64_t ctas_per_chunk = a.batch * (a.n_heads / hpc);
   const int64_t want = ceil_div(kCtasPerSmTarget * std::min(sms, kMaxPlanSms), ctas_per_chunk);
-  const int64_t chunks = std::min(want, max_chunks_bound(a.batch, a.max_kv_len));
+  // max_chunks_bound grows with the key count: the workspace sized for max_kv_len holds these.
+  const int64_t chunks = std::min(want, max_chunks_bound(a.batch, keys_seen));
   const int64_t tile = tile_keys(a.head_dim);
-  const int64_t keys = ceil_div(ceil_div(a.max_kv_len, chunks), tile) * tile;
+  const int64_t keys = ceil_div(ceil_div(keys_seen, chunks), tile) * tile;
   p.chunk_keys = static_cast<int>(keys);
-  p.n_chunks = static_cast<int>(ceil_div(a.max_kv_len, keys));
+  p.n_chunks = static_cast<int>(ceil_div(keys_seen, keys));
   return p;
 }
 
@@ -398,6 +418,7 @@ Status validate(const DecodeAttentionArgs& a) {
     return invalid_argument(f + "workspace_bytes " + std::to_string(a.workspace_bytes) + " < " + std::to_string(need) +
                             " (decode_attention_workspace_bytes)");
   if (need > 0 && !aligned16(a.workspace)) return invalid_argument(f + "workspace must be 16-byte aligned");
+  LLMQ_RETURN_IF_ERROR(validate_window(a.window, /*causal=*/true, f));  // decode is causal by nature
   return {};
 }
 
@@ -430,9 +451,13 @@ int64_t decode_attention_workspace_bytes(int64_t batch, int64_t n_heads, int64_t
   return batch * n_heads * chunks * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
 }
 
-Status decode_attention(const DecodeAttentionArgs& a, CudaStream stream) {
-  LLMQ_RETURN_IF_ERROR(validate(a));
-  if (a.batch == 0) return {};
+Status decode_attention(const DecodeAttentionArgs& args, CudaStream stream) {
+  LLMQ_RETURN_IF_ERROR(validate(args));
+  if (args.batch == 0) return {};
+  // kv_len is clamped to min(capacity, max_kv_len) on the device: a window at least that long
+  // masks nothing, and runs the plain path (the kernels' window arithmetic then stays in int).
+  DecodeAttentionArgs a = args;
+  if (a.window >= std::min(a.capacity, a.max_kv_len)) a.window = 0;
   int64_t sms = 0;
   LLMQ_RETURN_IF_ERROR(query_sm_count(&sms));
   const DecodePlan plan = make_plan(a, sms);

@@ -17,6 +17,13 @@
 //    the raw ring is again 80 KiB at d = 128. The CUDA-core kernel widens codes as it reads them.
 //    Both fold k_scale[kv head] into the softmax scale and multiply the normalised output by
 //    v_scale[kv head].
+//  * Sliding window: a tensor-core CTA starts at the tile holding its first row's oldest key (tiles
+//    before every row's window are never loaded); tiles that reach below some row's window take
+//    the mask. The CUDA-core kernel starts its key loop at the row's oldest key.
+//  * Sinks: added to the row sum once, at the normalisation, against the row's final maximum.
+//  * Both kernels take the two features as a template flag (kExtras: a window or sinks are set):
+//    the plain instances compile to the PTX of the kernels without them (H200: with the window's
+//    compares merely possible, the plain mma kernel ran 1-2.5% slower).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -99,8 +106,9 @@ __device__ __forceinline__ void widen_tile(const unsigned char* raw, unsigned ch
   }
 }
 
-// kFp8: the cache holds E4M3 codes (k_cache8 / v_cache8) with per-kv-head scales.
-template <int kHeadDim, bool kFp8>
+// kFp8: the cache holds E4M3 codes (k_cache8 / v_cache8) with per-kv-head scales. kExtras: a
+// window or sinks are set (else a.window and a.sinks are not read).
+template <int kHeadDim, bool kFp8, bool kExtras>
 __global__ void __launch_bounds__(kThreads, 2)
     prefill_attention_mma_kernel(PrefillAttentionArgs a, float scale_log2) {
   using L = TileLayout<kHeadDim>;
@@ -130,9 +138,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (q0 >= seq.nq) return;
   const int q_rows = min(kBlockQ, seq.nq - q0);
   const int pos0 = seq.kv_len - seq.nq + q0;  // position of the CTA's first query
-  // Keys any row of this CTA sees: [0, key_end).
+  // Key tiles any row of this CTA sees: tile_begin .. n_tiles - 1 (keys before key_end). The
+  // window (host-clamped below capacity, or 0) starts lowest for the first row.
+  const int window = kExtras ? static_cast<int>(a.window) : 0;
   const int key_end = a.causal ? min(seq.kv_len, pos0 + q_rows) : seq.kv_len;
   const int n_tiles = key_end > 0 ? (key_end + kBlockKv - 1) / kBlockKv : 0;
+  const int tile_begin = window > 0 ? max(0, pos0 - window + 1) / kBlockKv : 0;
+  const int n_iters = kExtras ? max(n_tiles - tile_begin, 0) : n_tiles;
+  // Tiles below window_edge hold keys before some row's window (-1: no window, no tile does).
+  const int window_edge = window > 0 ? pos0 + kBlockQ - window : -1;
 
   const int64_t q_stride = a.n_heads * kHeadDim, kv_stride = a.n_kv_heads * kHeadDim;  // elements
   const uint16_t* q_base = a.q + (seq.q_row0 + q0) * q_stride + static_cast<int64_t>(head) * kHeadDim;
@@ -155,13 +169,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   load_tile_async<kHeadDim>(q_tile, q_base, q_stride, 0, q_rows);
-  if (n_tiles > 0) load_kv(n_tiles - 1, 0);
+  if (n_iters > 0) load_kv(n_tiles - 1, 0);
   cp_async_commit();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates: row group, thread in group
   const int row_lo = warp * 16 + g;      // this thread's two rows within the CTA: row_lo, row_lo + 8
   const int pos_row[2] = {pos0 + row_lo, pos0 + row_lo + 8};
+  // Each row's oldest visible key (0 without a window: no key lies below it).
+  const int key_lo[2] = {window > 0 ? pos_row[0] - window + 1 : 0, window > 0 ? pos_row[1] - window + 1 : 0};
 
   float o_acc[kDimTiles][4];
 #pragma unroll
@@ -170,10 +186,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   float row_sum[2] = {0.f, 0.f};              // this thread's share of the row sum
   uint32_t q_frag[kKSteps][4];
 
-  for (int it = 0; it < n_tiles; ++it) {
+  for (int it = 0; it < n_iters; ++it) {
     const int j = n_tiles - 1 - it;  // key tile, last first
     const int stage = it & 1;
-    if (it + 1 < n_tiles) {
+    if (it + 1 < n_iters) {
       load_kv(j - 1, stage ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
@@ -212,9 +228,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
 
-    // Mask keys past the sequence and (causal) above the diagonal; only edge tiles need it.
+    // Mask keys past the sequence, (causal) above the diagonal and before the window; only edge
+    // tiles need it.
     const int key0 = j * kBlockKv;
-    const bool needs_mask = key0 + kBlockKv > seq.kv_len || (a.causal && key0 + kBlockKv - 1 > pos0);
+    const bool needs_mask =
+        key0 + kBlockKv > seq.kv_len || (a.causal && key0 + kBlockKv - 1 > pos0) || (kExtras && key0 < window_edge);
     if (needs_mask) {
 #pragma unroll
       for (int n = 0; n < kKeyTiles; ++n)
@@ -222,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int e = 0; e < 4; ++e) {
           const int key = key0 + n * 8 + 2 * t + (e & 1);
           const int limit = a.causal ? min(seq.kv_len, pos_row[e / 2] + 1) : seq.kv_len;
-          if (key >= limit) s[n][e] = -INFINITY;
+          if (key >= limit || (kExtras && key < key_lo[e / 2])) s[n][e] = -INFINITY;
         }
     }
 
@@ -230,7 +248,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     softmax_pv_step<kHeadDim, false>(s, row_max, row_sum, o_acc, scale_log2, v_tile(stage), lane);
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
-  if (n_tiles == 0) cp_async_wait<0>();
+  if (n_iters == 0) cp_async_wait<0>();
+  const float* sinks = kExtras ? a.sinks : nullptr;
+  const float sink_log2 = sinks != nullptr ? sinks[head] * kLog2e : 0.f;
 
   // Normalise and store: each quad writes 16 contiguous bytes of a row per dim tile.
 #pragma unroll
@@ -238,6 +258,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     float sum = row_sum[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    // The sink in P's units: 2^(s_h log2(e) - m), m the row's maximum in log2 units as
+    // softmax_pv_step subtracts it (row_max is quad-uniform).
+    if (sinks != nullptr && row_max[r] != -INFINITY) sum += fast_exp2(sink_log2 - row_max[r] * scale_log2);
     // A row that saw no key writes zeros; v_scale turns the weighted codes into values.
     const float inv = sum > 0.f ? (kFp8 ? v_scale / sum : 1.f / sum) : 0.f;
     const int row = row_lo + 8 * r;
@@ -259,7 +282,7 @@ template <int kHeadDim> constexpr int mma_smem_bytes() { return 5 * kBlockKv * k
 constexpr int kRowsPerCta = 4;
 constexpr int kMaxHeadDim = 256;
 
-template <int kHeadDim, bool kFp8>
+template <int kHeadDim, bool kFp8, bool kExtras>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
     prefill_attention_simt_kernel(PrefillAttentionArgs a, float scale_log2) {
   constexpr int kDimsPerLane = (kHeadDim + 31) / 32;
@@ -273,6 +296,7 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
   if (qi >= seq.nq) return;  // whole warps leave; no CTA-wide barrier follows
   const int pos = seq.kv_len - seq.nq + qi;
   const int key_end = a.causal ? min(seq.kv_len, pos + 1) : seq.kv_len;
+  const int key_begin = kExtras && a.window > 0 ? max(0, pos - static_cast<int>(a.window) + 1) : 0;  // the window's oldest key
 
   const int64_t q_stride = a.n_heads * kHeadDim, kv_stride = a.n_kv_heads * kHeadDim;
   const uint16_t* q_ptr = a.q + (seq.q_row0 + qi) * q_stride + static_cast<int64_t>(head) * kHeadDim;
@@ -288,7 +312,7 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
 #pragma unroll
   for (int i = 0; i < kDimsPerLane; ++i) acc[i] = 0.f;
   float m = -INFINITY, lane_sum = 0.f;  // scores in log2 units (scale folded into q)
-  for (int key0 = 0; key0 < key_end; key0 += 32) {
+  for (int key0 = key_begin; key0 < key_end; key0 += 32) {
     const int key = key0 + lane;
     float s = -INFINITY;
     if (key < key_end) {
@@ -352,6 +376,8 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
   float sum = lane_sum;
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  // The sink joins the denominator in P's units against the final maximum m (log2 units).
+  if (kExtras && a.sinks != nullptr && m != -INFINITY) sum += fast_exp2(__fmaf_rn(a.sinks[head], kLog2e, -m));
   const float inv = sum > 0.f ? (kFp8 ? v_scale / sum : 1.f / sum) : 0.f;  // v_scale: codes to values
   uint16_t* out_row = a.out + (seq.q_row0 + qi) * q_stride + static_cast<int64_t>(head) * kHeadDim;
 #pragma unroll
@@ -391,6 +417,7 @@ Status validate(const PrefillAttentionArgs& a) {
     return invalid_argument(f + "capacity " + std::to_string(a.capacity) + " not in [1, 2^30]");
   if (!(a.softmax_scale > 0.f) || !(a.softmax_scale < INFINITY))
     return invalid_argument(f + "softmax_scale " + std::to_string(a.softmax_scale) + " is not a positive finite number");
+  LLMQ_RETURN_IF_ERROR(validate_window(a.window, a.causal, f));
   return {};
 }
 
@@ -407,10 +434,16 @@ Status allow_dynamic_smem(const void* kernel, int bytes) {
   return {};
 }
 
+// Whether the window or the sinks are set (the window already clamped: 0 when it masks nothing).
+bool has_extras(const PrefillAttentionArgs& a) { return a.window > 0 || a.sinks != nullptr; }
+
 template <int kHeadDim> Status launch_mma(const PrefillAttentionArgs& a, float scale_log2, cudaStream_t stream) {
   constexpr int kSmem = mma_smem_bytes<kHeadDim>();
-  const auto kernel = a.kv_dtype == KvCacheDType::kE4M3 ? prefill_attention_mma_kernel<kHeadDim, true>
-                                                        : prefill_attention_mma_kernel<kHeadDim, false>;
+  const bool fp8 = a.kv_dtype == KvCacheDType::kE4M3;
+  const auto kernel = has_extras(a) ? (fp8 ? prefill_attention_mma_kernel<kHeadDim, true, true>
+                                           : prefill_attention_mma_kernel<kHeadDim, false, true>)
+                                    : (fp8 ? prefill_attention_mma_kernel<kHeadDim, true, false>
+                                           : prefill_attention_mma_kernel<kHeadDim, false, false>);
   LLMQ_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem));
   const dim3 grid(static_cast<unsigned>((a.max_q_len + kBlockQ - 1) / kBlockQ), static_cast<unsigned>(a.n_heads),
                   static_cast<unsigned>(a.batch));
@@ -422,20 +455,26 @@ template <int kHeadDim> Status launch_mma(const PrefillAttentionArgs& a, float s
 template <int kHeadDim> Status launch_simt(const PrefillAttentionArgs& a, float scale_log2, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((a.max_q_len + kRowsPerCta - 1) / kRowsPerCta),
                   static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.batch));
-  if (a.kv_dtype == KvCacheDType::kE4M3)
-    prefill_attention_simt_kernel<kHeadDim, true><<<grid, kRowsPerCta * 32, 0, stream>>>(a, scale_log2);
-  else
-    prefill_attention_simt_kernel<kHeadDim, false><<<grid, kRowsPerCta * 32, 0, stream>>>(a, scale_log2);
+  const bool fp8 = a.kv_dtype == KvCacheDType::kE4M3;
+  const auto kernel = has_extras(a) ? (fp8 ? prefill_attention_simt_kernel<kHeadDim, true, true>
+                                           : prefill_attention_simt_kernel<kHeadDim, false, true>)
+                                    : (fp8 ? prefill_attention_simt_kernel<kHeadDim, true, false>
+                                           : prefill_attention_simt_kernel<kHeadDim, false, false>);
+  kernel<<<grid, kRowsPerCta * 32, 0, stream>>>(a, scale_log2);
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("prefill_attention_simt_kernel");
   return {};
 }
 
 }  // namespace
 
-Status prefill_attention(const PrefillAttentionArgs& a, CudaStream stream) {
-  LLMQ_RETURN_IF_ERROR(validate(a));
-  if (a.batch == 0 || a.max_q_len == 0) return {};
-  const float scale_log2 = a.softmax_scale * kLog2e;
+Status prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
+  LLMQ_RETURN_IF_ERROR(validate(args));
+  if (args.batch == 0 || args.max_q_len == 0) return {};
+  const float scale_log2 = args.softmax_scale * kLog2e;
+  // Positions are below capacity, so a window of capacity or more masks nothing: the plain path
+  // (and the kernels' window arithmetic stays in int).
+  PrefillAttentionArgs a = args;
+  if (a.window >= a.capacity) a.window = 0;
   const bool tensor_core = a.kernel != PrefillKernel::kCudaCore && (a.head_dim == 32 || a.head_dim == 64 || a.head_dim == 128);
   if (tensor_core) {
     switch (a.head_dim) {

@@ -1,6 +1,6 @@
 // Argument checks that prefill_attention and decode_attention share: the KV cache in its format
-// (BF16 pointers, or E4M3 codes with their per-head scales) and the 16-byte alignment of the rows
-// the kernels move. Internal host header (no CUDA headers).
+// (BF16 pointers, or E4M3 codes with their per-head scales), the 16-byte alignment of the rows
+// the kernels move, and the sliding window. Internal host header (no CUDA headers).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,13 @@ Status validate_kv_cache_and_alignment(const Args& a, const std::string& f) {
   if (a.v_scale == nullptr) return invalid_argument(f + "v_scale is null (kv_dtype e4m3)");
   if (!aligned16(a.q) || !aligned16(a.k_cache8) || !aligned16(a.v_cache8) || !aligned16(a.out))
     return invalid_argument(f + "q, k_cache8, v_cache8 and out must be 16-byte aligned");
+  return {};
+}
+
+// window: >= 0, and a sliding window only with the causal mask (it is defined against it).
+inline Status validate_window(int64_t window, bool causal, const std::string& f) {
+  if (window < 0) return invalid_argument(f + "window " + std::to_string(window) + " is negative (0: no sliding window)");
+  if (window > 0 && !causal) return invalid_argument(f + "window " + std::to_string(window) + " needs causal attention");
   return {};
 }
 

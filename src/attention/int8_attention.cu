@@ -9,6 +9,10 @@
 //   full-INT8: P = rint(255 * 2^(s - m_tile)) unsigned against the tile's row maximum, V INT8 with
 //     a scale per (tile, channel), P V as u8 x s8 m16n8k32 in INT32 (full_int8_pv_step); V is
 //     transposed into shared memory in the key order the P fragments need (transpose_v_tile).
+// Sliding window and sinks as the BF16 kernel has them: tiles before the CTA's first row's window
+// are never loaded, edge tiles take the mask; the sink joins the row sum once, in the epilogue
+// (sink_share). Both as a template flag (kExtras): the plain instances compile to the PTX of the
+// kernels without them (H200: with the window's compares merely possible, FP8 ran 2.5% slower).
 // Shared memory at d = 128: half 48 KB (Q, 2 K, 2 BF16 V, key scales); full 57 KB (Q, 2 K, 2 raw
 // INT8 V, key and V scales, the transposed V).
 #include <cuda_bf16.h>
@@ -113,7 +117,8 @@ __device__ __forceinline__ void full_int8_pv_step(float (&s)[kBlockKv / 8][4], f
 // kMode: kHalf (INT8 Q/K, BF16 V), kFull (INT8 Q/K/V), kFp8 (E4M3 Q/K/V and P).
 enum Mode { kHalf = 0, kFullInt8 = 1, kFp8Mode = 2 };
 
-template <int kHeadDim, int kMode>
+// kExtras: a window or sinks are set (else a.window and a.sinks are not read).
+template <int kHeadDim, int kMode, bool kExtras>
 __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm, float scale_log2) {
   constexpr bool kFull = kMode != kHalf;  // 8-bit V, transposed in shared memory
   constexpr bool kFp8 = kMode == kFp8Mode;
@@ -147,6 +152,12 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
   const int pos0 = kv_len - q_len + q0;
   const int key_end = a.causal ? min(kv_len, pos0 + q_rows) : kv_len;
   const int n_tiles = key_end > 0 ? (key_end + kBlockKv - 1) / kBlockKv : 0;
+  // Sliding window (host-clamped below kv_len, or 0): tiles tile_begin .. n_tiles - 1; tiles below
+  // window_edge hold keys before some row's window (-1: none does).
+  const int window = kExtras ? static_cast<int>(a.window) : 0;
+  const int tile_begin = window > 0 ? max(0, pos0 - window + 1) / kBlockKv : 0;
+  const int n_iters = kExtras ? max(n_tiles - tile_begin, 0) : n_tiles;
+  const int window_edge = window > 0 ? pos0 + kBlockQ - window : -1;
 
   const int64_t q_stride = a.heads * kHeadDim, kv_stride = a.kv_heads * kHeadDim;  // elements
   // INT8 rows are moved as BF16-sized pairs: strides and bases in 2-byte units.
@@ -188,13 +199,14 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
   };
 
   load_tile_async<kHeadDim / 2>(q_tile, q_base, q_stride / 2, 0, q_rows);
-  if (n_tiles > 0) load_kv(n_tiles - 1, 0);
+  if (n_iters > 0) load_kv(n_tiles - 1, 0);
   cp_async_commit();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int row_lo = warp * 16 + g;
   const int pos_row[2] = {pos0 + row_lo, pos0 + row_lo + 8};
+  const int key_lo[2] = {window > 0 ? pos_row[0] - window + 1 : 0, window > 0 ? pos_row[1] - window + 1 : 0};
   float q_scale[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -210,10 +222,10 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
   float row_sum[2] = {0.f, 0.f};
   uint32_t q_frag[kKSteps][4];
 
-  for (int it = 0; it < n_tiles; ++it) {
+  for (int it = 0; it < n_iters; ++it) {
     const int j = n_tiles - 1 - it;
     const int stage = it & 1;
-    if (it + 1 < n_tiles) {
+    if (it + 1 < n_iters) {
       load_kv(j - 1, stage ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
@@ -270,7 +282,8 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
       }
 
     const int key0 = j * kBlockKv;
-    const bool needs_mask = key0 + kBlockKv > kv_len || (a.causal && key0 + kBlockKv - 1 > pos0);
+    const bool needs_mask =
+        key0 + kBlockKv > kv_len || (a.causal && key0 + kBlockKv - 1 > pos0) || (kExtras && key0 < window_edge);
     if (needs_mask) {
 #pragma unroll
       for (int n = 0; n < kKeyTiles; ++n)
@@ -278,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
         for (int e = 0; e < 4; ++e) {
           const int key = key0 + n * 8 + 2 * t + (e & 1);
           const int limit = a.causal ? min(kv_len, pos_row[e / 2] + 1) : kv_len;
-          if (key >= limit) s[n][e] = -INFINITY;
+          if (key >= limit || (kExtras && key < key_lo[e / 2])) s[n][e] = -INFINITY;
         }
     }
 
@@ -290,13 +303,21 @@ __global__ void __launch_bounds__(kThreads, 2) int8_attention_kernel(Params prm,
     }
     __syncthreads();
   }
-  if (n_tiles == 0) cp_async_wait<0>();
+  if (n_iters == 0) cp_async_wait<0>();
   uint16_t* out_row[2];
+  float sink[2] = {0.f, 0.f};  // the sink's share of each row's denominator
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
+  for (int r = 0; r < 2; ++r) {
     out_row[r] = row_lo + 8 * r < q_rows ? a.out + (q0 + row_lo + 8 * r) * q_stride + static_cast<int64_t>(head) * kHeadDim
                                          : nullptr;
-  store_normalized_rows<kHeadDim>(o_acc, row_sum, out_row, t);
+    if (kExtras && a.sinks != nullptr) {
+      // Half-INT8: P against row_max (score units, times scale_log2 in softmax_pv_step), unit 1;
+      // full-INT8 / FP8: against the frame (log2 units).
+      const float ref = kFull ? frame[r] : row_max[r] * scale_log2;
+      sink[r] = sink_share<kFull ? (kFp8 ? kSinkFp8 : kSinkInt8) : kSinkUnit>(a.sinks[head], ref);
+    }
+  }
+  store_normalized_rows<kHeadDim, kExtras>(o_acc, row_sum, sink, out_row, t);
 }
 
 template <int kHeadDim, int kMode> constexpr int smem_bytes() {
@@ -308,7 +329,9 @@ template <int kHeadDim, int kMode> constexpr int smem_bytes() {
 
 template <int kHeadDim, int kMode>
 Status launch(const Params& p, float scale_log2, cudaStream_t stream) {
-  const auto kernel = int8_attention_kernel<kHeadDim, kMode>;
+  // The window already clamped (0 when it masks nothing).
+  const bool extras = p.a.window > 0 || p.a.sinks != nullptr;
+  const auto kernel = extras ? int8_attention_kernel<kHeadDim, kMode, true> : int8_attention_kernel<kHeadDim, kMode, false>;
   constexpr int bytes = smem_bytes<kHeadDim, kMode>();
   int device = 0;
   LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
@@ -331,6 +354,8 @@ Status check_qk(const HalfInt8AttentionArgs& a) {
     return invalid_argument("heads, kv_heads: heads must be a positive multiple of kv_heads");
   if (a.head_dim != 64 && a.head_dim != 128)
     return unsupported("head_dim: the INT8 attention kernels take 64 or 128, got " + std::to_string(a.head_dim));
+  if (a.window < 0) return invalid_argument("window: must be >= 0 (0: no sliding window), got " + std::to_string(a.window));
+  if (a.window > 0 && !a.causal) return invalid_argument("window: a sliding window needs causal attention");
   if (a.q_len == 0) return {};
   if (a.q == nullptr || a.q_scale == nullptr || a.k == nullptr || a.k_scale == nullptr || a.out == nullptr)
     return invalid_argument("q, q_scale, k, k_scale, out: null device pointer");
@@ -339,7 +364,10 @@ Status check_qk(const HalfInt8AttentionArgs& a) {
   return {};
 }
 
-Status run(const Params& p, int mode, CudaStream stream) {
+Status run(const Params& params, int mode, CudaStream stream) {
+  // Positions are below kv_len: a window of kv_len or more masks nothing (the plain path).
+  Params p = params;
+  if (p.a.window >= p.a.kv_len) p.a.window = 0;
   const HalfInt8AttentionArgs& a = p.a;
   const float scale = a.softmax_scale > 0.f ? a.softmax_scale : 1.f / std::sqrt(static_cast<float>(a.head_dim));
   const float scale_log2 = scale * kLog2e;

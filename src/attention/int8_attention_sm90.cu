@@ -13,6 +13,9 @@
 //     B the V^T tile (u8 x s8 -> INT32 exact, or E4M3 -> FP32 fresh per tile); fold_pv_tile adds
 //     it to O with the tile's V scales one tile later, under the next tile's S = Q K^T. The query's
 //     scale rides in the softmax's per-row exponent factor, so a score costs one FMA before it.
+//   Sliding window: the producer starts at the tile holding the CTA's first row's oldest key (tiles
+//     before every row's window are never loaded); both consumer warpgroups start there too (the
+//     ping-pong counts tiles from it), edge tiles take the mask. Sinks: sink_share in the epilogue.
 // Only code compiled for sm_90a has a body (LLMQ_SM90A); the host launches it only on
 // compute capability 9.0 when that code is present.
 #include <cuda.h>
@@ -78,6 +81,8 @@ struct Sm90Params {
   int q_len, kv_len, heads, group, kv_tiles;
   float scale_log2;
   bool causal;
+  const float* sinks;    // [heads] or null (read with kSinks)
+  int window;            // 0, or below kv_len (read with kWindow)
 };
 
 // Named barriers 1, 2 over both consumer warpgroups (256 threads): wait at one's own, arrive at the other's.
@@ -113,7 +118,10 @@ __device__ __forceinline__ T (&as_tiles(T (&flat)[N]))[N / 4][4] {
   return *reinterpret_cast<T(*)[N / 4][4]>(&flat);
 }
 
-template <bool kFp8>
+// kWindow: a sliding window is set (p.window > 0); kSinks: p.sinks is given. Instances of their
+// own, so the plain kernel keeps every register (the consumers run at the limit: ptxas spills a
+// few bytes more when the window's bounds or the sink epilogue are merely possible).
+template <bool kFp8, bool kWindow, bool kSinks>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
                           const Sm90Params p) {
@@ -129,6 +137,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int pos0 = p.kv_len - p.q_len + q0;  // position of the block's first query
   const int key_end = p.causal ? min(p.kv_len, pos0 + q_rows) : p.kv_len;
   const int n_tiles = (key_end + kBlockN - 1) / kBlockN;
+  // Tiles tile_begin .. n_tiles - 1 are loaded: the first row's window starts lowest. Loop
+  // counters below count from tile_begin (ring stages and phases included).
+  const int window = kWindow ? p.window : 0;
+  const int tile_begin = kWindow ? max(0, pos0 - window + 1) / kBlockN : 0;
+  const int n_loaded = kWindow ? max(n_tiles - tile_begin, 0) : n_tiles;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
@@ -150,10 +163,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t k_scale_row = static_cast<int64_t>(kv_head) * p.kv_len;
     constexpr int kPerLane = kBlockN / 32;
     static_assert(kHeadDim == kBlockN, "one loop loads a key's and a channel's scale per lane step");
-    for (int it = 0; it < n_tiles; ++it) {
+    for (int it = 0; it < n_loaded; ++it) {
       const int s = it % kStages;
-      const int key0 = it * kBlockN;
-      const float* vs = p.v_scale + (static_cast<int64_t>(kv_head) * p.kv_tiles + it) * kHeadDim;
+      const int key0 = (tile_begin + it) * kBlockN;
+      const float* vs = p.v_scale + (static_cast<int64_t>(kv_head) * p.kv_tiles + tile_begin + it) * kHeadDim;
       float ks[kPerLane], sv[kPerLane];
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
@@ -188,13 +201,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const int row_lo = wg * 64 + (warp % 4) * 16 + g;  // block-local rows row_lo and row_lo + 8
   uint32_t q_frag[kHeadDim / 32][4];
-  int pos_row[2];
+  int pos_row[2], key_lo[2];  // key_lo: the row's oldest visible key (0 without a window)
   float row_scale[2];  // the query's scale times the softmax scale times log2(e): scores acc * sk * row_scale
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row_lo + 8 * r;
     const bool valid = row < q_rows;
     pos_row[r] = pos0 + row;
+    key_lo[r] = kWindow ? pos_row[r] - window + 1 : 0;
     // Rows past the queries: Q is zero, every score 0; scale 1 keeps masked scores at -inf, not NaN.
     row_scale[r] = (valid ? p.q_scale[static_cast<int64_t>(head) * p.q_len + q0 + row] : 1.f) * p.scale_log2;
     const int8_t* src = p.q + (static_cast<int64_t>(q0 + row) * p.heads + head) * kHeadDim;
@@ -204,13 +218,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       q_frag[ks][2 + r] = valid ? *reinterpret_cast<const uint32_t*>(src + 32 * ks + 16 + 4 * t) : 0u;
     }
   }
-  // The warpgroup's last query position: key tiles past it (causal) are skipped, not computed.
-  // Key tiles a warpgroup sees: those past its last query position (causal) are skipped.
+  // Key tiles a warpgroup sees, counted from tile_begin: those past its last query position
+  // (causal) are skipped.
   const auto active_tiles = [&](int w) {
     const int last_row = min(w * 64 + 63, q_rows - 1);
     const int key_end = w * 64 >= q_rows ? 0 : (p.causal ? min(p.kv_len, pos0 + last_row + 1) : p.kv_len);
-    return (key_end + kBlockN - 1) / kBlockN;
+    const int end_tile = (key_end + kBlockN - 1) / kBlockN;
+    return kWindow ? max(end_tile - tile_begin, 0) : end_tile;
   };
+  // Tiles below window_edge hold keys before some row's window of this warpgroup (-1: none does).
+  const int window_edge = kWindow ? pos0 + wg * 64 + 64 - window : -1;
 
   using Acc = std::conditional_t<kFp8, float, int32_t>;
   float o[kHeadDim / 2];
@@ -248,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // for the product there.
   const auto step = [&](int it, auto has_next) {
     const int s = it % kStages;
-    const int key0 = it * kBlockN;
+    const int key0 = (tile_begin + it) * kBlockN;
     wgmma_wait_group<0>();  // S_it (and nothing else is in flight)
     fence_registers(sacc);
 
@@ -268,14 +285,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    if (key0 + kBlockN > p.kv_len || (p.causal && key0 + kBlockN - 1 > pos0 + wg * 64)) {
+    if (key0 + kBlockN > p.kv_len || (p.causal && key0 + kBlockN - 1 > pos0 + wg * 64) || (kWindow && key0 < window_edge)) {
 #pragma unroll
       for (int n = 0; n < kBlockN / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = key0 + n * 8 + 2 * t + (e & 1);
           const int limit = p.causal ? min(p.kv_len, pos_row[e / 2] + 1) : p.kv_len;
-          if (key >= limit) sc[n][e] = -INFINITY;
+          if (key >= limit || (kWindow && key < key_lo[e / 2])) sc[n][e] = -INFINITY;
         }
     }
     float corr[2], carry[2];
@@ -306,19 +323,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     step(n_active - 1, std::false_type{});
   }
   // Tiles past the warpgroup's last key (causal): passed on, not computed.
-  for (int it = n_active; it < n_tiles; ++it) {
+  for (int it = n_active; it < n_loaded; ++it) {
     mbarrier_wait(smem_u32(&sh.full[it % kStages]), (it / kStages) & 1);
     release(it % kStages);
   }
 
   // O / l, BF16, straight from registers.
   uint16_t* out_row[2];
+  float sink[2] = {0.f, 0.f};  // the sink's share of each row's denominator, against the frame
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
+  for (int r = 0; r < 2; ++r) {
     out_row[r] = row_lo + 8 * r < q_rows ? p.out + (static_cast<int64_t>(q0 + row_lo + 8 * r) * p.heads + head) * kHeadDim
                                          : nullptr;
-  store_normalized_rows<kHeadDim>(as_tiles(o), row_sum, out_row, t);
+    if constexpr (kSinks) sink[r] = sink_share<kFp8 ? kSinkFp8 : kSinkInt8>(p.sinks[head], frame[r]);
+  }
+  store_normalized_rows<kHeadDim, kSinks>(as_tiles(o), row_sum, sink, out_row, t);
 #endif
+}
+
+using Sm90Kernel = void (*)(const CUtensorMap, const CUtensorMap, const Sm90Params);
+template <bool kFp8> Sm90Kernel sm90_kernel_for(bool window, bool sinks) {
+  if (window) return sinks ? attention_sm90_kernel<kFp8, true, true> : attention_sm90_kernel<kFp8, true, false>;
+  return sinks ? attention_sm90_kernel<kFp8, false, true> : attention_sm90_kernel<kFp8, false, false>;
+}
+Sm90Kernel sm90_kernel_for(bool fp8, bool window, bool sinks) {
+  return fp8 ? sm90_kernel_for<true>(window, sinks) : sm90_kernel_for<false>(window, sinks);
 }
 
 // Whether the loaded code of the kernel is the sm_90a build (not the compute_80 PTX fallback,
@@ -326,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool sm90_code_present() {
   static const bool present = [] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, attention_sm90_kernel<false>) == cudaSuccess && attr.binaryVersion == 90;
+    return cudaFuncGetAttributes(&attr, attention_sm90_kernel<false, false, false>) == cudaSuccess && attr.binaryVersion == 90;
   }();
   return present;
 }
@@ -367,7 +396,9 @@ Status sm90_8bit_attention(const FullInt8AttentionArgs& f, bool fp8, float scale
   p.kv_tiles = static_cast<int>((a.kv_len + kBlockN - 1) / kBlockN);
   p.scale_log2 = scale_log2;
   p.causal = a.causal;
-  const auto kernel = fp8 ? attention_sm90_kernel<true> : attention_sm90_kernel<false>;
+  p.sinks = a.sinks;
+  p.window = a.window < a.kv_len ? static_cast<int>(a.window) : 0;  // a longer window masks nothing
+  const auto kernel = sm90_kernel_for(fp8, p.window > 0, p.sinks != nullptr);
   LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes, dev.ordinal));
   const dim3 grid(static_cast<unsigned>((a.q_len + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.heads));
   kernel<<<grid, kThreads, kSmemBytes, static_cast<cudaStream_t>(stream)>>>(tmap_k, tmap_v, p);

@@ -192,16 +192,33 @@ __device__ __forceinline__ void fold_pv_tile(float (&o)[kHeadDim / 8][4], const 
   }
 }
 
-// The epilogue: O / l (l summed over the quad that shares a row) as BF16 into the rows
-// `out_row[r]` (row g + 8r; null: a row past the queries, skipped).
-template <int kHeadDim>
+// The attention sink's share of a row's denominator (the specification's u * 2^(s_h log2(e) - m)),
+// in the units of that row's sum: a score equal to ref_log2 (log2 units: the running maximum or
+// the frame the row sum is kept against) weighs 1 (BF16 P), 255 (full-INT8 P) or 2^8 (FP8 P).
+// A row that saw no key (ref -inf) gets 0: it writes zeros.
+enum SinkUnit { kSinkUnit, kSinkInt8, kSinkFp8 };
+template <SinkUnit kUnit>
+__device__ __forceinline__ float sink_share(float sink, float ref_log2) {
+  using attention::mma::fast_exp2;
+  if (ref_log2 == -INFINITY) return 0.f;
+  const float x = __fmaf_rn(sink, attention::mma::kLog2e, -ref_log2);
+  if constexpr (kUnit == kSinkInt8) return 255.f * fast_exp2(x);
+  if constexpr (kUnit == kSinkFp8) return fast_exp2(x + kFp8POffset);
+  return fast_exp2(x);
+}
+
+// The epilogue: O / (l + sink[r]) (l summed over the quad that shares a row; sink: sink_share,
+// read only with kSink) as BF16 into the rows `out_row[r]` (row g + 8r; null: a row past the
+// queries, skipped).
+template <int kHeadDim, bool kSink>
 __device__ __forceinline__ void store_normalized_rows(const float (&o)[kHeadDim / 8][4], const float (&row_sum)[2],
-                                                      uint16_t* const (&out_row)[2], int t) {
+                                                      const float (&sink)[2], uint16_t* const (&out_row)[2], int t) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = row_sum[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if constexpr (kSink) sum += sink[r];
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     if (out_row[r] == nullptr) continue;
 #pragma unroll

@@ -33,8 +33,9 @@ Status QuantPrefillAttention::allocate(AttentionVariant variant, int64_t heads, 
 
 Status QuantPrefillAttention::run(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache, int64_t capacity,
                                   const std::vector<PrefillSequence>& seqs, uint16_t* out, float softmax_scale,
-                                  CudaStream stream) const {
+                                  CudaStream stream, int64_t window, const float* sinks) const {
   if (!active()) return invalid_argument("QuantPrefillAttention::run: not allocated");
+  if (window < 0) return invalid_argument("8-bit prefill attention: window " + std::to_string(window) + " is negative");
   const int64_t q_row = heads_ * head_dim_, kv_row = kv_heads_ * head_dim_;
   for (const PrefillSequence& s : seqs) {
     if (s.q_len <= 0) continue;
@@ -73,6 +74,8 @@ Status QuantPrefillAttention::run(const uint16_t* q, const uint16_t* k_cache, co
     a.qk.head_dim = head_dim_;
     a.qk.causal = true;
     a.qk.softmax_scale = softmax_scale;
+    a.qk.window = window;  // the kernels validate it
+    a.qk.sinks = sinks;
     a.qk.q = qa.q8;
     a.qk.q_scale = qa.q_scale;
     a.qk.k = qa.k8;

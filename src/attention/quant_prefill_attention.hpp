@@ -32,8 +32,11 @@ class QuantPrefillAttention {
 
   // q: the step's rotated queries [T, heads, head_dim] BF16; k_cache / v_cache: one layer's BF16
   // cache [slots, capacity, kv_heads, head_dim]; out: [T, heads, head_dim] BF16. Causal.
+  // window: sliding window (0: none), sinks: device [heads] f32 attention-sink logits or null, both
+  // as HalfInt8AttentionArgs (cuda_attention_int8.hpp) has them.
   Status run(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache, int64_t capacity,
-             const std::vector<PrefillSequence>& seqs, uint16_t* out, float softmax_scale, CudaStream stream) const;
+             const std::vector<PrefillSequence>& seqs, uint16_t* out, float softmax_scale, CudaStream stream,
+             int64_t window = 0, const float* sinks = nullptr) const;
 
  private:
   AttentionVariant variant_ = AttentionVariant::kBf16;

@@ -103,6 +103,16 @@ Operand quantize_v(const float* x, const AttentionProblem& p, const QuantAttenti
   return v;
 }
 
+// What a probability of 1 (a score equal to the running maximum) weighs in a variant's row sum l:
+// the unit the attention sink joins l in.
+float sink_unit(const QuantAttentionOptions& o) {
+  switch (o.variant) {
+    case AttentionVariant::kFullInt8: return static_cast<float>(o.p_max);
+    case AttentionVariant::kFp8: return std::exp2(o.p_offset);
+    default: return 1.0f;
+  }
+}
+
 struct Prepared {
   Operand q, k, v;
 };
@@ -124,21 +134,23 @@ void attend_rows(const AttentionProblem& p, const QuantAttentionOptions& o, cons
     const float* qv = &in.q.value[qrow * d];
     const int64_t pos = p.kv_len - p.q_len + i;
     const int64_t visible = p.causal ? std::min(p.kv_len, pos + 1) : p.kv_len;
+    const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;  // the window's oldest key
     float* dst = out + qrow * d;
     if (var == AttentionVariant::kFloat) {
-      // Ground truth: exact scores, max-subtracted softmax in double.
+      // Ground truth: exact scores, max-subtracted softmax in double; the sink joins the maximum
+      // and the denominator.
       std::vector<double> sc(static_cast<size_t>(visible));
-      double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t t = 0; t < visible; ++t) {
+      double mx = p.sinks != nullptr ? static_cast<double>(p.sinks[h]) : -std::numeric_limits<double>::infinity();
+      for (int64_t t = first; t < visible; ++t) {
         const float* kv = &in.k.value[(t * p.kv_heads + hk) * d];
         double a = 0;
         for (int64_t c = 0; c < d; ++c) a += static_cast<double>(qv[c]) * kv[c];
         sc[t] = a * scale;
         mx = std::max(mx, sc[t]);
       }
-      double l = 0;
+      double l = p.sinks != nullptr ? std::exp(static_cast<double>(p.sinks[h]) - mx) : 0.0;
       std::fill(acc_o.begin(), acc_o.end(), 0.0);
-      for (int64_t t = 0; t < visible; ++t) {
+      for (int64_t t = first; t < visible; ++t) {
         const double e = std::exp(sc[t] - mx);
         l += e;
         const float* vv = &in.v.value[t * width + hk * d];
@@ -150,11 +162,13 @@ void attend_rows(const AttentionProblem& p, const QuantAttentionOptions& o, cons
     float m = -std::numeric_limits<float>::infinity();
     float l = 0.0f;
     std::fill(o_row.begin(), o_row.end(), 0.0f);
-    for (int64_t t0 = 0; t0 < visible; t0 += o.block_kv) {
-      const int64_t t1 = std::min(visible, t0 + o.block_kv);
+    // Tiles stay at multiples of block_kv (V's block scales are per absolute tile); keys before the
+    // window are left out of the tile, tiles wholly before it skipped.
+    for (int64_t t0 = first / o.block_kv * o.block_kv; t0 < visible; t0 += o.block_kv) {
+      const int64_t t1 = std::min(visible, t0 + o.block_kv), ta = std::max(t0, first);
       // Scores in the log2 domain: (Q K^T) * sq * sk * scale * log2(e), one multiply per score.
       float tile_max = -std::numeric_limits<float>::infinity();
-      for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t t = ta; t < t1; ++t) {
         const int64_t krow = t * p.kv_heads + hk;
         const float* kv = &in.k.value[krow * d];
         float acc;
@@ -179,7 +193,7 @@ void attend_rows(const AttentionProblem& p, const QuantAttentionOptions& o, cons
       const float carry = tile_ref ? std::exp2(tile_max - m_new) : 1.0f;
       float tile_l = 0.0f;
       std::vector<double> pv(static_cast<size_t>(d), 0.0);  // integer-exact for INT8 P*V
-      for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t t = ta; t < t1; ++t) {
         const float e = std::exp2(s[t - t0] - m_ref);
         float pq;
         switch (var) {
@@ -209,6 +223,8 @@ void attend_rows(const AttentionProblem& p, const QuantAttentionOptions& o, cons
       }
       m = m_new;
     }
+    // The sink, once, in P's units against the running maximum m (a row that saw no key stays 0).
+    if (p.sinks != nullptr && l > 0.0f) l += sink_unit(o) * std::exp2(p.sinks[h] * kLog2e - m);
     for (int64_t c = 0; c < d; ++c) dst[c] = l > 0.0f ? o_row[c] / l : 0.0f;
   }
 }
@@ -219,6 +235,8 @@ Status check(const AttentionProblem& p, const QuantAttentionOptions& o) {
   if (p.heads <= 0 || p.kv_heads <= 0 || p.heads % p.kv_heads != 0)
     return invalid_argument("heads, kv_heads: heads must be a positive multiple of kv_heads");
   if (p.head_dim <= 0) return invalid_argument("head_dim: must be > 0");
+  if (p.window < 0) return invalid_argument("window: must be >= 0 (0: no sliding window), got " + std::to_string(p.window));
+  if (p.window > 0 && !p.causal) return invalid_argument("window: a sliding window needs causal attention");
   if (o.block_kv <= 0) return invalid_argument("block_kv: must be > 0");
   if (o.p_max != 127 && o.p_max != 255) return invalid_argument("p_max: 127 (signed P) or 255 (unsigned P), got " + std::to_string(o.p_max));
   if (!(o.p_offset >= 0.0f && std::exp2(o.p_offset) <= 448.0f))

@@ -111,10 +111,13 @@ int run(const EvalArgs& a) {
 
   std::vector<std::string> labels;
   std::vector<std::unique_ptr<QuantizedModel>> qmodels;
+  std::vector<WeightError> weight_errors;  // per scheme (not --quantized directories)
   Progress quantizing("quantizing");
   for (const Scheme& s : schemes) {
     auto qm = std::make_unique<QuantizedModel>();
     if (Status st = quantize_model(model, s, have_stats ? &stats : nullptr, {}, qm.get()); !st.ok()) return fail(st);
+    weight_errors.emplace_back();
+    if (Status st = weight_error(*qm, &weight_errors.back()); !st.ok()) return fail(st);
     labels.push_back(s.name);
     qmodels.push_back(std::move(qm));
     quantizing.update(static_cast<int64_t>(qmodels.size()), static_cast<int64_t>(schemes.size()));
@@ -134,10 +137,12 @@ int run(const EvalArgs& a) {
   EvalOptions options;
   options.context = std::min(a.context, model.config.max_seq_len);
   std::vector<std::string> candidate_labels;
+  std::vector<const WeightError*> candidate_weight_errors;
   for (size_t i = 0; i < qmodels.size(); ++i)
     for (AttentionVariant attention : attentions) {
     const auto& qm = qmodels[i];
     candidate_labels.push_back(per_attention ? labels[i] + " + " + attention_variant_name(attention) + " attention" : labels[i]);
+    candidate_weight_errors.push_back(i < weight_errors.size() ? &weight_errors[i] : nullptr);
     if (a.device == "cuda") {
       // The candidate runs on the GPU runtime; the base stays the CPU float reference. A
       // --quantized directory streams to the device as `llmq run/bench` load it.
@@ -199,7 +204,12 @@ int run(const EvalArgs& a) {
     j["results"] = nlohmann::ordered_json::array();
     for (size_t i = 0; i < sums.size(); ++i) {
       const auto& s = sums[i];
+      nlohmann::ordered_json weights = nullptr;
+      if (const WeightError* w = candidate_weight_errors[i])
+        weights = {{"rel_l2", w->rel_l2}, {"expert_rel_l2", w->expert_rel_l2}, {"exact_fraction", w->exact_fraction},
+                   {"elements", w->elements}};
       j["results"].push_back({{"scheme", candidate_labels[i]},
+                              {"weight_error", weights},
                               {"ppl", s.ppl_quant},
                               {"ppl_err", s.ppl_quant_err},
                               {"ppl_ratio", s.ppl_ratio},
@@ -222,10 +232,20 @@ int run(const EvalArgs& a) {
               static_cast<long long>(sums.empty() ? 0 : sums[0].tokens), static_cast<long long>(options.context));
   if (!sums.empty())
     std::printf("unquantized perplexity: %.4f +- %.4f\n", sums[0].ppl_base, sums[0].ppl_base_err);
+  // The weights' own error beside the model's: for MoE models the experts' (gpt-oss read from
+  // MXFP4: how far the requantized experts are from the exact MXFP4 values).
+  const bool moe = model.config.is_moe();
   std::vector<EvalRow> rows;
-  for (size_t i = 0; i < sums.size(); ++i) rows.push_back({candidate_labels[i], sums[i], {}});
+  for (size_t i = 0; i < sums.size(); ++i) {
+    const WeightError* w = candidate_weight_errors[i];
+    rows.push_back({candidate_labels[i], sums[i], {w ? fmt::format("{:.2e}", moe ? w->expert_rel_l2 : w->rel_l2) : "-"}});
+  }
   sort_by_kl(&rows);
-  std::printf("\n%s", eval_table_text(rows).c_str());
+  EvalTableOptions table;
+  table.extra_headers = {"wt err"};
+  table.extra_notes = {std::string("wt err: ||W_q - W|| / ||W|| of the quantized ") + (moe ? "experts" : "weights") +
+                       " (--json: every linear, experts, exact share)"};
+  std::printf("\n%s", eval_table_text(rows, table).c_str());
   return 0;
 }
 

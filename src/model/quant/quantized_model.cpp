@@ -218,4 +218,34 @@ Status QuantizedLinearBackend::forward(const Linear& linear, const float* x, int
   return quantized_gemm(a, GemmOperand::of(ql->weight), matrix_view(y, rows, out), options);
 }
 
+Status weight_error(const QuantizedModel& model, WeightError* out) {
+  // Sums of squares in double: a 70B model has 10^10 elements.
+  double err = 0, norm = 0, expert_err = 0, expert_norm = 0;
+  int64_t exact = 0, elements = 0;
+  for (const Linear* l : model.weights.linears()) {
+    const QuantizedLinear* q = model.find(l->id.hf_name(model.weights.config));
+    if (q == nullptr) continue;  // kept in high precision
+    Tensor deq(DType::kF32, l->weight.shape());
+    LLMQ_RETURN_IF_ERROR(dequantize(q->weight, deq.view()));
+    const float* w = l->weight.data_as<float>();
+    const float* d = deq.data_as<float>();
+    const bool expert = l->id.expert >= 0;
+    for (int64_t i = 0; i < deq.numel(); ++i) {
+      const double diff = static_cast<double>(d[i]) - w[i], ref = w[i];
+      err += diff * diff;
+      norm += ref * ref;
+      if (expert) expert_err += diff * diff, expert_norm += ref * ref;
+      exact += d[i] == w[i];
+    }
+    elements += deq.numel();
+  }
+  WeightError r;
+  r.rel_l2 = norm > 0 ? std::sqrt(err / norm) : 0.0;
+  r.expert_rel_l2 = expert_norm > 0 ? std::sqrt(expert_err / expert_norm) : 0.0;
+  r.exact_fraction = elements > 0 ? static_cast<double>(exact) / static_cast<double>(elements) : 0.0;
+  r.elements = elements;
+  *out = r;
+  return {};
+}
+
 }  // namespace llmq
