@@ -338,11 +338,10 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(run_linear(L.gate_up, plan.layers[l].gate_up, in, T, gu_out.get(), lin));
 
     RowOpArgs silu;
-    silu.fn = RowFn::kSiluMul;
+    silu.fn = c.activation == GluActivation::kClampedSwiglu ? RowFn::kClampedSwiglu : RowFn::kSiluMul;
     silu.rows = T;
     silu.n = c.hidden_dim;
     silu.src = gu_out.as<uint16_t>();
-    silu.clamped = c.activation == GluActivation::kClampedSwiglu;
     silu.glu_limit = static_cast<float>(c.glu_limit);
     silu.glu_alpha = static_cast<float>(c.glu_alpha);
     LLMQ_RETURN_IF_ERROR(produce(L.down, silu, in_down, &in, run(kStageSilu)));

@@ -177,11 +177,10 @@ Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf
   LLMQ_RETURN_IF_ERROR(cuda_moe_grouped_gemm(g1, ctx.stream, kernel));
 
   RowOpArgs silu;
-  silu.fn = RowFn::kSiluMul;
+  silu.fn = moe.activation == GluActivation::kClampedSwiglu ? RowFn::kClampedSwiglu : RowFn::kSiluMul;
   silu.rows = slots;
   silu.n = hidden;
   silu.src = buf.gate_up_out.as<uint16_t>();
-  silu.clamped = moe.activation == GluActivation::kClampedSwiglu;
   silu.glu_limit = moe.glu_limit;
   silu.glu_alpha = moe.glu_alpha;
   if (!moe.gate_up_bias.empty()) {  // each permuted row takes its expert's gate/up biases

@@ -81,16 +81,22 @@ struct Vec<8> {
   }
 };
 
-// The GLU of one element pair (RowOpArgs::clamped), in the CPU reference's rounding order. The
-// clamps are written as std::min / std::max are (a NaN gate or up stays NaN).
+__host__ __device__ constexpr bool is_glu(RowFn f) { return f == RowFn::kSiluMul || f == RowFn::kClampedSwiglu; }
+
+// The GLU of one element pair, in the CPU reference's rounding order. The clamps are written as
+// std::min / std::max are (a NaN gate or up stays NaN).
+template <RowFn F>
 __device__ __forceinline__ float glu(float g, float u, const RowOpArgs& a) {
-  if (!a.clamped) return g * __fdiv_rn(1.0f, 1.0f + expf(-g)) * u;
-  const float limit = a.glu_limit;
-  const float gc = limit < g ? limit : g;
-  const float ul = u < -limit ? -limit : u;
-  const float uc = limit < ul ? limit : ul;
-  const float gated = gc * __fdiv_rn(1.0f, 1.0f + expf(-(gc * a.glu_alpha)));
-  return (uc + 1.0f) * gated;
+  if constexpr (F == RowFn::kSiluMul) {
+    return g * __fdiv_rn(1.0f, 1.0f + expf(-g)) * u;
+  } else {
+    const float limit = a.glu_limit;
+    const float gc = limit < g ? limit : g;
+    const float ul = u < -limit ? -limit : u;
+    const float uc = limit < ul ? limit : ul;
+    const float gated = gc * __fdiv_rn(1.0f, 1.0f + expf(-(gc * a.glu_alpha)));
+    return (uc + 1.0f) * gated;
+  }
 }
 
 // Row r's gate/up biases ([gate n, up n]) or null (RowOpArgs::glu_bias).
@@ -149,7 +155,7 @@ __global__ void __launch_bounds__(1024) row_op_kernel(RowKernelArgs args) {
       for (int i = 0; i < V; ++i) v[i] = g[i] * (inv * v[i]);
       Vec<V>::store_f32(vals + j, v);
     }
-  } else if constexpr (F == RowFn::kSiluMul) {
+  } else if constexpr (is_glu(F)) {
     const uint16_t* gu = a.src + r * 2 * n;
     const float* bias = glu_bias_row(a, r);
     for (int64_t j = first; j < n; j += step) {
@@ -161,7 +167,7 @@ __global__ void __launch_bounds__(1024) row_op_kernel(RowKernelArgs args) {
         add_f32<V>(bias + n + j, u);
       }
 #pragma unroll
-      for (int i = 0; i < V; ++i) g[i] = glu(g[i], u[i], a);
+      for (int i = 0; i < V; ++i) g[i] = glu<F>(g[i], u[i], a);
       Vec<V>::store_f32(vals + j, g);
     }
   } else {
@@ -276,7 +282,7 @@ __global__ void __launch_bounds__(1024) row_op_registers_kernel(RowKernelArgs ar
     for (int c = 0; c < C; ++c)
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[c][i] = g[c][i] * (inv * v[c][i]);
-  } else if constexpr (F == RowFn::kSiluMul) {
+  } else if constexpr (is_glu(F)) {
     const uint16_t* gu = a.src + r * 2 * n;
     const float* bias = glu_bias_row(a, r);
 #pragma unroll
@@ -292,7 +298,7 @@ __global__ void __launch_bounds__(1024) row_op_registers_kernel(RowKernelArgs ar
 #pragma unroll
     for (int c = 0; c < C; ++c)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[c][i] = glu(v[c][i], g[c][i], a);
+      for (int i = 0; i < 8; ++i) v[c][i] = glu<F>(v[c][i], g[c][i], a);
   } else {
 #pragma unroll
     for (int c = 0; c < C; ++c)
@@ -501,6 +507,7 @@ Status row_op(const RowOpArgs& a, CudaStream stream) {
   switch (a.fn) {
     case RowFn::kAddRmsNorm: return dispatch_out<RowFn::kAddRmsNorm>(args, stream);
     case RowFn::kSiluMul: return dispatch_out<RowFn::kSiluMul>(args, stream);
+    case RowFn::kClampedSwiglu: return dispatch_out<RowFn::kClampedSwiglu>(args, stream);
     case RowFn::kCopy: return dispatch_out<RowFn::kCopy>(args, stream);
   }
   return invalid_argument("row_op: unknown function");

@@ -26,7 +26,9 @@ namespace llmq::runtime {
 Status embedding(const int32_t* tokens, int64_t rows, const void* table, bool table_f32, int64_t dim, float* x,
                  CudaStream stream);
 
-enum class RowFn { kAddRmsNorm, kSiluMul, kCopy };
+// kClampedSwiglu is its own function (not a flag of kSiluMul) so that the SiLU kernels stay the code
+// they were: the clamps compile into the gpt-oss instances only.
+enum class RowFn { kAddRmsNorm, kSiluMul, kClampedSwiglu, kCopy };
 
 // Tensor parallelism (src/parallel/p2p_all_reduce.hpp's scheme inside the norm): with ranks > 1,
 // kAddRmsNorm's delta is the sum over the ranks of every rank's delta (their row-parallel partial
@@ -55,14 +57,13 @@ struct RowOpArgs {
   const float* gain = nullptr;      // [n]
   float eps = 1e-5f;
   const int32_t* row_index = nullptr;
-  // kSiluMul: gate_up bf16 [rows, 2n] (gate = columns 0..n-1, up = n..2n-1). kCopy: src bf16 [rows, n].
+  // kSiluMul, kClampedSwiglu (the GLUs): gate_up bf16 [rows, 2n] (gate = columns 0..n-1, up =
+  // n..2n-1); silu(g) * u, or gpt-oss's g = min(g, limit), u = clamp(u, -limit, limit),
+  // (u + 1) * g * sigmoid(alpha g). kCopy: src bf16 [rows, n].
   const uint16_t* src = nullptr;
-  // kSiluMul's activation (ModelConfig::activation): silu(g) * u, or with `clamped` gpt-oss's
-  // g = min(g, limit), u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha g).
-  bool clamped = false;
   float glu_limit = 7.0f;
   float glu_alpha = 1.702f;
-  // kSiluMul's gate/up biases, f32 [groups, 2n] (gate bias, then up bias), added before the
+  // The GLUs' gate/up biases, f32 [groups, 2n] (gate bias, then up bias), added before the
   // activation. bias_group null: group 0 for every row. Else row r takes group bias_group[r] -
   // group_begin, and none when that is outside [0, groups) (MoE: the expert of each permuted row;
   // under expert parallelism rows of other ranks' experts, which no one reads).

@@ -1,0 +1,235 @@
+// The runtime's per-row kernels (src/runtime/row_kernels.hpp) on the newer families' pieces, each
+// against the same arithmetic on the host:
+//   * the GLU with gpt-oss's clamped SwiGLU and per-row-group gate/up biases (MoE: each permuted
+//     row's expert; rows of experts outside this rank's range unbiased), and plain SiLU * up;
+//   * add + RMSNorm with the producing linear's bias (o_proj's): x += delta + bias, bit for bit;
+//   * RoPE + KV-cache write with Qwen3's per-head q/k RMSNorm after the qkv bias.
+// Every kernel form is run: the decode-size register kernel (<= 64 rows), the shared-memory kernel
+// with 8-wide and with scalar accesses (n % 8 != 0). Outputs are BF16: within 1 BF16 ulp of the host
+// (device expf and summation order move the float value by a few float ulps); the residual exactly.
+// Skips visibly without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_support.hpp"
+#include "llmq/format.hpp"
+#include "runtime/row_kernels.hpp"
+#include "support.hpp"
+
+namespace llmq {
+namespace {
+
+using testing::DeviceBuffer;
+
+std::vector<float> normal(size_t n, float std, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, std);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16_bits(v[i]);
+  return b;
+}
+
+// A BF16 value within `ulps` BF16 units in the last place of `want`, the unit taken at |want| or at
+// `scale` when larger (a difference of products that cancels keeps its operands' absolute error).
+::testing::AssertionResult near_bf16(uint16_t got, float want, int ulps, const std::string& where, float scale = 0.0f) {
+  const float g = bf16_bits_to_float(got);
+  const float step = std::ldexp(1.0f, std::ilogb(std::max({std::fabs(want), scale, 1e-30f})) - 7);
+  if (std::fabs(g - want) <= ulps * step + 1e-30f) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << where << ": got " << g << ", want " << want;
+}
+
+struct GluCase {
+  int64_t rows, n;
+  bool clamped, bias, groups;
+};
+
+TEST(CudaRowOps, GluWithClampAndGroupBiasesMatchesTheHost) {
+  LLMQ_REQUIRE_GPU();
+  const GluCase cases[] = {{5, 256, true, true, true},   {100, 256, true, true, true}, {7, 13, true, true, true},
+                           {3, 64, true, true, false},   {9, 40, false, false, false}, {70, 24, false, true, true}};
+  const int64_t kGroups = 3, kBegin = 2;  // this rank's experts 2..4 of 0..5
+  const float limit = 7.0f, alpha = 1.702f;
+  for (const GluCase& c : cases) {
+    SCOPED_TRACE(testing::repro(3, c.rows, c.n, std::string(c.clamped ? "clamped" : "silu") + (c.bias ? " bias" : "") +
+                                                    (c.groups ? " groups" : "")));
+    const std::vector<float> gu = normal(static_cast<size_t>(c.rows * 2 * c.n), 6.0f, 3);  // many past the limit
+    const std::vector<float> bias = normal(static_cast<size_t>(kGroups * 2 * c.n), 1.0f, 4);
+    std::vector<int32_t> group(static_cast<size_t>(c.rows));
+    for (int64_t r = 0; r < c.rows; ++r) group[r] = static_cast<int32_t>((r * 7) % 6);
+    const std::vector<uint16_t> gu_b = to_bf16(gu);
+    DeviceBuffer<uint16_t> d_gu(gu_b.size()), d_out(static_cast<size_t>(c.rows * c.n));
+    DeviceBuffer<float> d_bias(bias.size());
+    DeviceBuffer<int32_t> d_group(group.size());
+    CUDA_ASSERT(d_gu.upload(gu_b));
+    CUDA_ASSERT(d_bias.upload(bias));
+    CUDA_ASSERT(d_group.upload(group));
+    runtime::RowOpArgs a;
+    a.fn = c.clamped ? runtime::RowFn::kClampedSwiglu : runtime::RowFn::kSiluMul;
+    a.rows = c.rows;
+    a.n = c.n;
+    a.src = d_gu.get();
+    a.out_bf16 = d_out.get();
+    a.glu_limit = limit;
+    a.glu_alpha = alpha;
+    if (c.bias) {
+      a.glu_bias = d_bias.get();
+      a.bias_group = c.groups ? d_group.get() : nullptr;
+      a.group_begin = kBegin;
+      a.groups = kGroups;
+    }
+    const Status st = runtime::row_op(a, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    std::vector<uint16_t> out;
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    CUDA_ASSERT(d_out.download(&out));
+    for (int64_t r = 0; r < c.rows; ++r) {
+      const int64_t e = c.groups ? group[r] - kBegin : 0;
+      const float* b = c.bias && e >= 0 && e < kGroups ? &bias[e * 2 * c.n] : nullptr;
+      for (int64_t j = 0; j < c.n; ++j) {
+        float g = bf16_bits_to_float(gu_b[r * 2 * c.n + j]), u = bf16_bits_to_float(gu_b[r * 2 * c.n + c.n + j]);
+        if (b != nullptr) g += b[j], u += b[c.n + j];
+        float want;
+        if (c.clamped) {  // transformer.cpp's clamped_swiglu
+          const float gc = std::min(g, limit), uc = std::min(std::max(u, -limit), limit);
+          want = (uc + 1.0f) * (gc * (1.0f / (1.0f + std::exp(-(gc * alpha)))));
+        } else {
+          want = g * (1.0f / (1.0f + std::exp(-g))) * u;
+        }
+        ASSERT_TRUE(near_bf16(out[r * c.n + j], want, 1, "row " + std::to_string(r) + " col " + std::to_string(j)));
+      }
+    }
+  }
+}
+
+TEST(CudaRowOps, AddRmsNormAddsTheDeltaBiasOnce) {
+  LLMQ_REQUIRE_GPU();
+  const int64_t shapes[][2] = {{3, 256}, {80, 256}, {3, 100}};
+  for (const auto& s : shapes) {
+    const int64_t R = s[0], n = s[1];
+    SCOPED_TRACE(testing::repro(5, R, n, "add + rmsnorm + delta bias"));
+    const std::vector<float> x = normal(static_cast<size_t>(R * n), 1.0f, 5), bias = normal(static_cast<size_t>(n), 0.5f, 6);
+    const std::vector<float> gain = normal(static_cast<size_t>(n), 0.2f, 7);
+    const std::vector<uint16_t> delta = to_bf16(normal(static_cast<size_t>(R * n), 2.0f, 8));
+    DeviceBuffer<float> d_x(x.size()), d_bias(bias.size()), d_gain(gain.size());
+    DeviceBuffer<uint16_t> d_delta(delta.size()), d_out(x.size());
+    CUDA_ASSERT(d_x.upload(x));
+    CUDA_ASSERT(d_bias.upload(bias));
+    CUDA_ASSERT(d_gain.upload(gain));
+    CUDA_ASSERT(d_delta.upload(delta));
+    runtime::RowOpArgs a;
+    a.fn = runtime::RowFn::kAddRmsNorm;
+    a.rows = R;
+    a.n = n;
+    a.x = d_x.get();
+    a.delta = d_delta.get();
+    a.delta_bias = d_bias.get();
+    a.gain = d_gain.get();
+    a.eps = 1e-5f;
+    a.out_bf16 = d_out.get();
+    const Status st = runtime::row_op(a, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    std::vector<float> x_after;
+    std::vector<uint16_t> out;
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    CUDA_ASSERT(d_x.download(&x_after));
+    CUDA_ASSERT(d_out.download(&out));
+    for (int64_t r = 0; r < R; ++r) {
+      double ss = 0.0;
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = x[r * n + j] + (bf16_bits_to_float(delta[r * n + j]) + bias[j]);
+        ASSERT_EQ(x_after[r * n + j], v) << "residual row " << r << " col " << j;
+        ss += static_cast<double>(v) * v;
+      }
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + 1e-5));
+      for (int64_t j = 0; j < n; ++j)
+        ASSERT_TRUE(near_bf16(out[r * n + j], gain[j] * (inv * x_after[r * n + j]), 1, "row " + std::to_string(r)));
+    }
+  }
+}
+
+TEST(CudaRowOps, RopeNormalisesEachQkHeadBeforeRotating) {
+  LLMQ_REQUIRE_GPU();
+  for (const int64_t R : {int64_t{3}, int64_t{70}}) {
+    const int64_t H = 4, KVH = 2, hd = 64, half = hd / 2, cap = 96, width = (H + 2 * KVH) * hd, kv_dim = KVH * hd;
+    SCOPED_TRACE(testing::repro(9, R, width, "rope + q/k norm"));
+    ModelConfig c;
+    c.head_dim = hd;
+    c.rope_theta = 1e6;
+    const std::vector<float> cs = runtime::rope_cos_sin(c, cap);
+    const std::vector<uint16_t> qkv = to_bf16(normal(static_cast<size_t>(R * width), 5.0f, 9));  // rms 5: norm matters
+    const std::vector<float> bias = normal(static_cast<size_t>(width), 1.0f, 10);
+    std::vector<float> q_norm = normal(static_cast<size_t>(hd), 0.2f, 11), k_norm = normal(static_cast<size_t>(hd), 0.2f, 12);
+    for (float& g : q_norm) g += 1.0f;
+    for (float& g : k_norm) g += 1.0f;
+    std::vector<int32_t> pos(static_cast<size_t>(R)), slot(static_cast<size_t>(R), 0);
+    for (int64_t r = 0; r < R; ++r) pos[r] = static_cast<int32_t>((r * 13) % cap);  // distinct: R <= cap
+    DeviceBuffer<uint16_t> d_qkv(qkv.size()), d_q(static_cast<size_t>(R * H * hd)), d_k(static_cast<size_t>(cap * kv_dim)),
+        d_v(static_cast<size_t>(cap * kv_dim));
+    DeviceBuffer<float> d_bias(bias.size()), d_cs(cs.size()), d_qn(q_norm.size()), d_kn(k_norm.size());
+    DeviceBuffer<int32_t> d_pos(pos.size()), d_slot(slot.size());
+    CUDA_ASSERT(d_qkv.upload(qkv));
+    CUDA_ASSERT(d_bias.upload(bias));
+    CUDA_ASSERT(d_cs.upload(cs));
+    CUDA_ASSERT(d_qn.upload(q_norm));
+    CUDA_ASSERT(d_kn.upload(k_norm));
+    CUDA_ASSERT(d_pos.upload(pos));
+    CUDA_ASSERT(d_slot.upload(slot));
+    runtime::RopeKvArgs a;
+    a.qkv = d_qkv.get();
+    a.bias = d_bias.get();
+    a.q_norm = d_qn.get();
+    a.k_norm = d_kn.get();
+    a.norm_eps = 1e-6f;
+    a.q_out = d_q.get();
+    a.k_cache = d_k.get();
+    a.v_cache = d_v.get();
+    a.position = d_pos.get();
+    a.slot = d_slot.get();
+    a.cos_sin = d_cs.get();
+    a.rows = R, a.n_heads = H, a.n_kv_heads = KVH, a.head_dim = hd, a.capacity = cap;
+    const Status st = runtime::rope_kv(a, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    std::vector<uint16_t> q, k;
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    CUDA_ASSERT(d_q.download(&q));
+    CUDA_ASSERT(d_k.download(&k));
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t h = 0; h < H + KVH; ++h) {
+        const bool is_q = h < H;
+        const int64_t base = is_q ? h * hd : H * hd + (h - H) * hd;
+        std::vector<float> v(static_cast<size_t>(hd));
+        float ss = 0.0f;
+        for (int64_t d = 0; d < hd; ++d) {
+          v[d] = bf16_bits_to_float(qkv[r * width + base + d]) + bias[base + d];
+          ss += v[d] * v[d];
+        }
+        const float inv = 1.0f / std::sqrt(ss / static_cast<float>(hd) + 1e-6f);
+        for (int64_t d = 0; d < hd; ++d) v[d] = (is_q ? q_norm : k_norm)[d] * (inv * v[d]);
+        for (int64_t j = 0; j < half; ++j) {
+          const float co = cs[(pos[r] * half + j) * 2], si = cs[(pos[r] * half + j) * 2 + 1];
+          const float o0 = v[j] * co - v[j + half] * si, o1 = v[j] * si + v[j + half] * co;
+          const uint16_t* got = is_q ? &q[r * H * hd + h * hd] : &k[pos[r] * kv_dim + (h - H) * hd];
+          // The rotation's products may be fused on the device: 2 ulps of the operands.
+          const float scale = std::max(std::fabs(v[j]), std::fabs(v[j + half]));
+          const std::string where = "row " + std::to_string(r) + " head " + std::to_string(h) + " pair " + std::to_string(j);
+          ASSERT_TRUE(near_bf16(got[j], o0, 2, where, scale));
+          ASSERT_TRUE(near_bf16(got[j + half], o1, 2, where, scale));
+        }
+      }
+  }
+}
+
+}  // namespace
+}  // namespace llmq
