@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""End-to-end PyTorch peers of llmq's GPU runtime: a Llama-family model (real shapes, random seeded
-weights, BF16, built directly on the GPU with transformers' LlamaForCausalLM and SDPA attention)
-or a Mixtral-family MoE model (--model mixtral-8x7b / tiny-moe: transformers' MixtralForCausalLM, same
-recipe, top-2 of 8 experts, rope theta 1e6, no llama3 rope scaling) run three ways:
+"""End-to-end PyTorch peers of llmq's GPU runtime: a model of real shapes (random seeded weights, BF16,
+built directly on the GPU with transformers' own model class) of each family llmq runs:
+  Llama      llama3-8b, tiny                      LlamaForCausalLM, llama3 rope
+  Mixtral    mixtral-8x7b, tiny-moe               MixtralForCausalLM, top-2 of 8, theta 1e6
+  Qwen3      qwen3-8b, qwen3-32b, tiny-qwen3       Qwen3ForCausalLM, head_dim 128, q/k norms, theta 1e6
+  Qwen3-MoE  qwen3-30b-a3b, tiny-qwen3-moe         Qwen3MoeForCausalLM, top-8 of 128 (renormalised)
+  gpt-oss    gpt-oss-20b, gpt-oss-120b, tiny-gpt-oss   GptOssForCausalLM: top-4 of 32 / 128 experts with
+             biases, attention sinks and biases, sliding window 128 on alternate layers, YaRN rope
+(configs checked after construction, see torch_e2e_model.py), run three ways:
 
   eager-bf16    transformers' eager forward with a DynamicCache (what model.generate does by default)
   compile-bf16  the gpt-fast recipe: StaticCache, decode step torch.compile'd (fullgraph, dynamic=False)
@@ -11,16 +16,26 @@ recipe, top-2 of 8 experts, rope theta 1e6, no llama3 rope scaling) run three wa
                 per-output-channel scales and per-token activation scales, torch._scaled_mm row-wise;
                 lm_head and the embeddings stay BF16
 
-MoE models (mixtral-8x7b, tiny-moe): eager-bf16 and compile-bf16 run as above, with transformers' own MoE
-block (router + experts) and its default experts implementation ("grouped_mm" in transformers 5.x;
---experts-impl overrides it). If torch.compile(fullgraph=True) fails on the MoE block the step is compiled
-with fullgraph=False and the rows say "fullgraph": false; if the CUDA graph of the step cannot be captured
-the decode rows are reported as skipped with the capture error (not timed without a graph as for Llama).
-compile-fp8 is skipped for MoE when the experts are fused 3-D parameters (transformers 5.x: one
-gate_up_proj [E, 2I, H] and one down_proj [E, H, I] per layer), since this peer only replaces nn.Linear;
-with per-expert nn.Linear experts (transformers 4.x) they are quantized like the rest, the router stays BF16.
-Random weights give a near-uniform routing. Mixtral-8x7B in BF16 is ~93.4 GB (87 GiB) of weights: it is
-built directly on the GPU in BF16 (no FP32 copy) and needs an H200-class GPU; each peer builds it anew.
+Attention: SDPA, except gpt-oss: transformers has no SDPA path that applies its sinks, so eager
+(--attn-impl flex_attention to try that); the rows say which. Sliding windows come from transformers' own
+caches (StaticSlidingWindowLayer / DynamicSlidingWindowLayer keep 128 tokens; the decode rows list the
+cache's layers). Those 5.x layers branch on a Python int counter, so for gpt-oss the decode step is compiled
+with dynamic=None (one recompile makes the counter symbolic; "dynamic": "auto") and at least 3 warm-up calls;
+a replayed CUDA graph runs no Python, so the sliding layers' mask offset stays where it was at capture
+("sliding_mask_offset_frozen": the work per step is the same, up to --steps of the 128 window slots are
+masked by the end) and positions are checked on a full-attention layer.
+
+MoE models: eager-bf16 and compile-bf16 run as above, with transformers' own MoE block (router + experts)
+and its default experts implementation ("grouped_mm" in transformers 5.x where the experts support it;
+--experts-impl overrides it; the rows name the experts class). If torch.compile(fullgraph=True) fails the
+step is compiled with fullgraph=False and the rows say "fullgraph": false; if the CUDA graph of the step
+cannot be captured the decode rows are reported as skipped with the capture error. compile-fp8 is skipped
+for MoE when the experts are fused 3-D parameters (transformers 5.x: gate_up_proj / down_proj per layer,
+gpt-oss with their biases), since this peer only replaces nn.Linear; with per-expert nn.Linear experts
+(transformers 4.x) they are quantized like the rest, the router stays BF16. Random weights give a
+near-uniform routing. A model whose BF16 weights (counted from the config: gpt-oss-120b ~234 GB) do not
+fit the free GPU memory is reported as skipped ("does not fit") without allocating anything; the first
+info row still carries its parameter counts, checked against a build on the meta device.
 
 Measured (JSON lines to --json, one object per measurement, a table on stdout at the end):
   decode   batch x context: the cache is filled by a (chunked, untimed) prefill of `context` random
@@ -29,16 +44,17 @@ Measured (JSON lines to --json, one object per measurement, a table on stdout at
   prefill  batch 1: time to first token (forward over the prompt, lm_head on the last token only,
            argmax), median of several runs; MFU = 2 * params_without_embeddings * tokens / time / peak
            (plus lm_head for one token), and a second figure that adds causal attention FLOPs
-           (4 * layers * seq^2 * hidden / 2). For MoE models the parameter count is the active one per
-           token: non-expert parameters (attention, router, norms) + top_k/num_experts of the expert
-           parameters (active_params_without_embeddings). Compiled peers prefill eagerly unless
-           --compile-prefill.
+           (4 * q_dim per query-key pair: seq^2 / 2 pairs per full layer, the window's on sliding layers).
+           For MoE models the parameter count is the active one per token: non-expert parameters
+           (attention incl. biases / sinks / q-k norms, router, norms) + top_k/num_experts of the expert
+           parameters incl. their biases (active_params_without_embeddings). Compiled peers prefill
+           eagerly unless --compile-prefill.
   memory   torch.cuda.max_memory_allocated over each peer's measurements.
 Compile time and CUDA-graph capture are outside the timed region and reported separately. Decode
 combinations that do not fit are reported as skipped (out of memory) with the KV-cache bytes.
 
-usage: torch_e2e_peers.py [--model llama3-8b|tiny|mixtral-8x7b|tiny-moe] [--peer P [--peer P ...]] [--quick]
-                         [--json FILE] [--time-budget S] [--experts-impl eager|grouped_mm|batched_mm]"""
+usage: torch_e2e_peers.py [--model NAME] [--peer P [--peer P ...]] [--quick] [--json FILE] [--time-budget S]
+                         [--experts-impl eager|grouped_mm|batched_mm] [--attn-impl eager|sdpa|flex_attention]"""
 import argparse
 import contextlib
 import datetime
@@ -51,17 +67,16 @@ import time
 
 import torch
 
-from torch_e2e_model import (FUSED_EXPERTS_REASON, GiB, SHAPES, T0, Skip, build_model, cfg_is_moe, compile_fn,
-                             drop_compiled_act_quant, fill, flops_params, fused_expert_params, is_fatal, is_oom, log,
-                             make_config, make_forward, new_dynamic_cache, new_static_cache, param_counts,
-                             param_numel, quantize_fp8, reset_static_cache, shape_fields, tensor_bytes)
+from torch_e2e_model import (FUSED_EXPERTS_REASON, NO_SINKS_REASON, GiB, SHAPES, T0, Skip, attention_flops,
+                             build_model, cache_layout, cfg_is_moe, compile_fn, default_attn, drop_compiled_act_quant,
+                             fill, flops_params, fused_expert_params, get_base, is_fatal, is_oom, log, make_config, make_forward,
+                             meta_facts, new_dynamic_cache, new_static_cache, param_counts, param_numel, quantize_fp8,
+                             reset_static_cache, seq_seen, shape_fields, sliding_layers, tensor_bytes,
+                             weights_bytes_bf16)
+from torch_e2e_model import kv_cache_bytes as kv_bytes
 
 PEERS = ("eager-bf16", "compile-bf16", "compile-fp8")
-
-
-def kv_bytes(cfg, batch, length):
-    hd = cfg.hidden_size // cfg.num_attention_heads
-    return 2 * cfg.num_hidden_layers * batch * length * cfg.num_key_value_heads * hd * 2
+NO_FIT = "does not fit (BF16 weights estimated from the config; nothing allocated)"
 
 
 def decode_len(ctx, args):
@@ -100,7 +115,7 @@ def measure_decode(P, B, ctx, args):
     tok = fill(P["fwd"], ids, cache, max(1, min(ctx, args.fill_tokens // B))).clone()
     torch.cuda.synchronize()
     row = dict(kv_cache_bytes=need, cache_len=max_len if P["static"] else None, fill_s=time.perf_counter() - t,
-               cuda_graph="none", compile_s=None, capture_s=None)
+               cuda_graph="none", compile_s=None, capture_s=None, **cache_layout(cache))
     pos = torch.full((B, 1), ctx, dtype=torch.long, device="cuda")
     cpos = torch.full((1,), ctx, dtype=torch.long, device="cuda")
     fn = P["fwd"]
@@ -120,13 +135,17 @@ def measure_decode(P, B, ctx, args):
         side.wait_stream(torch.cuda.current_stream())
         with contextlib.nullcontext() if trees else torch.cuda.stream(side):  # capture wants a side-stream warm-up
             err = None
+            # sliding layers (5.x): the cache branches on a Python int counter; dynamic=None lets dynamo make it
+            # symbolic after one recompile (dynamic=False would recompile on every step)
+            dyn = None if P["sliding"] else False
             for fullgraph in (True, False):
-                fn = compile_fn(P["fwd"], args.compile_mode, fullgraph)
+                fn = compile_fn(P["fwd"], args.compile_mode, fullgraph, dynamic=dyn)
                 try:
                     t = time.perf_counter()
                     one()  # compiles
                     torch.cuda.synchronize()
-                    row.update(compile_s=time.perf_counter() - t, fullgraph=fullgraph)
+                    row.update(compile_s=time.perf_counter() - t, fullgraph=fullgraph,
+                               dynamic="auto" if dyn is None else dyn)
                     break
                 except Exception as e:
                     if is_oom(e) or is_fatal(e):
@@ -137,8 +156,13 @@ def measure_decode(P, B, ctx, args):
             else:
                 P["compile_failed"] = err
                 raise RuntimeError("compile failed: " + err)
-            for _ in range(W - 1):
+            warm = []
+            for _ in range(W - 1):  # (sliding layers: the first of these recompiles)
+                t = time.perf_counter()
                 one()
+                torch.cuda.synchronize()
+                warm.append(round(time.perf_counter() - t, 3))
+            row["warmup_call_s"] = warm
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         if trees:
@@ -151,6 +175,8 @@ def measure_decode(P, B, ctx, args):
                     one()  # recorded, not run: one replay = one decode step incl. the tok/pos updates
                 torch.cuda.synchronize()
                 row.update(cuda_graph="manual", capture_s=time.perf_counter() - t)
+                if row.get("sliding_python_counter"):  # replays do not run Python: the sliding mask offset stays
+                    row["sliding_mask_offset_frozen"] = True  # at capture (same work per step; see the docstring)
             except Exception as e:  # e.g. a host sync left in the step: time it compiled, without a graph
                 if is_oom(e) or is_fatal(e):
                     raise
@@ -169,7 +195,7 @@ def measure_decode(P, B, ctx, args):
     times = timed(graph.replay if graph is not None else one, args.steps)
     med = statistics.median(times)
     final = ctx + W + args.steps
-    seen = cache.get_seq_length()
+    seen = seq_seen(cache)
     row.update(steps=args.steps, warmup_calls=W, median_ms=med, p90_ms=p90(times), mean_ms=statistics.mean(times),
                min_ms=min(times), tokens_per_s=B / (med / 1e3), final_position=int(pos[0, 0]),
                positions_ok=int(pos[0, 0]) == final and int(seen) == final)
@@ -209,9 +235,8 @@ def measure_prefill(P, L, args):
         run()
     times = [run() for _ in range(args.prefill_runs)]
     med = statistics.median(times)
-    h, layers = cfg.hidden_size, cfg.num_hidden_layers
     flops = 2 * flops_params(P["counts"]) * L + 2 * P["counts"]["lm_head_params"]  # MoE: active parameters
-    attn = 4 * layers * L * L * h // 2
+    attn = attention_flops(cfg, L)
     peak = P["peak_flops"]
     row.update(batch=1, runs=len(times), ttft_ms=med, ttft_p90_ms=p90(times), min_ms=min(times),
                tokens_per_s=L / (med / 1e3), flops_linear=flops, flops_attention=attn, peak_flops=peak,
@@ -240,6 +265,14 @@ def run_peer(peer, args, cfg, rope, emit, deadline, share_end, grad_ctx):
             emit(peer=peer, kind=kind, skipped="time budget", **params)
         return True
     moe = cfg_is_moe(cfg)
+    counts = param_counts(cfg)
+    need = weights_bytes_bf16(counts)
+    free = torch.cuda.mem_get_info()[0]
+    if need + 2 * GiB > free:  # BF16 weights alone do not fit: say so, from the config, before allocating
+        emit(peer=peer, kind="info", skipped=NO_FIT, weights_bytes=need, free_bytes=free)
+        for kind, params in plan:
+            emit(peer=peer, kind=kind, skipped=NO_FIT, weights_bytes=need, **params)
+        return True
     if moe and peer == "compile-fp8":
         fused = fused_expert_params(cfg)
         if fused:
@@ -247,18 +280,10 @@ def run_peer(peer, args, cfg, rope, emit, deadline, share_end, grad_ctx):
             for kind, params in plan:
                 emit(peer=peer, kind=kind, skipped=FUSED_EXPERTS_REASON, **params)
             return True
-    counts = param_counts(cfg)
-    need = 2 * (counts["params_without_embeddings"] + counts["embedding_params"] + counts["lm_head_params"])
-    free = torch.cuda.mem_get_info()[0]
-    if need + 2 * GiB > free:  # BF16 weights alone do not fit: say so rather than fail half-way
-        emit(peer=peer, kind="info", skipped="out of memory (weights, estimated)", weights_bytes=need, free_bytes=free)
-        for kind, params in plan:
-            emit(peer=peer, kind=kind, skipped="out of memory (weights, estimated)", **params)
-        return True
     log(f"{peer}: building {args.model} (BF16 weights {need / GiB:.1f} GiB, free {free / GiB:.1f} GiB)")
     torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    model = build_model(cfg, args.seed, args.experts_impl)
+    model = build_model(cfg, args.seed, args.experts_impl, args.attn_impl)
     torch.cuda.synchronize()
     build_s, quant_s, n_fp8 = time.perf_counter() - t, None, 0
     if peer == "compile-fp8":
@@ -270,19 +295,21 @@ def run_peer(peer, args, cfg, rope, emit, deadline, share_end, grad_ctx):
     compiled = peer != "eager-bf16"
     peak = (args.peak_fp8 or peak_flops(emit.device, True)) if peer == "compile-fp8" else \
         (args.peak_bf16 or peak_flops(emit.device, False))
-    P = dict(cfg=cfg, fwd=fwd, static=compiled, compiled=compiled, counts=counts, peak_flops=peak, moe=moe)
-    moe_info = {}
-    if moe:  # the experts implementation in use, and the parameter count checked against the model built
-        numel = param_numel(model) if peer != "compile-fp8" else None
-        moe_info = dict(experts_implementation=getattr(model.config, "_experts_implementation", None),
-                        params_total=numel, params_formula=need // 2,
-                        param_count_ok=None if numel is None else numel == need // 2)
+    P = dict(cfg=cfg, fwd=fwd, static=compiled, compiled=compiled, counts=counts, peak_flops=peak, moe=moe,
+             sliding=bool(sliding_layers(cfg)))
+    numel = param_numel(model) if peer != "compile-fp8" else None  # the formula checked against the model built
+    moe_info = dict(params_total=numel, params_formula=need // 2,
+                    param_count_ok=None if numel is None else numel == need // 2)
+    if moe:  # the experts implementation in use
+        experts = getattr(getattr(get_base(model).layers[0], "mlp", None), "experts", None)
+        moe_info.update(experts_implementation=getattr(model.config, "_experts_implementation", None),
+                        experts_class=type(experts).__name__ if experts is not None else None)
     emit(peer=peer, kind="info", build_s=build_s, quantize_s=quant_s, fp8_linears=n_fp8, **moe_info,
          weights_bytes=tensor_bytes(model), attn_implementation=getattr(model.config, "_attn_implementation", None),
          rope=rope, cache="static" if compiled else "dynamic", pass_cache_position=pass_cpos,
          compile_mode=args.compile_mode if compiled else None, grad_mode=args.grad_mode,
          prefill_mode="compiled" if compiled and args.compile_prefill else "eager",
-         peak_flops=P["peak_flops"], **P["counts"], **shape_fields(cfg, rope, args.model))
+         peak_flops=P["peak_flops"], **{**P["counts"], **shape_fields(cfg, rope, args.model)})
     build_peak, peer_peak, fatal, first = torch.cuda.max_memory_allocated(), 0, False, True
     for kind, params in plan:
         now = time.time()
@@ -386,6 +413,8 @@ def main():
     ap.add_argument("--experts-impl", default=None,
                     help="MoE models: transformers experts implementation (eager, grouped_mm, batched_mm); "
                          "default: transformers' own default (grouped_mm in 5.x)")
+    ap.add_argument("--attn-impl", default=None, choices=("eager", "sdpa", "flex_attention"),
+                    help="transformers attention implementation; default sdpa, gpt-oss eager (its sinks: no sdpa)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.quick:
@@ -427,8 +456,22 @@ def main():
     except Exception as e:
         emit(peer=None, kind="info", error=f"config: {type(e).__name__}: {str(e)[:800]}")
         return 1
+    if args.attn_impl == "sdpa" and cfg.model_type == "gpt_oss":
+        emit(peer=None, kind="info", error=NO_SINKS_REASON)
+        return 1
+    if sliding_layers(cfg):  # compile call, recompile (the counter made symbolic), then steady calls
+        args.warmup = max(args.warmup, 3)
+    counts = param_counts(cfg)
+    try:  # on the meta device: no memory, so also for a model that does not fit
+        facts = meta_facts(cfg)
+        facts["param_count_ok"] = facts["params_meta"] == counts["params_without_embeddings"] + \
+            counts["embedding_params"] + counts["lm_head_params"]
+    except Exception as e:
+        facts = dict(meta_error=f"{type(e).__name__}: {str(e)[:400]}")
     emit(peer=None, kind="info", args=vars(args), cuda=torch.version.cuda,
-         total_memory_bytes=torch.cuda.get_device_properties(0).total_memory)
+         total_memory_bytes=torch.cuda.get_device_properties(0).total_memory,
+         attn_implementation=args.attn_impl or default_attn(cfg), weights_bytes_bf16=weights_bytes_bf16(counts),
+         **{**counts, **facts, **shape_fields(cfg, rope, args.model)})
     grad_ctx = torch.inference_mode if args.grad_mode == "inference" else torch.no_grad
     chosen = args.peer or ["all"]
     peers = PEERS if "all" in chosen else tuple(p for p in PEERS if p in chosen)

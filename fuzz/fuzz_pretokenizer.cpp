@@ -1,6 +1,6 @@
-// The hand-written pre-tokenizers (GPT-2, Llama 3 / Qwen2 digit runs, Metaspace) and the UTF-8
-// decoder under arbitrary bytes: the words must concatenate back to the text exactly, and UTF-8
-// re-encoding of the decoded code points must cover every byte.
+// The hand-written pre-tokenizers (GPT-2, Llama 3 / Qwen2 digit runs, o200k, Metaspace) and the
+// UTF-8 decoder under arbitrary bytes: the words must concatenate back to the text exactly, and
+// UTF-8 re-encoding of the decoded code points must cover every byte.
 #include "fuzz_support.hpp"
 #include "model/tokenizer/tokenizer_bpe.hpp"
 
@@ -10,6 +10,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Splitter splitters[] = {{SplitKind::kGpt2, 0, ""},
                                 {SplitKind::kLlama3, 3, ""},
                                 {SplitKind::kLlama3, 1, ""},
+                                {SplitKind::kO200k, 3, ""},
                                 {SplitKind::kMetaspace, 0, "\xE2\x96\x81"}};
   for (const Splitter& s : splitters) {
     std::vector<std::string> words;

@@ -187,6 +187,13 @@ void tokenizer_json_seeds(const Corpus& c) {
       {"decoder", {{"type", "ByteLevel"}}},
       {"model", llama3_model}};
   c.put("fuzz_tokenizer_json", "llama3.json", llama3.dump(1));
+  // gpt-oss / GPT-4o: the o200k Split pattern, then ByteLevel without its regex.
+  json o200k = llama3;
+  o200k.erase("post_processor");
+  for (const llmq::tokenizer_detail::SplitPattern& p : llmq::tokenizer_detail::split_patterns())
+    if (p.kind == llmq::tokenizer_detail::SplitKind::kO200k)
+      o200k["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = p.regex;
+  c.put("fuzz_tokenizer_json", "o200k.json", o200k.dump(1));
 
   const std::string m = "\xE2\x96\x81";  // "▁"
   json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};

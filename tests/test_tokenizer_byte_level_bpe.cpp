@@ -1,7 +1,8 @@
-// Byte-level BPE tokenizers: a tiny tokenizer.json in GPT-2 and Llama 3 flavours written here,
-// encodings checked against ids worked out by hand (merge order by rank, special tokens, digit
-// splitting, whole words), decode(encode(text)) round trips on ASCII and UTF-8, and the
-// hand-written split patterns and GPT-2 byte map checked word by word.
+// Byte-level BPE tokenizers: a tiny tokenizer.json in GPT-2, Llama 3 and o200k (gpt-oss) flavours
+// written here, encodings checked against ids worked out by hand (merge order by rank, special
+// tokens, digit splitting, whole words, camel case), decode(encode(text)) round trips on ASCII and
+// UTF-8, and the hand-written split patterns, character classes and GPT-2 byte map checked word by
+// word (test_tokenizer_split_oracle.cpp checks the patterns against Python's `regex` too).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -112,6 +113,40 @@ void write_llama3_dir(const TempDir& dir) {
   write_file(dir.file("tokenizer.json"), j.dump());
 }
 
+// gpt-oss / GPT-4o: tiktoken's o200k_base pattern, spelled as their tokenizer.json spells it.
+const char* const kO200kPattern =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+    R"(\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr int32_t kAcapB = kByteLevelVocab, kNquote = kByteLevelVocab + 1;  // "aB", "N'": o200k only
+
+// The pipeline of gpt-oss's tokenizer.json: Split (o200k, Isolated) then ByteLevel without its
+// regex, a ByteLevel decoder, no normalizer or post-processor, and a BPE model with every field
+// it spells (ignore_merges on). Two merges cross o200k's word boundaries: "a B" (camel case
+// splits) and "N '" (a contraction stays in its word).
+void write_o200k_dir(const TempDir& dir) {
+  json model = byte_level_model(true);
+  model["vocab"]["aB"] = kAcapB;
+  model["vocab"]["N'"] = kNquote;
+  model["merges"].push_back(json::array({"a", "B"}));
+  model["merges"].push_back(json::array({"N", "'"}));
+  model["fuse_unk"] = false;
+  model["continuing_subword_prefix"] = nullptr;
+  model["end_of_word_suffix"] = nullptr;
+  const json pre = {{"type", "Sequence"},
+                    {"pretokenizers",
+                     json::array({{{"type", "Split"}, {"pattern", {{"Regex", kO200kPattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+                                  {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
+  const json j = {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr},
+                  {"added_tokens", added_tokens_json()}, {"normalizer", nullptr}, {"pre_tokenizer", pre},
+                  {"post_processor", nullptr},
+                  {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+                  {"model", model}};
+  write_file(dir.file("tokenizer.json"), j.dump());
+  write_file(dir.file("tokenizer_config.json"),
+             json{{"bos_token", "<|begin|>"}, {"eos_token", "<|endoftext|>"}}.dump());
+}
+
 TEST(ByteLevelBpe, Gpt2EncodesByMergeRank) {
   TempDir dir;
   write_gpt2_dir(dir);
@@ -173,6 +208,30 @@ TEST(ByteLevelBpe, Llama3SplitsDigitsAndUsesWholeWords) {
   EXPECT_EQ(encode(*tok, "the cat", true), (Ids{kBegin, 't', kHe, kGcat}));
 }
 
+TEST(ByteLevelBpe, O200kSplitsCamelCaseAndKeepsContractions) {
+  TempDir dir;
+  write_o200k_dir(dir);
+  const auto tok = load_ok(dir.file("tokenizer.json"));
+  ASSERT_TRUE(tok);
+  EXPECT_EQ(tok->vocab_size(), kByteLevelVocab + 2);
+  EXPECT_EQ(tok->bos(), kBegin);
+  EXPECT_EQ(tok->eos(), kEndOfText);
+  // "aB" is two words ("a", "B"): the "a B" merge cannot apply.
+  EXPECT_EQ(encode(*tok, "aB", false), (Ids{'a', 'B'}));
+  EXPECT_EQ(encode(*tok, "ab", false), (Ids{kAb}));
+  // "DON'T" is one word, so "N '" merges (Llama 3 splits it "DON" "'T").
+  EXPECT_EQ(encode(*tok, "DON'T", false), (Ids{'D', 'O', kNquote, 'T'}));
+  EXPECT_EQ(encode(*tok, "12345", false), (Ids{'1', '2', '3', '4', '5'}));
+  EXPECT_EQ(encode(*tok, "xyz", false), (Ids{kXyz})) << "ignore_merges";
+  EXPECT_EQ(encode(*tok, "the cat<|sep|>", true), (Ids{kBegin, 't', kHe, kGcat, kSep}));
+  for (const std::string& text :
+       {std::string(kUtf8Text), std::string(kAsciiText), std::string(""), std::string("HTTPServer's camelCase/\n"),
+        std::string("\xC7\x85ungla \xE0\xA4\x95\xE0\xA5\x8D\xE0\xA4\xB7 \xD9\xA3\xD9\xA3\xD9\xA3\xD9\xA3 "
+                    "\xE6\x97\xA5\xE6\x9C\xAC\xE2\x80\x8B!\xCC\x81x"),
+        std::string("a<|sep|>b <|sep|>"), std::string("\x01\x7F\xFF bytes \xC3")})
+    expect_round_trip(*tok, text, "o200k");
+}
+
 TEST(ByteLevelBpe, RoundTripsAsciiAndUtf8) {
   for (bool llama3 : {false, true}) {
     TempDir dir;
@@ -228,17 +287,55 @@ TEST(PreTokenizer, Llama3Pattern) {
                    " \xF0\x9F\x98\x80"}));
 }
 
+TEST(PreTokenizer, O200kPattern) {
+  using tokenizer_detail::SplitKind;
+  // Words end before a capital that follows lower case; capitals lead a word; contractions stay in it.
+  EXPECT_EQ(split("HTTPServer's camelCase DON'T don't I'm", SplitKind::kO200k, 3),
+            (Words{"HTTPServer's", " camel", "Case", " DON'T", " don't", " I'm"}));
+  // (?i) folds U+017F (long s) to s: "'ſ" is a contraction.
+  EXPECT_EQ(split("x'\xC5\xBF'LL", SplitKind::kO200k, 3), (Words{"x'\xC5\xBF", "'LL"}));
+  // Slashes and newlines stay with the punctuation before them.
+  EXPECT_EQ(split("a/\n/b //\n", SplitKind::kO200k, 3), (Words{"a", "/\n/", "b", " //\n"}));
+  // A combining mark may lead a word or be one; Llama 3 counts it as punctuation.
+  EXPECT_EQ(split("!\xCC\x81" "abc \xCC\x81", SplitKind::kO200k, 3), (Words{"!\xCC\x81" "abc", " \xCC\x81"}));
+  EXPECT_EQ(split("!\xCC\x81" "abc \xCC\x81", SplitKind::kLlama3, 3), (Words{"!\xCC\x81", "abc", " \xCC\x81"}));
+  // क्ष: the virama (Mn) joins the letters in o200k and splits them in Llama 3.
+  EXPECT_EQ(split("\xE0\xA4\x95\xE0\xA5\x8D\xE0\xA4\xB7", SplitKind::kO200k, 3),
+            (Words{"\xE0\xA4\x95\xE0\xA5\x8D\xE0\xA4\xB7"}));
+  EXPECT_EQ(split("\xE0\xA4\x95\xE0\xA5\x8D\xE0\xA4\xB7", SplitKind::kLlama3, 3),
+            (Words{"\xE0\xA4\x95", "\xE0\xA5\x8D\xE0\xA4\xB7"}));
+  // Arabic-Indic digits in threes; Ⅻ (a letter number) and 2 are one number.
+  EXPECT_EQ(split("\xD9\xA3\xD9\xA3\xD9\xA3\xD9\xA3 \xE2\x85\xAB" "2", SplitKind::kO200k, 3),
+            (Words{"\xD9\xA3\xD9\xA3\xD9\xA3", "\xD9\xA3", " ", "\xE2\x85\xAB" "2"}));
+  // U+200B is not whitespace: it leads the word after it; U+00A0 is.
+  EXPECT_EQ(split("a\xE2\x80\x8B" "b\xC2\xA0" "c", SplitKind::kO200k, 3),
+            (Words{"a", "\xE2\x80\x8B" "b", "\xC2\xA0" "c"}));
+  EXPECT_EQ(split("x \n \n  y\tz", SplitKind::kO200k, 3), (Words{"x", " \n \n", " ", " y", "\tz"}));
+}
+
 TEST(PreTokenizer, CharacterClassesAndByteMap) {
   using tokenizer_detail::CharClass;
   using tokenizer_detail::classify;
-  EXPECT_EQ(classify(0x2014), CharClass::kOther);   // em dash
-  EXPECT_EQ(classify(0x00A0), CharClass::kSpace);   // no-break space
-  EXPECT_EQ(classify(0x3000), CharClass::kSpace);   // ideographic space
-  EXPECT_EQ(classify(0x00E9), CharClass::kLetter);  // é
-  EXPECT_EQ(classify(0x65E5), CharClass::kLetter);  // 日
-  EXPECT_EQ(classify(0xFF11), CharClass::kNumber);  // fullwidth 1
-  EXPECT_EQ(classify(0x00B2), CharClass::kNumber);  // ²
-  EXPECT_EQ(classify(0x1F600), CharClass::kOther);  // emoji
+  EXPECT_EQ(classify(0x2014), CharClass::kOther);     // em dash
+  EXPECT_EQ(classify(0x00A0), CharClass::kSpace);     // no-break space
+  EXPECT_EQ(classify(0x3000), CharClass::kSpace);     // ideographic space
+  EXPECT_EQ(classify(0x0085), CharClass::kSpace);     // next line (a C1 control, White_Space)
+  EXPECT_EQ(classify(0x200B), CharClass::kOther);     // zero-width space: not White_Space
+  EXPECT_EQ(classify(0x001C), CharClass::kOther);     // file separator: Python's isspace(), not White_Space
+  EXPECT_EQ(classify(0x00E9), CharClass::kLower);     // é
+  EXPECT_EQ(classify(0x00C9), CharClass::kUpper);     // É
+  EXPECT_EQ(classify(0x01C5), CharClass::kUpper);     // ǅ titlecase
+  EXPECT_EQ(classify(0x02B0), CharClass::kCaseless);  // ʰ modifier letter
+  EXPECT_EQ(classify(0x65E5), CharClass::kCaseless);  // 日
+  EXPECT_EQ(classify(0x0301), CharClass::kMark);      // combining acute
+  EXPECT_EQ(classify(0x093F), CharClass::kMark);      // Devanagari vowel sign i (Mc)
+  EXPECT_EQ(classify(0x20DD), CharClass::kMark);      // combining enclosing circle (Me)
+  EXPECT_EQ(classify(0xFF11), CharClass::kNumber);    // fullwidth 1
+  EXPECT_EQ(classify(0x00B2), CharClass::kNumber);    // ²
+  EXPECT_EQ(classify(0x0663), CharClass::kNumber);    // ٣
+  EXPECT_EQ(classify(0x216B), CharClass::kNumber);    // Ⅻ (Nl)
+  EXPECT_EQ(classify(0x1F600), CharClass::kOther);    // emoji
+  EXPECT_EQ(classify(tokenizer_detail::kInvalidCodePoint), CharClass::kOther);
   // GPT-2's well-known characters: "Ġ" for space, "Ċ" for newline, "Ń" for the soft hyphen.
   EXPECT_EQ(tokenizer_detail::byte_to_unicode()[' '], "\xC4\xA0");
   EXPECT_EQ(tokenizer_detail::byte_to_unicode()['\n'], "\xC4\x8A");

@@ -432,9 +432,6 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
     // position; the window only decides which are read.
     const int64_t window = c.layer_window(l);
     const float* sinks = c.attention_sinks ? L.sinks.data_as<float>() : nullptr;
-    if (attention_options_.variant != AttentionVariant::kFloat && (window > 0 || sinks != nullptr))
-      return unsupported("8-bit attention (--attention) with a sliding window or attention sinks is not implemented in the "
-                         "CPU reference yet");
     if (attention_options_.variant != AttentionVariant::kFloat) {
       AttentionProblem ap;
       ap.q_len = n;
@@ -443,6 +440,8 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
       ap.kv_heads = c.n_kv_heads;
       ap.head_dim = hd;
       ap.causal = true;
+      ap.window = window;
+      ap.sinks = sinks;
       LLMQ_RETURN_IF_ERROR(quant_attention_reference(ap, attention_options_, q.data(), key_layer, value_layer, att_out.data()));
     }
     // Causal attention, token by token and head by head, in run.c's order of operations.

@@ -28,11 +28,26 @@ struct CodePoint {
 std::vector<CodePoint> utf8_code_points(const std::string& s);
 std::string utf8_encode(uint32_t cp);
 
-// The classes the GPT-2 / Llama 3 split patterns use: \p{L}, \p{N}, \s, and everything else.
-// ASCII is exact; above it a small table lists the spaces, digits, punctuation and symbols of the
-// common blocks and every other code point counts as a letter (CJK, Cyrillic, accented Latin).
-enum class CharClass { kLetter, kNumber, kSpace, kOther };
+// What the split patterns tell code points apart by: the Unicode general category (ICU's
+// u_charType) grouped as the patterns group it, and Unicode's White_Space property for \s (what
+// Oniguruma, the regex engine of Hugging Face tokenizers, and Python's `regex` match by \s). The
+// Unicode version is the system ICU's (Debian 12: ICU 72, Unicode 15.0).
+//   \p{L} = kUpper kLower kCaseless, \p{N} = kNumber, \s = kSpace, [^\s\p{L}\p{N}] = kMark kOther;
+//   o200k's [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] = kUpper kCaseless kMark,
+//         its [\p{Ll}\p{Lm}\p{Lo}\p{M}]     = kLower kCaseless kMark.
+enum class CharClass : uint8_t {
+  kUpper,     // Lu, Lt
+  kLower,     // Ll
+  kCaseless,  // Lm, Lo
+  kMark,      // Mn, Mc, Me (not letters: GPT-2 and Llama 3 count them as punctuation)
+  kNumber,    // Nd, Nl, No
+  kSpace,     // White_Space, checked first (its characters are Cc, Zs, Zl, Zp: none of the above)
+  kOther,     // punctuation, symbols, other controls, format (U+200B), private use, unassigned
+};
 CharClass classify(uint32_t cp);
+inline bool is_letter(CharClass c) {
+  return c == CharClass::kUpper || c == CharClass::kLower || c == CharClass::kCaseless;
+}
 
 // GPT-2's reversible byte -> printable character map (bytes 33..126, 161..172, 174..255 map to
 // themselves, the rest to 256, 257, ... in byte order), as UTF-8 strings.
@@ -46,13 +61,25 @@ enum class SplitKind {
   kGpt2,       // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
   kLlama3,     // (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,k}| ?[^\s\p{L}\p{N}]+[\r\n]*|
                //   \s*[\r\n]+|\s+(?!\S)|\s+     (Llama 3: k = 3; Qwen2: k = 1)
+  kO200k,      // [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|...)?|
+               //   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|...)?|
+               //   \p{N}{1,k}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+               //   (GPT-4o, gpt-oss: tiktoken's o200k_base, k = 3)
   kMetaspace,  // a new word before every "▁" (HF Metaspace, split = true)
 };
 struct Splitter {
   SplitKind kind = SplitKind::kGpt2;
-  int64_t max_digits = 3;  // kLlama3
+  int64_t max_digits = 3;  // kLlama3, kO200k
   std::string marker;      // kMetaspace
 };
+// The Split pre-tokenizer regexes llmq reads, as tokenizer.json spells them, and what each becomes
+// (tokenizer_hf.cpp; GPT-2's is also what a ByteLevel pre-tokenizer with use_regex means).
+struct SplitPattern {
+  const char* regex;
+  SplitKind kind;
+  int64_t max_digits;
+};
+const std::vector<SplitPattern>& split_patterns();
 // Appends the words of `text` (which concatenate back to it) to `out`.
 void split_words(const std::string& text, const Splitter& splitter, std::vector<std::string>* out);
 

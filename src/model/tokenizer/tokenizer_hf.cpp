@@ -24,19 +24,24 @@ constexpr const char* kMetaspaceMarker = "\xE2\x96\x81";  // "▁" U+2581
 // as listed ones): room for reserved ranges without sizing the table by an arbitrary id.
 constexpr int64_t kMaxIdSlack = 1024;
 
-// The split patterns of the models llmq knows, as tokenizer.json spells them.
-struct KnownPattern {
-  const char* regex;
-  SplitKind kind;
-  int64_t max_digits;
-};
-const KnownPattern kKnownPatterns[] = {
-    {R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)", SplitKind::kGpt2, 0},
-    {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
-     SplitKind::kLlama3, 3},
-    {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
-     SplitKind::kLlama3, 1},
-};
+}  // namespace
+
+// The split patterns of the models llmq knows: GPT-2, Llama 3, Qwen2 (Llama 3's with single
+// digits), and tiktoken's o200k_base (GPT-4o, gpt-oss).
+const std::vector<SplitPattern>& split_patterns() {
+  static const std::vector<SplitPattern> patterns = {
+      {R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)", SplitKind::kGpt2, 0},
+      {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+       SplitKind::kLlama3, 3},
+      {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+       SplitKind::kLlama3, 1},
+      {R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+       SplitKind::kO200k, 3},
+  };
+  return patterns;
+}
+
+namespace {
 
 // The parse state: the spec being filled and the file name for messages.
 struct Parser {
@@ -49,7 +54,7 @@ struct Parser {
   Status bad(const std::string& what) const { return invalid_argument(path + ": " + what); }
   Status unsupported_part(const std::string& what) const {
     return unsupported(path + ": " + what + " is not supported (llmq reads the byte-level BPE of GPT-2 / Llama 3 / "
-                                            "Qwen2 and the sentencepiece-style BPE of Llama 2)");
+                                            "Qwen2 / GPT-4o / gpt-oss and the sentencepiece-style BPE of Llama 2)");
   }
 };
 
@@ -98,8 +103,8 @@ Status parse_normalizer(Parser* p, const json& n) {
     p->spec.normalize.push_back(op);
     return {};
   }
-  // Qwen2 declares NFC. Text that is already NFC (nearly all text) is unchanged by it, and
-  // composing characters needs Unicode tables llmq does not carry: treated as no-op.
+  // Qwen2 declares NFC. Text that is already NFC (nearly all text) is unchanged by it; composing
+  // characters (ICU's normalizer could) is not done yet: treated as no-op.
   if (type == "NFC") return {};
   return p->unsupported_part("normalizer '" + type + "'");
 }
@@ -132,7 +137,7 @@ Status parse_pre_tokenizer(Parser* p, const json& t) {
       return p->unsupported_part("a Split pre-tokenizer with behavior '" + string_field(t, "behavior") + "'" +
                                  (bool_field(t, "invert", false) ? " and invert" : ""));
     const std::string text = regex->get<std::string>();
-    for (const KnownPattern& k : kKnownPatterns)
+    for (const SplitPattern& k : split_patterns())
       if (text == k.regex) {
         p->spec.splitters.push_back({k.kind, k.max_digits, ""});
         return {};

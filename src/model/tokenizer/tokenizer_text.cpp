@@ -1,9 +1,11 @@
-// Text handling for the tokenizers: UTF-8 decoding, the character classes of the GPT-2 / Llama 3
-// split patterns, GPT-2's byte <-> unicode map, and the split patterns themselves written out by
-// hand (std::regex has no \p{L}; the patterns are simple enough to follow alternative by
-// alternative, which also makes their backtracking explicit).
-#include <algorithm>
-#include <iterator>
+// Text handling for the tokenizers: UTF-8 decoding, the character classes of the split patterns
+// (exact Unicode general categories and White_Space, from ICU), GPT-2's byte <-> unicode map, and
+// the split patterns of GPT-2, Llama 3 / Qwen2 and o200k (GPT-4o, gpt-oss) written out by hand:
+// std::regex has no \p{L}, and the patterns are simple enough to follow alternative by
+// alternative, which also makes their backtracking explicit. Each *_match_end gives the match a
+// backtracking regex engine (Oniguruma in Hugging Face tokenizers, Python's `regex`) finds at a
+// position: the leftmost alternative that matches, each quantifier as long as the rest allows.
+#include <unicode/uchar.h>
 
 #include "model/tokenizer/tokenizer_bpe.hpp"
 
@@ -11,91 +13,6 @@ namespace llmq::tokenizer_detail {
 namespace {
 
 bool is_continuation(unsigned char b) { return (b & 0xC0) == 0x80; }
-
-// Non-ASCII code points that are not letters, as [first, last] ranges in ascending order. Not the
-// full Unicode tables: the spaces (all of Unicode's White_Space), the digits and number forms of
-// Latin-1, Arabic, Devanagari, CJK and fullwidth text, and the punctuation and symbol blocks that
-// real text uses (dashes, quotes, currency, arrows, math, box drawing, emoji). Everything not
-// listed is a letter, which is right for the letters of every script and wrong only for rarer
-// marks and digits, where it changes how text splits into words, never what it decodes to.
-struct ClassRange {
-  uint32_t first;
-  uint32_t last;
-  CharClass cls;
-};
-constexpr ClassRange kNonAsciiClasses[] = {
-    {0x0080, 0x0084, CharClass::kOther},   // C1 controls
-    {0x0085, 0x0085, CharClass::kSpace},   // next line
-    {0x0086, 0x009F, CharClass::kOther},   // C1 controls
-    {0x00A0, 0x00A0, CharClass::kSpace},   // no-break space
-    {0x00A1, 0x00A9, CharClass::kOther},   // ¡ ¢ £ ¤ ¥ ¦ § ¨ ©
-    {0x00AB, 0x00B1, CharClass::kOther},   // « ¬ soft hyphen ® ¯ ° ±
-    {0x00B2, 0x00B3, CharClass::kNumber},  // ² ³
-    {0x00B4, 0x00B4, CharClass::kOther},   // ´
-    {0x00B6, 0x00B8, CharClass::kOther},   // ¶ · ¸
-    {0x00B9, 0x00B9, CharClass::kNumber},  // ¹
-    {0x00BB, 0x00BB, CharClass::kOther},   // »
-    {0x00BC, 0x00BE, CharClass::kNumber},  // ¼ ½ ¾
-    {0x00BF, 0x00BF, CharClass::kOther},   // ¿
-    {0x00D7, 0x00D7, CharClass::kOther},   // ×
-    {0x00F7, 0x00F7, CharClass::kOther},   // ÷
-    {0x0300, 0x036F, CharClass::kOther},   // combining diacritical marks (\p{M})
-    {0x0660, 0x0669, CharClass::kNumber},  // Arabic-Indic digits
-    {0x06F0, 0x06F9, CharClass::kNumber},  // extended Arabic-Indic digits
-    {0x0966, 0x096F, CharClass::kNumber},  // Devanagari digits
-    {0x1680, 0x1680, CharClass::kSpace},   // Ogham space mark
-    {0x2000, 0x200A, CharClass::kSpace},   // en quad .. hair space
-    {0x200B, 0x2027, CharClass::kOther},   // zero-width chars, dashes, quotes, bullets
-    {0x2028, 0x2029, CharClass::kSpace},   // line / paragraph separator
-    {0x202A, 0x202E, CharClass::kOther},   // bidi controls
-    {0x202F, 0x202F, CharClass::kSpace},   // narrow no-break space
-    {0x2030, 0x205E, CharClass::kOther},   // per mille, primes, ‹ › ‼ ...
-    {0x205F, 0x205F, CharClass::kSpace},   // medium mathematical space
-    {0x2060, 0x206F, CharClass::kOther},   // word joiner, invisible operators
-    {0x2070, 0x2070, CharClass::kNumber},  // superscript zero
-    {0x2074, 0x2079, CharClass::kNumber},  // superscript four .. nine
-    {0x207A, 0x207E, CharClass::kOther},   // superscript signs
-    {0x2080, 0x2089, CharClass::kNumber},  // subscript digits
-    {0x208A, 0x208E, CharClass::kOther},   // subscript signs
-    {0x20A0, 0x20FF, CharClass::kOther},   // currency, combining marks for symbols
-    {0x2150, 0x2182, CharClass::kNumber},  // vulgar fractions, Roman numerals
-    {0x2185, 0x2189, CharClass::kNumber},  // Roman numeral forms
-    {0x2190, 0x245F, CharClass::kOther},   // arrows, math operators, technical, control pictures
-    {0x2460, 0x249B, CharClass::kNumber},  // circled and parenthesized numbers
-    {0x249C, 0x24E9, CharClass::kOther},   // parenthesized and circled letters (symbols)
-    {0x24EA, 0x24FF, CharClass::kNumber},  // more circled numbers
-    {0x2500, 0x2775, CharClass::kOther},   // box drawing, shapes, misc symbols, dingbats
-    {0x2776, 0x2793, CharClass::kNumber},  // dingbat circled digits
-    {0x2794, 0x2BFF, CharClass::kOther},   // arrows, math symbols, misc symbols and arrows
-    {0x2E00, 0x2E7F, CharClass::kOther},   // supplemental punctuation
-    {0x3000, 0x3000, CharClass::kSpace},   // ideographic space
-    {0x3001, 0x3004, CharClass::kOther},   // 、 。 〃 〄
-    {0x3007, 0x3007, CharClass::kNumber},  // 〇
-    {0x3008, 0x3020, CharClass::kOther},   // CJK brackets, marks
-    {0x3021, 0x3029, CharClass::kNumber},  // Hangzhou numerals
-    {0x302A, 0x3030, CharClass::kOther},   // tone marks, wavy dash
-    {0x3038, 0x303A, CharClass::kNumber},  // Hangzhou numerals
-    {0x303D, 0x303F, CharClass::kOther},
-    {0xE000, 0xF8FF, CharClass::kOther},   // private use
-    {0xFE00, 0xFE0F, CharClass::kOther},   // variation selectors
-    {0xFE10, 0xFE6F, CharClass::kOther},   // vertical, compatibility and small forms
-    {0xFEFF, 0xFEFF, CharClass::kOther},   // byte order mark
-    {0xFF01, 0xFF0F, CharClass::kOther},   // fullwidth punctuation
-    {0xFF10, 0xFF19, CharClass::kNumber},  // fullwidth digits
-    {0xFF1A, 0xFF20, CharClass::kOther},
-    {0xFF3B, 0xFF40, CharClass::kOther},
-    {0xFF5B, 0xFF65, CharClass::kOther},
-    {0xFFE0, 0xFFFF, CharClass::kOther},   // fullwidth signs, specials (U+FFFD)
-    {0x1F000, 0x1FAFF, CharClass::kOther}, // mahjong, cards, emoji, pictographs
-    {0xE0000, 0xE007F, CharClass::kOther}, // tags
-};
-
-CharClass classify_ascii(uint32_t c) {
-  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return CharClass::kLetter;
-  if (c >= '0' && c <= '9') return CharClass::kNumber;
-  if (c == ' ' || (c >= 0x09 && c <= 0x0D)) return CharClass::kSpace;  // \t \n \v \f \r
-  return CharClass::kOther;
-}
 
 // The code points of `text` with their classes, and the byte offset where each one starts (plus
 // the end), so a word of code points [i, j) is the bytes [offset[i], offset[j]).
@@ -118,13 +35,35 @@ Decoded decode_text(const std::string& text) {
 
 bool is_newline(uint32_t c) { return c == '\r' || c == '\n'; }
 
-uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c; }
+// The groups of classes the patterns name (CharClass in tokenizer_bpe.hpp lists them).
+bool is_number(CharClass c) { return c == CharClass::kNumber; }
+// [^\s\p{L}\p{N}]: punctuation, symbols, marks.
+bool is_punct(CharClass c) { return c == CharClass::kMark || c == CharClass::kOther; }
+// o200k's [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] and [\p{Ll}\p{Lm}\p{Lo}\p{M}].
+bool in_upper_class(CharClass c) {
+  return c == CharClass::kUpper || c == CharClass::kCaseless || c == CharClass::kMark;
+}
+bool in_lower_class(CharClass c) {
+  return c == CharClass::kLower || c == CharClass::kCaseless || c == CharClass::kMark;
+}
+
+// [^\r\n\p{L}\p{N}] at i: the one character a Llama 3 / o200k word may start with.
+bool word_lead_at(const Decoded& d, int64_t i) {
+  return i < static_cast<int64_t>(d.cp.size()) && !is_newline(d.cp[i]) && !is_letter(d.cls[i]) &&
+         !is_number(d.cls[i]);
+}
+
+// (?i:...) compares by Unicode simple case folding, as Oniguruma and Python's `regex` do: "'S"
+// and "'ſ" (U+017F, long s, folds to s) are contractions too.
+uint32_t fold_case(uint32_t c) {
+  return static_cast<uint32_t>(u_foldCase(static_cast<UChar32>(c), U_FOLD_CASE_DEFAULT));
+}
 
 // Length in code points of the contraction 's 't 're 've 'm 'll 'd at i, or 0.
 int64_t contraction_at(const Decoded& d, int64_t i, bool ignore_case) {
   const int64_t n = static_cast<int64_t>(d.cp.size());
-  if (d.cp[i] != '\'' || i + 1 >= n) return 0;
-  auto at = [&](int64_t k) { return ignore_case ? ascii_lower(d.cp[k]) : d.cp[k]; };
+  if (i + 1 >= n || d.cp[i] != '\'') return 0;
+  auto at = [&](int64_t k) { return ignore_case ? fold_case(d.cp[k]) : d.cp[k]; };
   const uint32_t a = at(i + 1);
   if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
   if (i + 2 >= n) return 0;
@@ -133,18 +72,36 @@ int64_t contraction_at(const Decoded& d, int64_t i, bool ignore_case) {
   return 0;
 }
 
-int64_t run_end(const Decoded& d, int64_t i, CharClass cls) {
+// The end of the run of characters from i whose class is in the group.
+int64_t run_end(const Decoded& d, int64_t i, bool (*in_group)(CharClass)) {
   const int64_t n = static_cast<int64_t>(d.cls.size());
-  while (i < n && d.cls[i] == cls) ++i;
+  while (i < n && in_group(d.cls[i])) ++i;
   return i;
 }
+bool is_space(CharClass c) { return c == CharClass::kSpace; }
 
-// The whitespace alternatives both patterns end with: \s+(?!\S)|\s+. On a run of whitespace
+// \p{N}{1,k} at a number.
+int64_t digits_end(const Decoded& d, int64_t i, int64_t max_digits) {
+  const int64_t n = static_cast<int64_t>(d.cls.size());
+  int64_t k = i;
+  while (k < n && k - i < max_digits && is_number(d.cls[k])) ++k;
+  return k;
+}
+
+// \s*[\r\n]+ at i: whitespace up to and including its last newline; -1 when it has none.
+int64_t newline_run_end(const Decoded& d, int64_t i) {
+  const int64_t k = run_end(d, i, is_space);
+  for (int64_t j = k - 1; j >= i; --j)
+    if (is_newline(d.cp[j])) return j + 1;
+  return -1;
+}
+
+// The whitespace alternatives every pattern ends with: \s+(?!\S)|\s+. On a run of whitespace
 // followed by a non-space, the first backs off one character so the last space can start the
 // next word (" world"); a single whitespace character before a non-space falls to \s+.
 int64_t whitespace_end(const Decoded& d, int64_t i) {
   const int64_t n = static_cast<int64_t>(d.cls.size());
-  const int64_t k = run_end(d, i, CharClass::kSpace);
+  const int64_t k = run_end(d, i, is_space);
   if (k == n || k - i == 1) return k;
   return k - 1;
 }
@@ -153,9 +110,12 @@ int64_t whitespace_end(const Decoded& d, int64_t i) {
 int64_t gpt2_match_end(const Decoded& d, int64_t i) {
   const int64_t n = static_cast<int64_t>(d.cp.size());
   if (const int64_t len = contraction_at(d, i, /*ignore_case=*/false)) return i + len;
-  // ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+': an optional leading space, then a run of one class.
+  // ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+': an optional leading space, then a run of one group.
   const int64_t start = (d.cp[i] == ' ' && i + 1 < n) ? i + 1 : i;
-  if (d.cls[start] != CharClass::kSpace) return run_end(d, start, d.cls[start]);
+  const CharClass c = d.cls[start];
+  if (is_letter(c)) return run_end(d, start, is_letter);
+  if (is_number(c)) return run_end(d, start, is_number);
+  if (is_punct(c)) return run_end(d, start, is_punct);
   return whitespace_end(d, i);
 }
 
@@ -166,26 +126,67 @@ int64_t llama3_match_end(const Decoded& d, int64_t i, int64_t max_digits) {
   const CharClass c = d.cls[i];
   // [^\r\n\p{L}\p{N}]?\p{L}+: a word takes one preceding non-newline, non-digit character
   // (" hello", "(hello", "\thello").
-  if (c == CharClass::kLetter) return run_end(d, i, CharClass::kLetter);
-  if (c != CharClass::kNumber && !is_newline(d.cp[i]) && i + 1 < n && d.cls[i + 1] == CharClass::kLetter)
-    return run_end(d, i + 1, CharClass::kLetter);
-  // \p{N}{1,k}
-  if (c == CharClass::kNumber) {
-    int64_t k = i;
-    while (k < n && k - i < max_digits && d.cls[k] == CharClass::kNumber) ++k;
-    return k;
-  }
+  if (is_letter(c)) return run_end(d, i, is_letter);
+  if (word_lead_at(d, i) && i + 1 < n && is_letter(d.cls[i + 1])) return run_end(d, i + 1, is_letter);
+  if (is_number(c)) return digits_end(d, i, max_digits);
   // ' ?[^\s\p{L}\p{N}]+[\r\n]*': punctuation keeps the newlines after it.
   const int64_t start = (d.cp[i] == ' ' && i + 1 < n) ? i + 1 : i;
-  if (d.cls[start] == CharClass::kOther) {
-    int64_t k = run_end(d, start, CharClass::kOther);
+  if (is_punct(d.cls[start])) {
+    int64_t k = run_end(d, start, is_punct);
     while (k < n && is_newline(d.cp[k])) ++k;
     return k;
   }
-  // \s*[\r\n]+: whitespace up to and including its last newline.
-  const int64_t k = run_end(d, i, CharClass::kSpace);
-  for (int64_t j = k - 1; j >= i; --j)
-    if (is_newline(d.cp[j])) return j + 1;
+  if (const int64_t k = newline_run_end(d, i); k >= 0) return k;
+  return whitespace_end(d, i);
+}
+
+// o200k's words, where U = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], W = [\p{Ll}\p{Lm}\p{Lo}\p{M}] and C =
+// (?i:'s|'t|'re|'ve|'m|'ll|'d). The optional lead [^\r\n\p{L}\p{N}]? is tried taken, then not:
+// a mark can be the lead or the word itself. Each returns the end of its match at i, or -1.
+
+// [^\r\n\p{L}\p{N}]?U*W+C?: camel-case words split before each capital ("camelCase" -> "camel",
+// "Case"). U* is greedy and gives characters back until W+ can start: U and W share Lm, Lo and
+// the marks, so W+ may start inside U's run ("ABCdef": U* = "ABC", W+ = "def"; "日本": U* = "日",
+// W+ = "本", one word; "ABC" alone has no W+ and falls to the next alternative).
+int64_t o200k_lower_word_end(const Decoded& d, int64_t i) {
+  const int64_t n = static_cast<int64_t>(d.cls.size());
+  for (int64_t s = word_lead_at(d, i) ? i + 1 : i; s >= i; --s) {
+    const int64_t upper_end = run_end(d, s, in_upper_class);
+    for (int64_t w = upper_end; w >= s; --w) {
+      if (w == n || !in_lower_class(d.cls[w])) continue;
+      const int64_t k = run_end(d, w, in_lower_class);  // W+ greedy; C? never needs it shorter
+      return k + contraction_at(d, k, /*ignore_case=*/true);
+    }
+  }
+  return -1;
+}
+
+// [^\r\n\p{L}\p{N}]?U+W*C?: capitals the first alternative could not end in lower case
+// ("HTTP", "ǅ" U+01C5 titlecase).
+int64_t o200k_upper_word_end(const Decoded& d, int64_t i) {
+  for (int64_t s = word_lead_at(d, i) ? i + 1 : i; s >= i; --s) {
+    const int64_t upper_end = run_end(d, s, in_upper_class);
+    if (upper_end == s) continue;
+    const int64_t k = run_end(d, upper_end, in_lower_class);
+    return k + contraction_at(d, k, /*ignore_case=*/true);
+  }
+  return -1;
+}
+
+// Where the o200k pattern's match starting at i ends.
+int64_t o200k_match_end(const Decoded& d, int64_t i, int64_t max_digits) {
+  const int64_t n = static_cast<int64_t>(d.cp.size());
+  if (const int64_t k = o200k_lower_word_end(d, i); k >= 0) return k;
+  if (const int64_t k = o200k_upper_word_end(d, i); k >= 0) return k;
+  if (is_number(d.cls[i])) return digits_end(d, i, max_digits);
+  // ' ?[^\s\p{L}\p{N}]+[\r\n/]*': punctuation keeps the newlines and slashes after it.
+  const int64_t start = (d.cp[i] == ' ' && i + 1 < n) ? i + 1 : i;
+  if (is_punct(d.cls[start])) {
+    int64_t k = run_end(d, start, is_punct);
+    while (k < n && (is_newline(d.cp[k]) || d.cp[k] == '/')) ++k;
+    return k;
+  }
+  if (const int64_t k = newline_run_end(d, i); k >= 0) return k;
   return whitespace_end(d, i);
 }
 
@@ -249,14 +250,28 @@ std::string utf8_encode(uint32_t cp) {
 }
 
 CharClass classify(uint32_t cp) {
-  if (cp < 0x80) return classify_ascii(cp);
-  const auto it = std::upper_bound(std::begin(kNonAsciiClasses), std::end(kNonAsciiClasses), cp,
-                                   [](uint32_t v, const ClassRange& r) { return v < r.first; });
-  if (it != std::begin(kNonAsciiClasses)) {
-    const ClassRange& r = *std::prev(it);
-    if (cp <= r.last) return r.cls;
+  const auto c = static_cast<UChar32>(cp);
+  if (u_isUWhiteSpace(c)) return CharClass::kSpace;
+  switch (static_cast<UCharCategory>(u_charType(c))) {
+    case U_UPPERCASE_LETTER:
+    case U_TITLECASE_LETTER:
+      return CharClass::kUpper;
+    case U_LOWERCASE_LETTER:
+      return CharClass::kLower;
+    case U_MODIFIER_LETTER:
+    case U_OTHER_LETTER:
+      return CharClass::kCaseless;
+    case U_NON_SPACING_MARK:
+    case U_COMBINING_SPACING_MARK:
+    case U_ENCLOSING_MARK:
+      return CharClass::kMark;
+    case U_DECIMAL_DIGIT_NUMBER:
+    case U_LETTER_NUMBER:
+    case U_OTHER_NUMBER:
+      return CharClass::kNumber;
+    default:
+      return CharClass::kOther;
   }
-  return CharClass::kLetter;
 }
 
 namespace {
@@ -313,8 +328,20 @@ void split_words(const std::string& text, const Splitter& splitter, std::vector<
   const int64_t n = static_cast<int64_t>(d.cp.size());
   int64_t i = 0;
   while (i < n) {
-    const int64_t j = splitter.kind == SplitKind::kGpt2 ? gpt2_match_end(d, i)
-                                                        : llama3_match_end(d, i, splitter.max_digits);
+    int64_t j = 0;
+    switch (splitter.kind) {
+      case SplitKind::kGpt2:
+        j = gpt2_match_end(d, i);
+        break;
+      case SplitKind::kLlama3:
+        j = llama3_match_end(d, i, splitter.max_digits);
+        break;
+      case SplitKind::kO200k:
+        j = o200k_match_end(d, i, splitter.max_digits);
+        break;
+      case SplitKind::kMetaspace:  // split above
+        break;
+    }
     out->push_back(text.substr(static_cast<size_t>(d.offset[i]), static_cast<size_t>(d.offset[j] - d.offset[i])));
     i = j;
   }
