@@ -3,9 +3,10 @@
 //   qwen3      q/k RMSNorm before RoPE, q/k/v and o_proj biases (F32, BF16, fp8-dynamic), and the
 //              same model with gpt-oss's clamped SwiGLU in its dense MLPs;
 //   qwen3_moe  q/k RMSNorm, experts weighted without renormalisation (BF16, fp8-dynamic);
-//   gpt_oss    YaRN, attention and o_proj biases, router and expert biases, clamped SwiGLU, top-k
-//              then softmax routing (BF16, fp8-dynamic) -- without its sinks and windows, which the
-//              GPU attention does not compute yet (the runtime refuses them, checked here too).
+//   gpt_oss    attention sinks, windows on alternating layers, YaRN, attention and o_proj biases,
+//              router and expert biases, clamped SwiGLU, top-k then softmax routing (BF16, fp8-dynamic);
+//   mistral, phi3  a window on every layer (3 and 6 positions: far shorter than the prompts), F32
+//              and BF16, prefill and decode through the window.
 // Each model is judged like the runtime's other models (logits of a prefill and of decode steps),
 // then by greedy decoding: every token the GPU picks (CUDA graphs) is the CPU's choice for the same
 // history, or a near-tie. A long prefill takes the MoE gather + wgmma path; checkpoints streamed to
@@ -28,33 +29,36 @@ constexpr int64_t kLongPrompt = 160;
 // gpt-oss's tiny model stays the most sensitive one even with its decisive router (below): its
 // MXFP4-exact experts (magnitudes up to 6 over 64 channels, the clamps engaged) make BF16 rounding
 // of the weights alone move it 2.5e-2 rms on the CPU (Qwen3-MoE: 0.9e-2), and fp8-dynamic 0.46-0.50
-// from the float model (Qwen3-MoE: 0.15-0.22). Measured on the H200, GPU vs CPU: BF16 rms 0.097
-// (worst row 0.49, greedy 24/25 + a near-tie); fp8-dynamic long prefill 7 of 160 rows past
-// kSchemeGarbageBound, its accuracy as the CPU reference's (0.52 vs 0.50 from float). Its bounds
-// leave room for the H100's other GEMM choices; the pieces themselves are checked exactly
-// (test_cuda_row_ops, test_cuda_moe_route_variants).
+// from the float model (Qwen3-MoE: 0.15-0.22). With its sinks and windows on, measured on the H200
+// (2026-11-27), GPU vs CPU: BF16 rms 0.110 (worst row 0.38, greedy 23/25 + 2 near-ties);
+// fp8-dynamic as accurate as the CPU reference of the scheme (0.640 vs 0.608 from float; long
+// prefill 0.403 vs 0.414) but chaotic row by row: a code flipped by the GPU's BF16 inputs moves a
+// row by up to 1.07 (long prefill 1.24, 11 of 160 rows past kSchemeGarbageBound) and the greedy
+// picks agree 18/25. So its fp8 bounds below are its own; the accuracy bound (GPU within 1.3x the
+// CPU's distance from float) stays the common one, and the pieces themselves are checked exactly
+// (test_cuda_row_ops, test_cuda_moe_route_variants, the attention tests for sinks and windows).
 constexpr double kGptOssBf16RmsTolerance = 0.15;
-constexpr int64_t kGptOssLongPrefillFlips = kLongPrompt / 16;
-
-// The family without what the GPU attention does not compute yet (attention sinks, windows).
-ModelWeights attention_as_gpu(ModelWeights w) {
-  w.config.attention_sinks = false;
-  w.config.sliding_window = 0;
-  w.config.window_layers.clear();
-  for (LayerWeights& L : w.layers) L.sinks = Tensor();
-  return w;
-}
+constexpr int64_t kGptOssLongPrefillFlips = kLongPrompt / 10;
+constexpr double kGptOssFp8RowBound = 1.5;
+constexpr double kGptOssFp8GreedyAgreement = 0.6;
 
 // gpt-oss's tiny model routes 4 random experts with a random router, which leaves many tokens near
 // a tie between their 2nd and 3rd expert: there BF16 rounding (of the weights alone: 5e-2 rms on
 // the CPU, 6x Qwen3-MoE's) flips the choice, and the flipped token's keys and values move every
 // later row. Its router is scaled 3x (decisive, as trained routers are), which leaves every piece of
 // the arithmetic in place and the flips few.
+// Its experts' down projections are also scaled by 1/8 (a power of two: still MXFP4-exact): at full
+// size each layer adds ~100x its input to the residual stream, which leaves the fp8 model (0.6 rms
+// from float on the CPU) chaotic, every activation code flip moving whole rows; the clamps on gate
+// and up still engage, and every piece of the arithmetic stays in place.
 ModelWeights family(const std::string& type) {
-  ModelWeights w = attention_as_gpu(family_model(type));
+  ModelWeights w = family_model(type);
   if (type == "gpt_oss")
-    for (LayerWeights& L : w.layers)
+    for (LayerWeights& L : w.layers) {
       for (int64_t i = 0; i < L.router.weight.numel(); ++i) L.router.weight.data_as<float>()[i] *= 3.0f;
+      for (Expert& e : L.experts)
+        for (int64_t i = 0; i < e.down.weight.numel(); ++i) e.down.weight.data_as<float>()[i] *= 0.125f;
+    }
   return w;
 }
 
@@ -127,7 +131,8 @@ void check_bf16_moe(const GpuModel& gm, Transformer* cpu_float, const std::strin
 
 // fp8-dynamic: the GPU model as accurate as the CPU reference of the same quantized model
 // (check_scheme), then its greedy decoding; a long prefill for MoE models (the wgmma path).
-void check_fp8(const ModelWeights& w, const std::string& what, int64_t long_prefill_flips = kLongPrompt / 40) {
+void check_fp8(const ModelWeights& w, const std::string& what, int64_t long_prefill_flips = kLongPrompt / 40,
+               double row_bound = kSchemeGarbageBound, double greedy_agreement = 0.75) {
   Scheme scheme;
   ASSERT_TRUE(find_scheme("fp8-dynamic", &scheme).ok());
   QuantizedModel qm;
@@ -139,8 +144,8 @@ void check_fp8(const ModelWeights& w, const std::string& what, int64_t long_pref
   QuantizedLinearBackend backend(qm);
   Transformer cpu(qm.weights, &backend);
   Transformer cpu_float(w);
-  check_scheme(*gm, &cpu, &cpu_float, what + " fp8-dynamic");
-  check_greedy(*gm, qm.weights, &backend, what + " fp8-dynamic", 0.75);
+  check_scheme(*gm, &cpu, &cpu_float, what + " fp8-dynamic", DType::kBF16, {}, {}, row_bound);
+  check_greedy(*gm, qm.weights, &backend, what + " fp8-dynamic", greedy_agreement);
   if (!w.config.is_moe()) return;
   SCOPED_TRACE("REPRO " + what + " fp8-dynamic long prefill");
   const int64_t V = w.config.vocab_size;
@@ -217,12 +222,13 @@ TEST(GpuRuntimeFamilies, Qwen3MoeMatchesCpuReference) {
   check_fp8(w, "qwen3_moe");
 }
 
-// gpt-oss's MoE and RoPE (its attention without sinks and windows): YaRN, biases everywhere,
-// clamped SwiGLU in the experts, top-k then softmax. Then the refusals of what is not computed yet.
-TEST(GpuRuntimeFamilies, GptOssPiecesMatchCpuReference) {
+// gpt-oss whole: sinks, alternating windows (4 positions), YaRN, biases everywhere, clamped SwiGLU
+// in the experts, top-k then softmax.
+TEST(GpuRuntimeFamilies, GptOssMatchesCpuReference) {
   LLMQ_REQUIRE_GPU();
   const ModelWeights w = family("gpt_oss");
   ASSERT_TRUE(w.config.yarn.enabled && w.config.moe_bias && w.config.moe_routing == MoeRouting::kTopKSoftmax);
+  ASSERT_TRUE(w.config.attention_sinks && w.config.layer_window(0) == 4 && w.config.layer_window(1) == 0);
   Transformer cpu(w);
   std::unique_ptr<GpuModel> gm;
   Status st = GpuModel::from_float(w, DType::kBF16, 0, &gm);
@@ -244,13 +250,33 @@ TEST(GpuRuntimeFamilies, GptOssPiecesMatchCpuReference) {
     ASSERT_TRUE(st.ok()) << st.to_string();
   }
   EXPECT_EQ(runs[0], runs[1]);
-  check_fp8(w, "gpt_oss", kGptOssLongPrefillFlips);
+  check_fp8(w, "gpt_oss", kGptOssLongPrefillFlips, kGptOssFp8RowBound, kGptOssFp8GreedyAgreement);
+}
 
-  // Sinks are refused by name (not run as a model without them).
-  const ModelWeights whole = family_model("gpt_oss");
-  st = GpuModel::from_float(whole, DType::kBF16, 0, &gm);
-  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
-  EXPECT_NE(st.message().find("sinks"), std::string::npos) << st.to_string();
+// Windows on every layer, far shorter than the prompt: Mistral (3) and Phi-3 (6, read from its
+// fused checkpoint through the float loader), F32 and BF16, prefill and greedy decode.
+TEST(GpuRuntimeFamilies, WindowedFamiliesMatchCpuReference) {
+  LLMQ_REQUIRE_GPU();
+  testing::TempDir tmp("llmq-gpu-windows");
+  for (const std::string type : {"mistral", "phi3"}) {
+    SCOPED_TRACE("REPRO " + type);
+    ModelWeights w = family(type);
+    if (type == "phi3") {  // through its fused checkpoint, as `llmq run` takes it
+      family_test::write_family_checkpoint(tmp.file(type), w);
+      if (::testing::Test::HasFatalFailure()) return;
+      ASSERT_TRUE(load_hf_model(tmp.file(type), &w).ok());
+    }
+    ASSERT_GT(w.config.layer_window(0), 0);
+    Transformer cpu(w);
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      std::unique_ptr<GpuModel> gm;
+      const Status st = GpuModel::from_float(w, dt, 0, &gm);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      check_float_model(*gm, &cpu, type + " " + dtype_name(dt));
+      check_greedy(*gm, w, nullptr, type + " " + dtype_name(dt), 0.9);
+    }
+    check_fp8(w, type);
+  }
 }
 
 // Qwen3 and Qwen3-MoE checkpoints streamed to the device (q/k norms, o_proj biases read by name)

@@ -216,16 +216,12 @@ TEST(TensorParallel, MoeModelMatchesOneGpu) {
 // The newer families' per-layer pieces under a split: Qwen3's q/k norms (whole on every rank) and
 // o_proj bias (added once, after the ranks' sum), gpt-oss's router and expert biases (gate/up's
 // sliced with their rows; down's added by one rank, or by each expert's rank under expert
-// parallelism). Sinks and windows off, as the GPU attention does not compute them yet.
+// parallelism), gpt-oss's sinks (split with their heads) and both families' windows.
 TEST(TensorParallel, FamilyPiecesMatchOneGpu) {
   LLMQ_REQUIRE_GPUS(2);
   for (const std::string type : {"qwen3", "gpt_oss"}) {
     ModelWeights w = family_test::family_model(type);
-    w.config.attention_sinks = false;
-    w.config.sliding_window = 0;
-    w.config.window_layers.clear();
     for (LayerWeights& L : w.layers) {
-      L.sinks = Tensor();
       // A decisive router, as test_cuda_runtime_families.cpp's (few BF16 routing flips).
       for (int64_t i = 0; i < L.router.weight.numel(); ++i) L.router.weight.data_as<float>()[i] *= 3.0f;
     }

@@ -259,9 +259,6 @@ std::string layer_name(int64_t l, const char* what) { return "layers." + std::to
 
 Status check_config(const ModelConfig& c) {
   LLMQ_RETURN_IF_ERROR(c.validate());
-  // Features of the newer families the GPU runtime does not compute yet (the CPU reference does):
-  // refused by name rather than run as another model. (Sliding windows: GpuRuntime's check_window.)
-  if (c.attention_sinks) return unsupported("the GPU runtime does not compute attention sinks (gpt-oss) yet (" + c.model_type + ")");
   return {};
 }
 

@@ -22,20 +22,6 @@
 #include "runtime/gpu_runtime_impl.hpp"
 
 namespace llmq {
-namespace {
-
-// Sliding-window attention is not implemented: a sequence may hold up to the window, where a
-// window and full attention agree, and no more (as Transformer::forward refuses on the CPU).
-Status check_window(const ModelConfig& c, const char* what, int64_t positions) {
-  if (c.sliding_window <= 0 || positions <= c.sliding_window) return {};
-  return unsupported(std::string(what) + ": sliding-window attention (config.json sliding_window = " +
-                     std::to_string(c.sliding_window) + ") is not implemented yet: llmq runs at most " +
-                     std::to_string(c.sliding_window) + " positions of this model (asked for " +
-                     std::to_string(positions) + ")");
-}
-
-}  // namespace
-
 GpuRuntime::GpuRuntime() : impl_(std::make_unique<Impl>()) {}
 GpuRuntime::~GpuRuntime() = default;
 
@@ -269,6 +255,8 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       a.capacity = options.max_context;
       a.max_kv_len = m.max_kv_len;
       a.softmax_scale = softmax_scale;
+      a.window = c.layer_window(l);  // each layer's own: gpt-oss alternates windowed and full layers
+      a.sinks = L.sinks.bytes() > 0 ? L.sinks.as<float>() : nullptr;
       a.workspace = attn_workspace.get();
       a.workspace_bytes = attn_workspace.bytes();
       if (run(kStageAttention)) LLMQ_RETURN_IF_ERROR(attention::decode_attention(a, stream));
@@ -288,10 +276,12 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       a.capacity = options.max_context;
       a.softmax_scale = softmax_scale;
       a.causal = true;
+      a.window = c.layer_window(l);
+      a.sinks = L.sinks.bytes() > 0 ? L.sinks.as<float>() : nullptr;
       if (quant_attention.active()) {
         if (run(kStageAttention))
           LLMQ_RETURN_IF_ERROR(quant_attention.run(a.q, k_cache(l), v_cache(l), options.max_context, m.seqs, a.out,
-                                                   softmax_scale, stream));
+                                                   softmax_scale, stream, a.window, a.sinks));
       } else {
         LLMQ_RETURN_IF_ERROR(attention::prefill_attention(a, stream));
       }
@@ -461,7 +451,6 @@ Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool
       return invalid_argument("prefill: sequence " + std::to_string(b) + " would hold " +
                               std::to_string(g.lengths[b] + static_cast<int64_t>(tokens[b].size())) +
                               " positions, the KV cache has " + std::to_string(g.options.max_context));
-    LLMQ_RETURN_IF_ERROR(check_window(g.c, "prefill", g.lengths[b] + static_cast<int64_t>(tokens[b].size())));
     for (size_t i = 0; i < tokens[b].size(); ++i)
       if (tokens[b][i] < 0 || tokens[b][i] >= g.c.vocab_size)
         return invalid_argument("prefill: token " + std::to_string(tokens[b][i]) + " (sequence " + std::to_string(b) +
@@ -508,7 +497,6 @@ Status GpuRuntime::decode(const std::vector<int32_t>& tokens, std::vector<float>
     if (g.lengths[static_cast<size_t>(b)] + 1 > g.options.max_context)
       return invalid_argument("decode: sequence " + std::to_string(b) + " is full (" + std::to_string(g.options.max_context) +
                               " positions)");
-    LLMQ_RETURN_IF_ERROR(check_window(g.c, "decode", g.lengths[static_cast<size_t>(b)] + 1));
     tok.push_back(t);
     pos.push_back(static_cast<int32_t>(g.lengths[static_cast<size_t>(b)]));
     slot.push_back(static_cast<int32_t>(b));
@@ -614,7 +602,6 @@ Status GpuRuntime::generate(const std::vector<int32_t>& first, int64_t steps, co
       return invalid_argument("generate: sequence " + std::to_string(b) + " would hold " +
                               std::to_string(g.lengths[static_cast<size_t>(b)] + steps) + " positions, the KV cache has " +
                               std::to_string(g.options.max_context));
-    LLMQ_RETURN_IF_ERROR(check_window(g.c, "generate", g.lengths[static_cast<size_t>(b)] + steps));
   }
   if (sampling.temperature > 0.0f && !(sampling.top_p > 0.0f && sampling.top_p <= 1.0f))
     return invalid_argument("--top-p: " + std::to_string(sampling.top_p) + " outside (0, 1]");
