@@ -161,6 +161,10 @@ struct ModelWeights {
   // Every linear layer, in forward order (lm_head last): for calibration and quantization.
   std::vector<Linear*> linears();
   std::vector<const Linear*> linears() const;
+  // The linear `id` names (lm_head, a layer's q..down or router, an expert's), or null when the
+  // model has no such linear (a layer or expert out of range, an expert of a dense model).
+  Linear* find_linear(const LinearId& id);
+  const Linear* find_linear(const LinearId& id) const;
   int64_t parameter_count() const;
   // NaN / Inf anywhere is an error naming the tensor, counts and first position (nonfinite.hpp);
   // `where` (the model's path) prefixes the message.

@@ -17,82 +17,6 @@
 namespace llmq {
 namespace {
 
-// A tensor the config implies: its name, shape, and whether a quantized checkpoint may store it
-// in 8 bits (linear and embedding weights; never norms or biases). mxfp4: an MXFP4 block or scale
-// tensor, stored as U8 bytes.
-struct ExpectedTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  bool may_be_8bit = false;
-  bool mxfp4 = false;
-};
-
-// Visit the tensors `c` implies, in checkpoint order, stopping at the first error `fn` returns.
-// Lazy on purpose: a config claiming 10^9 layers fails at the first missing tensor, after at
-// most as many steps as the checkpoint has tensors, instead of building 10^10 names first.
-// The disk layout of each family is model_family.hpp's.
-template <typename Fn>
-Status visit_expected(const ModelConfig& c, Fn fn) {
-  const FamilyLayout f = family_layout(c);
-  const int64_t q_out = c.n_heads * c.head_dim, kv_out = c.n_kv_heads * c.head_dim;
-  LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{"model.embed_tokens.weight", {c.vocab_size, c.dim}, true}));
-  for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{p + "input_layernorm.weight", {c.dim}, false}));
-    LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{p + "post_attention_layernorm.weight", {c.dim}, false}));
-    auto linear = [&](const LinearId& id, bool bias) -> Status {
-      const std::vector<int64_t> shape = linear_shape(c, id);
-      LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{id.hf_name(c) + ".weight", shape, true}));
-      if (bias) LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{id.hf_name(c) + ".bias", {shape[0]}, false}));
-      return {};
-    };
-    if (f.fused_qkv) {
-      LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{p + "self_attn.qkv_proj.weight", {q_out + 2 * kv_out, c.dim}, true}));
-    } else {
-      for (LinearRole r : {LinearRole::kQ, LinearRole::kK, LinearRole::kV}) LLMQ_RETURN_IF_ERROR(linear({i, r, -1}, c.attention_bias));
-    }
-    LLMQ_RETURN_IF_ERROR(linear({i, LinearRole::kO, -1}, c.attention_bias && f.o_bias));
-    if (c.qk_norm) {
-      LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{p + "self_attn.q_norm.weight", {c.head_dim}, false}));
-      LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{p + "self_attn.k_norm.weight", {c.head_dim}, false}));
-    }
-    if (c.attention_sinks) LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{p + "self_attn.sinks", {c.n_heads}, false}));
-    if (c.is_moe()) {
-      LLMQ_RETURN_IF_ERROR(linear({i, LinearRole::kRouter, -1}, c.moe_bias));
-      if (f.fused_experts) {
-        const std::string e = p + "mlp.experts.";
-        const int64_t E = c.n_experts, h = c.hidden_dim, d = c.dim;
-        if (c.experts_mxfp4) {
-          LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{e + "gate_up_proj_blocks", {E, 2 * h, d / 32, 16}, false, true}));
-          LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{e + "gate_up_proj_scales", {E, 2 * h, d / 32}, false, true}));
-        } else {
-          LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{e + "gate_up_proj", {E, d, 2 * h}, false}));
-        }
-        LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{e + "gate_up_proj_bias", {E, 2 * h}, false}));
-        if (c.experts_mxfp4) {
-          LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{e + "down_proj_blocks", {E, d, h / 32, 16}, false, true}));
-          LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{e + "down_proj_scales", {E, d, h / 32}, false, true}));
-        } else {
-          LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{e + "down_proj", {E, h, d}, false}));
-        }
-        LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{e + "down_proj_bias", {E, d}, false}));
-      } else {
-        for (int64_t e = 0; e < c.n_experts; ++e)
-          for (LinearRole r : {LinearRole::kGate, LinearRole::kUp, LinearRole::kDown})
-            LLMQ_RETURN_IF_ERROR(linear({i, r, e}, c.moe_bias));
-      }
-    } else if (f.fused_gate_up) {
-      LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{p + "mlp.gate_up_proj.weight", {2 * c.hidden_dim, c.dim}, true}));
-      LLMQ_RETURN_IF_ERROR(linear({i, LinearRole::kDown, -1}, false));
-    } else {
-      for (LinearRole r : {LinearRole::kGate, LinearRole::kUp, LinearRole::kDown}) LLMQ_RETURN_IF_ERROR(linear({i, r, -1}, false));
-    }
-  }
-  LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{"model.norm.weight", {c.dim}, false}));
-  if (!c.tie_embeddings) LLMQ_RETURN_IF_ERROR(fn(ExpectedTensor{"lm_head.weight", {c.vocab_size, c.dim}, true}));
-  return {};
-}
-
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -104,7 +28,7 @@ bool is_8bit(DType d) { return is_fp8(d) || d == DType::kI8; }
 // The writer's list is the checker's list: one enumeration of what a config implies.
 std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
   std::vector<HfTensorSpec> specs;
-  (void)visit_expected(c, [&specs](const ExpectedTensor& t) {
+  (void)visit_model_tensors(c, [&specs](const ModelTensor& t) {
     specs.push_back({t.name, t.shape});
     return Status();
   });
@@ -127,7 +51,7 @@ Status check_hf_checkpoint(const Checkpoint& ckpt, const ModelConfig& config) {
   const bool quantized = parsed && qc != j.end() && qc->is_object();
   const bool kv_scales_declared = quantized && qc->contains("kv_cache_scheme") && (*qc)["kv_cache_scheme"].is_object();
   std::set<std::string> expected, stored_8bit;
-  LLMQ_RETURN_IF_ERROR(visit_expected(config, [&](const ExpectedTensor& t) -> Status {
+  LLMQ_RETURN_IF_ERROR(visit_model_tensors(config, [&](const ModelTensor& t) -> Status {
     const SafetensorsTensorInfo* info = ckpt.find(t.name);
     if (info == nullptr) {
       if (t.name == "lm_head.weight")

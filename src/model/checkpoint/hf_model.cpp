@@ -128,51 +128,54 @@ class HfLoader {
     return {};
   }
 
-  // gpt-oss's fused experts of one layer (model_family.hpp), as per-expert gate / up / down
-  // linears with their biases: gate_up's interleaved outputs 2r and 2r + 1 are gate and up row r.
-  Status fused_experts(int64_t layer, const std::string& prefix, std::vector<Expert>* experts) const {
-    const int64_t E = config_.n_experts, h = config_.hidden_dim, d = config_.dim;
-    Tensor gate_up, down, gate_up_bias, down_bias;  // gate_up [E, 2h, d], down [E, d, h]: [out, in]
-    if (config_.experts_mxfp4) {
-      LLMQ_RETURN_IF_ERROR(mxfp4(prefix + "gate_up_proj", {E, 2 * h, d}, &gate_up));
-      LLMQ_RETURN_IF_ERROR(mxfp4(prefix + "down_proj", {E, d, h}, &down));
-    } else {  // stored [E, in, out] (x @ W): transposed here
-      Tensor a, b;
-      LLMQ_RETURN_IF_ERROR(plain(prefix + "gate_up_proj", {E, d, 2 * h}, &a));
-      LLMQ_RETURN_IF_ERROR(plain(prefix + "down_proj", {E, h, d}, &b));
-      gate_up = transpose_last(a, E, d, 2 * h);
-      down = transpose_last(b, E, h, d);
-    }
-    LLMQ_RETURN_IF_ERROR(plain(prefix + "gate_up_proj_bias", {E, 2 * h}, &gate_up_bias));
-    LLMQ_RETURN_IF_ERROR(plain(prefix + "down_proj_bias", {E, d}, &down_bias));
-    experts->assign(static_cast<size_t>(E), Expert{});
+  // gpt-oss's fused experts of one layer (model_family.hpp), into per-expert linears: gate_up
+  // [E, 2h, d] in [out, in] orientation, its outputs 2r and 2r + 1 being gate and up row r; its
+  // bias [E, 2h] alike; down [E, d, h]; down's bias [E, d].
+  void experts_gate_up(const Tensor& gate_up, std::vector<Expert>* experts) const {
+    const int64_t h = config_.hidden_dim, d = config_.dim;
     const float* gu = gate_up.data_as<float>();
-    const float* gub = gate_up_bias.data_as<float>();
-    for (int64_t e = 0; e < E; ++e) {
-      Expert& ex = (*experts)[static_cast<size_t>(e)];
-      ex.gate.id = {layer, LinearRole::kGate, e};
-      ex.up.id = {layer, LinearRole::kUp, e};
-      ex.down.id = {layer, LinearRole::kDown, e};
+    for (size_t e = 0; e < experts->size(); ++e) {
+      Expert& ex = (*experts)[e];
       ex.gate.weight = Tensor(DType::kF32, {h, d});
       ex.up.weight = Tensor(DType::kF32, {h, d});
+      for (int64_t r = 0; r < h; ++r) {
+        const float* g_row = gu + (static_cast<int64_t>(e) * 2 * h + 2 * r) * d;
+        std::copy(g_row, g_row + d, ex.gate.weight.data_as<float>() + r * d);
+        std::copy(g_row + d, g_row + 2 * d, ex.up.weight.data_as<float>() + r * d);
+      }
+    }
+  }
+  void experts_gate_up_bias(const Tensor& bias, std::vector<Expert>* experts) const {
+    const int64_t h = config_.hidden_dim;
+    for (size_t e = 0; e < experts->size(); ++e) {
+      Expert& ex = (*experts)[e];
       ex.gate.bias = Tensor(DType::kF32, {h});
       ex.up.bias = Tensor(DType::kF32, {h});
       for (int64_t r = 0; r < h; ++r) {
-        const float* g_row = gu + (e * 2 * h + 2 * r) * d;
-        std::copy(g_row, g_row + d, ex.gate.weight.data_as<float>() + r * d);
-        std::copy(g_row + d, g_row + 2 * d, ex.up.weight.data_as<float>() + r * d);
-        ex.gate.bias.data_as<float>()[r] = gub[e * 2 * h + 2 * r];
-        ex.up.bias.data_as<float>()[r] = gub[e * 2 * h + 2 * r + 1];
+        ex.gate.bias.data_as<float>()[r] = bias.data_as<float>()[static_cast<int64_t>(e) * 2 * h + 2 * r];
+        ex.up.bias.data_as<float>()[r] = bias.data_as<float>()[static_cast<int64_t>(e) * 2 * h + 2 * r + 1];
       }
-      ex.down.weight = Tensor(DType::kF32, {d, h});
-      std::copy(down.data_as<float>() + e * d * h, down.data_as<float>() + (e + 1) * d * h, ex.down.weight.data_as<float>());
-      ex.down.bias = Tensor(DType::kF32, {d});
-      std::copy(down_bias.data_as<float>() + e * d, down_bias.data_as<float>() + (e + 1) * d, ex.down.bias.data_as<float>());
     }
-    return {};
+  }
+  void experts_down(const Tensor& down, std::vector<Expert>* experts) const {
+    const int64_t n = config_.dim * config_.hidden_dim;
+    for (size_t e = 0; e < experts->size(); ++e) {
+      Tensor w(DType::kF32, {config_.dim, config_.hidden_dim});
+      std::copy(down.data_as<float>() + static_cast<int64_t>(e) * n, down.data_as<float>() + (static_cast<int64_t>(e) + 1) * n,
+                w.data_as<float>());
+      (*experts)[e].down.weight = std::move(w);
+    }
+  }
+  void experts_down_bias(const Tensor& bias, std::vector<Expert>* experts) const {
+    const int64_t d = config_.dim;
+    for (size_t e = 0; e < experts->size(); ++e) {
+      Tensor b(DType::kF32, {d});
+      std::copy(bias.data_as<float>() + static_cast<int64_t>(e) * d, bias.data_as<float>() + (static_cast<int64_t>(e) + 1) * d,
+                b.data_as<float>());
+      (*experts)[e].down.bias = std::move(b);
+    }
   }
 
- private:
   std::string where(const std::string& name) const { return ckpt_.dir() + ": tensor '" + name + "': "; }
 
   // [n, a, b] -> [n, b, a]
@@ -223,6 +226,7 @@ class HfLoader {
     return {};
   }
 
+ private:
   Status require(const std::string& name, const std::vector<int64_t>& shape, const SafetensorsTensorInfo** out) const {
     const SafetensorsTensorInfo* info = ckpt_.find(name);
     if (info == nullptr) return invalid_argument(where(name) + "missing from the checkpoint");
@@ -250,66 +254,81 @@ Status load_hf_model(const std::string& dir, ModelWeights* out) {
   if (!block_status.ok()) return Status(block_status.code(), dir + ": " + block_status.message());
 
   const HfLoader load(*ckpt, config, block_rows, block_cols);
-  const FamilyLayout family = family_layout(config);
   const int64_t dim = config.dim, hidden = config.hidden_dim;
   const int64_t q_out = config.n_heads * config.head_dim, kv_out = config.n_kv_heads * config.head_dim;
 
   ModelWeights w;
   w.config = config;
-  LLMQ_RETURN_IF_ERROR(load.weight("model.embed_tokens", config.vocab_size, dim, &w.token_embedding));
   w.layers.resize(static_cast<size_t>(config.n_layers));
+  // Every linear's id up front: fused tensors fill several linears at once.
   for (int64_t i = 0; i < config.n_layers; ++i) {
-    LayerWeights& layer = w.layers[static_cast<size_t>(i)];
-    const std::string prefix = "model.layers." + std::to_string(i) + ".";
-    LLMQ_RETURN_IF_ERROR(load.plain(prefix + "input_layernorm.weight", {dim}, &layer.attn_norm));
-    LLMQ_RETURN_IF_ERROR(load.plain(prefix + "post_attention_layernorm.weight", {dim}, &layer.ffn_norm));
-    if (family.fused_qkv) {
-      layer.q.id = {i, LinearRole::kQ, -1};
-      layer.k.id = {i, LinearRole::kK, -1};
-      layer.v.id = {i, LinearRole::kV, -1};
-      LLMQ_RETURN_IF_ERROR(
-          load.split_rows(prefix + "self_attn.qkv_proj", dim, {q_out, kv_out, kv_out}, {&layer.q, &layer.k, &layer.v}));
-    } else {
-      LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kQ, -1}, q_out, dim, &layer.q));
-      LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kK, -1}, kv_out, dim, &layer.k));
-      LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kV, -1}, kv_out, dim, &layer.v));
-    }
-    LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kO, -1}, dim, q_out, &layer.o));
-    if (config.qk_norm) {
-      LLMQ_RETURN_IF_ERROR(load.plain(prefix + "self_attn.q_norm.weight", {config.head_dim}, &layer.q_norm));
-      LLMQ_RETURN_IF_ERROR(load.plain(prefix + "self_attn.k_norm.weight", {config.head_dim}, &layer.k_norm));
-    }
-    if (config.attention_sinks) LLMQ_RETURN_IF_ERROR(load.plain(prefix + "self_attn.sinks", {config.n_heads}, &layer.sinks));
-    if (config.is_moe() && family.fused_experts) {
-      LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kRouter, -1}, config.n_experts, dim, &layer.router));
-      LLMQ_RETURN_IF_ERROR(load.fused_experts(i, prefix + "mlp.experts.", &layer.experts));
-    } else if (config.is_moe()) {
-      LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kRouter, -1}, config.n_experts, dim, &layer.router));
-      layer.experts.resize(static_cast<size_t>(config.n_experts));
+    LayerWeights& L = w.layers[static_cast<size_t>(i)];
+    L.q.id = {i, LinearRole::kQ, -1}, L.k.id = {i, LinearRole::kK, -1}, L.v.id = {i, LinearRole::kV, -1};
+    L.o.id = {i, LinearRole::kO, -1};
+    if (config.is_moe()) {
+      L.router.id = {i, LinearRole::kRouter, -1};
+      L.experts.resize(static_cast<size_t>(config.n_experts));
       for (int64_t e = 0; e < config.n_experts; ++e) {
-        Expert& ex = layer.experts[static_cast<size_t>(e)];
-        LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kGate, e}, hidden, dim, &ex.gate));
-        LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kUp, e}, hidden, dim, &ex.up));
-        LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kDown, e}, dim, hidden, &ex.down));
+        Expert& ex = L.experts[static_cast<size_t>(e)];
+        ex.gate.id = {i, LinearRole::kGate, e}, ex.up.id = {i, LinearRole::kUp, e}, ex.down.id = {i, LinearRole::kDown, e};
       }
-    } else if (family.fused_gate_up) {
-      layer.mlp.gate.id = {i, LinearRole::kGate, -1};
-      layer.mlp.up.id = {i, LinearRole::kUp, -1};
-      LLMQ_RETURN_IF_ERROR(load.split_rows(prefix + "mlp.gate_up_proj", dim, {hidden, hidden}, {&layer.mlp.gate, &layer.mlp.up}));
-      LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kDown, -1}, dim, hidden, &layer.mlp.down));
     } else {
-      LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kGate, -1}, hidden, dim, &layer.mlp.gate));
-      LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kUp, -1}, hidden, dim, &layer.mlp.up));
-      LLMQ_RETURN_IF_ERROR(load.linear({i, LinearRole::kDown, -1}, dim, hidden, &layer.mlp.down));
+      L.mlp.gate.id = {i, LinearRole::kGate, -1}, L.mlp.up.id = {i, LinearRole::kUp, -1};
+      L.mlp.down.id = {i, LinearRole::kDown, -1};
     }
   }
-  LLMQ_RETURN_IF_ERROR(load.plain("model.norm.weight", {dim}, &w.final_norm));
   w.lm_head.id = LinearId{-1, LinearRole::kLmHead, -1};
-  if (config.tie_embeddings) {
-    w.lm_head.weight = w.token_embedding;  // a copy: quantizing lm_head must not touch the embedding
-  } else {
-    LLMQ_RETURN_IF_ERROR(load.linear(w.lm_head.id, config.vocab_size, dim, &w.lm_head));
-  }
+  // The tensors as the family's description enumerates them (model_family.hpp): each into its
+  // place in ModelWeights, fused ones split.
+  const Status st = visit_model_tensors(config, [&](const ModelTensor& t) -> Status {
+    LayerWeights* L = t.layer >= 0 ? &w.layers[static_cast<size_t>(t.layer)] : nullptr;
+    const std::string module = t.name.substr(0, t.name.rfind('.'));
+    switch (t.role) {
+      case TensorRole::kEmbedding: return load.weight(module, config.vocab_size, dim, &w.token_embedding);
+      case TensorRole::kAttnNorm: return load.plain(t.name, t.shape, &L->attn_norm);
+      case TensorRole::kFfnNorm: return load.plain(t.name, t.shape, &L->ffn_norm);
+      case TensorRole::kQNorm: return load.plain(t.name, t.shape, &L->q_norm);
+      case TensorRole::kKNorm: return load.plain(t.name, t.shape, &L->k_norm);
+      case TensorRole::kSinks: return load.plain(t.name, t.shape, &L->sinks);
+      case TensorRole::kFinalNorm: return load.plain(t.name, t.shape, &w.final_norm);
+      case TensorRole::kLinearWeight: return load.weight(module, t.shape[0], t.shape[1], &w.find_linear(t.linear)->weight);
+      case TensorRole::kLinearBias: return load.plain(t.name, t.shape, &w.find_linear(t.linear)->bias);
+      case TensorRole::kFusedQkv:
+        return load.split_rows(module, dim, {q_out, kv_out, kv_out}, {&L->q, &L->k, &L->v});
+      case TensorRole::kFusedGateUp: return load.split_rows(module, dim, {hidden, hidden}, {&L->mlp.gate, &L->mlp.up});
+      case TensorRole::kExpertsGateUp:
+      case TensorRole::kExpertsDown: {  // stored [E, in, out] (x @ W): transposed to [out, in]
+        Tensor stored;
+        LLMQ_RETURN_IF_ERROR(load.plain(t.name, t.shape, &stored));
+        const Tensor out_in = HfLoader::transpose_last(stored, t.shape[0], t.shape[1], t.shape[2]);
+        if (t.role == TensorRole::kExpertsGateUp) load.experts_gate_up(out_in, &L->experts);
+        else load.experts_down(out_in, &L->experts);
+        return {};
+      }
+      case TensorRole::kExpertsGateUpBlocks:
+      case TensorRole::kExpertsDownBlocks: {  // [E, out, in / 32, 16]; the scales come with them
+        const std::string base = t.name.substr(0, t.name.size() - std::string("_blocks").size());
+        Tensor out_in;
+        LLMQ_RETURN_IF_ERROR(load.mxfp4(base, {t.shape[0], t.shape[1], t.shape[2] * 32}, &out_in));
+        if (t.role == TensorRole::kExpertsGateUpBlocks) load.experts_gate_up(out_in, &L->experts);
+        else load.experts_down(out_in, &L->experts);
+        return {};
+      }
+      case TensorRole::kExpertsGateUpScales:
+      case TensorRole::kExpertsDownScales: return {};  // read with their blocks
+      case TensorRole::kExpertsGateUpBias:
+      case TensorRole::kExpertsDownBias: {
+        Tensor bias;
+        LLMQ_RETURN_IF_ERROR(load.plain(t.name, t.shape, &bias));
+        if (t.role == TensorRole::kExpertsGateUpBias) load.experts_gate_up_bias(bias, &L->experts);
+        else load.experts_down_bias(bias, &L->experts);
+        return {};
+      }
+    }
+    return invalid_argument("unknown tensor role for " + t.name);
+  });
+  LLMQ_RETURN_IF_ERROR(st);
+  if (config.tie_embeddings) w.lm_head.weight = w.token_embedding;  // a copy: quantizing lm_head must not touch the embedding
   LLMQ_RETURN_IF_ERROR(w.check_finite(dir));
   *out = std::move(w);
   return {};

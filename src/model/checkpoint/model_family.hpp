@@ -1,11 +1,17 @@
-// How each family lays its tensors out on disk, decided once: the checkpoint check enumerates the
-// tensors a config implies from it (checkpoint_check.cpp), the float loader reads them through it
-// (hf_model.cpp), and the GPU loaders ask it whether they can stream a checkpoint as is. In memory
-// every family is the same ModelWeights (unfused q/k/v, gate/up, one Linear per expert, nn.Linear's
-// [out, in] layout); only these disk layouts differ.
+// Each family's description, decided once: which features it switches on (ModelConfig, read by
+// hf_config.cpp) and how its tensors lie on disk (FamilyLayout), and from the two the one
+// enumeration of the tensors a config implies (visit_model_tensors). The checkpoint check, the
+// float loader (hf_model.cpp), the export writer (weight_source.cpp) and the synthetic checkpoint
+// writer all walk that enumeration; the GPU loaders ask FamilyLayout whether they can stream a
+// checkpoint as is. In memory every family is the same ModelWeights (unfused q/k/v, gate/up, one
+// Linear per expert, nn.Linear's [out, in] layout); only the disk layouts differ. Adding a family
+// is its config keys (hf_config.cpp) and, if its tensors lie differently, a FamilyLayout switch
+// and its cases here and in the loader.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "llmq/model.hpp"
 
@@ -30,6 +36,38 @@ struct FamilyLayout {
 };
 
 FamilyLayout family_layout(const ModelConfig& config);
+
+// What one tensor of a checkpoint is to the model.
+enum class TensorRole {
+  kEmbedding,     // model.embed_tokens.weight [vocab, dim]
+  kAttnNorm,      // input_layernorm [dim]
+  kFfnNorm,       // post_attention_layernorm [dim]
+  kQNorm,         // Qwen3: self_attn.q_norm [head_dim]
+  kKNorm,         // Qwen3: self_attn.k_norm [head_dim]
+  kSinks,         // gpt-oss: self_attn.sinks [n_heads]
+  kLinearWeight,  // `linear`'s weight [out, in] (lm_head included)
+  kLinearBias,    // `linear`'s bias [out]
+  kFusedQkv,      // Phi-3: rows q | k | v
+  kFusedGateUp,   // Phi-3: rows gate | up
+  kExpertsGateUp, kExpertsGateUpBias, kExpertsDown, kExpertsDownBias,  // gpt-oss, fused (FamilyLayout)
+  kExpertsGateUpBlocks, kExpertsGateUpScales, kExpertsDownBlocks, kExpertsDownScales,  // gpt-oss MXFP4
+  kFinalNorm,     // model.norm [dim]
+};
+
+struct ModelTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  TensorRole role = TensorRole::kEmbedding;
+  int64_t layer = -1;       // per-layer roles
+  LinearId linear;          // kLinearWeight / kLinearBias
+  bool may_be_8bit = false; // a quantized checkpoint may store it in 8 bits (linear and embedding weights)
+  bool mxfp4 = false;       // stored as U8 MXFP4 blocks or E8M0 scales
+};
+
+// Every tensor `config` implies, in checkpoint order, stopping at the first error `fn` returns.
+// Lazy on purpose: a config claiming 10^9 layers fails at the first missing tensor, after at most
+// as many steps as the checkpoint has tensors, instead of building 10^10 names first.
+Status visit_model_tensors(const ModelConfig& config, const std::function<Status(const ModelTensor&)>& fn);
 
 // MXFP4 E2M1 code (low 4 bits) as a float: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
 float e2m1_value(int code);

@@ -40,42 +40,39 @@ class MemorySource : public WeightSource {
     config_.rope_style = RopeStyle::kHalf;
     // Written unfused, under the family that reads them so (Phi-3 as Llama or Mistral).
     config_.model_type = hf_written_model_type(c);
-    add("model.embed_tokens.weight", &m.token_embedding);
-    for (int64_t i = 0; i < c.n_layers; ++i) {
-      const LayerWeights& l = m.layers[static_cast<size_t>(i)];
-      const std::string p = "model.layers." + std::to_string(i) + ".";
-      add(p + "input_layernorm.weight", &l.attn_norm);
-      for (const Linear* lin : {&l.q, &l.k, &l.v, &l.o}) {
-        const std::string name = lin->id.hf_name(c) + ".weight";
-        if (permute && (lin == &l.q || lin == &l.k)) {
-          owned_.push_back(std::make_unique<Tensor>(
-              interleaved_to_half(lin->weight, lin == &l.q ? c.n_heads : c.n_kv_heads, c.head_dim)));
-          add(name, owned_.back().get());
-        } else {
-          add(name, &lin->weight);
-        }
-        if (lin->bias.numel() > 0) add(lin->id.hf_name(c) + ".bias", &lin->bias);
-      }
-      if (c.qk_norm) {
-        add(p + "self_attn.q_norm.weight", &l.q_norm);
-        add(p + "self_attn.k_norm.weight", &l.k_norm);
-      }
-      if (c.attention_sinks) add(p + "self_attn.sinks", &l.sinks);
-      add(p + "post_attention_layernorm.weight", &l.ffn_norm);
-      if (c.is_moe()) {
-        add(l.router.id.hf_name(c) + ".weight", &l.router.weight);
-        if (l.router.bias.numel() > 0) add(l.router.id.hf_name(c) + ".bias", &l.router.bias);
-        for (const Expert& e : l.experts)
-          for (const Linear* lin : {&e.gate, &e.up, &e.down}) {
-            add(lin->id.hf_name(c) + ".weight", &lin->weight);
-            if (lin->bias.numel() > 0) add(lin->id.hf_name(c) + ".bias", &lin->bias);
+    // The tensors the written config implies (model_family.hpp's one enumeration), each from its
+    // place in memory. gpt-oss's fused experts have no such place (its export is refused).
+    (void)visit_model_tensors(config_, [&](const ModelTensor& t) -> Status {
+      const LayerWeights* l = t.layer >= 0 ? &m.layers[static_cast<size_t>(t.layer)] : nullptr;
+      const Tensor* tensor = nullptr;
+      switch (t.role) {
+        case TensorRole::kEmbedding: tensor = &m.token_embedding; break;
+        case TensorRole::kAttnNorm: tensor = &l->attn_norm; break;
+        case TensorRole::kFfnNorm: tensor = &l->ffn_norm; break;
+        case TensorRole::kQNorm: tensor = &l->q_norm; break;
+        case TensorRole::kKNorm: tensor = &l->k_norm; break;
+        case TensorRole::kSinks: tensor = &l->sinks; break;
+        case TensorRole::kFinalNorm: tensor = &m.final_norm; break;
+        case TensorRole::kLinearBias:
+          if (const Linear* lin = m.find_linear(t.linear)) tensor = &lin->bias;
+          break;
+        case TensorRole::kLinearWeight: {
+          const Linear* lin = m.find_linear(t.linear);
+          if (lin == nullptr) break;
+          const bool q = t.linear.role == LinearRole::kQ, k = t.linear.role == LinearRole::kK;
+          if (permute && (q || k)) {
+            owned_.push_back(std::make_unique<Tensor>(interleaved_to_half(lin->weight, q ? c.n_heads : c.n_kv_heads, c.head_dim)));
+            tensor = owned_.back().get();
+          } else {
+            tensor = &lin->weight;
           }
-      } else {
-        for (const Linear* lin : {&l.mlp.gate, &l.mlp.up, &l.mlp.down}) add(lin->id.hf_name(c) + ".weight", &lin->weight);
+          break;
+        }
+        default: break;  // fused layouts: written unfused (Phi-3) or not at all (gpt-oss)
       }
-    }
-    add("model.norm.weight", &m.final_norm);
-    if (!c.tie_embeddings) add("lm_head.weight", &m.lm_head.weight);
+      if (tensor != nullptr && tensor->nbytes() > 0) add(t.name, tensor);
+      return Status();
+    });
   }
 
   const ModelConfig& config() const override { return config_; }

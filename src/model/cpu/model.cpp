@@ -242,6 +242,38 @@ std::vector<const Linear*> ModelWeights::linears() const {
   return out;
 }
 
+namespace {
+
+template <typename Weights, typename L>
+L* linear_of(Weights& w, const LinearId& id) {
+  if (id.role == LinearRole::kLmHead) return &w.lm_head;
+  if (id.layer < 0 || id.layer >= static_cast<int64_t>(w.layers.size())) return nullptr;
+  auto& layer = w.layers[static_cast<size_t>(id.layer)];
+  switch (id.role) {
+    case LinearRole::kQ: return &layer.q;
+    case LinearRole::kK: return &layer.k;
+    case LinearRole::kV: return &layer.v;
+    case LinearRole::kO: return &layer.o;
+    case LinearRole::kRouter: return &layer.router;
+    default: break;
+  }
+  if (id.expert < 0) {
+    if (id.role == LinearRole::kGate) return &layer.mlp.gate;
+    if (id.role == LinearRole::kUp) return &layer.mlp.up;
+    return &layer.mlp.down;
+  }
+  if (id.expert >= static_cast<int64_t>(layer.experts.size())) return nullptr;
+  auto& e = layer.experts[static_cast<size_t>(id.expert)];
+  return id.role == LinearRole::kGate ? &e.gate : id.role == LinearRole::kUp ? &e.up : &e.down;
+}
+
+}  // namespace
+
+Linear* ModelWeights::find_linear(const LinearId& id) { return linear_of<ModelWeights, Linear>(*this, id); }
+const Linear* ModelWeights::find_linear(const LinearId& id) const {
+  return linear_of<const ModelWeights, const Linear>(*this, id);
+}
+
 int64_t ModelWeights::parameter_count() const {
   int64_t n = token_embedding.numel() + final_norm.numel();
   for (const auto& layer : layers) {
