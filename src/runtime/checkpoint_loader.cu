@@ -288,19 +288,21 @@ Status GpuModel::from_checkpoint(const std::string& dir, const GpuPrecision& p, 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     if (progress) progress(l, c.n_layers, "loading layer " + std::to_string(l));
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    // Linear names from LinearId::hf_name, the one place that spells them per family.
+    auto module = [&](LinearRole role) { return LinearId{l, role, -1}.hf_name(c); };
     GpuLayer gl;
     LLMQ_RETURN_IF_ERROR(load.small_f32(p + "input_layernorm.weight", &gl.attn_norm));
     LLMQ_RETURN_IF_ERROR(load.small_f32(p + "post_attention_layernorm.weight", &gl.ffn_norm));
     if (c.attention_bias) {
       std::vector<float> bias;
-      for (const char* r : {"q_proj", "k_proj", "v_proj"}) {
+      for (LinearRole r : {LinearRole::kQ, LinearRole::kK, LinearRole::kV}) {
         Tensor t;
-        LLMQ_RETURN_IF_ERROR(ckpt->read_f32(p + "self_attn." + r + ".bias", &t));
+        LLMQ_RETURN_IF_ERROR(ckpt->read_f32(module(r) + ".bias", &t));
         bias.insert(bias.end(), t.data_as<float>(), t.data_as<float>() + t.numel());
       }
       LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(bias.data(), static_cast<int64_t>(bias.size() * 4), p + "qkv.bias",
                                                     &gl.qkv_bias));
-      if (family_layout(c).o_bias) LLMQ_RETURN_IF_ERROR(load.small_f32(p + "self_attn.o_proj.bias", &gl.o_bias));
+      if (family_layout(c).o_bias) LLMQ_RETURN_IF_ERROR(load.small_f32(module(LinearRole::kO) + ".bias", &gl.o_bias));
     }
     if (c.qk_norm) {
       LLMQ_RETURN_IF_ERROR(load.small_f32(p + "self_attn.q_norm.weight", &gl.q_norm));
@@ -308,15 +310,16 @@ Status GpuModel::from_checkpoint(const std::string& dir, const GpuPrecision& p, 
     }
     if (c.attention_sinks) LLMQ_RETURN_IF_ERROR(load.small_f32(p + "self_attn.sinks", &gl.sinks));
     LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "qkv"),
-                                     {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
+                                     {module(LinearRole::kQ) + ".weight", module(LinearRole::kK) + ".weight",
+                                      module(LinearRole::kV) + ".weight"},
                                      &gl.qkv));
-    LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "o_proj"), {p + "self_attn.o_proj.weight"}, &gl.o));
+    LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "o_proj"), {module(LinearRole::kO) + ".weight"}, &gl.o));
     if (c.is_moe()) {
       LLMQ_RETURN_IF_ERROR(load_moe(load, c, l, &gl.moe));
     } else {
-      LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "gate_up"), {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
-                                       &gl.gate_up));
-      LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "down_proj"), {p + "mlp.down_proj.weight"}, &gl.down));
+      LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "gate_up"),
+                                       {module(LinearRole::kGate) + ".weight", module(LinearRole::kUp) + ".weight"}, &gl.gate_up));
+      LLMQ_RETURN_IF_ERROR(load.linear(runtime::layer_name(l, "down_proj"), {module(LinearRole::kDown) + ".weight"}, &gl.down));
     }
     LLMQ_RETURN_IF_ERROR(runtime::shard_layer(c, tp, &gl));
     g.layers.push_back(std::move(gl));
