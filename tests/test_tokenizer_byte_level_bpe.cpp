@@ -5,7 +5,10 @@
 // word (test_tokenizer_split_oracle.cpp checks the patterns against Python's `regex` too).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -230,6 +233,50 @@ TEST(ByteLevelBpe, O200kSplitsCamelCaseAndKeepsContractions) {
                     "\xE6\x97\xA5\xE6\x9C\xAC\xE2\x80\x8B!\xCC\x81x"),
         std::string("a<|sep|>b <|sep|>"), std::string("\x01\x7F\xFF bytes \xC3")})
     expect_round_trip(*tok, text, "o200k");
+}
+
+// Qwen2 / Qwen3 declare an NFC normalizer: decomposed text encodes as its composed form. The
+// expected compositions are Unicode's (UAX #15): e + U+0301 is U+00E9, the Angstrom sign U+212B is
+// U+00C5 (a singleton), Hangul jamo U+1100 U+1161 is the syllable U+AC00, and an already composed
+// text is left as it is.
+TEST(ByteLevelBpe, NfcNormalizerComposes) {
+  TempDir dir;
+  json j = {{"version", "1.0"},
+            {"added_tokens", added_tokens_json()},
+            {"normalizer", {{"type", "NFC"}}},
+            {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+            {"post_processor", nullptr},
+            {"decoder", {{"type", "ByteLevel"}}},
+            {"model", byte_level_model(false)}};
+  write_file(dir.file("tokenizer.json"), j.dump(1));
+  const auto tok = load_ok(dir.file("tokenizer.json"));
+  ASSERT_NE(tok, nullptr);
+  const struct {
+    const char* decomposed;
+    const char* composed;
+  } cases[] = {{"caf" "e\xCC\x81", "caf\xC3\xA9"},
+               {"\xE2\x84\xAB", "\xC3\x85"},
+               {"\xE1\x84\x80\xE1\x85\xA1", "\xEA\xB0\x80"},
+               {"A\xCC\x8A and o\xCC\x88", "\xC3\x85 and \xC3\xB6"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.composed);
+    EXPECT_EQ(encode(*tok, c.decomposed, false), encode(*tok, c.composed, false));
+    EXPECT_NE(encode(*tok, c.decomposed, false).size(), 0u);
+  }
+  // Bytes that are not UTF-8 are not text NFC is defined on: encoded as they are, byte by byte.
+  const std::string bad = "ab\xC3(\xFF";
+  EXPECT_EQ(tokenizer_detail::nfc(bad), bad);
+  // Python's unicodedata as the oracle over mixed decomposed text, where python3 exists.
+  const std::string sample = "e\xCC\x81\xE2\x84\xAB\xE1\x84\x80\xE1\x85\xA1x\xCC\xA3\xCC\x87 \xEF\xAC\x81 n\xCC\x83";
+  write_file(dir.file("in.txt"), sample);
+  const std::string cmd = "python3 -c \"import sys,unicodedata; t=open(sys.argv[1],encoding='utf-8').read(); "
+                          "open(sys.argv[2],'w',encoding='utf-8').write(unicodedata.normalize('NFC', t))\" '" +
+                          dir.file("in.txt") + "' '" + dir.file("out.txt") + "' 2>/dev/null";
+  if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "python3 is not installed (the NFC oracle is its unicodedata)";
+  std::ifstream f(dir.file("out.txt"), std::ios::binary);
+  const std::string want((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(tokenizer_detail::nfc(sample), want);
+  EXPECT_NE(want, sample);
 }
 
 TEST(ByteLevelBpe, RoundTripsAsciiAndUtf8) {

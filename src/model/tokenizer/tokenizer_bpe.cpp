@@ -158,6 +158,9 @@ std::string BpeTokenizer::normalize(const std::string& text, bool at_start) cons
       case NormalizeOp::Kind::kCollapseSpaces:
         s = collapse_spaces(s);
         break;
+      case NormalizeOp::Kind::kNfc:
+        s = nfc(s);
+        break;
       case NormalizeOp::Kind::kPrepend:
         // Never onto empty text: run.c and Hugging Face's Prepend add the dummy prefix only to
         // non-empty input, so "" stays no tokens.

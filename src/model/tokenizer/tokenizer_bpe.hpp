@@ -27,6 +27,9 @@ struct CodePoint {
 };
 std::vector<CodePoint> utf8_code_points(const std::string& s);
 std::string utf8_encode(uint32_t cp);
+// Unicode canonical composition (NFC, ICU's normalizer), as tokenizers' NFC normalizer applies it.
+// Text that is not valid UTF-8 is returned as it is (NFC is defined on code points only).
+std::string nfc(const std::string& text);
 
 // What the split patterns tell code points apart by: the Unicode general category (ICU's
 // u_charType) grouped as the patterns group it, and Unicode's White_Space property for \s (what
@@ -86,7 +89,7 @@ void split_words(const std::string& text, const Splitter& splitter, std::vector<
 // ---- normalization, applied to text outside special tokens ----
 
 struct NormalizeOp {
-  enum class Kind { kPrepend, kReplace, kCollapseSpaces } kind = Kind::kReplace;
+  enum class Kind { kPrepend, kReplace, kCollapseSpaces, kNfc } kind = Kind::kReplace;
   std::string from;  // kReplace: what is replaced
   std::string to;    // kReplace: its replacement; kPrepend: what is prepended
   bool first_only = false;       // kPrepend: only to the text's first segment (Metaspace "first")

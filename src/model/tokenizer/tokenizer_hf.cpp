@@ -103,9 +103,13 @@ Status parse_normalizer(Parser* p, const json& n) {
     p->spec.normalize.push_back(op);
     return {};
   }
-  // Qwen2 declares NFC. Text that is already NFC (nearly all text) is unchanged by it; composing
-  // characters (ICU's normalizer could) is not done yet: treated as no-op.
-  if (type == "NFC") return {};
+  // Qwen2 / Qwen3 declare NFC: canonical composition (ICU), so "e" + U+0301 encodes as "é" does.
+  if (type == "NFC") {
+    NormalizeOp op;
+    op.kind = NormalizeOp::Kind::kNfc;
+    p->spec.normalize.push_back(op);
+    return {};
+  }
   return p->unsupported_part("normalizer '" + type + "'");
 }
 

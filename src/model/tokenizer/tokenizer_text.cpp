@@ -5,7 +5,12 @@
 // alternative, which also makes their backtracking explicit. Each *_match_end gives the match a
 // backtracking regex engine (Oniguruma in Hugging Face tokenizers, Python's `regex`) finds at a
 // position: the leftmost alternative that matches, each quantifier as long as the rest allows.
+#include <climits>
+#include <vector>
+
 #include <unicode/uchar.h>
+#include <unicode/unorm2.h>
+#include <unicode/ustring.h>
 
 #include "model/tokenizer/tokenizer_bpe.hpp"
 
@@ -345,6 +350,33 @@ void split_words(const std::string& text, const Splitter& splitter, std::vector<
     out->push_back(text.substr(static_cast<size_t>(d.offset[i]), static_cast<size_t>(d.offset[j] - d.offset[i])));
     i = j;
   }
+}
+
+std::string nfc(const std::string& text) {
+  UErrorCode err = U_ZERO_ERROR;
+  const UNormalizer2* normalizer = unorm2_getNFCInstance(&err);
+  if (U_FAILURE(err) || text.size() > static_cast<size_t>(INT32_MAX / 4)) return text;
+  // UTF-8 -> UTF-16 (ICU's normalizer works on UTF-16), strictly: invalid bytes stay as they are.
+  int32_t n16 = 0;
+  u_strFromUTF8(nullptr, 0, &n16, text.data(), static_cast<int32_t>(text.size()), &err);
+  if (err != U_BUFFER_OVERFLOW_ERROR && U_FAILURE(err)) return text;
+  err = U_ZERO_ERROR;
+  std::vector<UChar> in(static_cast<size_t>(n16) + 1);
+  u_strFromUTF8(in.data(), n16 + 1, &n16, text.data(), static_cast<int32_t>(text.size()), &err);
+  if (U_FAILURE(err)) return text;
+  if (unorm2_isNormalized(normalizer, in.data(), n16, &err) && U_SUCCESS(err)) return text;
+  err = U_ZERO_ERROR;
+  // Composition never lengthens text by more than 3x (Unicode's stated bound for NFC is 3x).
+  std::vector<UChar> out(static_cast<size_t>(n16) * 3 + 1);
+  const int32_t m16 = unorm2_normalize(normalizer, in.data(), n16, out.data(), static_cast<int32_t>(out.size()), &err);
+  if (U_FAILURE(err)) return text;
+  int32_t n8 = 0;
+  u_strToUTF8(nullptr, 0, &n8, out.data(), m16, &err);
+  if (err != U_BUFFER_OVERFLOW_ERROR && U_FAILURE(err)) return text;
+  err = U_ZERO_ERROR;
+  std::string result(static_cast<size_t>(n8), '\0');
+  u_strToUTF8(result.data(), n8, &n8, out.data(), m16, &err);
+  return U_FAILURE(err) && err != U_STRING_NOT_TERMINATED_WARNING ? text : result;
 }
 
 }  // namespace llmq::tokenizer_detail
