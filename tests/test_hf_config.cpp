@@ -599,8 +599,11 @@ TEST(HfConfigSlidingWindow, Qwen2FollowsUseSlidingWindowAndItsLayers) {
   j["max_window_layers"] = 28;
   EXPECT_EQ(parsed(j).layer_window(27), 4096);
   EXPECT_EQ(parsed(j).layer_window(26), 0);
-  j["use_sliding_window"] = false;  // transformers 5 drops the window itself then
-  EXPECT_FALSE(parsed(j).has_window());
+  j["use_sliding_window"] = false;  // transformers 5 drops the window then, and its mask code raises
+  ModelConfig c;
+  const Status st = parse_hf_config(j.dump(), &c);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
+  EXPECT_NE(st.message().find("layer_types"), std::string::npos) << st.to_string();
 }
 
 TEST(HfConfigSlidingWindow, WriterKeepsTheWindow) {

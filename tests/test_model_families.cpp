@@ -98,6 +98,36 @@ TEST(ModelFamilyConfig, Qwen3MoeAsTransformersSavesIt) {
   expect_refused(j, {"mlp_only_layers"});
 }
 
+// What the review of this reader found: published Qwen3-MoE configs carry max_window_layers (no
+// class reads it); MXFP4 needs whole 32-value blocks; a huge layer count is refused before anything
+// is sized by it; head_dim null / 0 as the classes take them.
+TEST(ModelFamilyConfig, EdgesOfTheFamiliesKeys) {
+  json moe = json::parse(kQwen3Moe);
+  moe["max_window_layers"] = 48;  // Qwen3-30B-A3B's config.json
+  EXPECT_FALSE(parsed(moe).has_window());
+  moe["use_sliding_window"] = true, moe["sliding_window"] = 8, moe["max_window_layers"] = 1;
+  expect_refused(moe, {"max_window_layers"});
+  json oss = json::parse(kGptOss);
+  oss["quantization_config"] = {{"quant_method", "mxfp4"}};
+  oss["hidden_size"] = 48;
+  expect_refused(oss, {"multiples of 32"});
+  oss = json::parse(kGptOss);
+  oss["num_hidden_layers"] = int64_t{1} << 40;
+  oss.erase("layer_types");
+  expect_refused(oss, {"num_hidden_layers"});
+  oss = json::parse(kGptOss);
+  oss["head_dim"] = nullptr;  // GptOssConfig derives hidden_size / heads
+  EXPECT_EQ(parsed(oss).head_dim, 16);
+  oss["head_dim"] = 0;
+  expect_refused(oss, {"head_dim"});
+  json q3 = json::parse(kQwen3);
+  q3["head_dim"] = nullptr;
+  expect_refused(q3, {"head_dim"});
+  q3 = json::parse(kQwen3);
+  q3["layer_types"] = {"full_attention", "sliding_attention"};  // without use_sliding_window
+  expect_refused(q3, {"layer_types"});
+}
+
 TEST(ModelFamilyConfig, GptOssAsTransformersSavesIt) {
   json j = json::parse(kGptOss);
   const ModelConfig c = parsed(j);

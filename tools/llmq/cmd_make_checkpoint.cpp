@@ -1,6 +1,7 @@
 // llmq make-checkpoint: a synthetic Hugging Face checkpoint of a real model's shapes (or fewer
 // or more layers), generated while it is written; for scale and interruption tests.
 #include <cstdio>
+#include <vector>
 
 #include "commands.hpp"
 #include "llmq/gpu_runtime.hpp"
@@ -22,7 +23,15 @@ struct MakeCheckpointArgs {
 int run(const MakeCheckpointArgs& a) {
   SyntheticCheckpointOptions o;
   if (Status st = synthetic_model_config(a.shape, &o.config); !st.ok()) return fail(st);
-  if (a.layers > 0) o.config.n_layers = a.layers;
+  if (a.layers > 0) {
+    // The preset's per-layer window pattern (gpt-oss alternates), repeated over the new count.
+    const std::vector<bool> pattern = o.config.window_layers;
+    o.config.n_layers = a.layers;
+    if (!pattern.empty()) {
+      o.config.window_layers.resize(static_cast<size_t>(a.layers));
+      for (size_t i = 0; i < o.config.window_layers.size(); ++i) o.config.window_layers[i] = pattern[i % pattern.size()];
+    }
+  }
   if (a.dtype == "bf16") o.dtype = DType::kBF16;
   else if (a.dtype == "f16") o.dtype = DType::kF16;
   else o.dtype = DType::kF32;

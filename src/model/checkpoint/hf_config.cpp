@@ -96,7 +96,9 @@ bool key_belongs_to(const std::string& key, const std::string& t) {
   if (key == "num_experts") return t == "qwen3_moe" || t == "gpt_oss";
   if (phi3.count(key) != 0) return t == "phi3";
   if (gpt_oss.count(key) != 0) return t == "gpt_oss";
-  if (key == "max_window_layers") return t == "qwen2" || t == "qwen3";
+  // Qwen3-MoE's published configs carry max_window_layers, which its class does not read
+  // (read_sliding_window accepts it only where it cannot mean anything).
+  if (key == "max_window_layers") return t == "qwen2" || t == "qwen3" || t == "qwen3_moe";
   if (key == "use_sliding_window") return t != "phi3" && t != "gpt_oss";
   if (key == "auto_map") return t == "phi3";
   return true;
@@ -153,6 +155,15 @@ Status read_sliding_window(const json& j, ModelConfig* c) {
     // read no layer_types (and Mistral, Mixtral, Phi-3 no use_sliding_window), so those are
     // accepted only where they say the same.
     if (type == "qwen3_moe" && !use_window) window = 0;
+    if (type == "qwen3_moe" && window > 0 && field(j, "max_window_layers") != nullptr) {
+      // transformers 5 windows every layer and ignores the key; a value below the layer count
+      // says some layers are full, which another reader would follow: refused.
+      int64_t mwl = 0;
+      LLMQ_RETURN_IF_ERROR(read_int(j, "max_window_layers", true, &mwl));
+      if (mwl != 0)
+        return unsupported("config.json: max_window_layers: " + std::to_string(mwl) + " with use_sliding_window, but "
+                           "transformers' qwen3_moe windows every layer (it does not read the key); refusing to pick one");
+    }
     if (type != "qwen3_moe" && has_flag && use_window != (window > 0))
       return unsupported("config.json: use_sliding_window: " + std::string(use_window ? "true" : "false") +
                          ", but transformers' " + type + " ignores it and " +
@@ -183,7 +194,14 @@ Status read_sliding_window(const json& j, ModelConfig* c) {
   LLMQ_RETURN_IF_ERROR(read_int(j, "max_window_layers", false, &max_window_layers));
   if (max_window_layers < 0)
     return invalid_argument("config.json: max_window_layers: must be >= 0, got " + std::to_string(max_window_layers));
-  if (!use_window || window == 0) return {};
+  if (!use_window || window == 0) {
+    // transformers sets no window then, and a "sliding_attention" layer makes its mask code raise.
+    if (n_sliding > 0)
+      return unsupported("config.json: layer_types names sliding_attention layers, but there is no window (" +
+                         std::string(use_window ? "sliding_window is null" : "use_sliding_window is false") +
+                         "): transformers refuses such a config");
+    return {};
+  }
   if (lt == nullptr)
     for (int64_t i = 0; i < c->n_layers; ++i) sliding.push_back(i >= max_window_layers);
   c->sliding_window = window;
@@ -253,7 +271,19 @@ Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
   LLMQ_RETURN_IF_ERROR(read_int(j, "num_key_value_heads", false, &c.n_kv_heads));
   // Qwen3's and gpt-oss's classes default head_dim to 128 and 64, not hidden_size / heads.
   c.head_dim = type == "qwen3" ? 128 : gpt_oss ? 64 : 0;
-  LLMQ_RETURN_IF_ERROR(read_int(j, "head_dim", false, &c.head_dim));
+  if (const auto hd = j.find("head_dim"); hd != j.end()) {
+    if (hd->is_null()) {
+      // An explicit null: GptOssConfig derives hidden_size / heads; Qwen3's attention takes the
+      // None and fails; the other classes derive.
+      if (type == "qwen3")
+        return unsupported("config.json: head_dim: null, which transformers' qwen3 cannot run (it reads the None)");
+      c.head_dim = 0;
+    } else {
+      LLMQ_RETURN_IF_ERROR(read_int(j, "head_dim", true, &c.head_dim));
+      if (c.head_dim <= 0)
+        return invalid_argument("config.json: head_dim: must be positive, got " + std::to_string(c.head_dim));
+    }
+  }
   if (c.head_dim == 0 && c.n_heads > 0) {
     if (c.dim % c.n_heads != 0)
       return invalid_argument("config.json: head_dim: missing, and hidden_size " + std::to_string(c.dim) +
@@ -347,6 +377,9 @@ Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
   int64_t tp = 1;
   LLMQ_RETURN_IF_ERROR(read_int(j, "pretraining_tp", false, &tp));
   if (tp < 1) return invalid_argument("config.json: pretraining_tp: must be positive, got " + std::to_string(tp));
+  // read_sliding_window sizes a list by num_hidden_layers: its range first (validate() repeats it).
+  if (c.n_layers < 1 || c.n_layers > 4096)
+    return invalid_argument("config.json: num_hidden_layers: " + std::to_string(c.n_layers) + " is outside [1, 4096]");
   LLMQ_RETURN_IF_ERROR(read_sliding_window(j, &c));
   // quantization_config's contents are read with the tensors (quantized_checkpoint.cpp); here
   // only whether it is a kind llmq reads at all: AWQ, GPTQ, bitsandbytes, ... store weights that
@@ -366,6 +399,10 @@ Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
         if (it.key() != "quant_method" && it.key() != "modules_to_not_convert" && !it->is_null())
           return not_understood("quantization_config." + it.key(), type);
       c.experts_mxfp4 = true;
+      // 32 values per MXFP4 block along each expert weight's input: whole blocks only.
+      if (c.dim % 32 != 0 || c.hidden_dim % 32 != 0)
+        return invalid_argument("config.json: hidden_size (" + std::to_string(c.dim) + ") and intermediate_size (" +
+                                std::to_string(c.hidden_dim) + ") must be multiples of 32 for MXFP4 experts");
     }
   }
 

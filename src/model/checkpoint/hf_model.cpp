@@ -196,6 +196,9 @@ class HfLoader {
   // NaN: refused, naming the tensor.
   Status mxfp4(const std::string& base, const std::vector<int64_t>& shape, Tensor* out) const {
     const int64_t E = shape[0], rows = shape[1], cols = shape[2];
+    if (cols % 32 != 0 || cols <= 0)
+      return invalid_argument(where(base + "_blocks") + "an input width of " + std::to_string(cols) +
+                              " is not whole MXFP4 blocks of 32");
     const std::string blocks_name = base + "_blocks", scales_name = base + "_scales";
     TensorView blocks, scales;
     LLMQ_RETURN_IF_ERROR(ckpt_.view(blocks_name, &blocks));

@@ -43,6 +43,7 @@ class MemorySource : public WeightSource {
     // The tensors the written config implies (model_family.hpp's one enumeration), each from its
     // place in memory. gpt-oss's fused experts have no such place (its export is refused).
     (void)visit_model_tensors(config_, [&](const ModelTensor& t) -> Status {
+      if (t.layer >= static_cast<int64_t>(m.layers.size())) return Status();
       const LayerWeights* l = t.layer >= 0 ? &m.layers[static_cast<size_t>(t.layer)] : nullptr;
       const Tensor* tensor = nullptr;
       switch (t.role) {
