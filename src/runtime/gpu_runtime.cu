@@ -36,6 +36,15 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(model->device));
   CudaDeviceInfo info;
   LLMQ_RETURN_IF_ERROR(query_cuda_device(model->device, &info));
+  // What the config switches on must be on the device: a layer without its sinks or q/k norms
+  // would run as another model (every loader uploads them; this keeps it so).
+  for (size_t l = 0; l < model->layers.size(); ++l) {
+    const GpuLayer& L = model->layers[l];
+    if ((c.attention_sinks && L.sinks.bytes() == 0) || (c.qk_norm && (L.q_norm.bytes() == 0 || L.k_norm.bytes() == 0)))
+      return invalid_argument("GpuModel: layer " + std::to_string(l) + " lacks its " +
+                              (c.attention_sinks && L.sinks.bytes() == 0 ? "attention sinks" : "q/k norms") +
+                              " on the device, which the config switches on");
+  }
   q_dim = c.n_heads * c.head_dim;
   kv_dim = c.n_kv_heads * c.head_dim;
   qkv_n = q_dim + 2 * kv_dim;
