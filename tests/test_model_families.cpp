@@ -367,6 +367,14 @@ TEST(ModelFamilyCheckpoint, ExportWritesEachFamilyAsAReaderExpectsIt) {
   EXPECT_TRUE(back.qk_norm && back.attention_bias);
   for (int64_t l = 0; l < 3; ++l) EXPECT_EQ(back.layer_window(l), qwen3.config.layer_window(l)) << l;
 
+  // gpt-oss without YaRN keeps its plain RoPE when written (its class defaults to YaRN).
+  ModelConfig plain_oss = family_model("gpt_oss").config;
+  plain_oss.yarn = YarnScaling{};
+  ModelConfig oss_back;
+  ASSERT_TRUE(parse_hf_config(hf_config_json(plain_oss), &oss_back).ok());
+  EXPECT_FALSE(oss_back.yarn.enabled);
+  EXPECT_EQ(oss_back.layer_window(0), plain_oss.layer_window(0));
+
   const ModelWeights phi3 = family_model("phi3");
   const ModelConfig as_written = parsed(json::parse(memory_weight_source(phi3)->config_json()));
   EXPECT_EQ(as_written.model_type, "mistral");

@@ -60,6 +60,8 @@ std::string hf_config_json(const ModelConfig& c) {
                          {"truncate", c.yarn.truncate},
                          {"attention_factor", c.yarn.attention_factor},
                          {"original_max_position_embeddings", c.yarn.original_max_position}};
+  // gpt-oss's class takes YaRN when a config names no RoPE: its plain RoPE must be written out.
+  if (type == "gpt_oss" && !c.yarn.enabled && !c.rope_scaling.enabled) j["rope_scaling"] = {{"rope_type", "default"}};
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["hidden_act"] = "silu";
   // Qwen2 biases q/k/v by its type; Mistral and Mixtral never.
