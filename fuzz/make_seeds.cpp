@@ -108,6 +108,42 @@ void config_seeds(const Corpus& c) {
                     {"quantization_config", {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"},
                                              {"weight_block_size", {128, 128}}}}};
   c.put("fuzz_hf_config", "block-fp8.json", fp8.dump(2));
+  // The families of issue 24, as their published configs spell them.
+  const json qwen3 = {{"model_type", "qwen3"}, {"hidden_size", 4096}, {"intermediate_size", 12288},
+                      {"num_hidden_layers", 36}, {"num_attention_heads", 32}, {"num_key_value_heads", 8},
+                      {"head_dim", 128}, {"vocab_size", 151936}, {"max_window_layers", 36}, {"use_sliding_window", false},
+                      {"sliding_window", nullptr}, {"rope_theta", 1000000.0}, {"rope_scaling", nullptr},
+                      {"attention_bias", false}, {"tie_word_embeddings", false}, {"bos_token_id", 151643},
+                      {"eos_token_id", 151645}};
+  c.put("fuzz_hf_config", "qwen3.json", qwen3.dump(2));
+  const json qwen3_moe = {{"model_type", "qwen3_moe"}, {"hidden_size", 2048}, {"intermediate_size", 6144},
+                          {"moe_intermediate_size", 768}, {"num_hidden_layers", 48}, {"num_attention_heads", 32},
+                          {"num_key_value_heads", 4}, {"head_dim", 128}, {"vocab_size", 151936}, {"num_experts", 128},
+                          {"num_experts_per_tok", 8}, {"norm_topk_prob", true}, {"decoder_sparse_step", 1},
+                          {"mlp_only_layers", json::array()}, {"max_window_layers", 48}, {"use_sliding_window", false},
+                          {"sliding_window", nullptr}, {"rope_theta", 1000000.0}, {"output_router_logits", false},
+                          {"router_aux_loss_coef", 0.001}};
+  c.put("fuzz_hf_config", "qwen3-moe.json", qwen3_moe.dump(2));
+  const json phi3 = {{"model_type", "phi3"}, {"hidden_size", 3072}, {"intermediate_size", 8192},
+                     {"num_hidden_layers", 32}, {"num_attention_heads", 32}, {"num_key_value_heads", 32},
+                     {"vocab_size", 32064}, {"max_position_embeddings", 4096}, {"original_max_position_embeddings", 4096},
+                     {"sliding_window", 2047}, {"rope_scaling", nullptr}, {"rope_theta", 10000.0}, {"embd_pdrop", 0.0},
+                     {"resid_pdrop", 0.0}, {"bos_token_id", 1}, {"eos_token_id", 32000}, {"pad_token_id", 32000},
+                     {"auto_map", {{"AutoConfig", "configuration_phi3.Phi3Config"}}}};
+  c.put("fuzz_hf_config", "phi3.json", phi3.dump(2));
+  json layer_types = json::array();
+  for (int i = 0; i < 24; ++i) layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+  const json gpt_oss = {{"model_type", "gpt_oss"}, {"hidden_size", 2880}, {"intermediate_size", 2880},
+                        {"num_hidden_layers", 24}, {"num_attention_heads", 64}, {"num_key_value_heads", 8},
+                        {"head_dim", 64}, {"vocab_size", 201088}, {"num_local_experts", 32}, {"num_experts_per_tok", 4},
+                        {"experts_per_token", 4}, {"sliding_window", 128}, {"layer_types", layer_types},
+                        {"rope_theta", 150000.0}, {"swiglu_limit", 7.0}, {"initial_context_length", 4096},
+                        {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                                          {"truncate", false}, {"original_max_position_embeddings", 4096}}},
+                        {"attention_bias", true}, {"eos_token_id", 200002}, {"pad_token_id", 199999},
+                        {"quantization_config", {{"quant_method", "mxfp4"},
+                                                 {"modules_to_not_convert", {"model.layers.*.self_attn", "lm_head"}}}}};
+  c.put("fuzz_hf_config", "gpt-oss.json", gpt_oss.dump(2));
 }
 
 // ---- llama2.c checkpoints and tokenizer.bin
