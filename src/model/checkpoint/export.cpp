@@ -302,8 +302,8 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
   // gpt-oss is written back only in its own fused (and MXFP4) layout, which the writer does not
   // produce yet: per-expert tensors under gpt-oss's names would be read by no engine.
   if (source.config().model_type == "gpt_oss")
-    return unsupported("export of a gpt_oss model is not implemented yet (its experts are stored fused); run it with "
-                       "`llmq run --precision <scheme>` instead");
+    return unsupported("export of a gpt_oss model is not implemented yet (its experts are stored fused); run it "
+                       "quantized on load instead: `llmq run --device cuda --scheme <scheme>`");
   Scheme scheme = scheme_in;
   if (options.format) scheme.export_format = *options.format;
   if (!options.unquantized) LLMQ_RETURN_IF_ERROR(check_scheme_format(scheme));
