@@ -198,6 +198,41 @@ void check_scheme(const GpuModel& gpu_model, Transformer* cpu_quantized, Transfo
   EXPECT_LE(gpu_cost.rms_rel(), kSchemeAccuracyFactor * ref_cost.rms_rel() + kSchemeAccuracySlack);
 }
 
+// A long prefill of an 8-bit model, every position's logits (MoE: more rows per expert than the
+// decode-size kernel takes, so the gather + wgmma grouped GEMMs): the GPU against the CPU reference
+// of the same quantized model, and both against the float model. Prints one line naming the path.
+struct LongPrefill {
+  Compare vs_ref, gpu_cost, ref_cost;
+};
+void long_prefill(const GpuModel& gm, Transformer* cpu_quantized, Transformer* cpu_float, int64_t n,
+                  const std::string& what, LongPrefill* out) {
+  const int64_t V = gm.config().vocab_size;
+  GpuRuntimeOptions o;
+  o.max_context = 256;
+  o.max_step_tokens = 256;
+  std::unique_ptr<GpuRuntime> rt;
+  ASSERT_TRUE(GpuRuntime::create(gm, o, &rt).ok());
+  const std::vector<int32_t> p = prompt(n, V, 13);
+  RunLogits g, q, f;
+  const Status st = rt->prefill({p}, true, &g.prefill);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  q.prefill.resize(static_cast<size_t>(n * V));
+  f.prefill.resize(static_cast<size_t>(n * V));
+  cpu_quantized->reset();
+  cpu_float->reset();
+  ASSERT_TRUE(cpu_quantized->forward(p.data(), n, 0, q.prefill.data()).ok());
+  ASSERT_TRUE(cpu_float->forward(p.data(), n, 0, f.prefill.data()).ok());
+  out->vs_ref = compare_runs(g, q, V);
+  out->gpu_cost = compare_runs(g, f, V);
+  out->ref_cost = compare_runs(q, f, V);
+  const std::string path = rt->describe_linears(n).back();
+  std::printf("  %-36s prefill %lld (%s): vs CPU scheme worst %.2e (%lld rows > %.2f) top1 %lld/%lld | from float: GPU %.3f, CPU %.3f\n",
+              what.c_str(), static_cast<long long>(n), path.find("wgmma") != std::string::npos ? "wgmma" : "decode",
+              out->vs_ref.worst_rel, static_cast<long long>(out->vs_ref.over_garbage_bound), kSchemeGarbageBound,
+              static_cast<long long>(out->vs_ref.top1_agree), static_cast<long long>(out->vs_ref.rows),
+              out->gpu_cost.rms_rel(), out->ref_cost.rms_rel());
+}
+
 // Logits of every position of one prefill of `tokens` (a fresh runtime, context 32).
 std::vector<float> prefill_logits(const GpuModel& gm, const std::vector<int32_t>& tokens) {
   GpuRuntimeOptions o;

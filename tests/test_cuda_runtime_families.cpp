@@ -148,28 +148,10 @@ void check_fp8(const ModelWeights& w, const std::string& what, int64_t long_pref
   check_greedy(*gm, qm.weights, &backend, what + " fp8-dynamic", greedy_agreement);
   if (!w.config.is_moe()) return;
   SCOPED_TRACE("REPRO " + what + " fp8-dynamic long prefill");
-  const int64_t V = w.config.vocab_size;
-  GpuRuntimeOptions o;
-  o.max_context = 256;
-  o.max_step_tokens = 256;
-  std::unique_ptr<GpuRuntime> rt;
-  ASSERT_TRUE(GpuRuntime::create(*gm, o, &rt).ok());
-  const std::vector<int32_t> p = prompt(kLongPrompt, V, 13);
-  RunLogits g, q, f;
-  st = rt->prefill({p}, true, &g.prefill);
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  q.prefill.resize(static_cast<size_t>(kLongPrompt * V));
-  f.prefill.resize(static_cast<size_t>(kLongPrompt * V));
-  cpu.reset();
-  cpu_float.reset();
-  ASSERT_TRUE(cpu.forward(p.data(), kLongPrompt, 0, q.prefill.data()).ok());
-  ASSERT_TRUE(cpu_float.forward(p.data(), kLongPrompt, 0, f.prefill.data()).ok());
-  const Compare vs_ref = compare_runs(g, q, V), gpu_cost = compare_runs(g, f, V), ref_cost = compare_runs(q, f, V);
-  const std::string path = rt->describe_linears(kLongPrompt).back();
-  std::printf("  %-36s prefill %lld (%s): vs CPU scheme worst %.2e (%lld rows > %.2f) | from float: GPU %.3f, CPU %.3f\n",
-              what.c_str(), static_cast<long long>(kLongPrompt), path.find("wgmma") != std::string::npos ? "wgmma" : "decode",
-              vs_ref.worst_rel, static_cast<long long>(vs_ref.over_garbage_bound), kSchemeGarbageBound, gpu_cost.rms_rel(),
-              ref_cost.rms_rel());
+  LongPrefill lp;
+  long_prefill(*gm, &cpu, &cpu_float, kLongPrompt, what, &lp);
+  if (::testing::Test::HasFatalFailure()) return;
+  const Compare &vs_ref = lp.vs_ref, &gpu_cost = lp.gpu_cost, &ref_cost = lp.ref_cost;
   // Routing near-ties as in the MoE runtime test; a wrong bias row or permutation hits every row.
   EXPECT_LE(vs_ref.over_garbage_bound, long_prefill_flips);
   EXPECT_LE(gpu_cost.rms_rel(), kSchemeAccuracyFactor * ref_cost.rms_rel() + kSchemeAccuracySlack);

@@ -66,29 +66,18 @@ TEST(GpuRuntime, MoeModelMatchesCpuReference) {
 
   // A long prefill: every position's logits.
   const int64_t n = 160, V = w.config.vocab_size;
-  GpuRuntimeOptions o;
-  o.max_context = 256;
-  o.max_step_tokens = 256;
-  std::unique_ptr<GpuRuntime> rt;
-  ASSERT_TRUE(GpuRuntime::create(*gm, o, &rt).ok());
-  std::printf("  1 token:   %s\n", rt->describe_linears(1).back().c_str());
-  std::printf("  %lld tokens: %s\n", static_cast<long long>(n), rt->describe_linears(n).back().c_str());
-  const std::vector<int32_t> p = prompt(n, V, 13);
-  RunLogits g, q, f;
-  st = rt->prefill({p}, true, &g.prefill);
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  q.prefill.resize(static_cast<size_t>(n * V));
-  f.prefill.resize(static_cast<size_t>(n * V));
-  cpu.reset();
-  cpu_float.reset();
-  ASSERT_TRUE(cpu.forward(p.data(), n, 0, q.prefill.data()).ok());
-  ASSERT_TRUE(cpu_float.forward(p.data(), n, 0, f.prefill.data()).ok());
-  const Compare vs_ref = compare_runs(g, q, V), gpu_cost = compare_runs(g, f, V), ref_cost = compare_runs(q, f, V);
-  std::printf("  moe prefill %lld tokens (%s) vs CPU scheme: worst %.2e (%lld rows > %.2f) top1 %lld/%lld | from float: GPU %.3f, CPU %.3f\n",
-              static_cast<long long>(n), rt->describe_linears(n).back().find("wgmma") != std::string::npos ? "wgmma" : "decode",
-              vs_ref.worst_rel, static_cast<long long>(vs_ref.over_garbage_bound), kSchemeGarbageBound,
-              static_cast<long long>(vs_ref.top1_agree), static_cast<long long>(vs_ref.rows),
-              gpu_cost.rms_rel(), ref_cost.rms_rel());
+  {
+    GpuRuntimeOptions o;
+    o.max_context = 256;
+    o.max_step_tokens = 256;
+    std::unique_ptr<GpuRuntime> rt;
+    ASSERT_TRUE(GpuRuntime::create(*gm, o, &rt).ok());
+    std::printf("  1 token:   %s\n", rt->describe_linears(1).back().c_str());
+  }
+  LongPrefill lp;
+  long_prefill(*gm, &cpu, &cpu_float, n, "moe 8x top-2 fp8-dynamic", &lp);
+  if (::testing::Test::HasFatalFailure()) return;
+  const Compare &vs_ref = lp.vs_ref, &gpu_cost = lp.gpu_cost, &ref_cost = lp.ref_cost;
   // A token whose top-2 experts are near a tie may take the other expert on the GPU (its router
   // reads BF16 activations, the CPU's float): that row then differs as much as two experts do
   // (measured: 1 row of 160 at 0.91). A wrong scale, layout or permutation hits every row.

@@ -119,10 +119,13 @@ Status prepare(const GpuModelSource& s, const GpuPrecision& p, const Calibration
       return {};
     case GpuModelSource::Kind::kCheckpoint: {
       // Families stored fused (Phi-3's qkv_proj, gpt-oss's experts, MXFP4) take the host route:
-      // the float loader splits them into the unfused linears every device route takes.
+      // the float loader splits them into the unfused linears every device route takes. Only the
+      // header and config.json are read here: the loader the route leads to checks the tensors.
       std::unique_ptr<Checkpoint> ckpt;
+      LLMQ_RETURN_IF_ERROR(Checkpoint::open(s.dir, &ckpt));
       ModelConfig config;
-      LLMQ_RETURN_IF_ERROR(open_hf_checkpoint(s.dir, &ckpt, &config));
+      if (Status st = parse_hf_config(ckpt->config_json(), &config); !st.ok())
+        return Status(st.code(), s.dir + "/" + st.message());
       const bool streams = family_layout(config).streams();
       if (streams && streams_from_checkpoint(p)) return {};  // from_checkpoint reads the header itself
       // A quantized checkpoint streams even then (as stored; from_checkpoint refuses any other

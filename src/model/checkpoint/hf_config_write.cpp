@@ -69,27 +69,23 @@ std::string hf_config_json(const ModelConfig& c) {
   j["bos_token_id"] = c.bos_token;
   j["eos_token_id"] = c.eos_token;
   j["torch_dtype"] = "bfloat16";
-  const bool per_layer = !c.window_layers.empty();
+  // Which layers attend through the window: layer_types (5.x; gpt-oss's class would alternate
+  // without it); for 4.x Qwen readers also max_window_layers, exact when the windowed layers are a
+  // suffix (0: every layer).
+  nlohmann::ordered_json types = nlohmann::ordered_json::array();
+  for (int64_t l = 0; l < c.n_layers; ++l) types.push_back(c.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
+  if (type == "gpt_oss" || (c.sliding_window > 0 && !c.window_layers.empty() && (type == "qwen2" || type == "qwen3")))
+    j["layer_types"] = types;
   if (c.sliding_window > 0) {
     if (qwen) j["use_sliding_window"] = true;
     j["sliding_window"] = c.sliding_window;
-    if (type == "qwen2" || type == "qwen3" || type == "gpt_oss") {
-      // Which layers: layer_types (5.x); for 4.x Qwen readers also max_window_layers, exact when
-      // the windowed layers are a suffix (0: every layer).
-      nlohmann::ordered_json types = nlohmann::ordered_json::array();
+    if (type == "qwen2" || type == "qwen3") {
       int64_t first_windowed = c.n_layers;
       for (int64_t l = c.n_layers - 1; l >= 0 && c.layer_window(l) > 0; --l) first_windowed = l;
-      for (int64_t l = 0; l < c.n_layers; ++l) types.push_back(c.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
-      if (per_layer || type == "gpt_oss") j["layer_types"] = types;
-      if (type != "gpt_oss") j["max_window_layers"] = first_windowed;
+      j["max_window_layers"] = first_windowed;
     }
   } else if (type != "llama") {
     j["sliding_window"] = nullptr;  // explicit: an absent key means a window to Mistral, Qwen, gpt-oss
-    if (type == "gpt_oss") {
-      nlohmann::ordered_json types = nlohmann::ordered_json::array();
-      for (int64_t l = 0; l < c.n_layers; ++l) types.push_back("full_attention");
-      j["layer_types"] = types;
-    }
   }
   if (c.is_moe()) {
     j[type == "qwen3_moe" ? "num_experts" : "num_local_experts"] = c.n_experts;

@@ -488,6 +488,7 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
       std::vector<float> route_weight = buf(n, top_k);   // (n, k), by ascending expert id
       std::vector<int64_t> route_expert(static_cast<size_t>(n * top_k));
       std::vector<int64_t> order(static_cast<size_t>(n_exp));
+      std::vector<float> top(static_cast<size_t>(top_k));  // kTopKSoftmax: the k logits
       for (int64_t i = 0; i < n; ++i) {
         float* p = &router[i * n_exp];
         const bool topk_first = c.moe_routing == MoeRouting::kTopKSoftmax;
@@ -496,7 +497,6 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
         std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
                           [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
         if (topk_first) {  // softmax over the k logits, in rank order as torch.topk returns them
-          std::vector<float> top(static_cast<size_t>(top_k));
           for (int64_t s = 0; s < top_k; ++s) top[s] = p[order[s]];
           softmax(top.data(), top_k);
           for (int64_t s = 0; s < top_k; ++s) p[order[s]] = top[s];
