@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "also write one JSON object per line per measurement to FILE")
       ->type_name("FILE");
   app.add_flag("--quick", quick, "10 timed runs per measurement instead of 20");
-  app.add_option("--decode-tiles", decode_tiles, "the decode kernel's 16-row tiles per CTA (1, 2, 4; 0: the planner's)")
+  app.add_option("--decode-tiles", decode_tiles, "the decode kernel's 16-row tiles per CTA (1, 2, 3, 4; 0: the planner's)")
       ->capture_default_str();
   app.add_option("--commit", commit, "the commit recorded in the JSON lines")->envname("LLMQ_COMMIT")
       ->capture_default_str()

@@ -374,7 +374,7 @@ TEST(CudaDecodeGemm, PlanRejectsBadConfigs) {
   cfg.split_k = 3;
   EXPECT_EQ(cuda_decode_gemm_plan(p, cfg, &plan).code(), StatusCode::kInvalidArgument);
   cfg = {};
-  cfg.tiles_per_cta = 3;
+  cfg.tiles_per_cta = -1;
   EXPECT_EQ(cuda_decode_gemm_plan(p, cfg, &plan).code(), StatusCode::kInvalidArgument);
   cfg = {};
   cfg.tiles_per_cta = 8;
@@ -452,7 +452,7 @@ TEST(CudaDecodeGemm, EveryConfigMatchesTheReference) {
     cfg.split_k = split;
     configs.push_back(cfg);
   }
-  for (int tiles : {1, 2, 4}) {
+  for (int tiles : {1, 2, 3, 4}) {
     DecodeGemmConfig cfg;
     cfg.tiles_per_cta = tiles;
     configs.push_back(cfg);

@@ -64,7 +64,7 @@ struct DecodeGemmProblem {
 struct DecodeGemmConfig {
   int split_k = 0;        // CTAs of one cluster that share a row range, each on 1/split_k of K:
                           // 1, 2, 4 or 8 (> 1 needs sm_90)
-  int tiles_per_cta = 0;  // 16-row tiles one CTA streams together: 1, 2 or 4 (more tiles share
+  int tiles_per_cta = 0;  // 16-row tiles one CTA streams together: 1, 2, 3 or 4 (more tiles share
                           // each activation load; fewer give more CTAs)
   bool l2_prefetch = true;  // weight loads ask L2 for the whole 256-byte block (.L2::256B)
 };

@@ -57,7 +57,7 @@ struct MoeRouteArgs {
   int64_t tokens = 0;
   int64_t experts = 0;  // 1 .. 1024
   int64_t top_k = 0;    // 1 .. min(experts, 16)
-  const float* logits = nullptr;   // [tokens, experts] f32 (the router GEMM's output)
+  float* logits = nullptr;         // [tokens, experts] f32: the router GEMM's output, read (written when fused)
   int64_t logits_stride = 0;       // elements between rows; 0 means experts
   int32_t* topk_ids = nullptr;     // [tokens, top_k]
   float* topk_weights = nullptr;   // [tokens, top_k]
@@ -69,8 +69,25 @@ struct MoeRouteArgs {
   const float* logit_bias = nullptr;  // optional [experts]: the router's bias (gpt-oss)
   bool topk_softmax = false;          // gpt-oss: the top_k logits, then a softmax over those k
   bool renormalize = true;            // softmax then top_k: divide the k weights by their sum
+  // The router GEMM done by the routing kernel itself (decode sizes: moe_route_computes_logits):
+  // logits[t, e] = sum_k x[t, k] * router_w[e, k], BF16 operands, f32 accumulation, written to
+  // `logits` (then an output, [tokens, experts]; logits_stride ignored). One launch instead of a
+  // GEMM (two kernels at these sizes) and the routing.
+  const void* router_x = nullptr;  // BF16 [tokens, dim], 16-byte aligned
+  const void* router_w = nullptr;  // BF16 [experts, dim], 16-byte aligned
+  int64_t dim = 0;
+  // The fused router's arrival counter: one device word, zero before the first call; every call
+  // leaves it zero again. Calls that share it must not run concurrently.
+  uint32_t* arrivals = nullptr;
 };
 Status cuda_moe_route(const MoeRouteArgs& args, CudaStream stream);
+
+// Whether cuda_moe_route takes the router GEMM for a step of this size (router_x / router_w):
+// at most kMoeRouteFusedMaxTokens tokens, at most 256 experts, dim a multiple of 8.
+inline constexpr int64_t kMoeRouteFusedMaxTokens = 8;
+inline bool moe_route_computes_logits(int64_t tokens, int64_t experts, int64_t dim) {
+  return tokens >= 1 && tokens <= kMoeRouteFusedMaxTokens && experts <= 256 && dim > 0 && dim % 8 == 0;
+}
 
 // dst_codes[p] = src_codes[sorted_slots[p] / top_k] (rows of `k` bytes), dst_scales likewise.
 struct MoeGatherArgs {
@@ -144,7 +161,7 @@ struct MoeGroupedGemm {
   // both kernels apply them per K block (the wgmma kernel per 128, the decode kernel per 64).
   bool block_scales = false;
   uint16_t* d = nullptr;           // BF16 [rows, n]
-  // Decode kernel: 16-row tiles per CTA (1, 2 or 4); 0 lets the planner choose. A tuning knob for
+  // Decode kernel: 16-row tiles per CTA (1, 2, 3 or 4); 0 lets the planner choose. A tuning knob for
   // benchmarks (bench_cuda_moe_sparse --decode-tiles); the planner's choice is measured best.
   int decode_tiles_per_cta = 0;
 };

@@ -72,6 +72,7 @@ using KernelFn = void (*)(Params);
 template <bool kInt8, bool kABf16, bool kM16, bool kPrefetch, bool kW16 = false, bool kBlock = false>
 KernelFn kernel_for_tiles(int tiles) {
   if (tiles == 4) return decode_gemm_kernel<kInt8, kABf16, kM16, 4, kPrefetch, kW16, kBlock>;
+  if (tiles == 3) return decode_gemm_kernel<kInt8, kABf16, kM16, 3, kPrefetch, kW16, kBlock>;
   if (tiles == 2) return decode_gemm_kernel<kInt8, kABf16, kM16, 2, kPrefetch, kW16, kBlock>;
   return decode_gemm_kernel<kInt8, kABf16, kM16, 1, kPrefetch, kW16, kBlock>;
 }
@@ -143,8 +144,8 @@ Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPl
                  int64_t slices = 1, bool block = false) {
   if (cfg.split_k != 0 && cfg.split_k != 1 && cfg.split_k != 2 && cfg.split_k != 4 && cfg.split_k != 8)
     return invalid_argument("config.split_k: must be 0 (choose), 1, 2, 4 or 8, got " + std::to_string(cfg.split_k));
-  if (cfg.tiles_per_cta != 0 && cfg.tiles_per_cta != 1 && cfg.tiles_per_cta != 2 && cfg.tiles_per_cta != 4)
-    return invalid_argument("config.tiles_per_cta: must be 0 (choose), 1, 2 or 4, got " +
+  if (cfg.tiles_per_cta < 0 || cfg.tiles_per_cta > 4)
+    return invalid_argument("config.tiles_per_cta: must be 0 (choose), 1, 2, 3 or 4, got " +
                             std::to_string(cfg.tiles_per_cta));
   DeviceFacts dev;
   LLMQ_RETURN_IF_ERROR(cuda::current_device_facts(&dev));
@@ -156,11 +157,14 @@ Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPl
   // then the fewest tiles (the most CTAs). Measured on an H100 inside Llama-3-8B's decode step at
   // M = 1 (two CTAs per SM): QKV N = 6144 -> 2 tiles (192 CTAs, one wave instead of 384 in 1.45)
   // saved 1.2 us per layer; gate/up N = 28672 -> 4 tiles (2 waves instead of 3.4) 1.2 us; N = 4096
-  // stays at 1 tile (256 CTAs, one wave; 2 and 4 tiles measured slower).
+  // stays at 1 tile (256 CTAs, one wave; 2 and 4 tiles measured slower). Three tiles (six loads
+  // per lane per batch instead of eight) fill the waves of gpt-oss's experts: N = 5760 / 2880 at
+  // four routed experts give 480 / 240 CTAs at 3 tiles (91% of two / one waves of 264) where 4
+  // tiles leave 360 / 180 (68%).
   int tiles_per_cta = cfg.tiles_per_cta;
   if (tiles_per_cta == 0) {
     int64_t best_waves = 0;
-    for (const int t : {1, 2, 4}) {
+    for (const int t : {1, 2, 3, 4}) {
       int per_sm = 0;
       LLMQ_RETURN_IF_ERROR(ctas_per_sm(select_kernel(int8, a_bf16, p.m > 8, t, cfg.l2_prefetch, w16, block), dev, &per_sm));
       const int64_t waves = ceil_div(ceil_div(tiles, t) * slices, per_sm * int64_t{dev.sms});

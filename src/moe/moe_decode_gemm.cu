@@ -62,7 +62,7 @@ Status decode_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream) {
   // faster (gpt-oss-20b, 1-64 tokens), and left a down projection's few CTAs unsplit.
   group.busy_slices = std::max<int64_t>(1, std::min(g.experts, g.rows));
   DecodeGemmConfig cfg;
-  cfg.tiles_per_cta = g.decode_tiles_per_cta;  // checked by the planner: 0, 1, 2 or 4
+  cfg.tiles_per_cta = g.decode_tiles_per_cta;  // checked by the planner: 0, 1, 2, 3 or 4
   return decode_gemm::launch(p, stream, cfg, &group);
 }
 

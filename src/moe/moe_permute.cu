@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/pdl.cuh"
 #include "llmq/cuda_moe.hpp"
 
 namespace llmq {
@@ -28,6 +29,8 @@ __global__ void moe_gather_kernel(MoeGatherArgs a) {
 // Eight columns per thread (n % 8 == 0) or one.
 template <int kVec>
 __global__ void moe_combine_kernel(MoeCombineArgs a) {
+  llmq::detail::pdl_wait();  // y and the routing come from the kernels before this one
+  llmq::detail::pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   constexpr int kMaxTopK = 16;
   int64_t rows[kMaxTopK];
@@ -44,7 +47,8 @@ __global__ void moe_combine_kernel(MoeCombineArgs a) {
   }
   const __nv_bfloat16* y = reinterpret_cast<const __nv_bfloat16*>(a.y);
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
-  for (int64_t c = threadIdx.x * kVec; c < a.n; c += static_cast<int64_t>(blockDim.x) * kVec) {
+  const int64_t first = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * kVec;
+  for (int64_t c = first; c < a.n; c += static_cast<int64_t>(gridDim.y) * blockDim.x * kVec) {
     float acc[kVec];
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc[i] = 0.0f;
@@ -109,12 +113,16 @@ Status cuda_moe_combine(const MoeCombineArgs& a, CudaStream stream) {
   if (a.bias != nullptr && (a.topk_ids == nullptr || a.bias_experts < 0))
     return invalid_argument("bias: needs topk_ids and bias_experts >= 0");
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const unsigned grid = static_cast<unsigned>(a.tokens);
+  // A CTA per token; at decode sizes (few tokens) the columns are spread over several CTAs of 128
+  // threads as well, so that a token's row is not one SM's latency-bound loop.
+  const bool few = a.tokens <= 16;
   if (a.n % 8 == 0 && aligned16(a.y) && aligned16(a.out)) {
-    const int threads = static_cast<int>(std::min<int64_t>(512, (a.n / 8 + 31) / 32 * 32));
-    moe_combine_kernel<8><<<grid, threads, 0, s>>>(a);
+    const int threads = few ? 128 : static_cast<int>(std::min<int64_t>(512, (a.n / 8 + 31) / 32 * 32));
+    const unsigned split = few ? static_cast<unsigned>((a.n / 8 + threads - 1) / threads) : 1u;
+    LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(moe_combine_kernel<8>, dim3(static_cast<unsigned>(a.tokens), split), dim3(threads), 0, s, a));
   } else {
-    moe_combine_kernel<1><<<grid, 256, 0, s>>>(a);
+    const unsigned split = few ? static_cast<unsigned>(std::min<int64_t>(64, (a.n + 255) / 256)) : 1u;
+    LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(moe_combine_kernel<1>, dim3(static_cast<unsigned>(a.tokens), split), dim3(256), 0, s, a));
   }
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("moe_combine_kernel");
   return {};

@@ -20,7 +20,7 @@ int64_t MoeBuffers::bytes_for(int64_t rows, const ModelConfig& c, bool block) {
   return rows * c.n_experts * 4 + slots * (2 * 4 + 4 * 4) + (c.n_experts + 1) * 4 +
          slots * (c.dim * 2 + 4 * blocks128(c.dim)) + slots * 2 * c.hidden_dim * 2 +
          slots * (c.hidden_dim * 2 + 4 * blocks128(c.hidden_dim)) + (block ? slots * c.hidden_dim * 2 : 0) +
-         slots * c.dim * 2;
+         slots * c.dim * 2 + 16;
 }
 
 Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c, bool block) {
@@ -45,6 +45,8 @@ Status MoeBuffers::allocate(int64_t rows, const ModelConfig& c, bool block) {
                                                     &quant_workspace));
   }
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(slots * c.dim * 2, "moe down output", &down_out));
+  const uint32_t zero[4] = {0, 0, 0, 0};
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(zero, sizeof(zero), "moe router arrival counter", &arrivals));
   return {};
 }
 
@@ -52,7 +54,7 @@ int64_t MoeBuffers::bytes() const {
   int64_t b = 0;
   for (const DeviceAllocation* a : {&logits, &topk_ids, &topk_weights, &offsets, &sorted_slots, &slot_rows, &row_tokens, &row_experts,
                                     &perm_codes, &perm_scales, &gate_up_out, &act_codes, &act_scales, &act_bf16,
-                                    &quant_workspace, &down_out})
+                                    &quant_workspace, &down_out, &arrivals})
     b += a->bytes();
   return b;
 }
@@ -107,6 +109,12 @@ bool decode_sized(int64_t tokens, const LinearContext& ctx) {
          MoeGemmKernel::kDecode;
 }
 
+// Whether the routing kernel computes the router's logits itself (cuda_moe.hpp's rule).
+bool router_fused(const GpuMoe& moe, int64_t tokens) {
+  return moe.router.parts.size() == 1 && moe.router.parts[0].w_dtype == DType::kBF16 &&
+         moe_route_computes_logits(tokens, moe.experts, moe.router.k);
+}
+
 // 1x128 E4M3 codes and scales of BF16 rows [rows, n] (block experts' activations).
 Status quantize_1x128(const void* bf16, int64_t rows, int64_t n, const QuantSpec& spec, void* codes, float* scales,
                       const DeviceAllocation& workspace, CudaStream stream) {
@@ -126,11 +134,17 @@ Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf
                uint16_t* out, const LinearContext& ctx) {
   if (tokens == 0) return {};
   const int64_t slots = tokens * moe.top_k, dim = moe.down.n / moe.held(), hidden = moe.down.k;
-  LinearInput rin;
-  rin.bf16 = x.x_bf16;
-  LLMQ_RETURN_IF_ERROR(run_linear(moe.router, router_plan, rin, tokens, buf.logits.get(), ctx));
-
   MoeRouteArgs r;
+  if (router_fused(moe, tokens)) {  // the routing kernel takes the router GEMM (decode sizes)
+    r.router_x = x.x_bf16;
+    r.router_w = moe.router.parts[0].w.get();
+    r.dim = moe.router.k;
+    r.arrivals = buf.arrivals.as<uint32_t>();
+  } else {
+    LinearInput rin;
+    rin.bf16 = x.x_bf16;
+    LLMQ_RETURN_IF_ERROR(run_linear(moe.router, router_plan, rin, tokens, buf.logits.get(), ctx));
+  }
   r.tokens = tokens;
   r.experts = moe.experts;
   r.top_k = moe.top_k;
@@ -235,11 +249,14 @@ Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf
 
 std::string describe_moe(const GpuMoe& moe, const LinearPlan& router_plan, int64_t tokens, const LinearContext& ctx) {
   const bool decode = decode_sized(tokens, ctx);
-  const int launches = (decode ? 6 : 7) + (moe.block() ? 1 : 0);  // block: SiLU, then a 1x128 quantize
+  const bool fused = router_fused(moe, tokens);
+  // Router GEMM (cuBLASLt: counted as one), route, [gather], two GEMMs, SiLU, combine; block: SiLU,
+  // then a 1x128 quantize.
+  const int launches = (decode ? 6 : 7) - (fused ? 1 : 0) + (moe.block() ? 1 : 0);
   const std::string held = moe.held() < moe.experts ? " (experts " + std::to_string(moe.expert_begin) + ".." +
                                                           std::to_string(moe.expert_begin + moe.held() - 1) + " here)" : "";
-  return "moe " + std::to_string(moe.experts) + " experts" + held + " top-" + std::to_string(moe.top_k) + ": router " +
-         linear_path(moe.router, router_plan, tokens) + ", route, " + (decode ? "" : "gather, ") + "grouped " +
+  return "moe " + std::to_string(moe.experts) + " experts" + held + " top-" + std::to_string(moe.top_k) + ": " +
+         (fused ? std::string("router + route (one kernel), ") : "router " + linear_path(moe.router, router_plan, tokens) + ", route, ") + (decode ? "" : "gather, ") + "grouped " +
          (decode ? "decode-gemm" : "wgmma") + " gate/up, " +
          (moe.activation == GluActivation::kClampedSwiglu ? "clamped-swiglu" : "silu") + "-quant, grouped " + (decode ? "decode-gemm" : "wgmma") +
          " down, combine (" + std::to_string(launches) + " launches, + the norm)";

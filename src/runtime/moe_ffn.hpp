@@ -68,6 +68,7 @@ struct MoeBuffers {
   DeviceAllocation act_bf16;                     // block experts: SiLU * up in BF16 before its 1x128 quantize
   DeviceAllocation quant_workspace;              // block experts: cuda_quantize's scratch (one-block rows)
   DeviceAllocation down_out;                     // bf16 [rows * top_k, dim]
+  DeviceAllocation arrivals;                     // uint32: the fused router's counter (zero between calls)
   Status allocate(int64_t rows, const ModelConfig& c, bool block);
   int64_t bytes() const;
   static int64_t bytes_for(int64_t rows, const ModelConfig& c, bool block);
