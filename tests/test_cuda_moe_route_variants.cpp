@@ -128,7 +128,7 @@ TEST(CudaMoeRouteVariants, RoutingRulesMatchTheCpuReference) {
                         {"softmax-topk unnormalised", false, false, false},
                         {"topk-softmax + bias (gpt-oss)", true, true, true},
                         {"topk-softmax", true, false, false}};
-  const int64_t shapes[][3] = {{1, 4, 2}, {37, 32, 4}, {300, 128, 8}, {1100, 8, 2}};
+  const int64_t shapes[][3] = {{1, 4, 2}, {37, 32, 4}, {300, 128, 8}, {1100, 8, 2}, {2049, 512, 4}};
   for (const Rule& rule : rules)
     for (const auto& shape : shapes) {
       const int64_t T = shape[0], E = shape[1], K = shape[2];
@@ -138,12 +138,22 @@ TEST(CudaMoeRouteVariants, RoutingRulesMatchTheCpuReference) {
       DeviceBuffer<float> d_logits(logits.size()), d_bias(bias.size());
       CUDA_ASSERT(d_logits.upload(logits));
       CUDA_ASSERT(d_bias.upload(bias));
-      RouteOutputs out(T, E, K);
-      MoeRouteArgs a = out.args(T, E, K, rule, d_bias.get());
-      a.logits = d_logits.get();
-      const Status st = cuda_moe_route(a, nullptr);
-      ASSERT_TRUE(st.ok()) << st.to_string();
-      ASSERT_TRUE(picks_match_host(logits, bias, rule, T, E, K, out));
+      // One CTA (no counter), then the top-k spread over CTAs with the last one ranking.
+      DeviceBuffer<uint32_t> d_arrivals(1);
+      CUDA_ASSERT(d_arrivals.upload(std::vector<uint32_t>{0}));
+      for (const bool spread : {false, true}) {
+        SCOPED_TRACE(spread ? "over CTAs" : "one CTA");
+        RouteOutputs out(T, E, K);
+        MoeRouteArgs a = out.args(T, E, K, rule, d_bias.get());
+        a.logits = d_logits.get();
+        a.arrivals = spread ? d_arrivals.get() : nullptr;
+        const Status st = cuda_moe_route(a, nullptr);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        ASSERT_TRUE(picks_match_host(logits, bias, rule, T, E, K, out));
+      }
+      std::vector<uint32_t> arrivals;
+      CUDA_ASSERT(d_arrivals.download(&arrivals));
+      ASSERT_EQ(arrivals[0], 0u) << "the arrival counter is left for the next call";
     }
 }
 

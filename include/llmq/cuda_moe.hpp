@@ -76,8 +76,9 @@ struct MoeRouteArgs {
   const void* router_x = nullptr;  // BF16 [tokens, dim], 16-byte aligned
   const void* router_w = nullptr;  // BF16 [experts, dim], 16-byte aligned
   int64_t dim = 0;
-  // The fused router's arrival counter: one device word, zero before the first call; every call
-  // leaves it zero again. Calls that share it must not run concurrently.
+  // An arrival counter (one device word, zero before the first call; every call leaves it zero
+  // again; calls that share it must not run concurrently). Required with router_w; otherwise
+  // optional: with it the top-k of a larger batch is spread over CTAs, the last one ranking.
   uint32_t* arrivals = nullptr;
 };
 Status cuda_moe_route(const MoeRouteArgs& args, CudaStream stream);

@@ -1,18 +1,19 @@
 // cuda_moe_route: top-k routing and the expert-major permutation in one launch, with no host
 // sync. The whole batch's slots (tokens x top_k, at most a prefill chunk's worth) are ranked by one
-// CTA (the last of the grid when the router GEMM is fused), which needs no grid-wide scan: counts,
-// offsets and ranks are computed in shared memory.
+// CTA (the last of the grid to arrive, when the router GEMM or the top-k is spread over CTAs),
+// which needs no grid-wide scan: counts, offsets and ranks are computed in shared memory.
 //   0. (decode sizes, router_w given) the router GEMM over a grid of CTAs, each expert row split
 //      over a few warps and read once for every token (at most 8), the logits written to `logits`;
 //      the last CTA to finish routes. The weights do not depend on earlier kernels, so they are
 //      prefetched into L2 before the programmatic-launch wait;
-//   1. a warp per token: the max by warp reduction (exact in any order); the softmax's sum in expert
+//   1. a warp per token (given an arrival counter, larger batches over CTAs of two tokens per
+//      warp; the fused router's tokens in the last CTA): the max by warp reduction (exact in any order); the softmax's sum in expert
 //      order by one lane (as the CPU reference sums, so the weights do not depend on the warp
 //      layout); the top_k by k passes of "next largest after the previous pick" in (key
 //      descending, id ascending) order, each a lane-strided scan and a warp arg-max (ties to the
 //      lower id); non-finite logits give defined, valid picks; ids sorted ascending and weights
 //      renormalised when asked, by lane 0;
-//   2. counts per expert (shared atomics), a warp's shuffle scan -> expert_offsets;
+//   2. counts per expert (shared atomics over topk_ids), a warp's shuffle scan -> expert_offsets;
 //   3. ranks: slots are taken in chunks of the CTA's thread count in ascending order; inside a
 //      warp a slot's rank among same-expert slots comes from __match_any_sync, across the chunk's
 //      warps from per-warp counts, across chunks from a running count. So the permuted order is
@@ -96,13 +97,13 @@ __device__ void router_logits(const MoeRouteArgs& a, float* partial, int split, 
   }
 }
 
-// Step 1 for token t, by one warp: its picks in topk_ids / topk_weights, counted in count[].
+// Step 1 for token t, by one warp: its picks in topk_ids / topk_weights.
 // `terms` is the warp's [E] scratch for the softmax terms, or null (E > kWeightBufferExperts).
 // ids / probs: the warp's scratch for its k picks. kSlots > 0 (E <= 32 kSlots, terms given): lane i's experts lane + 32 j live in registers, read
 // once; the k passes then touch no memory. kSlots == 0: any E, each pass reads the logits again.
 template <int kSlots>
 __device__ void route_token(const MoeRouteArgs& a, const float* l, int64_t t, float* terms, int* ids, float* probs,
-                            int32_t* count, int lane, bool coherent) {
+                            int lane, bool coherent) {
   const int E = static_cast<int>(a.experts), K = static_cast<int>(a.top_k);
   // Finite logits behave as the CPU reference. Non-finite rows still give k distinct valid experts
   // (an overflowed hidden state must not turn into out-of-bounds writes): NaN counts as -inf; a
@@ -228,7 +229,6 @@ __device__ void route_token(const MoeRouteArgs& a, const float* l, int64_t t, fl
   for (int s = 0; s < K; ++s) {
     a.topk_ids[t * K + s] = ids[s];
     a.topk_weights[t * K + s] = probs[s];
-    atomicAdd(&count[ids[s]], 1);
   }
 }
 
@@ -240,7 +240,7 @@ __device__ void route_token(const MoeRouteArgs& a, const float* l, int64_t t, fl
 // kBound: the CTA's threads (256 at decode sizes, where registers then hold a lane's logits without
 // spilling; 1024 for larger batches).
 template <int kBound>
-__global__ void __launch_bounds__(kBound) moe_route_kernel(MoeRouteArgs a, int router_split) {
+__global__ void __launch_bounds__(kBound) moe_route_kernel(MoeRouteArgs a, int router_split, int64_t tokens_per_cta) {
   extern __shared__ int32_t smem[];
   const int threads = static_cast<int>(blockDim.x), warps = threads / 32;
   const int E = static_cast<int>(a.experts), K = static_cast<int>(a.top_k);
@@ -260,11 +260,34 @@ __global__ void __launch_bounds__(kBound) moe_route_kernel(MoeRouteArgs a, int r
   }
   llmq::detail::pdl_wait();  // the logits or the router's input come from the kernels before this one
   llmq::detail::pdl_launch_dependents();
+  __shared__ int pick_ids[kMaxWarps][kMaxTopK];
+  __shared__ float pick_probs[kMaxWarps][kMaxTopK];
+  // 1. Top-k of tokens [begin, end), a warp each (the fused logits, written by other CTAs, are read
+  // past L1).
+  const int64_t ld = a.logits_stride == 0 || fused ? a.experts : a.logits_stride;
+  const auto route_tokens = [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin + warp; t < end; t += warps) {
+      const float* row = a.logits + t * ld;
+      int* ids = pick_ids[warp];
+      float* probs = pick_probs[warp];
+      if (E <= 64)
+        route_token<2>(a, row, t, terms + warp * E, ids, probs, lane, fused);
+      else if (E <= kWeightBufferExperts)
+        route_token<kWeightBufferExperts / 32>(a, row, t, terms + warp * E, ids, probs, lane, fused);
+      else
+        route_token<0>(a, row, t, nullptr, ids, probs, lane, fused);
+    }
+  };
   if (fused) {
     __shared__ float partial[kMaxWarps * kFusedTokens];
-    __shared__ bool last;
     router_logits(a, partial, router_split, warps, warp, lane);
-    __threadfence();  // this CTA's logits visible to the CTA that routes
+  } else {
+    const int64_t begin = static_cast<int64_t>(blockIdx.x) * tokens_per_cta;
+    route_tokens(begin, min(a.tokens, begin + tokens_per_cta));
+  }
+  if (gridDim.x > 1) {  // the last CTA to arrive goes on
+    __shared__ bool last;
+    __threadfence();  // this CTA's logits or picks visible to that CTA
     __syncthreads();
     if (tid == 0) last = atomicAdd(a.arrivals, 1u) == gridDim.x - 1;
     __syncthreads();
@@ -272,24 +295,12 @@ __global__ void __launch_bounds__(kBound) moe_route_kernel(MoeRouteArgs a, int r
     __threadfence();
     if (tid == 0) *a.arrivals = 0u;  // every CTA has arrived: ready for the next launch
   }
-  __shared__ int pick_ids[kMaxWarps][kMaxTopK];
-  __shared__ float pick_probs[kMaxWarps][kMaxTopK];
+  if (fused) route_tokens(0, a.tokens);
   for (int e = tid; e < E; e += threads) count[e] = 0;
   __syncthreads();
-
-  // 1. Top-k per token, a warp each. The fused logits were written by other CTAs: read past L1.
-  const int64_t ld = a.logits_stride == 0 || fused ? a.experts : a.logits_stride;
-  for (int64_t t = warp; t < a.tokens; t += warps) {
-    const float* row = a.logits + t * ld;
-    int* ids = pick_ids[warp];
-    float* probs = pick_probs[warp];
-    if (E <= 64)
-      route_token<2>(a, row, t, terms + warp * E, ids, probs, count, lane, fused);
-    else if (E <= kWeightBufferExperts)
-      route_token<kWeightBufferExperts / 32>(a, row, t, terms + warp * E, ids, probs, count, lane, fused);
-    else
-      route_token<0>(a, row, t, nullptr, ids, probs, count, lane, fused);
-  }
+  // Counts per expert; topk_ids may come from other CTAs (read from L2).
+  const int64_t slots = a.tokens * a.top_k;
+  for (int64_t slot = tid; slot < slots; slot += threads) atomicAdd(&count[__ldcg(a.topk_ids + slot)], 1);
   __syncthreads();
 
   // 2. Offsets: an exclusive scan of the counts by warp 0, 32 experts at a time.
@@ -313,8 +324,7 @@ __global__ void __launch_bounds__(kBound) moe_route_kernel(MoeRouteArgs a, int r
   }
   __syncthreads();
 
-  // 3. Ranks, chunk by chunk. topk_ids written by other threads above: visible after the barrier.
-  const int64_t slots = a.tokens * a.top_k;
+  // 3. Ranks, chunk by chunk.
   for (int64_t base = 0; base < slots; base += threads) {
     // Warps past the chunk's last slot hold none: their counts are neither zeroed nor added.
     const int active = static_cast<int>(min(static_cast<int64_t>(warps), (slots - base + 31) / 32));
@@ -322,7 +332,7 @@ __global__ void __launch_bounds__(kBound) moe_route_kernel(MoeRouteArgs a, int r
     __syncthreads();
     const int64_t slot = base + tid;
     const bool valid = slot < slots;
-    const int e = valid ? a.topk_ids[slot] : -1 - lane;  // invalid lanes match nobody
+    const int e = valid ? __ldcg(a.topk_ids + slot) : -1 - lane;  // invalid lanes match nobody
     const unsigned same = __match_any_sync(0xffffffffu, e);
     const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
     if (valid && rank_in_warp == 0) warp_count[warp * E + e] = __popc(same);
@@ -386,19 +396,26 @@ Status cuda_moe_route(const MoeRouteArgs& a, CudaStream stream) {
   const size_t smem = sizeof(int32_t) * static_cast<size_t>(words);
   // The fused router: warps per expert row so that each lane has about two 16-byte loads per
   // token (one memory round trip), a power of two up to 32; the grid covers the experts.
+  // Otherwise, with a counter, the top-k is spread over CTAs of two tokens per warp and the last
+  // CTA ranks; without one, one CTA does everything.
   int split = 1;
   unsigned grid = 1;
+  int64_t tokens_per_cta = a.tokens;
   if (a.router_w != nullptr) {
     while (split < 32 && split * 32 * 2 < a.dim / 8) split *= 2;
     split = std::min(split, warps);
     grid = static_cast<unsigned>((a.experts + warps / split - 1) / (warps / split));
+  } else if (a.arrivals != nullptr && a.tokens > 0) {
+    tokens_per_cta = 2 * warps;
+    grid = static_cast<unsigned>((a.tokens + tokens_per_cta - 1) / tokens_per_cta);
   }
   auto kernel = threads == kMaxThreads ? moe_route_kernel<kMaxThreads> : moe_route_kernel<256>;
   if (smem > 48 * 1024)
     LLMQ_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   LLMQ_CUDA_RETURN_IF_ERROR(
-      detail::launch_pdl(kernel, dim3(grid), dim3(threads), smem, static_cast<cudaStream_t>(stream), a, split));
+      detail::launch_pdl(kernel, dim3(grid), dim3(threads), smem, static_cast<cudaStream_t>(stream), a, split,
+                         tokens_per_cta));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("moe_route_kernel");
   return {};
 }

@@ -139,7 +139,6 @@ Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf
     r.router_x = x.x_bf16;
     r.router_w = moe.router.parts[0].w.get();
     r.dim = moe.router.k;
-    r.arrivals = buf.arrivals.as<uint32_t>();
   } else {
     LinearInput rin;
     rin.bf16 = x.x_bf16;
@@ -149,6 +148,7 @@ Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf
   r.experts = moe.experts;
   r.top_k = moe.top_k;
   r.logits = buf.logits.as<float>();
+  r.arrivals = buf.arrivals.as<uint32_t>();
   r.topk_ids = buf.topk_ids.as<int32_t>();
   r.topk_weights = buf.topk_weights.as<float>();
   r.expert_offsets = buf.offsets.as<int32_t>();
