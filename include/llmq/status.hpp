@@ -14,6 +14,7 @@ enum class StatusCode {
   kIoError,          // a file could not be read or written
   kCudaError,        // a CUDA / cuBLASLt call failed
   kInternal,         // a bug in llmq
+  kResourceExhausted,  // a bounded resource is full (the serving engine's KV blocks, its queue)
 };
 
 class [[nodiscard]] Status {

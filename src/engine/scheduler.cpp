@@ -1,0 +1,210 @@
+// Scheduler (scheduler.hpp).
+#include "engine/scheduler.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace llmq::engine {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kNone: break;
+  }
+  return "";
+}
+
+Status Scheduler::create(KvBlockPool* pool, const SchedulerOptions& o, std::unique_ptr<Scheduler>* out) {
+  if (pool == nullptr || out == nullptr) return invalid_argument("pool, out: must not be null");
+  if (o.max_batched_tokens < 1) return invalid_argument("max_batched_tokens: must be >= 1, got " + std::to_string(o.max_batched_tokens));
+  if (o.max_running < 1) return invalid_argument("max_running: must be >= 1, got " + std::to_string(o.max_running));
+  if (o.max_waiting < 0) return invalid_argument("max_waiting: must be >= 0, got " + std::to_string(o.max_waiting));
+  if (o.max_model_len < 1) return invalid_argument("max_model_len: must be >= 1, got " + std::to_string(o.max_model_len));
+  out->reset(new Scheduler(pool, o));
+  return {};
+}
+
+Status Scheduler::add(RequestSpec spec, int64_t* id) {
+  if (id == nullptr) return invalid_argument("id: null");
+  const int64_t prompt = static_cast<int64_t>(spec.prompt.size());
+  if (prompt == 0) return invalid_argument("prompt: empty (a request needs at least one token)");
+  if (spec.max_new_tokens < 1) return invalid_argument("max_new_tokens: must be >= 1, got " + std::to_string(spec.max_new_tokens));
+  if (prompt >= options_.max_model_len)
+    return invalid_argument("prompt: " + std::to_string(prompt) + " tokens, the model's context holds " +
+                            std::to_string(options_.max_model_len) + " (with at least one output token)");
+  // The positions it may reach: every token but the last one sampled has its KV computed, and the
+  // last token of a full context sits at position max_model_len - 1.
+  const int64_t positions = std::min(options_.max_model_len - 1, prompt + spec.max_new_tokens - 1);
+  if (blocks_for(positions) > pool_->usable_blocks())
+    return invalid_argument("request: " + std::to_string(positions) + " positions need " + std::to_string(blocks_for(positions)) +
+                            " KV blocks of " + std::to_string(pool_->block_size()) + " tokens, the whole cache holds " +
+                            std::to_string(pool_->usable_blocks()));
+  if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting)
+    return {StatusCode::kResourceExhausted,
+            "queue full: " + std::to_string(waiting_.size()) + " requests waiting (the limit)"};
+  Sequence s;
+  s.tokens = spec.prompt;
+  s.spec = std::move(spec);
+  *id = next_id_++;
+  live_.emplace(*id, std::move(s));
+  waiting_.push_back(*id);
+  return {};
+}
+
+const std::vector<int32_t>* Scheduler::tokens_of(int64_t id) const {
+  const auto it = live_.find(id);
+  return it == live_.end() ? nullptr : &it->second.tokens;
+}
+
+bool Scheduler::grow(Sequence& s, int64_t positions) {
+  const int64_t need = blocks_for(positions) - static_cast<int64_t>(s.table.size());
+  return need <= 0 || pool_->allocate(need, &s.table).ok();
+}
+
+void Scheduler::preempt(int64_t id) {
+  Sequence& s = live_.at(id);
+  (void)pool_->release(s.table);  // the scheduler's own table: always held
+  s.table.clear();
+  s.computed = 0;
+  s.published = 0;
+  running_.erase(std::find(running_.begin(), running_.end(), id));
+  waiting_.push_front(id);
+  ++stats_.preemptions;
+}
+
+void Scheduler::finish(int64_t id, FinishReason) {
+  Sequence& s = live_.at(id);
+  (void)pool_->release(s.table);
+  const auto r = std::find(running_.begin(), running_.end(), id);
+  if (r != running_.end()) running_.erase(r);
+  const auto w = std::find(waiting_.begin(), waiting_.end(), id);
+  if (w != waiting_.end()) waiting_.erase(w);
+  live_.erase(id);
+}
+
+Status Scheduler::cancel(int64_t id) {
+  if (live_.find(id) == live_.end())
+    return invalid_argument("cancel: request " + std::to_string(id) + " is not waiting or running");
+  finish(id, FinishReason::kCancelled);
+  return {};
+}
+
+StepChunk Scheduler::chunk_of(int64_t id, Sequence& s, int64_t count) const {
+  StepChunk c;
+  c.request = id;
+  c.start = s.computed;
+  c.count = count;
+  c.sample = s.computed + count == static_cast<int64_t>(s.tokens.size());
+  c.tokens = s.tokens.data();
+  c.table = s.table.data();
+  c.table_blocks = static_cast<int64_t>(s.table.size());
+  return c;
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int64_t budget = options_.max_batched_tokens;
+  std::vector<std::pair<int64_t, int64_t>> picked;  // (request, count); chunks made at the end
+  // Running sequences, oldest first. A preemption removes the newest from running_.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    const int64_t id = running_[i];
+    Sequence& s = live_.at(id);
+    const int64_t count = std::min(budget, static_cast<int64_t>(s.tokens.size()) - s.computed);
+    bool self_preempted = false;
+    while (!grow(s, s.computed + count)) {
+      const int64_t victim = running_.back();
+      preempt(victim);
+      ++plan.preempted;
+      if (victim == id) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;  // it was the newest: nothing after it is running
+    picked.emplace_back(id, count);
+    budget -= count;
+    ++i;
+  }
+  // Waiting sequences, front first, unless this step had to preempt.
+  while (plan.preempted == 0 && budget > 0 && !waiting_.empty() &&
+         static_cast<int64_t>(running_.size()) < options_.max_running) {
+    const int64_t id = waiting_.front();
+    Sequence& s = live_.at(id);
+    int64_t hit = 0;
+    if (options_.prefix_caching && s.table.empty())
+      hit = pool_->match_prefix(s.tokens.data(), static_cast<int64_t>(s.tokens.size()), &s.table);
+    s.computed = hit;
+    s.published = hit / pool_->block_size();
+    const int64_t count = std::min(budget, static_cast<int64_t>(s.tokens.size()) - s.computed);
+    if (!grow(s, s.computed + count)) {  // no room: give the hits back and wait
+      (void)pool_->release(s.table);
+      s.table.clear();
+      s.computed = s.published = 0;
+      break;
+    }
+    if (!s.admitted_before) {
+      stats_.prompt_tokens += static_cast<int64_t>(s.tokens.size());
+      stats_.prefix_hit_tokens += hit;
+      s.admitted_before = true;
+    }
+    waiting_.pop_front();
+    running_.push_back(id);
+    picked.emplace_back(id, count);
+    budget -= count;
+  }
+  // Chunks last: a preemption above may have dropped a sequence picked earlier in this step.
+  for (const auto& [id, count] : picked) {
+    if (std::find(running_.begin(), running_.end(), id) == running_.end()) continue;
+    Sequence& s = live_.at(id);
+    const StepChunk c = chunk_of(id, s, count);
+    plan.tokens += c.count;
+    plan.samples += c.sample ? 1 : 0;
+    plan.chunks.push_back(c);
+  }
+  return plan;
+}
+
+Status Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampled, std::vector<TokenEvent>* events) {
+  if (events == nullptr) return invalid_argument("events: null");
+  if (static_cast<int64_t>(sampled.size()) != plan.samples)
+    return invalid_argument("sampled: " + std::to_string(sampled.size()) + " tokens for a plan with " +
+                            std::to_string(plan.samples) + " samples");
+  size_t next = 0;
+  const int64_t bs = pool_->block_size();
+  for (const StepChunk& c : plan.chunks) {
+    const auto it = live_.find(c.request);
+    if (it == live_.end()) {  // cancelled after the plan was made: its token is dropped
+      next += c.sample ? 1 : 0;
+      continue;
+    }
+    if (it->second.computed != c.start)
+      return invalid_argument("plan: request " + std::to_string(c.request) + " has changed since it was scheduled");
+    Sequence& s = it->second;
+    s.computed += c.count;
+    stats_.computed_tokens += c.count;
+    if (options_.prefix_caching)  // full computed blocks become findable
+      for (; s.published < s.computed / bs; ++s.published) {
+        const int64_t b = s.published;
+        (void)pool_->publish(s.table[b], b == 0 ? kNullBlock : s.table[b - 1], &s.tokens[b * bs]);
+      }
+    if (!c.sample) continue;
+    const int32_t token = sampled[next++];
+    s.tokens.push_back(token);
+    ++s.generated;
+    TokenEvent e;
+    e.request = c.request;
+    e.token = token;
+    if (std::find(s.spec.stop_ids.begin(), s.spec.stop_ids.end(), token) != s.spec.stop_ids.end())
+      e.finish = FinishReason::kStop;
+    else if (s.generated >= s.spec.max_new_tokens || static_cast<int64_t>(s.tokens.size()) >= options_.max_model_len)
+      e.finish = FinishReason::kLength;
+    events->push_back(e);
+    if (e.finish != FinishReason::kNone) finish(c.request, e.finish);
+  }
+  return {};
+}
+
+}  // namespace llmq::engine

@@ -1,0 +1,129 @@
+// The serving engine's scheduler (host side, no device work): requests join and leave at any step;
+// each step moves every scheduled sequence's computed-token count toward its length under a token
+// budget, so there are no prefill and decode phases (a long prompt is prefilled in chunks beside the
+// decodes of running sequences). The step's plan says, per sequence, which positions to compute
+// through which KV block table and whether to sample; update() then takes the sampled tokens.
+//
+// Order: running sequences first, oldest first (a decode costs one token, a prefill its next chunk);
+// then waiting ones, front first, each after a prefix-cache lookup. When a running sequence needs a
+// block and none is free, the newest running sequence is preempted: its blocks are released, its
+// computed count goes back to 0 (it keeps its generated tokens and recomputes them; the prefix
+// cache usually makes that cheap) and it goes to the front of the waiting queue; a step that
+// preempted admits nothing new. A request whose tokens can never fit the cache, or are longer than
+// the model's context, is refused when it is added; so is one past the waiting-queue limit.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "engine/kv_block_pool.hpp"
+#include "llmq/status.hpp"
+
+namespace llmq::engine {
+
+struct SchedulerOptions {
+  int64_t max_batched_tokens = 2048;  // positions computed per step (prefill chunks + decodes)
+  int64_t max_running = 128;          // sequences in one step
+  int64_t max_waiting = 1024;         // requests queued; add() past it is refused
+  int64_t max_model_len = 0;          // positions per sequence, prompt and output (required)
+  bool prefix_caching = true;
+};
+
+struct RequestSpec {
+  std::vector<int32_t> prompt;
+  int64_t max_new_tokens = 16;
+  std::vector<int32_t> stop_ids;  // a sampled token in this list ends the request (it is emitted)
+};
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "" (none)
+
+// One sequence's share of a step: compute positions [start, start + count) of its tokens.
+struct StepChunk {
+  int64_t request = 0;
+  int64_t start = 0;
+  int64_t count = 0;
+  bool sample = false;                 // the chunk ends at the sequence's last token: sample the next
+  const int32_t* tokens = nullptr;     // the sequence's tokens (valid until update())
+  const BlockId* table = nullptr;      // its block table, covering positions [0, start + count)
+  int64_t table_blocks = 0;
+};
+
+struct StepPlan {
+  std::vector<StepChunk> chunks;
+  int64_t tokens = 0;      // sum of the chunks' counts
+  int64_t samples = 0;     // chunks with sample set (update() takes that many tokens, in order)
+  int64_t preempted = 0;   // sequences preempted while planning this step
+};
+
+// What update() reports for each sampled token.
+struct TokenEvent {
+  int64_t request = 0;
+  int32_t token = 0;
+  FinishReason finish = FinishReason::kNone;  // set on the request's last token
+};
+
+struct SchedulerStats {
+  int64_t preemptions = 0;
+  int64_t prompt_tokens = 0;       // of requests admitted for the first time
+  int64_t prefix_hit_tokens = 0;   // of those, found in the prefix cache
+  int64_t computed_tokens = 0;     // positions computed over all steps (recomputation included)
+};
+
+class Scheduler {
+ public:
+  // `pool` must outlive the scheduler; its block size is the scheduler's.
+  static Status create(KvBlockPool* pool, const SchedulerOptions& options, std::unique_ptr<Scheduler>* out);
+
+  // Queues a request; its id (ascending from 0) in *id. Refused: an empty prompt, max_new_tokens
+  // < 1, a prompt that leaves no room in max_model_len for an output token, more blocks than the
+  // whole cache holds (both numbers said), or a full queue (kResourceExhausted). Generation stops at
+  // max_new_tokens, a stop id, or when the sequence fills max_model_len.
+  Status add(RequestSpec spec, int64_t* id);
+  // Ends a request wherever it is (waiting or running), freeing its blocks; between schedule() and
+  // update() too (its sampled token is then dropped). An unknown or finished id is refused.
+  Status cancel(int64_t id);
+
+  StepPlan schedule();
+  // The plan's sampled tokens, one per chunk with sample set, in chunk order. Events (one per
+  // token) are appended to *events; finished requests leave and free their blocks.
+  Status update(const StepPlan& plan, const std::vector<int32_t>& sampled, std::vector<TokenEvent>* events);
+
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+  int64_t running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  const SchedulerStats& stats() const { return stats_; }
+  // The tokens of a live request (prompt and generated so far), or null.
+  const std::vector<int32_t>* tokens_of(int64_t id) const;
+
+ private:
+  struct Sequence {
+    RequestSpec spec;
+    std::vector<int32_t> tokens;  // prompt, then generated
+    int64_t computed = 0;         // positions whose KV is in the cache
+    int64_t published = 0;        // full blocks offered to the prefix cache
+    int64_t generated = 0;
+    bool admitted_before = false;
+    std::vector<BlockId> table;
+  };
+
+  Scheduler(KvBlockPool* pool, const SchedulerOptions& options) : pool_(pool), options_(options) {}
+  int64_t blocks_for(int64_t positions) const { return (positions + pool_->block_size() - 1) / pool_->block_size(); }
+  bool grow(Sequence& s, int64_t positions);  // blocks to cover `positions`; false when none free
+  void preempt(int64_t id);
+  void finish(int64_t id, FinishReason reason);
+  StepChunk chunk_of(int64_t id, Sequence& s, int64_t count) const;
+
+  KvBlockPool* pool_;
+  SchedulerOptions options_;
+  std::map<int64_t, Sequence> live_;
+  std::vector<int64_t> running_;  // oldest first
+  std::deque<int64_t> waiting_;   // front first
+  int64_t next_id_ = 0;
+  SchedulerStats stats_;
+};
+
+}  // namespace llmq::engine
