@@ -113,6 +113,34 @@ TEST(DefaultModel, MatchesDoubleReferenceAndBatches) {
   EXPECT_LE(rel_error(all, one), kBatchRelTolerance);
 }
 
+TEST(DefaultModel, KvWrittenIntoAnotherTransformerContinuesTheSequenceExactly) {
+  // The serving engine's CPU backend moves KV between a paged store and Transformers: positions
+  // read from one Transformer and written into a fresh one must continue the sequence with the
+  // very same logits.
+  DefaultModelOptions o;
+  o.dim = 64;
+  o.hidden_dim = 128;
+  o.n_layers = 2;
+  o.max_seq_len = 32;
+  const ModelWeights w = make_default_model(o);
+  const int64_t V = w.config.vocab_size, kv = w.config.n_kv_heads * w.config.head_dim, L = w.config.n_layers;
+  const std::vector<int32_t> tokens = {1, 17, 93, 4, 250, 8, 61, 7, 300, 12};
+  const int64_t n = static_cast<int64_t>(tokens.size()), first = 6;
+  Transformer whole(w);
+  std::vector<float> want(static_cast<size_t>(n * V));
+  ASSERT_TRUE(whole.forward(tokens.data(), n, 0, want.data()).ok());
+  std::vector<float> k(static_cast<size_t>(L * first * kv)), v(k.size());
+  ASSERT_TRUE(whole.read_kv(0, first, k.data(), v.data()).ok());
+  Transformer rest(w);
+  ASSERT_TRUE(rest.write_kv(0, first, k.data(), v.data()).ok());
+  std::vector<float> got(static_cast<size_t>((n - first) * V));
+  ASSERT_TRUE(rest.forward(tokens.data() + first, n - first, first, got.data()).ok());
+  for (int64_t i = 0; i < (n - first) * V; ++i) ASSERT_EQ(got[i], want[first * V + i]) << "logit " << i;
+  // Only written positions can be read; writes stay inside the context.
+  EXPECT_EQ(rest.read_kv(0, n + 1, k.data(), v.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rest.write_kv(30, 3, k.data(), v.data()).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(DefaultModel, Llama3RopeScalingAndBiasesMatchReference) {
   ModelWeights w = make_default_model(tiny_options(0));
   w.config.rope_scaling.enabled = true;

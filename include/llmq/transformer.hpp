@@ -49,6 +49,15 @@ class Transformer {
   // before); logits is [n, vocab]. Errors: position past max_seq_len, token out of range.
   Status forward(const int32_t* tokens, int64_t n, int64_t start_pos, float* logits);
   void reset();  // empty the KV cache
+
+  // The KV cache of positions [first, first + n) as K and V buffers of [n_layers, n, n_kv_heads *
+  // head_dim] floats: the values attention reads (after RoPE; E4M3-rounded when that cache is on).
+  // write_kv sets them (the cache grows as forward's does), so that a forward from position
+  // first + n continues a sequence whose KV was computed by an earlier forward, maybe in another
+  // Transformer (the serving engine's paged CPU backend keeps KV in blocks); read_kv returns
+  // positions an earlier forward or write_kv wrote.
+  Status write_kv(int64_t first, int64_t n, const float* k, const float* v);
+  Status read_kv(int64_t first, int64_t n, float* k, float* v) const;
   const ModelConfig& config() const { return weights_.config; }
 
   // An FP8 E4M3 KV cache, as the GPU runtime's --kv-cache e4m3 keeps it: each K (after RoPE) and V
@@ -78,6 +87,7 @@ class Transformer {
   const ModelWeights& weights_;
   FloatLinearBackend float_backend_;
   LinearBackend* backend_;
+  int64_t reserve_cache(int64_t end_pos);  // grows the cache to hold end_pos positions; its capacity
   std::vector<float> key_cache_;    // [layer, max_seq, n_kv_heads * head_dim]
   std::vector<float> value_cache_;  // same
   int64_t cached_positions_ = 0;    // positions 0 .. cached_positions_ - 1 have been written

@@ -339,6 +339,51 @@ void grow_cache(std::vector<float>* cache, int64_t n_layers, int64_t kv_dim, int
 
 }  // namespace
 
+int64_t Transformer::reserve_cache(int64_t end_pos) {
+  const ModelConfig& c = weights_.config;
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  const int64_t cap = key_cache_.empty() ? 0 : static_cast<int64_t>(key_cache_.size()) / (c.n_layers * kv_dim);
+  if (cap < end_pos) {
+    const int64_t new_cap = std::min(c.max_seq_len, std::max({end_pos, 2 * cap, int64_t{64}}));
+    grow_cache(&key_cache_, c.n_layers, kv_dim, cap, new_cap);
+    grow_cache(&value_cache_, c.n_layers, kv_dim, cap, new_cap);
+  }
+  return static_cast<int64_t>(key_cache_.size()) / (c.n_layers * kv_dim);
+}
+
+// Positions [first, first + n) of the cache to or from [n_layers, n, kv_dim] buffers.
+Status Transformer::write_kv(int64_t first, int64_t n, const float* k, const float* v) {
+  const ModelConfig& c = weights_.config;
+  if (n < 0 || first < 0 || first > c.max_seq_len - n)
+    return invalid_argument("write_kv: " + std::to_string(n) + " positions from " + std::to_string(first) +
+                            " are outside [0, max_seq_len = " + std::to_string(c.max_seq_len) + ")");
+  if (n == 0) return {};
+  if (k == nullptr || v == nullptr) return invalid_argument("write_kv: k or v is null");
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim, cap = reserve_cache(first + n);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    std::copy(k + l * n * kv_dim, k + (l + 1) * n * kv_dim, key_cache_.begin() + (l * cap + first) * kv_dim);
+    std::copy(v + l * n * kv_dim, v + (l + 1) * n * kv_dim, value_cache_.begin() + (l * cap + first) * kv_dim);
+  }
+  cached_positions_ = std::max(cached_positions_, first + n);
+  return {};
+}
+
+Status Transformer::read_kv(int64_t first, int64_t n, float* k, float* v) const {
+  const ModelConfig& c = weights_.config;
+  if (n < 0 || first < 0 || first > cached_positions_ - n)
+    return invalid_argument("read_kv: " + std::to_string(n) + " positions from " + std::to_string(first) +
+                            " are not all written (positions 0 .. " + std::to_string(cached_positions_ - 1) + " are)");
+  if (n == 0) return {};
+  if (k == nullptr || v == nullptr) return invalid_argument("read_kv: k or v is null");
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  const int64_t cap = static_cast<int64_t>(key_cache_.size()) / (c.n_layers * kv_dim);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    std::copy(key_cache_.begin() + (l * cap + first) * kv_dim, key_cache_.begin() + (l * cap + first + n) * kv_dim, k + l * n * kv_dim);
+    std::copy(value_cache_.begin() + (l * cap + first) * kv_dim, value_cache_.begin() + (l * cap + first + n) * kv_dim, v + l * n * kv_dim);
+  }
+  return {};
+}
+
 Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos, float* logits) {
   LLMQ_RETURN_IF_ERROR(check_weights(weights_));
   const ModelConfig& c = weights_.config;
@@ -362,13 +407,7 @@ Status Transformer::forward(const int32_t* tokens, int64_t n, int64_t start_pos,
   const float eps = static_cast<float>(c.norm_eps);
   const int64_t end_pos = start_pos + n;
 
-  const int64_t cap = key_cache_.empty() ? 0 : static_cast<int64_t>(key_cache_.size()) / (c.n_layers * kv_dim);
-  if (cap < end_pos) {
-    const int64_t new_cap = std::min(c.max_seq_len, std::max({end_pos, 2 * cap, int64_t{64}}));
-    grow_cache(&key_cache_, c.n_layers, kv_dim, cap, new_cap);
-    grow_cache(&value_cache_, c.n_layers, kv_dim, cap, new_cap);
-  }
-  const int64_t seq_cap = static_cast<int64_t>(key_cache_.size()) / (c.n_layers * kv_dim);
+  const int64_t seq_cap = reserve_cache(end_pos);
   cached_positions_ = std::max(cached_positions_, end_pos);
 
   // (cos, sin) per position of this call and pair: angle = pos * inv_freq in float, as run.c;

@@ -1,0 +1,61 @@
+// Engine (engine.hpp).
+#include "engine/engine.hpp"
+
+#include <cmath>
+#include <string>
+#include <utility>
+
+namespace llmq::engine {
+
+Status Engine::create(EngineBackend* backend, KvBlockPool* pool, const SchedulerOptions& options, std::unique_ptr<Engine>* out) {
+  if (backend == nullptr || out == nullptr) return invalid_argument("backend, out: must not be null");
+  std::unique_ptr<Engine> e(new Engine());
+  e->backend_ = backend;
+  LLMQ_RETURN_IF_ERROR(Scheduler::create(pool, options, &e->scheduler_));
+  *out = std::move(e);
+  return {};
+}
+
+Status Engine::add(RequestSpec spec, const SamplingParams& sampling, int64_t* id) {
+  const int64_t vocab = backend_->vocab_size();
+  for (size_t i = 0; i < spec.prompt.size(); ++i)
+    if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab)
+      return invalid_argument("prompt: token " + std::to_string(spec.prompt[i]) + " at " + std::to_string(i) +
+                              " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  if (!(sampling.temperature >= 0.0f) || !std::isfinite(sampling.temperature))
+    return invalid_argument("temperature: must be finite and >= 0, got " + std::to_string(sampling.temperature));
+  if (!(sampling.top_p > 0.0f && sampling.top_p <= 1.0f))
+    return invalid_argument("top_p: must be in (0, 1], got " + std::to_string(sampling.top_p));
+  if (sampling.temperature > 0.0f && sampling.seed == 0) return invalid_argument("seed: must not be 0 when sampling");
+  LLMQ_RETURN_IF_ERROR(scheduler_->add(std::move(spec), id));
+  samplers_.emplace(*id, Sampler(vocab, sampling.temperature, sampling.top_p, sampling.seed));
+  return {};
+}
+
+Status Engine::cancel(int64_t id) {
+  LLMQ_RETURN_IF_ERROR(scheduler_->cancel(id));
+  samplers_.erase(id);
+  return {};
+}
+
+Status Engine::step(std::vector<TokenEvent>* events) {
+  if (events == nullptr) return invalid_argument("events: null");
+  const StepPlan plan = scheduler_->schedule();
+  if (plan.chunks.empty()) return {};
+  LLMQ_RETURN_IF_ERROR(backend_->forward(plan, &logits_));
+  const int64_t vocab = backend_->vocab_size();
+  if (static_cast<int64_t>(logits_.size()) != plan.samples * vocab)
+    return Status(StatusCode::kInternal, "backend: " + std::to_string(logits_.size()) + " logits for " + std::to_string(plan.samples) +
+                          " samples of " + std::to_string(vocab));
+  std::vector<int32_t> sampled;
+  int64_t row = 0;
+  for (const StepChunk& c : plan.chunks)
+    if (c.sample) sampled.push_back(samplers_.at(c.request).sample(&logits_[static_cast<size_t>(row++ * vocab)]));
+  const size_t first = events->size();
+  LLMQ_RETURN_IF_ERROR(scheduler_->update(plan, sampled, events));
+  for (size_t i = first; i < events->size(); ++i)
+    if ((*events)[i].finish != FinishReason::kNone) samplers_.erase((*events)[i].request);
+  return {};
+}
+
+}  // namespace llmq::engine
