@@ -167,7 +167,8 @@ TEST(CudaMoeRouteVariants, FusedRouterGemmRoutesAsTheHostLogits) {
   const Rule rules[] = {{"softmax-topk renormalised + bias", false, true, true},
                         {"softmax-topk unnormalised", false, false, false},
                         {"topk-softmax + bias (gpt-oss)", true, true, true}};
-  const int64_t shapes[][4] = {{1, 32, 4, 2880}, {3, 128, 8, 2048}, {8, 256, 8, 72}, {5, 8, 2, 8}};
+  // {5, 8, 2, 8} and {8, 8, 2, 256} fit one CTA (no arrival between the router and the routing).
+  const int64_t shapes[][4] = {{1, 32, 4, 2880}, {3, 128, 8, 2048}, {8, 256, 8, 72}, {5, 8, 2, 8}, {8, 8, 2, 256}};
   std::mt19937 rng(77);
   const auto grid_value = [&](float unit) {
     const int v = static_cast<int>(rng() % 17) - 8;
@@ -198,6 +199,10 @@ TEST(CudaMoeRouteVariants, FusedRouterGemmRoutesAsTheHostLogits) {
       CUDA_ASSERT(d_rw.upload(w));
       CUDA_ASSERT(d_bias.upload(bias));
       CUDA_ASSERT(d_arrivals.upload(std::vector<uint32_t>{0}));
+      // Stale logits that would route elsewhere: a read before the router wrote shows.
+      std::vector<float> junk(static_cast<size_t>(T * E));
+      for (size_t i = 0; i < junk.size(); ++i) junk[i] = (i % 3 == 0 ? 1e30f : -1e30f);
+      CUDA_ASSERT(d_logits.upload(junk));
       RouteOutputs out(T, E, K);
       MoeRouteArgs a = out.args(T, E, K, rule, d_bias.get());
       a.router_x = d_x.get();
@@ -209,8 +214,8 @@ TEST(CudaMoeRouteVariants, FusedRouterGemmRoutesAsTheHostLogits) {
       for (int call = 0; call < 2; ++call) {
         const Status st = cuda_moe_route(a, nullptr);
         ASSERT_TRUE(st.ok()) << st.to_string();
+        ASSERT_TRUE(picks_match_host(logits, bias, rule, T, E, K, out)) << "call " << call;
       }
-      ASSERT_TRUE(picks_match_host(logits, bias, rule, T, E, K, out));
       std::vector<float> got_logits;
       std::vector<uint32_t> arrivals;
       CUDA_ASSERT(d_arrivals.download(&arrivals));

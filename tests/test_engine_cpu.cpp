@@ -156,6 +156,18 @@ TEST(EngineCpu, RefusesTokensOutsideTheVocabularyAndBadSampling) {
   EXPECT_EQ(engine->add(r, {0.5f, 0.0f, 1}, &id).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(engine->add(r, {0.5f, 0.9f, 0}, &id).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(engine->idle());
+  // A pool of another geometry than the backend's, a context past the model's.
+  KvBlockPool other;
+  ASSERT_TRUE(KvBlockPool::create(16, 8, &other).ok());
+  std::unique_ptr<Engine> bad;
+  const Status geometry = Engine::create(backend.get(), &other, o, &bad);
+  EXPECT_EQ(geometry.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(geometry.message().find("16 blocks of 8 positions, the backend holds 16 of 4"), std::string::npos)
+      << geometry.to_string();
+  o.max_model_len = w.config.max_seq_len + 1;
+  const Status context = Engine::create(backend.get(), &pool, o, &bad);
+  EXPECT_EQ(context.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(context.message().find("the model's context is 64"), std::string::npos) << context.to_string();
 }
 
 }  // namespace

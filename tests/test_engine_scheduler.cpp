@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -301,6 +302,53 @@ TEST(EngineScheduler, AFullyCachedPromptStillComputesItsLastPosition) {
   EXPECT_EQ(rig.s->stats().prefix_hit_tokens, 4) << "one whole block: the second block holds the last position";
   EXPECT_EQ(outputs[1], outputs[0]);
   EXPECT_EQ(outputs[0], reference(r, 32));
+  EXPECT_TRUE(rig.pool.all_free());
+}
+
+TEST(EngineScheduler, AnUnlimitedMaxNewTokensIsBoundedByTheContextNotOverflowed) {
+  {
+    Rig rig(5, 4, 1000);  // 4 usable blocks of 4: 16 positions
+    RequestSpec r;
+    r.prompt.assign(10, 1);
+    r.max_new_tokens = std::numeric_limits<int64_t>::max();
+    int64_t id = 0;
+    const Status st = rig.s->add(r, &id);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);  // 999 positions: past the whole cache
+    EXPECT_NE(st.message().find("999 positions need 250 KV blocks"), std::string::npos) << st.to_string();
+  }
+  Rig rig(5, 4, 16);
+  RequestSpec r;
+  r.prompt.assign(10, 1);
+  r.max_new_tokens = std::numeric_limits<int64_t>::max();
+  int64_t id = 0;
+  ASSERT_TRUE(rig.s->add(r, &id).ok());
+  const std::vector<TokenEvent> events = run_to_idle(*rig.s, rig.model);
+  ASSERT_EQ(events.size(), 6u);  // to the context's 16 tokens
+  EXPECT_EQ(events.back().finish, FinishReason::kLength);
+  EXPECT_TRUE(rig.pool.all_free());
+}
+
+TEST(EngineScheduler, ACancelWhileAPlanIsOutTakesEffectInUpdate) {
+  Rig rig(16, 4, 32);
+  RequestSpec r;
+  r.prompt = {1, 2, 3, 0, 1};
+  r.max_new_tokens = 8;
+  int64_t a = 0, b = 0;
+  ASSERT_TRUE(rig.s->add(r, &a).ok());
+  ASSERT_TRUE(rig.s->add(r, &b).ok());
+  const StepPlan plan = rig.s->schedule();
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  ASSERT_TRUE(rig.s->cancel(a).ok());
+  EXPECT_EQ(rig.s->cancel(a).code(), StatusCode::kInvalidArgument) << "cancelled twice";
+  std::vector<int32_t> sampled;
+  rig.model.run(plan, &sampled);  // the plan's pointers are still the requests' own (ASan checks)
+  std::vector<TokenEvent> events;
+  ASSERT_TRUE(rig.s->update(plan, sampled, &events).ok());
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].request, b);
+  EXPECT_EQ(rig.s->tokens_of(a), nullptr);
+  ASSERT_TRUE(rig.s->cancel(b).ok());
+  EXPECT_TRUE(rig.s->idle());
   EXPECT_TRUE(rig.pool.all_free());
 }
 

@@ -23,6 +23,9 @@ class CpuBackend : public EngineBackend {
   static Status create(const ModelWeights& weights, int64_t blocks, int64_t block_size, std::unique_ptr<CpuBackend>* out);
 
   int64_t vocab_size() const override { return weights_.config.vocab_size; }
+  int64_t max_context() const override { return weights_.config.max_seq_len; }
+  int64_t blocks() const override { return blocks_; }
+  int64_t block_size() const override { return block_size_; }
   Status forward(const StepPlan& plan, std::vector<float>* logits) override;
 
  private:

@@ -8,7 +8,14 @@
 namespace llmq::engine {
 
 Status Engine::create(EngineBackend* backend, KvBlockPool* pool, const SchedulerOptions& options, std::unique_ptr<Engine>* out) {
-  if (backend == nullptr || out == nullptr) return invalid_argument("backend, out: must not be null");
+  if (backend == nullptr || pool == nullptr || out == nullptr) return invalid_argument("backend, pool, out: must not be null");
+  if (pool->usable_blocks() + 1 != backend->blocks() || pool->block_size() != backend->block_size())
+    return invalid_argument("pool: " + std::to_string(pool->usable_blocks() + 1) + " blocks of " + std::to_string(pool->block_size()) +
+                            " positions, the backend holds " + std::to_string(backend->blocks()) + " of " +
+                            std::to_string(backend->block_size()));
+  if (options.max_model_len > backend->max_context())
+    return invalid_argument("max_model_len: " + std::to_string(options.max_model_len) + " positions, the model's context is " +
+                            std::to_string(backend->max_context()));
   std::unique_ptr<Engine> e(new Engine());
   e->backend_ = backend;
   LLMQ_RETURN_IF_ERROR(Scheduler::create(pool, options, &e->scheduler_));

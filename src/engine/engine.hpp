@@ -22,6 +22,10 @@ class EngineBackend {
  public:
   virtual ~EngineBackend() = default;
   virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_context() const = 0;  // positions a sequence may have (the model's)
+  // The KV geometry it was made for: Engine::create holds the pool to it.
+  virtual int64_t blocks() const = 0;
+  virtual int64_t block_size() const = 0;
   // Computes every chunk of the plan (their K/V go into the blocks their tables name) and writes
   // the logits of the last position of each chunk with sample set, in chunk order: [samples, vocab].
   virtual Status forward(const StepPlan& plan, std::vector<float>* logits) = 0;
@@ -37,7 +41,8 @@ struct SamplingParams {
 
 class Engine {
  public:
-  // `backend` and `pool` must outlive the engine.
+  // `backend` and `pool` must outlive the engine. Refused: a pool of another geometry than the
+  // backend's, a max_model_len past the backend's context.
   static Status create(EngineBackend* backend, KvBlockPool* pool, const SchedulerOptions& options, std::unique_ptr<Engine>* out);
 
   // Queues a request (Scheduler::add's refusals, and token ids outside the vocabulary, a negative

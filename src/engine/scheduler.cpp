@@ -37,7 +37,9 @@ Status Scheduler::add(RequestSpec spec, int64_t* id) {
                             std::to_string(options_.max_model_len) + " (with at least one output token)");
   // The positions it may reach: every token but the last one sampled has its KV computed, and the
   // last token of a full context sits at position max_model_len - 1.
-  const int64_t positions = std::min(options_.max_model_len - 1, prompt + spec.max_new_tokens - 1);
+  // (max_new_tokens clamped first: a client's "unlimited" INT64_MAX must not overflow the sum.)
+  const int64_t new_tokens = std::min(spec.max_new_tokens, options_.max_model_len);
+  const int64_t positions = std::min(options_.max_model_len - 1, prompt + new_tokens - 1);
   if (blocks_for(positions) > pool_->usable_blocks())
     return invalid_argument("request: " + std::to_string(positions) + " positions need " + std::to_string(blocks_for(positions)) +
                             " KV blocks of " + std::to_string(pool_->block_size()) + " tokens, the whole cache holds " +
@@ -86,8 +88,12 @@ void Scheduler::finish(int64_t id, FinishReason) {
 }
 
 Status Scheduler::cancel(int64_t id) {
-  if (live_.find(id) == live_.end())
+  if (live_.find(id) == live_.end() || cancelling_.count(id) != 0)
     return invalid_argument("cancel: request " + std::to_string(id) + " is not waiting or running");
+  if (in_flight_) {  // the plan's chunks point at its tokens and table: freed by update()
+    cancelling_.insert(id);
+    return {};
+  }
   finish(id, FinishReason::kCancelled);
   return {};
 }
@@ -164,6 +170,7 @@ StepPlan Scheduler::schedule() {
     plan.samples += c.sample ? 1 : 0;
     plan.chunks.push_back(c);
   }
+  in_flight_ = !plan.chunks.empty();
   return plan;
 }
 
@@ -172,11 +179,12 @@ Status Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampl
   if (static_cast<int64_t>(sampled.size()) != plan.samples)
     return invalid_argument("sampled: " + std::to_string(sampled.size()) + " tokens for a plan with " +
                             std::to_string(plan.samples) + " samples");
+  in_flight_ = false;
   size_t next = 0;
   const int64_t bs = pool_->block_size();
   for (const StepChunk& c : plan.chunks) {
     const auto it = live_.find(c.request);
-    if (it == live_.end()) {  // cancelled after the plan was made: its token is dropped
+    if (it == live_.end() || cancelling_.count(c.request) != 0) {  // cancelled meanwhile: its token is dropped
       next += c.sample ? 1 : 0;
       continue;
     }
@@ -204,6 +212,9 @@ Status Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampl
     events->push_back(e);
     if (e.finish != FinishReason::kNone) finish(c.request, e.finish);
   }
+  for (const int64_t id : cancelling_)
+    if (live_.count(id) != 0) finish(id, FinishReason::kCancelled);
+  cancelling_.clear();
   return {};
 }
 

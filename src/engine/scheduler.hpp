@@ -17,6 +17,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "engine/kv_block_pool.hpp"
@@ -83,8 +84,9 @@ class Scheduler {
   // whole cache holds (both numbers said), or a full queue (kResourceExhausted). Generation stops at
   // max_new_tokens, a stop id, or when the sequence fills max_model_len.
   Status add(RequestSpec spec, int64_t* id);
-  // Ends a request wherever it is (waiting or running), freeing its blocks; between schedule() and
-  // update() too (its sampled token is then dropped). An unknown or finished id is refused.
+  // Ends a request wherever it is (waiting or running), freeing its blocks. Between schedule() and
+  // update() it takes effect in update() (the plan's chunks point at the request's tokens and
+  // table until then; its sampled token is dropped). An unknown or finished id is refused.
   Status cancel(int64_t id);
 
   StepPlan schedule();
@@ -122,6 +124,8 @@ class Scheduler {
   std::map<int64_t, Sequence> live_;
   std::vector<int64_t> running_;  // oldest first
   std::deque<int64_t> waiting_;   // front first
+  bool in_flight_ = false;        // a plan is out: schedule() ran, update() has not
+  std::set<int64_t> cancelling_;  // cancelled while a plan was out: finished in update()
   int64_t next_id_ = 0;
   SchedulerStats stats_;
 };

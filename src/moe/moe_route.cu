@@ -281,6 +281,10 @@ __global__ void __launch_bounds__(kBound) moe_route_kernel(MoeRouteArgs a, int r
   if (fused) {
     __shared__ float partial[kMaxWarps * kFusedTokens];
     router_logits(a, partial, router_split, warps, warp, lane);
+    if (gridDim.x == 1) {  // the routing below reads logits other warps wrote (several CTAs: the arrival orders them)
+      __threadfence_block();
+      __syncthreads();
+    }
   } else {
     const int64_t begin = static_cast<int64_t>(blockIdx.x) * tokens_per_cta;
     route_tokens(begin, min(a.tokens, begin + tokens_per_cta));
@@ -410,7 +414,8 @@ Status cuda_moe_route(const MoeRouteArgs& a, CudaStream stream) {
     grid = static_cast<unsigned>((a.tokens + tokens_per_cta - 1) / tokens_per_cta);
   }
   auto kernel = threads == kMaxThreads ? moe_route_kernel<kMaxThreads> : moe_route_kernel<256>;
-  if (smem > 48 * 1024)
+  // The opt-in counts dynamic shared memory beside the kernel's static arrays (about 5 KB).
+  if (smem + 8 * 1024 > 48 * 1024)
     LLMQ_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   LLMQ_CUDA_RETURN_IF_ERROR(
