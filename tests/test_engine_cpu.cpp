@@ -1,4 +1,4 @@
-// The serving engine end to end on its CPU backend (src/engine/cpu_backend.hpp): a seeded model
+// The serving engine end to end on its CPU backend (include/llmq/engine_cpu.hpp): a seeded model
 // (make_default_model), requests served concurrently through the paged KV cache (random arrivals,
 // chunked prefill, preemption forced by a small cache, shared prompt openings hitting the prefix
 // cache, cancellations) against each request run alone through the reference Transformer with its
@@ -11,7 +11,7 @@
 #include <set>
 #include <vector>
 
-#include "engine/cpu_backend.hpp"
+#include "llmq/engine_cpu.hpp"
 #include "llmq/model.hpp"
 #include "llmq/sampler.hpp"
 #include "llmq/transformer.hpp"

@@ -1,4 +1,4 @@
-// The serving engine's KV block pool (src/engine/kv_block_pool.hpp): allocation and release with
+// The serving engine's KV block pool (include/llmq/kv_block_pool.hpp): allocation and release with
 // reference counts, the LRU order of reuse, and prefix caching that is exact: a random workload is
 // checked against a shadow of what every block holds (the whole token prefix its KV was computed
 // for), so a hit that handed out KV of other tokens (a stale chain after eviction) would fail.
@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/kv_block_pool.hpp"
+#include "llmq/kv_block_pool.hpp"
 
 namespace llmq::engine {
 namespace {

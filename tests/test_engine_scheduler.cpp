@@ -1,4 +1,4 @@
-// The serving engine's scheduler (src/engine/scheduler.hpp) driven by a stand-in model behind the
+// The serving engine's scheduler (include/llmq/scheduler.hpp) driven by a stand-in model behind the
 // paged interface: position p's "KV" is a value of (token p, p) written into the block the table
 // names, and the token after position p is a hash of every KV value at positions 0..p read back
 // through the block table. A request's tokens therefore depend on every KV read being the right
@@ -15,7 +15,7 @@
 #include <set>
 #include <vector>
 
-#include "engine/scheduler.hpp"
+#include "llmq/scheduler.hpp"
 
 namespace llmq::engine {
 namespace {

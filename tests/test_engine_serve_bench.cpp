@@ -1,4 +1,4 @@
-// The serving benchmark's pieces (src/engine/serve_workload.hpp, serve_metrics.hpp): seeded
+// The serving benchmark's pieces (include/llmq/serve_workload.hpp, serve_metrics.hpp): seeded
 // workloads (fixed lengths exact; sharegpt-like lengths clamped and near their stated medians;
 // Poisson arrivals at their rate) and the latency figures (TTFT, TPOT, ITL, E2E, percentiles as
 // numpy's linear interpolation) on timelines worked out by hand.
@@ -9,8 +9,8 @@
 #include <limits>
 #include <vector>
 
-#include "engine/serve_metrics.hpp"
-#include "engine/serve_workload.hpp"
+#include "llmq/serve_metrics.hpp"
+#include "llmq/serve_workload.hpp"
 
 namespace llmq::engine {
 namespace {

@@ -1,5 +1,5 @@
 // Engine (engine.hpp).
-#include "engine/engine.hpp"
+#include "llmq/engine.hpp"
 
 #include <cmath>
 #include <string>

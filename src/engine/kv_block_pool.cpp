@@ -1,5 +1,5 @@
 // KvBlockPool (kv_block_pool.hpp).
-#include "engine/kv_block_pool.hpp"
+#include "llmq/kv_block_pool.hpp"
 
 #include <string>
 #include <unordered_map>

@@ -1,5 +1,5 @@
 // Scheduler (scheduler.hpp).
-#include "engine/scheduler.hpp"
+#include "llmq/scheduler.hpp"
 
 #include <algorithm>
 #include <string>

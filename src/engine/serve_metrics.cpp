@@ -1,5 +1,5 @@
 // Serving metrics (serve_metrics.hpp).
-#include "engine/serve_metrics.hpp"
+#include "llmq/serve_metrics.hpp"
 
 #include <algorithm>
 #include <cmath>

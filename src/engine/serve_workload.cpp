@@ -1,5 +1,5 @@
 // make_workload (serve_workload.hpp).
-#include "engine/serve_workload.hpp"
+#include "llmq/serve_workload.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -332,7 +332,7 @@ int run_e2e(const BenchArgs& a) {
 }  // namespace
 
 void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
-  CLI::App* bench = app.add_subcommand("bench", "benchmarks on the GPU");
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks: end to end on the GPU, the serving engine");
   bench->require_subcommand(1);
   auto args = std::make_shared<BenchArgs>();
   CLI::App* e2e = bench->add_subcommand("e2e", "end to end: decode TPOT, prefill TTFT, memory, per precision");
@@ -367,6 +367,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
   e2e->add_flag("--fit", args->fit,
                 "per --batch and KV-cache format: the longest context that fits in free memory, and a decode at it");
   commands->push_back({e2e, [args] { return run_e2e(*args); }});
+  add_bench_serve_command(bench, commands);
 }
 
 }  // namespace llmq::cli

@@ -27,7 +27,10 @@ void add_quantize_command(CLI::App& app, std::vector<Command>* commands);
 void add_eval_command(CLI::App& app, std::vector<Command>* commands);
 void add_schemes_command(CLI::App& app, std::vector<Command>* commands);
 void add_logits_command(CLI::App& app, std::vector<Command>* commands);
+extern const char* const kBuildCommit;  // the commit the binary was built from (build_info.cpp)
+
 void add_bench_command(CLI::App& app, std::vector<Command>* commands);
+void add_bench_serve_command(CLI::App* bench, std::vector<Command>* commands);  // `bench serve`
 void add_attention_command(CLI::App& app, std::vector<Command>* commands);
 void add_make_checkpoint_command(CLI::App& app, std::vector<Command>* commands);
 

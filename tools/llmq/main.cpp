@@ -21,10 +21,6 @@
 #include "commands.hpp"
 #include "report.hpp"
 
-namespace llmq::cli {
-extern const char* const kBuildCommit;  // build_info.cpp, written at build time
-}
-
 namespace {
 
 using llmq::cli::fail;

@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/scheduler.hpp"
+#include "llmq/scheduler.hpp"
 #include "llmq/sampler.hpp"
 #include "llmq/status.hpp"
 

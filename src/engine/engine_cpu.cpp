@@ -1,5 +1,5 @@
-// CpuBackend (cpu_backend.hpp).
-#include "engine/cpu_backend.hpp"
+// CpuBackend (llmq/engine_cpu.hpp).
+#include "llmq/engine_cpu.hpp"
 
 #include <algorithm>
 #include <string>

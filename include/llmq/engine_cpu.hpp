@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/engine.hpp"
+#include "llmq/engine.hpp"
 #include "llmq/model.hpp"
 #include "llmq/transformer.hpp"
 

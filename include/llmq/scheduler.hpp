@@ -20,7 +20,7 @@
 #include <set>
 #include <vector>
 
-#include "engine/kv_block_pool.hpp"
+#include "llmq/kv_block_pool.hpp"
 #include "llmq/status.hpp"
 
 namespace llmq::engine {
