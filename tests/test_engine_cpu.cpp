@@ -164,6 +164,10 @@ TEST(EngineCpu, RefusesTokensOutsideTheVocabularyAndBadSampling) {
   EXPECT_EQ(geometry.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(geometry.message().find("16 blocks of 8 positions, the backend holds 16 of 4"), std::string::npos)
       << geometry.to_string();
+  std::unique_ptr<CpuBackend> huge;  // past the CPU backend's bound: refused, nothing allocated
+  const Status big = CpuBackend::create(w, int64_t{1} << 30, 16, &huge);
+  EXPECT_EQ(big.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(big.message().find("more than the CPU backend holds"), std::string::npos) << big.to_string();
   o.max_model_len = w.config.max_seq_len + 1;
   const Status context = Engine::create(backend.get(), &pool, o, &bad);
   EXPECT_EQ(context.code(), StatusCode::kInvalidArgument);

@@ -87,6 +87,10 @@ TEST(ServeWorkload, RefusesBadOptionsNamingThem) {
   o.rate = 0;
   o.requests = 0;
   EXPECT_NE(make_workload(o, &w).message().find("requests"), std::string::npos);
+  o.requests = 1000000;  // a million prompts of 1000 tokens: refused before any is drawn
+  o.dataset = "fixed:1000/8";
+  EXPECT_NE(make_workload(o, &w).message().find("more than the 2^28 a workload may hold"), std::string::npos);
+  o.dataset = "fixed:8/8";
   o.requests = 1;
   o.vocab_size = 3;
   EXPECT_NE(make_workload(o, &w).message().find("vocab_size"), std::string::npos);

@@ -116,7 +116,7 @@ class Scheduler {
   int64_t blocks_for(int64_t positions) const { return (positions + pool_->block_size() - 1) / pool_->block_size(); }
   bool grow(Sequence& s, int64_t positions);  // blocks to cover `positions`; false when none free
   void preempt(int64_t id);
-  void finish(int64_t id, FinishReason reason);
+  void finish(int64_t id);  // leaves and frees its blocks
   StepChunk chunk_of(int64_t id, Sequence& s, int64_t count) const;
 
   KvBlockPool* pool_;

@@ -34,8 +34,9 @@ struct WorkloadOptions {
   uint64_t seed = 1;
 };
 
-// Errors name the option: an unknown dataset, I or O < 1, requests < 1 or past 10^7, a negative
-// or non-finite rate, a vocabulary with no token past first_token.
+// Errors name the option: an unknown dataset, I or O < 1, requests < 1 or past 10^7, prompts of
+// more than 2^28 tokens in all, a negative or non-finite rate, a vocabulary with no token past
+// first_token.
 Status make_workload(const WorkloadOptions& options, std::vector<WorkloadRequest>* out);
 
 }  // namespace llmq::engine

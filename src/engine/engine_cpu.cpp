@@ -2,6 +2,7 @@
 #include "llmq/engine_cpu.hpp"
 
 #include <algorithm>
+#include <new>
 #include <string>
 
 namespace llmq::engine {
@@ -11,17 +12,22 @@ Status CpuBackend::create(const ModelWeights& weights, int64_t blocks, int64_t b
   const ModelConfig& c = weights.config;
   if (blocks < 2 || block_size < 1) return invalid_argument("blocks, block_size: must be >= 2 and >= 1");
   const int64_t kv_dim = c.n_kv_heads * c.head_dim;
-  const int64_t floats = blocks * c.n_layers * block_size * kv_dim;
-  if (kv_dim <= 0 || c.n_layers <= 0 || floats / blocks / block_size != c.n_layers * kv_dim || floats > (int64_t{1} << 34))
+  // K and V at most 2^31 floats each (8 GiB each): the reference backend is for tests and small runs.
+  if (kv_dim <= 0 || c.n_layers <= 0 || blocks > (int64_t{1} << 31) / block_size / (c.n_layers * kv_dim))
     return invalid_argument("KV cache: " + std::to_string(blocks) + " blocks of " + std::to_string(block_size) +
-                            " positions are too many for host memory at this model's size");
+                            " positions are more than the CPU backend holds (2^31 floats each of K and V)");
+  const int64_t floats = blocks * c.n_layers * block_size * kv_dim;  // bounded above
   std::unique_ptr<CpuBackend> b(new CpuBackend(weights));
   b->blocks_ = blocks;
   b->block_size_ = block_size;
   b->layers_ = c.n_layers;
   b->kv_dim_ = kv_dim;
-  b->k_.assign(static_cast<size_t>(floats), 0.0f);
-  b->v_.assign(static_cast<size_t>(floats), 0.0f);
+  try {
+    b->k_.assign(static_cast<size_t>(floats), 0.0f);
+    b->v_.assign(static_cast<size_t>(floats), 0.0f);
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kResourceExhausted, "KV cache: " + std::to_string(2 * floats * 4) + " bytes of host memory are not free");
+  }
   *out = std::move(b);
   return {};
 }

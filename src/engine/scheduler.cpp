@@ -77,7 +77,7 @@ void Scheduler::preempt(int64_t id) {
   ++stats_.preemptions;
 }
 
-void Scheduler::finish(int64_t id, FinishReason) {
+void Scheduler::finish(int64_t id) {
   Sequence& s = live_.at(id);
   (void)pool_->release(s.table);
   const auto r = std::find(running_.begin(), running_.end(), id);
@@ -94,7 +94,7 @@ Status Scheduler::cancel(int64_t id) {
     cancelling_.insert(id);
     return {};
   }
-  finish(id, FinishReason::kCancelled);
+  finish(id);
   return {};
 }
 
@@ -113,7 +113,14 @@ StepChunk Scheduler::chunk_of(int64_t id, Sequence& s, int64_t count) const {
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   int64_t budget = options_.max_batched_tokens;
-  std::vector<std::pair<int64_t, int64_t>> picked;  // (request, count); chunks made at the end
+  // A preemption only removes the newest running sequence, never one placed before it in this step,
+  // so a chunk made when its sequence is placed stays valid.
+  const auto add_chunk = [&](int64_t id, Sequence& s, int64_t count) {
+    const StepChunk c = chunk_of(id, s, count);
+    plan.tokens += c.count;
+    plan.samples += c.sample ? 1 : 0;
+    plan.chunks.push_back(c);
+  };
   // Running sequences, oldest first. A preemption removes the newest from running_.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const int64_t id = running_[i];
@@ -130,7 +137,7 @@ StepPlan Scheduler::schedule() {
       }
     }
     if (self_preempted) break;  // it was the newest: nothing after it is running
-    picked.emplace_back(id, count);
+    add_chunk(id, s, count);
     budget -= count;
     ++i;
   }
@@ -158,17 +165,8 @@ StepPlan Scheduler::schedule() {
     }
     waiting_.pop_front();
     running_.push_back(id);
-    picked.emplace_back(id, count);
+    add_chunk(id, s, count);
     budget -= count;
-  }
-  // Chunks last: a preemption above may have dropped a sequence picked earlier in this step.
-  for (const auto& [id, count] : picked) {
-    if (std::find(running_.begin(), running_.end(), id) == running_.end()) continue;
-    Sequence& s = live_.at(id);
-    const StepChunk c = chunk_of(id, s, count);
-    plan.tokens += c.count;
-    plan.samples += c.sample ? 1 : 0;
-    plan.chunks.push_back(c);
   }
   in_flight_ = !plan.chunks.empty();
   return plan;
@@ -210,10 +208,10 @@ Status Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampl
     else if (s.generated >= s.spec.max_new_tokens || static_cast<int64_t>(s.tokens.size()) >= options_.max_model_len)
       e.finish = FinishReason::kLength;
     events->push_back(e);
-    if (e.finish != FinishReason::kNone) finish(c.request, e.finish);
+    if (e.finish != FinishReason::kNone) finish(c.request);
   }
   for (const int64_t id : cancelling_)
-    if (live_.count(id) != 0) finish(id, FinishReason::kCancelled);
+    if (live_.count(id) != 0) finish(id);
   cancelling_.clear();
   return {};
 }

@@ -39,6 +39,12 @@ Status make_workload(const WorkloadOptions& o, std::vector<WorkloadRequest>* out
   } else if (o.dataset != "sharegpt-like") {
     return invalid_argument("dataset: '" + o.dataset + "' (fixed:INPUT/OUTPUT or sharegpt-like)");
   }
+  // The prompts are held in memory: bounded before anything is drawn.
+  const int64_t longest = fixed ? fixed_in : 1024;
+  constexpr int64_t kMaxTokens = int64_t{1} << 28;
+  if (longest > kMaxTokens / o.requests)
+    return invalid_argument("requests: " + std::to_string(o.requests) + " prompts of up to " + std::to_string(longest) +
+                            " tokens are more than the 2^28 a workload may hold");
   std::mt19937_64 rng(o.seed);
   std::lognormal_distribution<double> in_len(std::log(120.0), 1.0), out_len(std::log(110.0), 0.9);
   std::uniform_int_distribution<int32_t> token(o.first_token, static_cast<int32_t>(o.vocab_size - 1));

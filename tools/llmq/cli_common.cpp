@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <ctime>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -184,6 +185,13 @@ Status calibrate_on_samples(const ModelWeights& model, int64_t count, int64_t le
 int cpu_threads(int requested) {
   if (requested > 0) return requested;
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+std::string today() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
+  return buf;
 }
 
 }  // namespace llmq::cli

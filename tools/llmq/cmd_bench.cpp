@@ -57,13 +57,6 @@ double percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
-std::string today() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
-  return buf;
-}
-
 // Parameters of the linear layers (the matmul FLOPs per token are twice this, lm_head included).
 double matmul_params(const ModelConfig& c) {
   const double q = static_cast<double>(c.n_heads * c.head_dim), kv = static_cast<double>(c.n_kv_heads * c.head_dim);

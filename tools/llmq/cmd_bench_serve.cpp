@@ -5,8 +5,8 @@
 // backend is the rest of the serving-engine issue, and --device cuda says so.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -69,12 +69,16 @@ int run_serve(const ServeArgs& a) {
   wo.max_model_len = w.config.max_seq_len;
   wo.seed = a.seed;
   std::vector<engine::WorkloadRequest> work;
-  if (Status st = engine::make_workload(wo, &work); !st.ok()) return fail(invalid_argument("--" + st.message()));
-  // KV blocks: as asked, or enough for every request at once (no preemption).
+  if (Status st = engine::make_workload(wo, &work); !st.ok())  // its options are this command's
+    return fail(st.message().rfind("vocab_size", 0) == 0 ? st : invalid_argument("--" + st.message()));
+  // KV blocks: as asked, or enough for every request at once (no preemption), at most what
+  // --max-running sequences of the whole context take.
   int64_t blocks = a.kv_blocks;
-  if (blocks == 0)
+  if (blocks == 0) {
     for (const auto& r : work)
       blocks += (static_cast<int64_t>(r.prompt.size()) + r.output_tokens + a.block_size - 1) / a.block_size;
+    blocks = std::min(blocks, a.max_running * ((w.config.max_seq_len + a.block_size - 1) / a.block_size));
+  }
   engine::KvBlockPool pool;
   if (Status st = engine::KvBlockPool::create(blocks + 1, a.block_size, &pool); !st.ok()) return fail(st);
   std::unique_ptr<engine::CpuBackend> backend;
@@ -130,10 +134,7 @@ int run_serve(const ServeArgs& a) {
   if (!a.json_path.empty()) {
     std::ofstream out(a.json_path, std::ios::app);
     if (!out) return fail(Status(StatusCode::kIoError, "--json: cannot open " + a.json_path));
-    char date[32];
-    const std::time_t tt = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&tt));
-    const json j = {{"kind", "serve"}, {"device", "cpu"}, {"date", date}, {"commit", kBuildCommit},
+    const json j = {{"kind", "serve"}, {"device", "cpu"}, {"date", today()}, {"commit", kBuildCommit},
                     {"model", a.model}, {"dataset", a.dataset}, {"requests", m.requests}, {"rate", a.rate},
                     {"duration_s", m.duration_s}, {"prompt_tokens", m.prompt_tokens}, {"output_tokens", m.output_tokens},
                     {"output_tokens_per_s", m.output_tokens_per_s}, {"total_tokens_per_s", m.total_tokens_per_s},

@@ -28,6 +28,7 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands);
 void add_schemes_command(CLI::App& app, std::vector<Command>* commands);
 void add_logits_command(CLI::App& app, std::vector<Command>* commands);
 extern const char* const kBuildCommit;  // the commit the binary was built from (build_info.cpp)
+std::string today();  // "YYYY-MM-DD" (UTC), for the date of benchmark results
 
 void add_bench_command(CLI::App& app, std::vector<Command>* commands);
 void add_bench_serve_command(CLI::App* bench, std::vector<Command>* commands);  // `bench serve`
