@@ -12,13 +12,20 @@
 // --window W / --sinks: every causal prefill case (BF16 and 8-bit) and every decode case with a
 // sliding window of W keys / attention sinks (0.5 for every head); FLOPs and bytes are still
 // counted as without the window, so compare the times.
+// The BF16 / E4M3-cache kernels read a paged cache (attention.hpp's KvPages): --block-size B
+// positions a block (default 16), the identity table (each sequence's blocks in order) or with
+// --shuffle-blocks a seeded random permutation of the blocks (scattered rows; compare the times).
 // Usage: bench_cuda_attention [iterations] [--quick] [--json FILE] [--8bit-lengths N,N,..] [--window W] [--sinks]
+//        [--block-size B] [--shuffle-blocks]
 // (--json: one JSON line per printed row; --quick: 5 iterations unless a count is given)
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -36,6 +43,26 @@ std::FILE* g_json = nullptr;
 std::string g_device;
 int64_t g_window = 0;                  // --window
 const float* g_sink_logits = nullptr;  // --sinks: device [kHeads]
+int64_t g_block_size = 16;             // --block-size
+bool g_shuffle_blocks = false;         // --shuffle-blocks
+
+// The block table of `rows` sequences of `capacity` positions each (a multiple of g_block_size):
+// row r lists blocks r * stride .. (the identity), or a seeded permutation of all of them.
+struct BenchPages {
+  DeviceMem table;
+  llmq::attention::KvPages pages;
+  BenchPages(int64_t rows, int64_t capacity) : table(static_cast<size_t>(rows * (capacity / g_block_size) * 4)) {
+    const int64_t stride = capacity / g_block_size;
+    std::vector<int32_t> host(static_cast<size_t>(rows * stride));
+    std::iota(host.begin(), host.end(), 0);
+    if (g_shuffle_blocks) std::shuffle(host.begin(), host.end(), std::mt19937_64(31));
+    BENCH_CHECK(cudaMemcpy(table.p, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    pages.block_table = table.as<int32_t>();
+    pages.table_stride = stride;
+    pages.block_size = g_block_size;
+    pages.num_blocks = rows * stride;
+  }
+};
 
 // The sliding window (causal cases only: a window needs the causal mask) and the sinks.
 template <typename Args> void set_window_and_sinks(Args* a, bool causal) {
@@ -70,10 +97,10 @@ constexpr int64_t kHeads = 32, kKvHeads = 8, kHeadDim = 128;
 
 void json_row(const std::string& fields) {
   if (g_json == nullptr) return;
-  std::fprintf(g_json, "{%s, \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"window\": %lld, \"sinks\": %s, \"device\": \"%s\", \"source\": \"bench_cuda_attention\"}\n",
+  std::fprintf(g_json, "{%s, \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"window\": %lld, \"sinks\": %s, \"block_size\": %lld, \"shuffled_blocks\": %s, \"device\": \"%s\", \"source\": \"bench_cuda_attention\"}\n",
                fields.c_str(), static_cast<long long>(kHeads), static_cast<long long>(kKvHeads),
                static_cast<long long>(kHeadDim), static_cast<long long>(g_window), g_sink_logits != nullptr ? "true" : "false",
-               g_device.c_str());
+               static_cast<long long>(g_block_size), g_shuffle_blocks ? "true" : "false", g_device.c_str());
 }
 
 std::string prefill_fields(const char* kernel, int64_t n, bool causal, double ms, double tflops) {
@@ -124,12 +151,13 @@ void bench_prefill(int64_t n, bool causal, llmq::attention::PrefillKernel kernel
   a.q_start = meta.as<int32_t>();
   a.kv_len = meta.as<int32_t>() + 2;
   a.slot = meta.as<int32_t>() + 3;
+  const BenchPages pages(1, n);
+  a.pages = pages.pages;
   a.batch = 1;
   a.max_q_len = n;
   a.n_heads = kHeads;
   a.n_kv_heads = kKvHeads;
   a.head_dim = kHeadDim;
-  a.capacity = n;
   a.softmax_scale = 0.08838834764831845f;
   a.causal = causal;
   a.kernel = kernel;
@@ -213,11 +241,12 @@ void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
   a.out = out.as<uint16_t>();
   a.kv_len = meta.as<int32_t>();
   a.slot = meta.as<int32_t>() + batch;
+  const BenchPages pages(batch, kv_len);
+  a.pages = pages.pages;
   a.batch = batch;
   a.n_heads = kHeads;
   a.n_kv_heads = kKvHeads;
   a.head_dim = kHeadDim;
-  a.capacity = kv_len;
   a.max_kv_len = kv_len;
   a.softmax_scale = 0.08838834764831845f;
   a.workspace = ws.p;
@@ -366,6 +395,13 @@ int main(int argc, char** argv) {
       ->check(llmq::bench::at_least(0, "0 (no window) or more"));
   bool sinks = false;
   app.add_flag("--sinks", sinks, "attention sinks (0.5 for every head) in every prefill and decode case");
+  app.add_option("--block-size", g_block_size, "positions per block of the paged cache: a power of two in [1, 1024]")
+      ->capture_default_str()
+      ->check([](const std::string& s) -> std::string {
+        const long long v = std::strtoll(s.c_str(), nullptr, 10);
+        return v >= 1 && v <= 1024 && (v & (v - 1)) == 0 ? "" : "'" + s + "' is not a power of two in [1, 1024]";
+      });
+  app.add_flag("--shuffle-blocks", g_shuffle_blocks, "the cache's blocks in a seeded random order (else in sequence order)");
   llmq::bench::comma_list(app.add_option("--8bit-lengths", only_8bit,
                                          "only the full-INT8 and FP8 prefill (v_t, +quantize) at these lengths"))
       ->check(llmq::bench::at_least(1, "a token at least"));
@@ -381,9 +417,10 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   g_device = prop.name;
-  std::printf("device: %s, %d SMs; heads %lld/%lld, head_dim %lld; window %lld, sinks %s\n", prop.name,
-              prop.multiProcessorCount, static_cast<long long>(kHeads), static_cast<long long>(kKvHeads),
-              static_cast<long long>(kHeadDim), static_cast<long long>(g_window), sinks ? "on" : "off");
+  std::printf("device: %s, %d SMs; heads %lld/%lld, head_dim %lld; window %lld, sinks %s; KV blocks of %lld, %s\n",
+              prop.name, prop.multiProcessorCount, static_cast<long long>(kHeads), static_cast<long long>(kKvHeads),
+              static_cast<long long>(kHeadDim), static_cast<long long>(g_window), sinks ? "on" : "off",
+              static_cast<long long>(g_block_size), g_shuffle_blocks ? "shuffled" : "in order");
   DeviceMem sink_logits(sinks ? kHeads * 4 : 0);
   if (sinks) {
     const std::vector<float> host(static_cast<size_t>(kHeads), 0.5f);

@@ -1,8 +1,9 @@
 // GPU tests of the runtime's attention kernels (src/attention/attention.hpp), the parts that are
 // not a sweep of shapes: every non-NaN E4M3 code through each kernel (a single key: the output is
 // the widened code times v_scale, exact), and argument errors, which name the field and are rejected
-// before any launch, so they need no GPU (BF16 and E4M3 caches, prefill and decode). The numerics
-// are tested in test_cuda_attention_prefill.cu and test_cuda_attention_decode.cu.
+// before any launch, so they need no GPU (BF16 and E4M3 caches, prefill and decode, the paged
+// cache's KvPages). The numerics are tested in test_cuda_attention_prefill.cpp and
+// test_cuda_attention_decode.cpp.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -33,7 +34,8 @@ using namespace cuda_attention_test;  // NOLINT: the suite's shared helpers
 // has at most 6 significant bits, so the BF16 output is exact whatever the rounding. The 1-ulp
 // slack below only covers an approximate 2^0 that this test does not expect; any mis-decoded
 // code (a subnormal read as a normal, a lost sign, a wrong exponent) is off by far more.
-// Positions >= 1 and the other slot hold NaN codes.
+// Positions >= 1 and the other slot hold NaN codes. Paged: table rows {1}, {0} (one block of
+// kCapacity positions each), so sequence 0 reading table row 1 finds its key in block 0.
 struct EveryCodeProblem {
   static constexpr int64_t kDim = 128, kKvHeads = 2, kCapacity = 4, kSlots = 2;
   std::vector<uint8_t> k8, v8;
@@ -43,7 +45,7 @@ struct EveryCodeProblem {
   EveryCodeProblem() {
     k8.assign(kSlots * kCapacity * kKvHeads * kDim, kNanCodeK);
     v8.assign(k8.size(), kNanCodeV);
-    const int64_t base = (1 * kCapacity + 0) * kKvHeads * kDim;  // slot 1, position 0
+    const int64_t base = (0 * kCapacity + 0) * kKvHeads * kDim;  // block 0 (table row 1), position 0
     for (int64_t h = 0; h < kKvHeads; ++h)
       for (int64_t i = 0; i < kDim; ++i) {
         const uint8_t code = static_cast<uint8_t>(i == 127 ? h * 128 + 0x38 : h * 128 + i);  // 0x38 = 1.0
@@ -74,8 +76,8 @@ TEST(CudaAttentionE4m3, EveryCodeWidensExactly) {
   DeviceBuffer<uint8_t> k8(p.k8.size()), v8(p.v8.size());
   DeviceBuffer<float> k_scale(P::kKvHeads), v_scale(P::kKvHeads);
   DeviceBuffer<uint16_t> q(p.q.size()), out(p.q.size());
-  DeviceBuffer<int32_t> meta(4);  // q_start {0, 1}, kv_len 1, slot 1
-  const std::vector<int32_t> host_meta = {0, 1, 1, 1};
+  DeviceBuffer<int32_t> meta(6);  // q_start {0, 1}, kv_len 1, slot (table row) 1, block table {1}, {0}
+  const std::vector<int32_t> host_meta = {0, 1, 1, 1, 1, 0};
   CUDA_ASSERT(k8.upload(p.k8));
   CUDA_ASSERT(v8.upload(p.v8));
   CUDA_ASSERT(k_scale.upload(p.k_scale));
@@ -96,7 +98,10 @@ TEST(CudaAttentionE4m3, EveryCodeWidensExactly) {
   d.batch = 1;
   d.n_heads = d.n_kv_heads = P::kKvHeads;
   d.head_dim = P::kDim;
-  d.capacity = P::kCapacity;
+  d.pages.block_table = meta.get() + 4;
+  d.pages.table_stride = 1;
+  d.pages.block_size = P::kCapacity;
+  d.pages.num_blocks = P::kSlots;
   d.max_kv_len = 1;
   d.softmax_scale = 0.125f;
   ASSERT_EQ(attention::decode_attention_workspace_bytes(1, P::kKvHeads, P::kDim, 1), 0);
@@ -124,7 +129,7 @@ TEST(CudaAttentionE4m3, EveryCodeWidensExactly) {
     a.max_q_len = 1;
     a.n_heads = a.n_kv_heads = P::kKvHeads;
     a.head_dim = P::kDim;
-    a.capacity = P::kCapacity;
+    a.pages = d.pages;
     a.softmax_scale = 0.125f;
     a.kernel = kernel;
     CUDA_ASSERT(out.fill_bytes(0xFF));
@@ -151,7 +156,10 @@ attention::PrefillAttentionArgs valid_prefill_args() {
   a.n_heads = 8;
   a.n_kv_heads = 2;
   a.head_dim = 128;
-  a.capacity = 64;
+  a.pages.block_table = fake_device_pointer<const int32_t>();
+  a.pages.table_stride = 4;
+  a.pages.block_size = 16;
+  a.pages.num_blocks = 8;
   a.softmax_scale = 0.125f;
   return a;
 }
@@ -185,8 +193,11 @@ TEST(CudaPrefillAttention, RejectsInvalidArguments) {
   a.out = reinterpret_cast<uint16_t*>(uintptr_t{4098});
   expect_invalid(attention::prefill_attention(a, nullptr), "aligned");
   a = valid_prefill_args();
-  a.capacity = 0;
-  expect_invalid(attention::prefill_attention(a, nullptr), "capacity");
+  a.pages.block_table = nullptr;
+  expect_invalid(attention::prefill_attention(a, nullptr), "pages.block_table is null");
+  a = valid_prefill_args();
+  a.pages.block_size = 24;
+  expect_invalid(attention::prefill_attention(a, nullptr), "pages.block_size 24");
   a = valid_prefill_args();
   a.window = -1;
   expect_invalid(attention::prefill_attention(a, nullptr), "window -1");
@@ -205,7 +216,10 @@ attention::DecodeAttentionArgs valid_decode_args() {
   a.n_heads = 32;
   a.n_kv_heads = 8;
   a.head_dim = 128;
-  a.capacity = 8192;
+  a.pages.block_table = fake_device_pointer<const int32_t>();
+  a.pages.table_stride = 512;
+  a.pages.block_size = 16;
+  a.pages.num_blocks = 512;
   a.max_kv_len = 8192;
   a.softmax_scale = 0.088f;
   a.workspace = fake_device_pointer<void>();
@@ -239,6 +253,49 @@ TEST(CudaDecodeAttention, RejectsInvalidArguments) {
   a = valid_decode_args();
   a.window = -5;
   expect_invalid(attention::decode_attention(a, nullptr), "window -5");
+  a = valid_decode_args();
+  a.pages.table_stride = 0;
+  expect_invalid(attention::decode_attention(a, nullptr), "pages.table_stride 0");
+  a = valid_decode_args();
+  a.pages.num_blocks = 0;
+  expect_invalid(attention::decode_attention(a, nullptr), "pages.num_blocks 0");
+}
+
+// Each KvPages bound in turn, by name (validate_kv_pages: what both entry points, rope_kv and the
+// 8-bit prefill path check).
+TEST(CudaKvPages, RejectsInvalidPagesByName) {
+  attention::KvPages good;
+  good.block_table = fake_device_pointer<const int32_t>();
+  good.table_stride = 64;
+  good.block_size = 16;
+  good.num_blocks = 100;
+  EXPECT_TRUE(attention::validate_kv_pages(good, "f: ").ok());
+  for (int64_t bs : {1, 2, 64, 65536}) {
+    attention::KvPages p = good;
+    p.block_size = bs;
+    EXPECT_TRUE(attention::validate_kv_pages(p, "f: ").ok()) << "block_size " << bs;
+  }
+  const struct {
+    const char* field;
+    void (*spoil)(attention::KvPages*);
+  } cases[] = {
+      {"f: pages.block_table is null", [](attention::KvPages* p) { p->block_table = nullptr; }},
+      {"pages.table_stride 0", [](attention::KvPages* p) { p->table_stride = 0; }},
+      {"pages.table_stride -3", [](attention::KvPages* p) { p->table_stride = -3; }},
+      {"pages.block_size 0", [](attention::KvPages* p) { p->block_size = 0; }},
+      {"pages.block_size 48", [](attention::KvPages* p) { p->block_size = 48; }},
+      {"pages.block_size 131072", [](attention::KvPages* p) { p->block_size = 131072; }},
+      {"pages.num_blocks 0", [](attention::KvPages* p) { p->num_blocks = 0; }},
+      // 2^16 blocks of 2^15 rows: 2^31 cache rows, one too many for int row indices.
+      {"cache rows", [](attention::KvPages* p) { p->num_blocks = int64_t{1} << 16, p->block_size = int64_t{1} << 15; }},
+      // 2^15 blocks a row of 2^16 positions: a sequence of 2^31 positions.
+      {"capacity", [](attention::KvPages* p) { p->table_stride = int64_t{1} << 15, p->block_size = int64_t{1} << 16; }},
+  };
+  for (const auto& c : cases) {
+    attention::KvPages p = good;
+    c.spoil(&p);
+    expect_invalid(attention::validate_kv_pages(p, "f: "), c.field);
+  }
 }
 
 // An E4M3 cache: the BF16 pointers null (allowed), the code and scale pointers set.

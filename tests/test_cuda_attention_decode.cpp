@@ -7,7 +7,12 @@
 // attention sinks (random, +8, -30), over one chunk and many, and in a replayed graph whose
 // kv_len grows past the window. Every case again over an E4M3 cache (suites *E4m3). The cache holds NaN outside the
 // valid positions, outputs are poisoned before each run, and each case runs twice over different
-// poisons: the outputs must be equal byte for byte. Every GPU test SKIPs (visibly) without an FP8 GPU.
+// poisons: the outputs must be equal byte for byte. Paged caches (PagedLayoutsMatchTheIdentityLayout):
+// the same sequences in SHUFFLED physical blocks of 1, 16 and 64 positions (spare blocks NaN,
+// garbage table entries past each sequence, two sequences sharing their first blocks), batch 1, 3
+// and 8, GQA, windows, sinks, one chunk and many, every head dim: outputs equal byte for byte to
+// the identity layout's, which is checked against the reference. Every GPU test SKIPs (visibly)
+// without an FP8 GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -40,12 +45,14 @@ struct DecodeCase {
   bool fp8 = false;  // E4M3 cache
   int64_t window = 0;  // sliding window (0: none)
   bool sinks = false;  // random_sinks per q head
+  KvLayout layout;     // the identity table unless set
   uint64_t seed = kSeed;
   std::string describe() const {
     std::ostringstream os;
     os << "REPRO seed=" << seed << " decode d=" << head_dim << " heads=" << n_heads << "/" << n_kv_heads
        << " max_kv_len=" << max_kv_len << " window=" << window << (sinks ? " sinks" : "") << " cache=" << (fp8 ? "e4m3" : "bf16") << " (kv_len,slot)=";
     for (size_t b = 0; b < kv_len.size(); ++b) os << "(" << kv_len[b] << "," << slot[b] << ")";
+    os << " capacity=" << capacity << layout.describe();
     return os.str();
   }
 };
@@ -58,7 +65,8 @@ struct DecodeRun {
   std::vector<double> ref;
 };
 
-void make_decode_problem(const DecodeCase& c, DecodeRun* run) {
+// reference: false skips the float64 reference (run->ref stays empty).
+void make_decode_problem(const DecodeCase& c, DecodeRun* run, bool reference = true) {
   KvProblem& p = run->p;
   p.n_heads = c.n_heads;
   p.n_kv_heads = c.n_kv_heads;
@@ -69,11 +77,13 @@ void make_decode_problem(const DecodeCase& c, DecodeRun* run) {
   p.kv_len = c.kv_len;
   p.seed = c.seed;
   p.fp8 = c.fp8;
+  p.layout = c.layout;
   fill_cache(&p);
   const int64_t row = c.n_heads * c.head_dim;
   run->q = to_bf16(testing::outlier_matrix(p.batch(), row, c.seed + 7, 4.0f));
-  run->ref.assign(run->q.size(), 0.0);
   if (c.sinks) run->sinks = random_sinks(c.n_heads, c.seed + 11);
+  if (!reference) return;
+  run->ref.assign(run->q.size(), 0.0);
   const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   for (int64_t b = 0; b < p.batch(); ++b) {
     // The query sits at position kv_len - 1: its window is [kv_len - window, kv_len).
@@ -107,7 +117,6 @@ struct DecodeDevice {
     args.n_heads = c.n_heads;
     args.n_kv_heads = c.n_kv_heads;
     args.head_dim = c.head_dim;
-    args.capacity = c.capacity;
     args.max_kv_len = c.max_kv_len;
     args.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
     args.workspace = ws_bytes > 0 ? ws.get() : nullptr;
@@ -123,11 +132,14 @@ struct DecodeDevice {
   }
 };
 
-void check_decode(const DecodeCase& c) {
+// Runs the case twice over different poisons (equal byte for byte), then (reference: true) against
+// the float64 reference; *output: the output.
+void check_decode(const DecodeCase& c, std::vector<uint16_t>* output = nullptr, bool reference = true) {
   const std::string what = c.describe();
   SCOPED_TRACE(what);
   DecodeRun run;
-  make_decode_problem(c, &run);
+  make_decode_problem(c, &run, reference);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   DecodeDevice dev(c, run);
   ASSERT_TRUE(dev.ok()) << "device allocation failed";
   CUDA_ASSERT(dev.upload(run));
@@ -148,7 +160,111 @@ void check_decode(const DecodeCase& c) {
   }
   ASSERT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 2))
       << "two runs over different poisons differ: an element left unwritten or a nondeterministic result";
-  expect_close(runs[0], run.ref, what);
+  if (output != nullptr) *output = runs[0];
+  if (reference) expect_close(runs[0], run.ref, what);
+}
+
+// The case in the identity layout (against the reference), then in shuffled layouts of block
+// sizes 1, 16 and 64: equal byte for byte.
+void check_paged_decode(DecodeCase c) {
+  std::vector<uint16_t> identity, paged;
+  c.layout.shuffled = false;
+  c.layout.block_size = 0;
+  check_decode(c, &identity);
+  if (::testing::Test::HasFatalFailure()) return;
+  for (int64_t bs : {1, 16, 64}) {
+    c.layout.shuffled = true;
+    c.layout.block_size = bs;
+    check_decode(c, &paged, /*reference=*/false);
+    if (::testing::Test::HasFatalFailure()) return;
+    ASSERT_EQ(identity.size(), paged.size());
+    size_t diff = 0;
+    while (diff < paged.size() && paged[diff] == identity[diff]) ++diff;
+    EXPECT_EQ(diff, paged.size()) << c.describe() << ": differs from the identity layout at element " << diff;
+  }
+}
+
+// Batch 1 (Llama-3-8B heads, many chunks; bs 1 puts every key in its own block), 3 and 8 (the two
+// sequences of the shared prefix among them), kv_len inside and past windows, GQA 1 / 4 / 6,
+// sinks; every head dim (E4M3 d = 8: 8-byte copies); max_kv_len above every kv_len.
+void decode_paged_layouts(bool fp8) {
+  uint64_t seed = kSeed + 950 + (fp8 ? 10000 : 0);
+  for (int64_t window : {0, 700}) {
+    DecodeCase c;
+    c.fp8 = fp8;
+    c.head_dim = 128;
+    c.n_heads = 32;
+    c.n_kv_heads = 8;
+    c.kv_len = {3001};
+    c.slot = {0};
+    c.slots = 1;
+    c.capacity = 4096;
+    c.max_kv_len = 4096;
+    c.window = window;
+    c.sinks = window > 0;
+    c.seed = ++seed;
+    check_paged_decode(c);
+  }
+  for (int64_t d : {64, 128})
+    for (int64_t window : {0, 100}) {
+      DecodeCase c;
+      c.fp8 = fp8;
+      c.head_dim = d;
+      c.n_heads = 8;
+      c.n_kv_heads = 2;
+      c.kv_len = {1, 1000, 130, 64, 17, 2000, 65, 333};
+      c.slot = {5, 0, 7, 2, 3, 6, 1, 4};
+      c.slots = 8;
+      c.capacity = 2048;
+      c.max_kv_len = 2048;
+      c.window = window;
+      c.sinks = window > 0;
+      c.layout.shared_src = 1;
+      c.layout.shared_dst = 2;
+      c.layout.shared_positions = 64;
+      c.seed = ++seed;
+      check_paged_decode(c);
+    }
+  for (int64_t d : {8, 16, 32, 256}) {
+    DecodeCase c;
+    c.fp8 = fp8;
+    c.head_dim = d;
+    c.n_heads = 12;
+    c.n_kv_heads = 2;
+    c.kv_len = {70, 5, 700};
+    c.slot = {2, 0, 1};
+    c.slots = 3;
+    c.capacity = 1024;
+    c.max_kv_len = 1024;
+    c.window = 333;
+    c.sinks = true;
+    c.layout.shared_src = 0;
+    c.layout.shared_dst = 2;
+    c.layout.shared_positions = 64;
+    c.seed = ++seed;
+    check_paged_decode(c);
+  }
+  DecodeCase one;  // one chunk, no workspace
+  one.fp8 = fp8;
+  one.head_dim = 64;
+  one.n_heads = 8;
+  one.n_kv_heads = 8;
+  one.kv_len = {64, 1, 37};
+  one.slot = {1, 2, 0};
+  one.slots = 3;
+  one.capacity = 64;
+  one.max_kv_len = 64;
+  one.seed = ++seed;
+  check_paged_decode(one);
+}
+
+TEST(CudaDecodeAttention, PagedLayoutsMatchTheIdentityLayout) {
+  LLMQ_REQUIRE_GPU();
+  decode_paged_layouts(false);
+}
+TEST(CudaDecodeAttentionE4m3, PagedLayoutsMatchTheIdentityLayout) {
+  LLMQ_REQUIRE_GPU();
+  decode_paged_layouts(true);
 }
 
 void decode_head_dims_gqa_and_lengths(bool fp8) {

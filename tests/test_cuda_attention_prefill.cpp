@@ -7,6 +7,11 @@
 // before each run, and each case runs twice over different poisons: the outputs must be equal byte
 // for byte. Sliding windows (1 key, within a tile, across tiles, covering everything) and attention
 // sinks (random, +8, -30), alone and together, on both kernels and cache types (WindowAndSinks).
+// Paged caches (PagedLayoutsMatchTheIdentityLayout): the same sequences in SHUFFLED physical blocks
+// of 1, 16 and 64 positions (spare blocks NaN, garbage table entries past each sequence, two
+// sequences sharing their first blocks) must give outputs equal byte for byte to the identity
+// layout, which is checked against the reference; both kernels, both cache types, windows shorter
+// than the prompts, sinks, GQA.
 // Decode is tested in test_cuda_attention_decode.cu, argument errors and the widening of
 // every E4M3 code in test_cuda_attention.cu. Every GPU test SKIPs (visibly) without an FP8 GPU.
 #include <cuda_runtime.h>
@@ -43,6 +48,7 @@ struct PrefillCase {
   bool fp8 = false;  // E4M3 cache
   int64_t window = 0;  // sliding window (0: none)
   bool sinks = false;  // random_sinks per q head
+  KvLayout layout;     // the identity table unless set
   uint64_t seed = kSeed;
 
   std::string describe() const {
@@ -52,6 +58,7 @@ struct PrefillCase {
        << (kernel == PrefillKernel::kAuto ? "auto" : kernel == PrefillKernel::kTensorCore ? "mma" : "simt")
        << " cache=" << (fp8 ? "e4m3" : "bf16") << " (q,start,slot)=";
     for (size_t b = 0; b < q_len.size(); ++b) os << "(" << q_len[b] << "," << start[b] << "," << slot[b] << ")";
+    os << " capacity=" << capacity << layout.describe();
     return os.str();
   }
 };
@@ -72,8 +79,8 @@ PrefillCase single_sequence(int64_t d, int64_t group, bool causal, int32_t n, bo
 }
 
 // Runs the case on the GPU twice (over NaN, then 0x7F poison), checks both runs agree byte for
-// byte and the output against the float64 reference.
-void check_prefill(const PrefillCase& c) {
+// byte and (reference: true) the output against the float64 reference; *output: the output.
+void check_prefill(const PrefillCase& c, std::vector<uint16_t>* output = nullptr, bool reference = true) {
   const std::string what = c.describe();
   SCOPED_TRACE(what);
   KvProblem p;
@@ -85,6 +92,7 @@ void check_prefill(const PrefillCase& c) {
   p.slot = c.slot;
   p.seed = c.seed;
   p.fp8 = c.fp8;
+  p.layout = c.layout;
   std::vector<int32_t> q_start = {0};
   int64_t max_q = 0;
   for (size_t b = 0; b < c.q_len.size(); ++b) {
@@ -93,6 +101,7 @@ void check_prefill(const PrefillCase& c) {
     max_q = std::max<int64_t>(max_q, c.q_len[b]);
   }
   fill_cache(&p);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   const int64_t total_q = q_start.back(), row = c.n_heads * c.head_dim;
   const std::vector<uint16_t> q = to_bf16(testing::outlier_matrix(total_q, row, c.seed + 7, 4.0f));
   const std::vector<float> sinks = c.sinks ? random_sinks(c.n_heads, c.seed + 11) : std::vector<float>();
@@ -121,7 +130,6 @@ void check_prefill(const PrefillCase& c) {
   a.n_heads = c.n_heads;
   a.n_kv_heads = c.n_kv_heads;
   a.head_dim = c.head_dim;
-  a.capacity = c.capacity;
   a.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   a.causal = c.causal;
   a.kernel = c.kernel;
@@ -139,6 +147,8 @@ void check_prefill(const PrefillCase& c) {
   }
   ASSERT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 2))
       << "two runs over different poisons differ: an element left unwritten or a nondeterministic result";
+  if (output != nullptr) *output = runs[0];
+  if (!reference) return;
 
   std::vector<double> ref(q.size());
   const double scale = a.softmax_scale;
@@ -278,6 +288,79 @@ void window_and_sinks(bool fp8) {
     c.seed = ++seed;
     check_prefill(c);
   }
+}
+
+// The first differing element of two equal-sized BF16 outputs, or -1.
+int64_t first_difference(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    if (a[i] != b[i]) return static_cast<int64_t>(i);
+  return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()));
+}
+
+// The case in the identity layout (against the reference), then in shuffled layouts of block
+// sizes 1, 16 and 64: equal byte for byte.
+void check_paged_prefill(PrefillCase c) {
+  std::vector<uint16_t> identity, paged;
+  c.layout.shuffled = false;
+  c.layout.block_size = 0;
+  check_prefill(c, &identity);
+  if (::testing::Test::HasFatalFailure()) return;
+  for (int64_t bs : {1, 16, 64}) {
+    c.layout.shuffled = true;
+    c.layout.block_size = bs;
+    check_prefill(c, &paged, /*reference=*/false);
+    if (::testing::Test::HasFatalFailure()) return;
+    const int64_t diff = first_difference(identity, paged);
+    EXPECT_EQ(diff, -1) << c.describe() << ": differs from the identity layout at element " << diff << " (0x" << std::hex
+                        << (diff >= 0 && diff < static_cast<int64_t>(paged.size()) ? paged[diff] : 0) << " vs 0x"
+                        << (diff >= 0 && diff < static_cast<int64_t>(identity.size()) ? identity[diff] : 0) << ")";
+  }
+}
+
+// Four sequences with cached context around the 64-key tiles in permuted table rows; sequence 2
+// shares sequence 0's first 64 positions (whole blocks at every block size); plain, a window
+// shorter than the prompts with sinks, non-causal; GQA 4; both kernels.
+void paged_layouts(bool fp8) {
+  uint64_t seed = kSeed + 900 + (fp8 ? 10000 : 0);
+  for (int64_t d : {64, 128})
+    for (int variant = 0; variant < 3; ++variant)
+      for (PrefillKernel kernel : {PrefillKernel::kTensorCore, PrefillKernel::kCudaCore}) {
+        PrefillCase c;
+        c.fp8 = fp8;
+        c.head_dim = d;
+        c.n_heads = 8;
+        c.n_kv_heads = 2;
+        c.q_len = {130, 19, 77, 1};
+        c.start = {0, 70, 64, 200};
+        c.slot = {2, 0, 3, 1};
+        c.slots = 4;
+        c.capacity = 384;
+        c.causal = variant != 2;
+        c.window = variant == 1 ? 50 : 0;
+        c.sinks = variant == 1;
+        c.kernel = kernel;
+        c.layout.shared_src = 0;
+        c.layout.shared_dst = 2;
+        c.layout.shared_positions = 64;
+        c.seed = ++seed;
+        check_paged_prefill(c);
+      }
+  // One long prompt over many tiles with a window, d = 32 (two rows a thread per tile load).
+  PrefillCase c = single_sequence(32, 2, true, 300, fp8);
+  c.capacity = 320;
+  c.window = 100;
+  c.sinks = true;
+  c.seed = ++seed;
+  check_paged_prefill(c);
+}
+
+TEST(CudaPrefillAttention, PagedLayoutsMatchTheIdentityLayout) {
+  LLMQ_REQUIRE_GPU();
+  paged_layouts(false);
+}
+TEST(CudaPrefillAttentionE4m3, PagedLayoutsMatchTheIdentityLayout) {
+  LLMQ_REQUIRE_GPU();
+  paged_layouts(true);
 }
 
 TEST(CudaPrefillAttention, WindowAndSinks) {

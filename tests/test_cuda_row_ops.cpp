@@ -3,7 +3,10 @@
 //   * the GLU with gpt-oss's clamped SwiGLU and per-row-group gate/up biases (MoE: each permuted
 //     row's expert; rows of experts outside this rank's range unbiased), and plain SiLU * up;
 //   * add + RMSNorm with the producing linear's bias (o_proj's): x += delta + bias, bit for bit;
-//   * RoPE + KV-cache write with Qwen3's per-head q/k RMSNorm after the qkv bias.
+//   * RoPE + KV-cache write with Qwen3's per-head q/k RMSNorm after the qkv bias;
+//   * the paged KV-cache write: tokens of three sequences through a SHUFFLED block table (block
+//     sizes 1, 16, 64; garbage entries past each sequence's blocks; BF16 and E4M3 caches) land
+//     exactly, byte for byte, as they do in the identity layout, and no other cache byte changes.
 // Every kernel form is run: the decode-size register kernel (<= 64 rows), the shared-memory kernel
 // with 8-wide and with scalar accesses (n % 8 != 0). Outputs are BF16: within 1 BF16 ulp of the host
 // (device expf and summation order move the float value by a few float ulps); the residual exactly.
@@ -12,7 +15,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -198,7 +203,15 @@ TEST(CudaRowOps, RopeNormalisesEachQkHeadBeforeRotating) {
     a.position = d_pos.get();
     a.slot = d_slot.get();
     a.cos_sin = d_cs.get();
-    a.rows = R, a.n_heads = H, a.n_kv_heads = KVH, a.head_dim = hd, a.capacity = cap;
+    // The identity table of one sequence: blocks 0, 1, 2 of 32 positions.
+    const std::vector<int32_t> table = {0, 1, 2};
+    DeviceBuffer<int32_t> d_table(table.size());
+    CUDA_ASSERT(d_table.upload(table));
+    a.pages.block_table = d_table.get();
+    a.pages.table_stride = 3;
+    a.pages.block_size = 32;
+    a.pages.num_blocks = 3;
+    a.rows = R, a.n_heads = H, a.n_kv_heads = KVH, a.head_dim = hd;
     const Status st = runtime::rope_kv(a, nullptr);
     ASSERT_TRUE(st.ok()) << st.to_string();
     std::vector<uint16_t> q, k;
@@ -229,6 +242,155 @@ TEST(CudaRowOps, RopeNormalisesEachQkHeadBeforeRotating) {
         }
       }
   }
+}
+
+// rope_kv over one layout: the caches (BF16 or E4M3, every byte `fill` first) after writing the
+// tokens, and q_out.
+struct RopeKvRun {
+  std::vector<uint16_t> q, k, v;
+  std::vector<uint8_t> k8, v8;
+};
+
+void run_paged_rope_kv(const std::vector<uint16_t>& qkv, const std::vector<int32_t>& pos, const std::vector<int32_t>& slot,
+                       const std::vector<float>& cs, const std::vector<float>& scales, const attention::KvPages& shape,
+                       const std::vector<int32_t>& table, bool fp8, int fill, int64_t H, int64_t KVH, int64_t hd,
+                       RopeKvRun* out) {
+  const int64_t R = static_cast<int64_t>(pos.size()), kv_dim = KVH * hd;
+  const size_t cache = static_cast<size_t>(shape.num_blocks * shape.block_size * kv_dim);
+  DeviceBuffer<uint16_t> d_qkv(qkv.size()), d_q(static_cast<size_t>(R * H * hd)), d_k(fp8 ? 0 : cache), d_v(fp8 ? 0 : cache);
+  DeviceBuffer<uint8_t> d_k8(fp8 ? cache : 0), d_v8(fp8 ? cache : 0);
+  DeviceBuffer<float> d_cs(cs.size()), d_scales(scales.size());
+  DeviceBuffer<int32_t> d_pos(pos.size()), d_slot(slot.size()), d_table(table.size());
+  CUDA_ASSERT(d_qkv.upload(qkv));
+  CUDA_ASSERT(d_cs.upload(cs));
+  CUDA_ASSERT(d_scales.upload(scales));
+  CUDA_ASSERT(d_pos.upload(pos));
+  CUDA_ASSERT(d_slot.upload(slot));
+  CUDA_ASSERT(d_table.upload(table));
+  if (fp8) {
+    CUDA_ASSERT(d_k8.fill_bytes(fill));
+    CUDA_ASSERT(d_v8.fill_bytes(fill));
+  } else {
+    CUDA_ASSERT(d_k.fill_bytes(fill));
+    CUDA_ASSERT(d_v.fill_bytes(fill));
+  }
+  runtime::RopeKvArgs a;
+  a.qkv = d_qkv.get();
+  a.q_out = d_q.get();
+  a.k_cache = d_k.get();
+  a.v_cache = d_v.get();
+  if (fp8) {
+    a.k_cache8 = d_k8.get();
+    a.v_cache8 = d_v8.get();
+    a.k_scale = d_scales.get();
+    a.v_scale = d_scales.get() + KVH;
+  }
+  a.position = d_pos.get();
+  a.slot = d_slot.get();
+  a.cos_sin = d_cs.get();
+  a.pages = shape;
+  a.pages.block_table = d_table.get();
+  a.rows = R, a.n_heads = H, a.n_kv_heads = KVH, a.head_dim = hd;
+  const Status st = runtime::rope_kv(a, nullptr);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  CUDA_ASSERT(d_q.download(&out->q));
+  if (fp8) {
+    CUDA_ASSERT(d_k8.download(&out->k8));
+    CUDA_ASSERT(d_v8.download(&out->v8));
+  } else {
+    CUDA_ASSERT(d_k.download(&out->k));
+    CUDA_ASSERT(d_v.download(&out->v));
+  }
+}
+
+TEST(CudaRowOps, RopeKvWritesEachTokenToItsPagedRowOnly) {
+  LLMQ_REQUIRE_GPU();
+  const int64_t H = 4, KVH = 2, hd = 64, cap = 256, kv_dim = KVH * hd, width = (H + 2 * KVH) * hd, slots = 3;
+  ModelConfig c;
+  c.head_dim = hd;
+  c.rope_theta = 1e4;
+  const std::vector<float> cs = runtime::rope_cos_sin(c, cap);
+  std::vector<float> scales = normal(static_cast<size_t>(2 * KVH), 0.3f, 21);
+  for (float& x : scales) x = std::fabs(x) + 0.05f;
+  // 40 tokens: token r of sequence r % 3 (table row (r % 3 + 1) % 3) at a distinct position of it,
+  // up to 200 (past several blocks at every size), in no order.
+  const int64_t R = 40;
+  std::vector<int32_t> pos(R), slot(R), max_pos(slots, -1);
+  for (int64_t r = 0; r < R; ++r) {
+    slot[r] = static_cast<int32_t>((r % 3 + 1) % 3);
+    pos[r] = static_cast<int32_t>((r * 37 + (r % 3) * 11) % 201);
+    max_pos[slot[r]] = std::max(max_pos[slot[r]], pos[r]);
+  }
+  const std::vector<uint16_t> qkv = to_bf16(normal(static_cast<size_t>(R * width), 2.0f, 22));
+  for (bool fp8 : {false, true})
+    for (int64_t bs : {1, 16, 64}) {
+      SCOPED_TRACE(testing::repro(22, R, width, std::string(fp8 ? "e4m3" : "bf16") + " paged rope_kv, block size " + std::to_string(bs)));
+      const int64_t stride = cap / bs;
+      attention::KvPages identity_shape{nullptr, stride, bs, slots * stride};
+      std::vector<int32_t> identity(static_cast<size_t>(slots * stride));
+      for (size_t i = 0; i < identity.size(); ++i) identity[i] = static_cast<int32_t>(i);
+      // Shuffled: each row's used blocks (those up to its last token) drawn from a permutation of
+      // the blocks, 5 spare; garbage past them.
+      std::mt19937_64 rng(static_cast<uint64_t>(23 + bs));
+      int64_t used_total = 0;
+      for (int64_t s = 0; s < slots; ++s) used_total += max_pos[s] / bs + 1;
+      const int64_t num_blocks = used_total + 5;
+      std::vector<int32_t> physical(static_cast<size_t>(num_blocks));
+      for (int64_t i = 0; i < num_blocks; ++i) physical[i] = static_cast<int32_t>(i);
+      std::shuffle(physical.begin(), physical.end(), rng);
+      const int32_t garbage[] = {-1, INT32_MAX, static_cast<int32_t>(num_blocks), INT32_MIN};
+      std::vector<int32_t> table(static_cast<size_t>(slots * stride));
+      size_t next = 0;
+      for (int64_t s = 0; s < slots; ++s)
+        for (int64_t i = 0; i < stride; ++i)
+          table[s * stride + i] = i <= max_pos[s] / bs ? physical[next++] : garbage[(s + i) % 4];
+      attention::KvPages shuffled_shape{nullptr, stride, bs, num_blocks};
+
+      RopeKvRun want, got;
+      run_paged_rope_kv(qkv, pos, slot, cs, scales, identity_shape, identity, fp8, 0xFF, H, KVH, hd, &want);
+      if (HasFatalFailure()) return;
+      run_paged_rope_kv(qkv, pos, slot, cs, scales, shuffled_shape, table, fp8, 0x7F, H, KVH, hd, &got);
+      if (HasFatalFailure()) return;
+      ASSERT_EQ(want.q, got.q) << "q_out depends on the cache layout";
+      // Element size and the caches of both layouts as bytes.
+      const size_t elem = fp8 ? 1 : 2, row_bytes = static_cast<size_t>(kv_dim) * elem;
+      const auto bytes = [&](const RopeKvRun& run, bool is_k) {
+        return fp8 ? reinterpret_cast<const uint8_t*>((is_k ? run.k8 : run.v8).data())
+                   : reinterpret_cast<const uint8_t*>((is_k ? run.k : run.v).data());
+      };
+      std::vector<bool> written(static_cast<size_t>(num_blocks * bs), false);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t want_row = identity[slot[r] * stride + pos[r] / bs] * bs + pos[r] % bs;
+        const int64_t got_row = int64_t{table[slot[r] * stride + pos[r] / bs]} * bs + pos[r] % bs;
+        written[got_row] = true;
+        for (bool is_k : {true, false})
+          ASSERT_EQ(0, std::memcmp(bytes(want, is_k) + want_row * row_bytes, bytes(got, is_k) + got_row * row_bytes, row_bytes))
+              << (is_k ? "K" : "V") << " of token " << r << " (table row " << slot[r] << ", position " << pos[r]
+              << ") differs at cache row " << got_row;
+      }
+      for (int64_t row = 0; row < num_blocks * bs; ++row) {
+        if (written[row]) continue;
+        for (bool is_k : {true, false}) {
+          const uint8_t* p = bytes(got, is_k) + row * row_bytes;
+          ASSERT_TRUE(std::all_of(p, p + row_bytes, [](uint8_t x) { return x == 0x7F; }))
+              << (is_k ? "K" : "V") << " cache row " << row << " was written but maps no token";
+        }
+      }
+    }
+}
+
+TEST(CudaRowOps, RopeKvRejectsInvalidPages) {
+  // Refused before any launch: no GPU needed.
+  runtime::RopeKvArgs a;
+  a.rows = 1, a.n_heads = 4, a.n_kv_heads = 2, a.head_dim = 64;
+  a.pages.table_stride = 4, a.pages.block_size = 16, a.pages.num_blocks = 4;
+  Status st = runtime::rope_kv(a, nullptr);
+  EXPECT_NE(st.message().find("rope_kv: pages.block_table is null"), std::string::npos) << st.to_string();
+  a.pages.block_table = reinterpret_cast<const int32_t*>(uintptr_t{4096});
+  a.pages.block_size = 12;
+  st = runtime::rope_kv(a, nullptr);
+  EXPECT_NE(st.message().find("pages.block_size 12"), std::string::npos) << st.to_string();
 }
 
 }  // namespace

@@ -16,8 +16,27 @@
 
 namespace llmq::engine {
 
-// What computes a step: the model behind the paged interface (the CPU reference here; the GPU
-// runtime next).
+// How a request's tokens are drawn. Temperature 0 is greedy (argmax, ties to the lowest id) on every
+// backend. Otherwise: a host-sampling backend (the CPU) samples as llama2.c's run.c (sampler.hpp:
+// softmax at the temperature, then top-p, or multinomial for top_p >= 1, from the request's own
+// seeded generator; top_k is refused there); a backend that samples itself (the GPU) as
+// runtime/row_sampling.hpp defines it (top-k, then top-p, a uniform of (seed, draw)).
+struct SamplingParams {
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  uint64_t seed = 1;  // a request's generator starts here (0 is refused: xorshift stays at zero)
+  int32_t top_k = 0;  // 0: no limit
+};
+
+// One sampled row of a step for a backend that samples itself: the request's parameters and how
+// many tokens it drew before (so its draws never depend on its batch).
+struct RowDraw {
+  SamplingParams params;
+  int64_t draw = 0;
+};
+
+// What computes a step: the model behind the paged interface (engine_cpu.hpp: the CPU reference;
+// engine_gpu.hpp: the GPU runtime).
 class EngineBackend {
  public:
   virtual ~EngineBackend() = default;
@@ -29,14 +48,10 @@ class EngineBackend {
   // Computes every chunk of the plan (their K/V go into the blocks their tables name) and writes
   // the logits of the last position of each chunk with sample set, in chunk order: [samples, vocab].
   virtual Status forward(const StepPlan& plan, std::vector<float>* logits) = 0;
-};
-
-// Sampling as llama2.c's run.c (sampler.hpp): temperature 0 is greedy; otherwise softmax at the
-// temperature, then top-p (or multinomial for top_p >= 1) from the request's own seeded generator.
-struct SamplingParams {
-  float temperature = 0.0f;
-  float top_p = 1.0f;
-  uint64_t seed = 1;  // a request's generator starts here (0 is refused: xorshift stays at zero)
+  // A backend that samples where its logits are (the GPU) says so and computes and samples a step
+  // in one call: rows[i] is how to sample the plan's i-th sampled chunk, tokens gets one per row.
+  virtual bool samples_itself() const { return false; }
+  virtual Status forward_sample(const StepPlan& plan, const std::vector<RowDraw>& rows, std::vector<int32_t>* tokens);
 };
 
 class Engine {
@@ -58,8 +73,14 @@ class Engine {
   Engine() = default;
   EngineBackend* backend_ = nullptr;
   std::unique_ptr<Scheduler> scheduler_;
-  std::map<int64_t, Sampler> samplers_;  // live requests' generators
+  struct Live {
+    Sampler sampler;  // host sampling
+    SamplingParams params;
+    int64_t draws = 0;
+  };
+  std::map<int64_t, Live> live_;  // live requests' sampling state
   std::vector<float> logits_;
+  std::vector<RowDraw> rows_;
 };
 
 }  // namespace llmq::engine

@@ -171,6 +171,16 @@ struct GpuRuntimeOptions {
   // the options kernel_attention_options gives; head_dim 64 or 128, BF16 KV cache). Decode
   // attention stays BF16.
   AttentionVariant prefill_attention = AttentionVariant::kBf16;
+  // The KV cache is paged (blocks of kv_block_size positions, addressed through block tables by
+  // every attention kernel). A power of two in [1, 1024]; 16 by default: the kernels address each
+  // key row through the table, so a block's size costs them nothing, and 16 wastes at most 15
+  // positions per sequence and shares prefixes at a finer grain than 32 (docs/engine.md).
+  int64_t kv_block_size = 16;
+  // 0: fixed slots: sequence b (< max_batch) owns max_context positions (prefill, decode, generate).
+  // > 0: the serving engine's mode: a pool of kv_blocks blocks that the caller assigns to sequences
+  // and passes as block tables with every step (step()); max_batch is then the sequences of one
+  // step and max_context the positions of one sequence. kv_blocks_that_fit sizes it from memory.
+  int64_t kv_blocks = 0;
   // A model split over several GPUs: its group's communicators (TensorParallelRuntime sets it).
   // Needed, and only allowed, when the model's tensor_parallel().size > 1.
   const TensorParallelGroup* tp_group = nullptr;
@@ -184,6 +194,30 @@ struct SamplingOptions {
   float temperature = 0.0f;  // 0: greedy (argmax, ties to the lowest id)
   float top_p = 1.0f;        // nucleus sampling when temperature > 0
   uint64_t seed = 1;
+};
+
+// How one row of a paged step is sampled, on the device (runtime/row_sampling.hpp has the kernel's
+// exact definition): temperature 0 is greedy; otherwise softmax at the temperature, the top_k most
+// probable (0: all), then the nucleus of mass top_p, drawn with a uniform that depends only on
+// (seed, draw), so a request's tokens do not depend on what it is batched with.
+struct RowSampling {
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  uint64_t seed = 1;
+  int64_t draw = 0;  // tokens the request sampled before this one
+};
+
+// One sequence's share of a paged step (GpuRuntimeOptions::kv_blocks > 0): compute positions
+// [start, start + count) of `tokens`; their K/V go to the blocks `table` lists (table_blocks of
+// them, covering positions [0, start + count)), earlier positions are read from there.
+struct PagedChunk {
+  const int32_t* tokens = nullptr;
+  int64_t start = 0, count = 0;
+  const int32_t* table = nullptr;
+  int64_t table_blocks = 0;
+  bool sample = false;    // sample the token after the chunk's last position
+  RowSampling sampling;   // when sample
 };
 
 class GpuRuntime {
@@ -215,6 +249,19 @@ class GpuRuntime {
   Status time_decode(int64_t batch, int64_t warmup, int64_t steps, std::vector<double>* step_ms);
   // Times a prefill of `tokens` random ids into sequence 0 (emptied first), in milliseconds.
   Status time_prefill(int64_t tokens, uint64_t seed, double* ms);
+
+  // Paged mode: computes every chunk in one forward pass (decode-only steps replay a CUDA graph of
+  // their padded batch when graphs are on) and samples the chunks with `sample` set: `sampled` gets
+  // their tokens in chunk order; with `logits` non-null also their float32 logits [samples, vocab]
+  // (the step then runs without a graph). Refused: table entries outside [1, kv_blocks) (block 0
+  // pads the tables of a graph's padding rows), positions past max_context, more sequences than
+  // max_batch or tokens than max_step_tokens.
+  Status step(const std::vector<PagedChunk>& chunks, std::vector<int32_t>* sampled, std::vector<float>* logits = nullptr);
+  // Blocks of `options.kv_block_size` positions that fit in `gpu_memory_utilization` (0, 1] of the
+  // device's memory besides what is in use now (the weights) and what a runtime of `options` needs
+  // for everything but the cache.
+  static Status kv_blocks_that_fit(const GpuModel& model, const GpuRuntimeOptions& options, double gpu_memory_utilization,
+                                   int64_t* blocks);
 
   // FP8 KV cache: per-(layer, kv head) scales, k_scales and v_scales [n_layers * n_kv_heads] (> 0).
   Status set_kv_scales(const std::vector<float>& k_scales, const std::vector<float>& v_scales);

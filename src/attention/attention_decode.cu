@@ -1,4 +1,4 @@
-// Decode attention (see attention.hpp): flash-decoding over the slot KV cache, one query token per
+// Decode attention (see attention.hpp): flash-decoding over the paged KV cache, one query token per
 // sequence.
 //  * Split: the keys 0..max_kv_len-1 are cut into n_chunks chunks of chunk_keys keys (both fixed on
 //    the host from max_kv_len, the batch, the heads and the SM count, so a captured graph stays
@@ -25,6 +25,14 @@
 //    outside the window is launched and a captured graph stays valid as kv_len grows past W.
 //  * Sinks: one term of the softmax denominator per q head, added once: by the single chunk when
 //    there is one, else by the combine (the partials stay normalised by their own keys only).
+//  * Paged cache: each key a thread copies is looked up in the sequence's block-table row (__ldg,
+//    shift and mask: kv_pages.cuh). At batch 1 a CTA runs only a few tiles, so the lookup's latency
+//    would sit in front of every tile's copies; instead the lookups run one tile ahead of the
+//    copies (a thread's <= 4 rows per tile in registers): the prologue looks up the first kStages
+//    tiles at once (one table latency, before any K/V byte moves) and each iteration looks up the
+//    tile after the one it starts copying, so the latency passes under a tile of math. A
+//    chunk-wide table copy in shared memory was not taken: a chunk may span more entries than
+//    shared memory holds (one chunk of 2^30 keys at block size 1), and the ring already takes 48 KiB.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -40,6 +48,7 @@
 #include "cuda/pdl.cuh"
 #include "attention/attention.hpp"
 #include "attention/attention_validate.hpp"
+#include "attention/kv_pages.cuh"
 #include "core/int_math.hpp"
 
 namespace llmq::attention {
@@ -138,7 +147,9 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kCopyBytes = kRowBytes < 16 ? kRowBytes : 16;        // 8 only for E4M3 head_dim 8
   constexpr int kCopiesPerKey = kRowBytes / kCopyBytes;
   constexpr int kCopiesPerTile = kTileBytesHere / kCopyBytes;
+  constexpr int kRowsPerThread = kCopiesPerTile / kThreads;  // keys a thread copies per tile: 2 or 4
   static_assert(kKeysPerLane * kKeyLanes == kTileKeys, "tile shape");
+  static_assert(kThreads % kCopiesPerKey == 0, "a thread's copies of a tile are whole keys apart, one piece of each");
   static_assert(kCopiesPerTile % kThreads == 0 && kStages >= 3, "ring shape");
   extern __shared__ __align__(16) unsigned char smem[];
 
@@ -148,7 +159,7 @@ __global__ void __launch_bounds__(kThreads)
   const int head0 = blockIdx.y * plan.heads_per_cta;
   const int group = static_cast<int>(a.n_heads / a.n_kv_heads);
   const int kv_head = head0 / group;
-  const int kv_len = min(max(a.kv_len[b], 0), static_cast<int>(min(a.capacity, a.max_kv_len)));
+  const int kv_len = min(max(a.kv_len[b], 0), min(pages_capacity(a.pages), static_cast<int>(a.max_kv_len)));
   // The window (host-clamped below min(capacity, max_kv_len), or 0) moves every chunk up.
   const int key_begin = window_begin(kv_len, a.window) + chunk * plan.chunk_keys;
   const int key_end = min(kv_len, key_begin + plan.chunk_keys);
@@ -161,9 +172,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int n_heads_here = plan.heads_per_cta;  // <= kHeads
 
-  // Byte addresses: the row of key p is kv_stride_bytes after the row of key p - 1.
+  // Byte addresses: key p of this kv head is at rows.row(p) * kv_stride_bytes from k_base / v_base
+  // (the kv head's bytes of cache row 0).
+  const PagedRows rows = paged_rows(a.pages, a.slot[b]);
   const int64_t kv_stride_bytes = a.n_kv_heads * kRowBytes;
-  const int64_t kv_base_bytes = (static_cast<int64_t>(a.slot[b]) * a.capacity * a.n_kv_heads + kv_head) * kRowBytes;
+  const int64_t kv_base_bytes = static_cast<int64_t>(kv_head) * kRowBytes;
   const unsigned char* k_base;
   const unsigned char* v_base;
   float v_scale = 1.f;
@@ -179,18 +192,29 @@ __global__ void __launch_bounds__(kThreads)
   const int n_tiles = (key_end - key_begin + kTileKeys - 1) / kTileKeys;
   const uint32_t ring = smem_addr(smem);
 
+  // Copy i of a tile by this thread: key (threadIdx.x / kCopiesPerKey) + i * (kThreads /
+  // kCopiesPerKey) of the tile, piece threadIdx.x % kCopiesPerKey of its row.
+  // tile_rows: the cache rows of this thread's keys of `tile`; -1 past key_end (no lookup: the
+  // table past the sequence may hold anything).
+  const auto tile_rows = [&](int tile, int (&r)[kRowsPerThread]) {
+    const int key0 = key_begin + tile * kTileKeys + static_cast<int>(threadIdx.x) / kCopiesPerKey;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int key = key0 + i * (kThreads / kCopiesPerKey);
+      r[i] = key < key_end ? rows.row(key) : -1;
+    }
+  };
   // Stage s: K tile at ring + 2s * kTileBytesHere, V tile right after it (rows of kRowBytes,
   // unpadded). Keys past key_end are zero-filled (code 0 is +0 in E4M3 too) so that whatever the
-  // cache holds there never meets the arithmetic.
-  const auto load_tile = [&](int tile, int stage) {
-    const int key0 = key_begin + tile * kTileKeys;
+  // cache holds there never meets the arithmetic; their address is cache row 0.
+  const auto load_tile = [&](const int (&r)[kRowsPerThread], int stage) {
     const uint32_t k_dst = ring + 2 * stage * kTileBytesHere, v_dst = k_dst + kTileBytesHere;
+    const int piece = static_cast<int>(threadIdx.x) % kCopiesPerKey;
 #pragma unroll
-    for (int i = 0; i < kCopiesPerTile / kThreads; ++i) {
+    for (int i = 0; i < kRowsPerThread; ++i) {
       const int idx = threadIdx.x + i * kThreads;
-      const int key = idx / kCopiesPerKey, piece = idx % kCopiesPerKey;
-      const bool valid = key0 + key < key_end;
-      const int64_t off = (valid ? key0 + key : key_begin) * kv_stride_bytes + piece * kCopyBytes;
+      const bool valid = r[i] >= 0;
+      const int64_t off = static_cast<int64_t>(valid ? r[i] : 0) * kv_stride_bytes + piece * kCopyBytes;
       if constexpr (kCopyBytes == 16) {
         cp_async_16(k_dst + idx * 16, k_base + off, valid ? 16 : 0);
         cp_async_16(v_dst + idx * 16, v_base + off, valid ? 16 : 0);
@@ -200,10 +224,20 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   };
+  // The rows of the first kStages tiles, looked up together; next_rows: those of the next tile
+  // the loop copies (tile kStages - 1 first).
+  int next_rows[kRowsPerThread];
+  {
+    int first_rows[kStages][kRowsPerThread];
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_tiles) load_tile(s, s);
-    cp_async_commit();  // empty groups keep the wait counts uniform
+    for (int s = 0; s < kStages; ++s) tile_rows(s, first_rows[s]);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < n_tiles) load_tile(first_rows[s], s);
+      cp_async_commit();  // empty groups keep the wait counts uniform
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) next_rows[i] = first_rows[kStages - 1][i];
   }
 
   const int key_lane = threadIdx.x / kLanesPerKey, dim_lane = threadIdx.x % kLanesPerKey;
@@ -232,8 +266,9 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int stage = tile % kStages;
-    if (tile + kStages - 1 < n_tiles) load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
+    if (tile + kStages - 1 < n_tiles) load_tile(next_rows, (tile + kStages - 1) % kStages);
     cp_async_commit();
+    tile_rows(tile + kStages, next_rows);  // used next iteration: the lookup's latency hides under this tile
     cp_async_wait<kStages - 1>();
     __syncthreads();
     const Raw* k_tile = reinterpret_cast<const Raw*>(smem + 2 * stage * kTileBytesHere);
@@ -333,7 +368,7 @@ __global__ void decode_attention_combine_kernel(DecodeAttentionArgs a, DecodePla
   llmq::detail::pdl_launch_dependents();
   const int head = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const int64_t bh = static_cast<int64_t>(b) * a.n_heads + head;
-  const int kv_len = min(max(a.kv_len[b], 0), static_cast<int>(min(a.capacity, a.max_kv_len)));
+  const int kv_len = min(max(a.kv_len[b], 0), min(pages_capacity(a.pages), static_cast<int>(a.max_kv_len)));
   const int keys = kv_len - window_begin(kv_len, a.window);
   const int live = min(plan.n_chunks, (keys + plan.chunk_keys - 1) / plan.chunk_keys);
   if (live == 0) {
@@ -364,7 +399,7 @@ int64_t max_chunks_bound(int64_t batch, int64_t max_kv_len) {
   return std::max<int64_t>(1, std::min(ceil_div(max_kv_len, kMinChunkKeys), ceil_div(kCtasPerSmTarget * kMaxPlanSms, batch)));
 }
 
-// a.window: already clamped (0, or below min(capacity, max_kv_len)); the split covers the keys
+// a.window: already clamped (0, or below min(pages.capacity(), max_kv_len)); the split covers the keys
 // one query can see.
 DecodePlan make_plan(const DecodeAttentionArgs& a, int64_t sms) {
   DecodePlan p;
@@ -406,8 +441,7 @@ Status validate(const DecodeAttentionArgs& a) {
   const int64_t d = a.head_dim;
   if (d != 8 && d != 16 && d != 32 && d != 64 && d != 128 && d != 256)
     return invalid_argument(f + "head_dim " + std::to_string(d) + " not one of 8, 16, 32, 64, 128, 256");
-  if (a.capacity <= 0 || a.capacity > (int64_t{1} << 30))
-    return invalid_argument(f + "capacity " + std::to_string(a.capacity) + " not in [1, 2^30]");
+  LLMQ_RETURN_IF_ERROR(validate_kv_pages(a.pages, f.c_str()));
   if (a.max_kv_len <= 0 || a.max_kv_len > (int64_t{1} << 30))
     return invalid_argument(f + "max_kv_len " + std::to_string(a.max_kv_len) + " not in [1, 2^30]");
   if (!(a.softmax_scale > 0.f) || !(a.softmax_scale < INFINITY))
@@ -457,7 +491,7 @@ Status decode_attention(const DecodeAttentionArgs& args, CudaStream stream) {
   // kv_len is clamped to min(capacity, max_kv_len) on the device: a window at least that long
   // masks nothing, and runs the plain path (the kernels' window arithmetic then stays in int).
   DecodeAttentionArgs a = args;
-  if (a.window >= std::min(a.capacity, a.max_kv_len)) a.window = 0;
+  if (a.window >= std::min(a.pages.capacity(), a.max_kv_len)) a.window = 0;
   int64_t sms = 0;
   LLMQ_RETURN_IF_ERROR(query_sm_count(&sms));
   const DecodePlan plan = make_plan(a, sms);

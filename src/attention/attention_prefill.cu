@@ -1,4 +1,4 @@
-// Prefill attention (see attention.hpp): flash-attention-2 style forward over the slot KV cache.
+// Prefill attention (see attention.hpp): flash-attention-2 style forward over the paged KV cache.
 //  * Tensor-core kernel (head_dim 32, 64, 128): a CTA of 4 warps takes 64 queries of one q head;
 //    each warp owns 16 query rows whose Q fragments stay in registers for the whole loop. Key/value
 //    tiles of 64 rows stream through shared memory with cp.async, double buffered (tile j+1 loads
@@ -21,6 +21,10 @@
 //    before every row's window are never loaded); tiles that reach below some row's window take
 //    the mask. The CUDA-core kernel starts its key loop at the row's oldest key.
 //  * Sinks: added to the row sum once, at the normalisation, against the row's final maximum.
+//  * Paged cache: every key row is addressed through the sequence's block-table row (kv_pages.cuh),
+//    one lookup per row a thread copies (the K and V copies of a row share it); a row past the keys
+//    copies nothing and points at cache row 0. Only addresses change: the arithmetic, and so the
+//    results, are those of a contiguous cache bit for bit.
 //  * Both kernels take the two features as a template flag (kExtras: a window or sinks are set):
 //    the plain instances compile to the PTX of the kernels without them (H200: with the window's
 //    compares merely possible, the plain mma kernel ran 1-2.5% slower).
@@ -38,40 +42,65 @@
 #include "attention/attention.hpp"
 #include "attention/attention_mma.cuh"
 #include "attention/attention_validate.hpp"
+#include "attention/kv_pages.cuh"
 
 namespace llmq::attention {
 namespace {
 
 using namespace mma;  // attention/attention_mma.cuh
 
-// Where query rows and key rows of one (sequence, head) are, and what the sequence sees.
+// Where query rows and key rows of one (sequence, head) are, and what the sequence sees. Key t of
+// the kv head is at element rows.row(t) * n_kv_heads * head_dim + kv_off of the cache.
 struct SequenceView {
   int64_t q_row0 = 0;  // first packed query row of the sequence
   int nq = 0;          // its query count
   int kv_len = 0;      // keys valid in the cache (clamped to the capacity)
-  int64_t kv_base = 0; // element offset of (slot, position 0, kv head, 0) in the cache
+  PagedRows rows;      // position -> cache row
+  int64_t kv_off = 0;  // element offset of the kv head within a cache row
 };
 
-__device__ __forceinline__ SequenceView sequence_view(const int32_t* q_start, const int32_t* kv_len,
-                                                      const int32_t* slot, int b, int kv_head,
-                                                      int n_kv_heads, int head_dim, int capacity) {
+__device__ __forceinline__ SequenceView sequence_view(const PrefillAttentionArgs& a, int b, int kv_head, int head_dim) {
   SequenceView s;
-  s.q_row0 = q_start[b];
-  s.nq = q_start[b + 1] - q_start[b];
-  s.kv_len = min(max(kv_len[b], 0), capacity);
-  s.kv_base = (static_cast<int64_t>(slot[b]) * capacity * n_kv_heads + kv_head) * head_dim;
+  s.q_row0 = a.q_start[b];
+  s.nq = a.q_start[b + 1] - a.q_start[b];
+  s.kv_len = min(max(a.kv_len[b], 0), pages_capacity(a.pages));
+  s.rows = paged_rows(a.pages, a.slot[b]);
+  s.kv_off = static_cast<int64_t>(kv_head) * head_dim;
   return s;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core kernel
 
-// E4M3 rows [row0, row0 + 64) of a row-major [*, row_stride_bytes] code matrix into an unswizzled
-// 64 x kHeadDim-byte tile, 16 bytes at a time; rows at or beyond row_end are zero-filled (code 0
-// is +0) and their address clamped to a valid row.
+// Keys [key0, key0 + 64) of a sequence, K and V, into two swizzled BF16 tiles (the layout
+// load_tile_async writes). k_base / v_base point at the kv head in cache row 0; key t's row is
+// rows.row(t), row_stride elements per cache row. Keys at or beyond key_end are zero-filled and
+// their address is cache row 0 (valid whatever the table holds past the sequence).
 template <int kHeadDim>
-__device__ __forceinline__ void load_raw_tile_async(uint32_t tile, const uint8_t* base, int64_t row_stride_bytes,
-                                                    int row0, int row_end) {
+__device__ __forceinline__ void load_paged_kv_tiles_async(uint32_t k_tile, uint32_t v_tile, const uint16_t* k_base,
+                                                          const uint16_t* v_base, int64_t row_stride,
+                                                          const PagedRows& rows, int key0, int key_end) {
+  using L = TileLayout<kHeadDim>;
+  constexpr int kPerThread = kBlockKv * L::kChunks / kThreads;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int row = idx / L::kChunks, chunk = idx % L::kChunks;
+    const bool valid = key0 + row < key_end;
+    const int64_t src = static_cast<int64_t>(valid ? rows.row(key0 + row) : 0) * row_stride + chunk * 8;
+    const uint32_t dst = L::offset_bytes(row, chunk);
+    cp_async_16(k_tile + dst, k_base + src, valid ? 16 : 0);
+    cp_async_16(v_tile + dst, v_base + src, valid ? 16 : 0);
+  }
+}
+
+// E4M3 keys [key0, key0 + 64) of a sequence, K and V, into two unswizzled 64 x kHeadDim-byte tiles,
+// 16 bytes at a time; addressing as load_paged_kv_tiles_async (row_stride_bytes per cache row),
+// keys at or beyond key_end zero-filled (code 0 is +0).
+template <int kHeadDim>
+__device__ __forceinline__ void load_paged_raw_tiles_async(uint32_t k_tile, uint32_t v_tile, const uint8_t* k_base,
+                                                           const uint8_t* v_base, int64_t row_stride_bytes,
+                                                           const PagedRows& rows, int key0, int key_end) {
   constexpr int kPieces = kHeadDim / 16;  // per row
   constexpr int kPerThread = kBlockKv * kPieces / kThreads;
   static_assert(kPerThread * kThreads == kBlockKv * kPieces, "raw tile shape");
@@ -79,9 +108,10 @@ __device__ __forceinline__ void load_raw_tile_async(uint32_t tile, const uint8_t
   for (int i = 0; i < kPerThread; ++i) {
     const int idx = threadIdx.x + i * kThreads;
     const int row = idx / kPieces, piece = idx % kPieces;
-    const bool valid = row0 + row < row_end;
-    const int src_row = valid ? row0 + row : 0;
-    cp_async_16(tile + idx * 16, base + src_row * row_stride_bytes + piece * 16, valid ? 16 : 0);
+    const bool valid = key0 + row < key_end;
+    const int64_t src = static_cast<int64_t>(valid ? rows.row(key0 + row) : 0) * row_stride_bytes + piece * 16;
+    cp_async_16(k_tile + idx * 16, k_base + src, valid ? 16 : 0);
+    cp_async_16(v_tile + idx * 16, v_base + src, valid ? 16 : 0);
   }
 }
 
@@ -132,8 +162,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int m_block = gridDim.x - 1 - blockIdx.x;
   const int head = blockIdx.y, b = blockIdx.z;
   const int group = static_cast<int>(a.n_heads / a.n_kv_heads);
-  const SequenceView seq = sequence_view(a.q_start, a.kv_len, a.slot, b, head / group, static_cast<int>(a.n_kv_heads),
-                                         kHeadDim, static_cast<int>(a.capacity));
+  const SequenceView seq = sequence_view(a, b, head / group, kHeadDim);
   const int q0 = m_block * kBlockQ;
   if (q0 >= seq.nq) return;
   const int q_rows = min(kBlockQ, seq.nq - q0);
@@ -154,11 +183,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   // E4M3 into the raw ring.
   const auto load_kv = [&](int j, int stage) {
     if constexpr (kFp8) {
-      load_raw_tile_async<kHeadDim>(raw_k_tile(stage), a.k_cache8 + seq.kv_base, kv_stride, j * kBlockKv, key_end);
-      load_raw_tile_async<kHeadDim>(raw_v_tile(stage), a.v_cache8 + seq.kv_base, kv_stride, j * kBlockKv, key_end);
+      load_paged_raw_tiles_async<kHeadDim>(raw_k_tile(stage), raw_v_tile(stage), a.k_cache8 + seq.kv_off,
+                                           a.v_cache8 + seq.kv_off, kv_stride, seq.rows, j * kBlockKv, key_end);
     } else {
-      load_tile_async<kHeadDim>(k_tile(stage), a.k_cache + seq.kv_base, kv_stride, j * kBlockKv, key_end);
-      load_tile_async<kHeadDim>(v_tile(stage), a.v_cache + seq.kv_base, kv_stride, j * kBlockKv, key_end);
+      load_paged_kv_tiles_async<kHeadDim>(k_tile(stage), v_tile(stage), a.k_cache + seq.kv_off, a.v_cache + seq.kv_off,
+                                          kv_stride, seq.rows, j * kBlockKv, key_end);
     }
   };
   float v_scale = 1.f;
@@ -290,8 +319,7 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int head = blockIdx.y, b = blockIdx.z;
   const int group = static_cast<int>(a.n_heads / a.n_kv_heads);
-  const SequenceView seq = sequence_view(a.q_start, a.kv_len, a.slot, b, head / group, static_cast<int>(a.n_kv_heads),
-                                         kHeadDim, static_cast<int>(a.capacity));
+  const SequenceView seq = sequence_view(a, b, head / group, kHeadDim);
   const int qi = blockIdx.x * kRowsPerCta + warp;
   if (qi >= seq.nq) return;  // whole warps leave; no CTA-wide barrier follows
   const int pos = seq.kv_len - seq.nq + qi;
@@ -315,10 +343,14 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
   for (int key0 = key_begin; key0 < key_end; key0 += 32) {
     const int key = key0 + lane;
     float s = -INFINITY;
+    // This lane's key's cache row, looked up once: the P V loop below takes each key's from its lane.
+    int key_row = 0;
     if (key < key_end) {
+      key_row = seq.rows.row(key);
+      const int64_t k_off = seq.kv_off + static_cast<int64_t>(key_row) * kv_stride;
       float dot = 0.f;
       if constexpr (kFp8) {
-        const uint8_t* k_row = a.k_cache8 + seq.kv_base + key * kv_stride;
+        const uint8_t* k_row = a.k_cache8 + k_off;
 #pragma unroll
         for (int d = 0; d < kHeadDim; d += 8) {
           const uint2 raw = *reinterpret_cast<const uint2*>(k_row + d);  // 8 codes, 8-byte aligned
@@ -333,7 +365,7 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
           add_pair(raw.y >> 16, 6);
         }
       } else {
-        const uint16_t* k_row = a.k_cache + seq.kv_base + key * kv_stride;
+        const uint16_t* k_row = a.k_cache + k_off;
 #pragma unroll
         for (int d = 0; d < kHeadDim; d += 8) {
           const uint4 raw = *reinterpret_cast<const uint4*>(k_row + d);
@@ -362,7 +394,7 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
     const int n_keys = min(32, key_end - key0);
     for (int j = 0; j < n_keys; ++j) {
       const float pj = __shfl_sync(0xffffffffu, p, j);
-      const int64_t v_off = seq.kv_base + (key0 + j) * kv_stride;
+      const int64_t v_off = seq.kv_off + static_cast<int64_t>(__shfl_sync(0xffffffffu, key_row, j)) * kv_stride;
 #pragma unroll
       for (int i = 0; i < kDimsPerLane; ++i) {
         const int d = lane + 32 * i;
@@ -413,8 +445,7 @@ Status validate(const PrefillAttentionArgs& a) {
     return invalid_argument(f + "head_dim " + std::to_string(d) + " not one of 8, 16, 32, 64, 128, 256");
   if (a.kernel == PrefillKernel::kTensorCore && d != 32 && d != 64 && d != 128)
     return invalid_argument(f + "head_dim " + std::to_string(d) + ": the tensor-core kernel takes 32, 64 or 128");
-  if (a.capacity <= 0 || a.capacity > (int64_t{1} << 30))
-    return invalid_argument(f + "capacity " + std::to_string(a.capacity) + " not in [1, 2^30]");
+  LLMQ_RETURN_IF_ERROR(validate_kv_pages(a.pages, f.c_str()));
   if (!(a.softmax_scale > 0.f) || !(a.softmax_scale < INFINITY))
     return invalid_argument(f + "softmax_scale " + std::to_string(a.softmax_scale) + " is not a positive finite number");
   LLMQ_RETURN_IF_ERROR(validate_window(a.window, a.causal, f));
@@ -471,10 +502,10 @@ Status prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   LLMQ_RETURN_IF_ERROR(validate(args));
   if (args.batch == 0 || args.max_q_len == 0) return {};
   const float scale_log2 = args.softmax_scale * kLog2e;
-  // Positions are below capacity, so a window of capacity or more masks nothing: the plain path
+  // Positions are below the capacity, so a window of capacity or more masks nothing: the plain path
   // (and the kernels' window arithmetic stays in int).
   PrefillAttentionArgs a = args;
-  if (a.window >= a.capacity) a.window = 0;
+  if (a.window >= a.pages.capacity()) a.window = 0;
   const bool tensor_core = a.kernel != PrefillKernel::kCudaCore && (a.head_dim == 32 || a.head_dim == 64 || a.head_dim == 128);
   if (tensor_core) {
     switch (a.head_dim) {

@@ -1,14 +1,16 @@
 // The runtime's 8-bit prefill attention (GpuRuntimeOptions::prefill_attention): per sequence of a
-// prefill step, its new queries and its cached keys/values (BF16 cache) are quantized by the fused
-// kernel (cuda_quantize_attention_inputs) into workspace buffers, then the 8-bit flash-attention
-// kernel (cuda_attention_int8.hpp) writes the sequence's rows of the attention output. The BF16
-// path (prefill_attention in attention.hpp) stays the default.
+// prefill step, its cached keys/values (BF16 paged cache) are gathered into contiguous rows, then
+// those and its new queries are quantized by the fused kernel (cuda_quantize_attention_inputs) into
+// workspace buffers, then the 8-bit flash-attention kernel (cuda_attention_int8.hpp) writes the
+// sequence's rows of the attention output. The BF16 path (prefill_attention in attention.hpp)
+// stays the default.
 // Internal host header, no CUDA headers.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "attention/attention.hpp"
 #include "llmq/cuda_stream.hpp"
 #include "llmq/quant_attention.hpp"
 #include "llmq/status.hpp"
@@ -17,7 +19,7 @@
 namespace llmq::attention {
 
 // One sequence of a prefill step, known on the host: its queries are rows q_begin .. q_begin +
-// q_len - 1 of the step; after the step its cache slot holds kv_len positions.
+// q_len - 1 of the step; after the step block-table row `slot` maps its kv_len positions.
 struct PrefillSequence {
   int64_t q_begin = 0, q_len = 0, kv_len = 0, slot = 0;
 };
@@ -31,10 +33,10 @@ class QuantPrefillAttention {
   bool active() const { return variant_ != AttentionVariant::kBf16; }
 
   // q: the step's rotated queries [T, heads, head_dim] BF16; k_cache / v_cache: one layer's BF16
-  // cache [slots, capacity, kv_heads, head_dim]; out: [T, heads, head_dim] BF16. Causal.
-  // window: sliding window (0: none), sinks: device [heads] f32 attention-sink logits or null, both
-  // as HalfInt8AttentionArgs (cuda_attention_int8.hpp) has them.
-  Status run(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache, int64_t capacity,
+  // paged cache (attention.hpp's KvPages; sequence s reads table row s.slot); out: [T, heads,
+  // head_dim] BF16. Causal. window: sliding window (0: none), sinks: device [heads] f32
+  // attention-sink logits or null, both as HalfInt8AttentionArgs (cuda_attention_int8.hpp) has them.
+  Status run(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache, const KvPages& pages,
              const std::vector<PrefillSequence>& seqs, uint16_t* out, float softmax_scale, CudaStream stream,
              int64_t window = 0, const float* sinks = nullptr) const;
 
@@ -43,6 +45,7 @@ class QuantPrefillAttention {
   int64_t heads_ = 0, kv_heads_ = 0, head_dim_ = 0, max_q_ = 0, max_kv_ = 0;
   int64_t v_block_ = 64;  // keys per V scale block: the block the fastest kernel on the device takes
   cuda::DeviceAllocation q8_, q_scale_, k8_, k_scale_, v_t_, v_scale_;
+  cuda::DeviceAllocation k_rows_, v_rows_;  // [max_kv, kv_heads, head_dim] BF16: a sequence's K / V gathered from the paged cache
 };
 
 }  // namespace llmq::attention

@@ -7,6 +7,10 @@
 
 namespace llmq::engine {
 
+Status EngineBackend::forward_sample(const StepPlan&, const std::vector<RowDraw>&, std::vector<int32_t>*) {
+  return unsupported("forward_sample: this backend samples on the host (forward)");
+}
+
 Status Engine::create(EngineBackend* backend, KvBlockPool* pool, const SchedulerOptions& options, std::unique_ptr<Engine>* out) {
   if (backend == nullptr || pool == nullptr || out == nullptr) return invalid_argument("backend, pool, out: must not be null");
   if (pool->usable_blocks() + 1 != backend->blocks() || pool->block_size() != backend->block_size())
@@ -34,14 +38,17 @@ Status Engine::add(RequestSpec spec, const SamplingParams& sampling, int64_t* id
   if (!(sampling.top_p > 0.0f && sampling.top_p <= 1.0f))
     return invalid_argument("top_p: must be in (0, 1], got " + std::to_string(sampling.top_p));
   if (sampling.temperature > 0.0f && sampling.seed == 0) return invalid_argument("seed: must not be 0 when sampling");
+  if (sampling.top_k < 0) return invalid_argument("top_k: must be >= 0, got " + std::to_string(sampling.top_k));
+  if (sampling.top_k > 0 && sampling.temperature > 0.0f && !backend_->samples_itself())
+    return unsupported("top_k: this backend samples on the host as llama2.c's run.c does (temperature, top_p)");
   LLMQ_RETURN_IF_ERROR(scheduler_->add(std::move(spec), id));
-  samplers_.emplace(*id, Sampler(vocab, sampling.temperature, sampling.top_p, sampling.seed));
+  live_.emplace(*id, Live{Sampler(vocab, sampling.temperature, sampling.top_p, sampling.seed), sampling, 0});
   return {};
 }
 
 Status Engine::cancel(int64_t id) {
   LLMQ_RETURN_IF_ERROR(scheduler_->cancel(id));
-  samplers_.erase(id);
+  live_.erase(id);
   return {};
 }
 
@@ -49,19 +56,34 @@ Status Engine::step(std::vector<TokenEvent>* events) {
   if (events == nullptr) return invalid_argument("events: null");
   const StepPlan plan = scheduler_->schedule();
   if (plan.chunks.empty()) return {};
-  LLMQ_RETURN_IF_ERROR(backend_->forward(plan, &logits_));
-  const int64_t vocab = backend_->vocab_size();
-  if (static_cast<int64_t>(logits_.size()) != plan.samples * vocab)
-    return Status(StatusCode::kInternal, "backend: " + std::to_string(logits_.size()) + " logits for " + std::to_string(plan.samples) +
-                          " samples of " + std::to_string(vocab));
   std::vector<int32_t> sampled;
-  int64_t row = 0;
+  if (backend_->samples_itself()) {
+    rows_.clear();
+    for (const StepChunk& c : plan.chunks)
+      if (c.sample) {
+        const Live& l = live_.at(c.request);
+        rows_.push_back({l.params, l.draws});
+      }
+    LLMQ_RETURN_IF_ERROR(backend_->forward_sample(plan, rows_, &sampled));
+    if (static_cast<int64_t>(sampled.size()) != plan.samples)
+      return Status(StatusCode::kInternal, "backend: " + std::to_string(sampled.size()) + " tokens for " +
+                                               std::to_string(plan.samples) + " samples");
+  } else {
+    LLMQ_RETURN_IF_ERROR(backend_->forward(plan, &logits_));
+    const int64_t vocab = backend_->vocab_size();
+    if (static_cast<int64_t>(logits_.size()) != plan.samples * vocab)
+      return Status(StatusCode::kInternal, "backend: " + std::to_string(logits_.size()) + " logits for " +
+                                               std::to_string(plan.samples) + " samples of " + std::to_string(vocab));
+    int64_t row = 0;
+    for (const StepChunk& c : plan.chunks)
+      if (c.sample) sampled.push_back(live_.at(c.request).sampler.sample(&logits_[static_cast<size_t>(row++ * vocab)]));
+  }
   for (const StepChunk& c : plan.chunks)
-    if (c.sample) sampled.push_back(samplers_.at(c.request).sample(&logits_[static_cast<size_t>(row++ * vocab)]));
+    if (c.sample) ++live_.at(c.request).draws;
   const size_t first = events->size();
   LLMQ_RETURN_IF_ERROR(scheduler_->update(plan, sampled, events));
   for (size_t i = first; i < events->size(); ++i)
-    if ((*events)[i].finish != FinishReason::kNone) samplers_.erase((*events)[i].request);
+    if ((*events)[i].finish != FinishReason::kNone) live_.erase((*events)[i].request);
   return {};
 }
 

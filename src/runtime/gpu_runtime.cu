@@ -25,127 +25,6 @@ namespace llmq {
 GpuRuntime::GpuRuntime() : impl_(std::make_unique<Impl>()) {}
 GpuRuntime::~GpuRuntime() = default;
 
-Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
-  model = &gm.impl();
-  options = o;
-  c = model->config;
-  if (o.max_batch < 1 || o.max_batch > 1024) return invalid_argument("--batch: " + std::to_string(o.max_batch) + " outside [1, 1024]");
-  if (o.max_context < 1) return invalid_argument("--context: must be positive");
-  if (o.max_step_tokens < 1) return invalid_argument("max_step_tokens: must be positive");
-  LLMQ_RETURN_IF_ERROR(parse_skip_stages(o.skip_stages, &skip));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(model->device));
-  CudaDeviceInfo info;
-  LLMQ_RETURN_IF_ERROR(query_cuda_device(model->device, &info));
-  // What the config switches on must be on the device: a layer without its sinks or q/k norms
-  // would run as another model (every loader uploads them; this keeps it so).
-  for (size_t l = 0; l < model->layers.size(); ++l) {
-    const GpuLayer& L = model->layers[l];
-    if ((c.attention_sinks && L.sinks.bytes() == 0) || (c.qk_norm && (L.q_norm.bytes() == 0 || L.k_norm.bytes() == 0)))
-      return invalid_argument("GpuModel: layer " + std::to_string(l) + " lacks its " +
-                              (c.attention_sinks && L.sinks.bytes() == 0 ? "attention sinks" : "q/k norms") +
-                              " on the device, which the config switches on");
-  }
-  q_dim = c.n_heads * c.head_dim;
-  kv_dim = c.n_kv_heads * c.head_dim;
-  qkv_n = q_dim + 2 * kv_dim;
-  rows = round_up(std::max(o.max_step_tokens, o.max_batch), 4);
-  lm_rows = round_up(std::max<int64_t>(o.max_batch, std::min<int64_t>(rows, 256)), 4);
-  lengths.assign(static_cast<size_t>(o.max_batch), 0);
-  const TensorParallelRank tp = gm.tensor_parallel();
-  if (tp.size > 1) {
-    if (o.tp_group == nullptr || o.tp_group->size() != tp.size || o.tp_group->device(tp.rank) != model->device)
-      return invalid_argument("the model is rank " + std::to_string(tp.rank) + " of a " + std::to_string(tp.size) +
-                              "-way tensor-parallel split: its runtime needs the group of those devices (TensorParallelRuntime)");
-    group = o.tp_group;
-    tp_rank = tp.rank;
-    if (const parallel::P2pAllReduce* p = one_shot_all_reduce(*group)) peer = p->row_sum(tp_rank);
-  } else if (o.tp_group != nullptr && o.tp_group->size() > 1) {
-    return invalid_argument("a tensor-parallel group was given for a model that is not split");
-  }
-
-  // Refuse early, with the numbers, when the cache and activations cannot fit.
-  if (o.kv_cache_dtype != DType::kBF16 && o.kv_cache_dtype != DType::kE4M3)
-    return invalid_argument(std::string("--kv-cache: bf16 or e4m3, got ") + dtype_name(o.kv_cache_dtype));
-  kv_fp8 = o.kv_cache_dtype == DType::kE4M3;
-  const int64_t kv_bytes = 2 * c.n_layers * o.max_batch * o.max_context * kv_dim * (kv_fp8 ? 1 : 2);
-  const int64_t act_bytes = rows * (c.dim * 4 + 4 * c.dim * 3 + qkv_n * 2 + 2 * q_dim * 2 + q_dim * 3 + c.dim * 4 +
-                                    2 * c.hidden_dim * 2 + c.hidden_dim * 3) +
-                            lm_rows * c.vocab_size * 4 * (model->lm_head.n < c.vocab_size ? 2 : 1) +
-                            (c.is_moe() ? runtime::MoeBuffers::bytes_for(rows, c, model->layers.front().moe.block()) : 0);
-  int64_t free_b = 0, total_b = 0;
-  LLMQ_RETURN_IF_ERROR(runtime::device_memory_info(&free_b, &total_b));
-  if (kv_bytes + act_bytes > free_b)
-    return {StatusCode::kInvalidArgument,
-            "does not fit: KV cache for " + std::to_string(o.max_batch) + " x " + std::to_string(o.max_context) +
-                " positions needs " + runtime::format_bytes(kv_bytes) + " and activations " + runtime::format_bytes(act_bytes) +
-                "; the GPU has " + runtime::format_bytes(free_b) + " free of " + runtime::format_bytes(total_b) +
-                " after the weights (" + runtime::format_bytes(model->bytes()) + ")"};
-
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  LLMQ_RETURN_IF_ERROR(CudaGemmRunner::create(model->device, &gemm));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kCublasLtWorkspaceBytes * 2, "cuBLASLt workspace", &gemm_workspace));
-  lin.gemm = gemm.get();
-  lin.workspace = gemm_workspace.get();
-  lin.workspace_bytes = gemm_workspace.bytes();
-  lin.stream = stream;
-  lin.sm_major = info.major;
-  lin.sm_minor = info.minor;
-  plan = runtime::plan_model(*model, rows, lm_rows, lin);
-
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 4, "residual stream", &x));
-  LLMQ_RETURN_IF_ERROR(in_attn.allocate(rows, c.dim, "qkv input"));
-  LLMQ_RETURN_IF_ERROR(in_o.allocate(rows, q_dim, "o_proj input"));
-  LLMQ_RETURN_IF_ERROR(in_mlp.allocate(rows, c.dim, "gate_up input"));
-  LLMQ_RETURN_IF_ERROR(in_down.allocate(rows, c.hidden_dim, "down_proj input"));
-  LLMQ_RETURN_IF_ERROR(in_lm.allocate(rows, c.dim, "lm_head input"));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * qkv_n * 2, "qkv output", &qkv_out));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * q_dim * 2, "rotated q", &q_rot));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * q_dim * 2, "attention output", &attn_out));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 2, "o_proj output", &o_out));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * 2 * c.hidden_dim * 2, "gate_up output", &gu_out));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 2, "down_proj output", &down_out));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(lm_rows * c.vocab_size * 4, "logits", &logits));
-  if (model->lm_head.n < c.vocab_size)
-    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(lm_rows * c.vocab_size * 4, "gathered logits", &lm_gather));
-  if (c.is_moe()) LLMQ_RETURN_IF_ERROR(moe.allocate(rows, c, model->layers.front().moe.block()));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kv_bytes, "KV cache", &kv_cache));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(kv_cache.get(), 0, static_cast<size_t>(kv_bytes)));
-  if (kv_fp8) {
-    const std::vector<float> ones(static_cast<size_t>(2 * c.n_layers * c.n_kv_heads), 1.0f);
-    LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(ones.data(), static_cast<int64_t>(ones.size() * 4), "KV scales", &kv_scales));
-  }
-
-  size_t qws = 0;
-  for (const GpuLayer& L : model->layers)
-    for (const GpuLinear* l : {&L.qkv, &L.o, &L.gate_up, &L.down, &L.moe.gate_up})
-      if (l->act == ActQuant::kDynamicTensor || l->act == ActQuant::kBlock1x128)
-        qws = std::max(qws, cuda_quantize_workspace_bytes(rows, l->k, l->act_spec));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(static_cast<int64_t>(qws), "quantize workspace", &quant_workspace));
-  const int64_t aws = attention::decode_attention_workspace_bytes(o.max_batch, c.n_heads, c.head_dim, o.max_context);
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(aws, "attention workspace", &attn_workspace));
-  if (o.prefill_attention != AttentionVariant::kBf16 && kv_fp8)
-    return unsupported("--attention " + std::string(attention_variant_name(o.prefill_attention)) +
-                       " quantizes the BF16 KV cache per step: use --kv-cache bf16");
-  LLMQ_RETURN_IF_ERROR(quant_attention.allocate(o.prefill_attention, c.n_heads, c.n_kv_heads, c.head_dim,
-                                                o.max_step_tokens, o.max_context));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(runtime::argmax_workspace_bytes(o.max_batch), "argmax workspace",
-                                                  &argmax_workspace));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_workspace.get(), 0, static_cast<size_t>(argmax_workspace.bytes())));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(4, "logits flag", &logits_flag));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(logits_flag.get(), 0, 4));
-
-  // RoPE (cos, sin) per position and pair, computed exactly as the CPU reference computes them.
-  const std::vector<float> cs = runtime::rope_cos_sin(c, o.max_context);
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(cs.data(), static_cast<int64_t>(cs.size() * 4), "rope table", &cos_sin));
-
-  meta_ints = 3 * rows + 3 * o.max_batch + 1 + rows;
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(meta_ints * 4, "step metadata", &meta));
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaMallocHost(&meta_host.ptr, static_cast<size_t>(meta_ints * 4)));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate((5 * o.max_batch + 1) * 4, "decode state", &dec));
-  history_rows = o.max_context;
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(history_rows * o.max_batch * 4, "decode history", &history));
-  return {};
-}
 
 Status GpuRuntime::create(const GpuModel& model, const GpuRuntimeOptions& options, std::unique_ptr<GpuRuntime>* out) {
   std::unique_ptr<GpuRuntime> r(new GpuRuntime());
@@ -245,7 +124,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     rope.n_heads = c.n_heads;
     rope.n_kv_heads = c.n_kv_heads;
     rope.head_dim = c.head_dim;
-    rope.capacity = options.max_context;
+    rope.pages = pages;
     rope.interleaved = c.rope_style == RopeStyle::kInterleaved;
     if (run(kStageRope)) LLMQ_RETURN_IF_ERROR(runtime::rope_kv(rope, stream));
 
@@ -261,7 +140,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       a.n_heads = c.n_heads;
       a.n_kv_heads = c.n_kv_heads;
       a.head_dim = c.head_dim;
-      a.capacity = options.max_context;
+      a.pages = pages;
       a.max_kv_len = m.max_kv_len;
       a.softmax_scale = softmax_scale;
       a.window = c.layer_window(l);  // each layer's own: gpt-oss alternates windowed and full layers
@@ -282,14 +161,14 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       a.n_heads = c.n_heads;
       a.n_kv_heads = c.n_kv_heads;
       a.head_dim = c.head_dim;
-      a.capacity = options.max_context;
+      a.pages = pages;
       a.softmax_scale = softmax_scale;
       a.causal = true;
       a.window = c.layer_window(l);
       a.sinks = L.sinks.bytes() > 0 ? L.sinks.as<float>() : nullptr;
       if (quant_attention.active()) {
         if (run(kStageAttention))
-          LLMQ_RETURN_IF_ERROR(quant_attention.run(a.q, k_cache(l), v_cache(l), options.max_context, m.seqs, a.out,
+          LLMQ_RETURN_IF_ERROR(quant_attention.run(a.q, k_cache(l), v_cache(l), pages, m.seqs, a.out,
                                                    softmax_scale, stream, a.window, a.sinks));
       } else {
         LLMQ_RETURN_IF_ERROR(attention::prefill_attention(a, stream));
@@ -452,6 +331,7 @@ Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int6
 
 Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool all_positions, std::vector<float>* logits) {
   Impl& g = *impl_;
+  LLMQ_RETURN_IF_ERROR(g.fixed_slots("prefill"));
   if (static_cast<int64_t>(tokens.size()) > g.options.max_batch)
     return invalid_argument("prefill: " + std::to_string(tokens.size()) + " sequences, the runtime holds " +
                             std::to_string(g.options.max_batch));
@@ -493,6 +373,7 @@ Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool
 
 Status GpuRuntime::decode(const std::vector<int32_t>& tokens, std::vector<float>* logits) {
   Impl& g = *impl_;
+  LLMQ_RETURN_IF_ERROR(g.fixed_slots("decode"));
   const int64_t B = static_cast<int64_t>(tokens.size());
   if (B == 0 || B > g.options.max_batch)
     return invalid_argument("decode: " + std::to_string(B) + " sequences, the runtime holds 1 .. " +
@@ -599,6 +480,7 @@ Status GpuRuntime::Impl::start_decode_state(const std::vector<int32_t>& first) {
 Status GpuRuntime::generate(const std::vector<int32_t>& first, int64_t steps, const SamplingOptions& sampling,
                             std::vector<std::vector<int32_t>>* out) {
   Impl& g = *impl_;
+  LLMQ_RETURN_IF_ERROR(g.fixed_slots("generate"));
   const int64_t B = static_cast<int64_t>(first.size());
   if (B == 0 || B > g.options.max_batch)
     return invalid_argument("generate: " + std::to_string(B) + " sequences, the runtime holds 1 .. " +

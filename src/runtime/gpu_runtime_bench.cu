@@ -10,6 +10,7 @@ namespace llmq {
 
 Status GpuRuntime::fill_context_for_benchmark(int64_t batch, int64_t length, uint64_t seed) {
   Impl& g = *impl_;
+  LLMQ_RETURN_IF_ERROR(g.fixed_slots("fill_context_for_benchmark"));
   if (batch < 1 || batch > g.options.max_batch || length < 0 || length >= g.options.max_context)
     return invalid_argument("fill_context_for_benchmark: batch " + std::to_string(batch) + " x length " +
                             std::to_string(length) + " does not fit the runtime");
@@ -22,6 +23,7 @@ Status GpuRuntime::fill_context_for_benchmark(int64_t batch, int64_t length, uin
 
 Status GpuRuntime::time_decode(int64_t batch, int64_t warmup, int64_t steps, std::vector<double>* step_ms) {
   Impl& g = *impl_;
+  LLMQ_RETURN_IF_ERROR(g.fixed_slots("time_decode"));
   for (int64_t b = 0; b < batch; ++b)
     if (g.lengths[static_cast<size_t>(b)] + warmup + steps > g.options.max_context)
       return invalid_argument("time_decode: the KV cache cannot hold " + std::to_string(warmup + steps) + " more positions");
@@ -60,6 +62,7 @@ Status GpuRuntime::time_decode(int64_t batch, int64_t warmup, int64_t steps, std
 
 Status GpuRuntime::time_prefill(int64_t tokens, uint64_t seed, double* ms) {
   Impl& g = *impl_;
+  LLMQ_RETURN_IF_ERROR(g.fixed_slots("time_prefill"));
   if (tokens < 1 || tokens > g.options.max_context)
     return invalid_argument("time_prefill: " + std::to_string(tokens) + " tokens, the KV cache holds " +
                             std::to_string(g.options.max_context));

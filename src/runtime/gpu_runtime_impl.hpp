@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -139,7 +140,12 @@ struct GpuRuntime::Impl {
   runtime::MoeBuffers moe;  // MoE models only
   DeviceAllocation logits;  // f32 [lm_rows, vocab]
   DeviceAllocation lm_gather;  // vocabulary-split lm_head: f32 [ranks, lm_rows, vocab / ranks]
-  DeviceAllocation kv_cache;  // [2, layers, slots, capacity, kv_dim], bf16 or e4m3
+  DeviceAllocation kv_cache;  // [2, layers, pages.num_blocks * pages.block_size, kv_dim], bf16 or e4m3
+  // Paging (attention::KvPages). Fixed slots: table row b lists slot b's own blocks (uploaded once);
+  // paged (options.kv_blocks > 0): the step's tables, row b for the step's sequence b.
+  attention::KvPages pages;
+  DeviceAllocation block_table;  // int32 [max_batch, pages.table_stride]
+  bool paged = false;
   DeviceAllocation kv_scales;  // f32 [2, layers, n_kv_heads]: K then V (e4m3 cache)
   bool kv_fp8 = false;
   DeviceAllocation cos_sin;   // f32 [capacity, head_dim / 2, 2]
@@ -156,15 +162,37 @@ struct GpuRuntime::Impl {
 
   std::vector<int64_t> lengths;
 
+  // Paged steps (gpu_runtime_paged.cu). The step's metadata lives at fixed offsets of one device
+  // block (so a captured decode graph reads each new step's values), byte offsets below; the table
+  // comes last so that a step copies only the rows it uses.
+  struct PagedLayout {
+    int64_t tokens = 0, position = 0, tok_slot = 0, q_start = 0, kv_len = 0, seq_slot = 0, lm_rows = 0, params = 0,
+            table = 0, bytes = 0;
+  } paged_at;
+  DeviceAllocation paged_meta;
+  PinnedBuffer paged_meta_host;
+  DeviceAllocation sampled;  // int32 [max_batch] sampled tokens, then the unusable-logits flag
+  PinnedBuffer sampled_host;
+  DeviceAllocation sample_workspace;
+  std::map<int64_t, cudaGraphExec_t> paged_graphs;  // decode steps by padded batch
+  std::set<int64_t> paged_warmed;                     // padded batches that ran once eagerly
+  Status init_paged();
+  // The fixed-slot calls (prefill, decode, generate, the benchmark helpers) on a paged runtime.
+  Status fixed_slots(const char* what) const {
+    return paged ? invalid_argument(std::string(what) + ": the runtime is paged (kv_blocks > 0): use step()") : Status{};
+  }
+  Status paged_body(const StepMeta& m, int64_t samples);
+
   ~Impl() {
     for (auto& [key, exec] : graphs) (void)cudaGraphExecDestroy(exec);
+    for (auto& [key, exec] : paged_graphs) (void)cudaGraphExecDestroy(exec);
     if (stream != nullptr) (void)cudaStreamDestroy(stream);
   }
 
   // Layer l's K (which = 0) or V (which = 1) cache, whatever its element size.
   void* cache(int which, int64_t layer) const {
     const int64_t elem = kv_fp8 ? 1 : 2;
-    return kv_cache.as<char>() + (which * c.n_layers + layer) * options.max_batch * options.max_context * kv_dim * elem;
+    return kv_cache.as<char>() + (which * c.n_layers + layer) * pages.num_blocks * pages.block_size * kv_dim * elem;
   }
   uint16_t* k_cache(int64_t layer) const { return kv_fp8 ? nullptr : static_cast<uint16_t*>(cache(0, layer)); }
   uint16_t* v_cache(int64_t layer) const { return kv_fp8 ? nullptr : static_cast<uint16_t*>(cache(1, layer)); }

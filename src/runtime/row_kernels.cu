@@ -417,7 +417,11 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   const int64_t pos = a.position[r];
   const int64_t slot = a.slot[r];
   const float* cs = a.cos_sin + pos * hd;  // (half, 2)
-  const int64_t cache_row = (slot * a.capacity + pos) * kv_dim;
+  // The paged row of (table row slot, position pos): block_size is a power of two (a shift and a
+  // mask, as the attention kernels split positions).
+  const int shift = __ffs(static_cast<int>(a.pages.block_size)) - 1;
+  const int64_t block = a.pages.block_table[slot * a.pages.table_stride + (pos >> shift)];
+  const int64_t cache_row = ((block << shift) | (pos & ((int64_t{1} << shift) - 1))) * kv_dim;
   auto value = [&](int64_t c) { return bf16_at(row, c) + (a.bias != nullptr ? a.bias[c] : 0.0f); };
   // Qwen3's q/k norm: 1 / rms of each q head, then each k head, a warp per head (dynamic shared
   // memory, n_heads + n_kv_heads floats), in the CPU rmsnorm's order: mean of squares, + eps,
@@ -524,6 +528,7 @@ Status rope_kv(const RopeKvArgs& a, CudaStream stream) {
   if (a.rows == 0) return {};
   if (a.head_dim % 2 != 0) return invalid_argument("rope_kv: odd head_dim " + std::to_string(a.head_dim));
   if ((a.q_norm == nullptr) != (a.k_norm == nullptr)) return invalid_argument("rope_kv: q_norm and k_norm go together");
+  LLMQ_RETURN_IF_ERROR(attention::validate_kv_pages(a.pages, "rope_kv: "));
   const size_t smem = a.q_norm != nullptr ? static_cast<size_t>(a.n_heads + a.n_kv_heads) * sizeof(float) : 0;
   if (smem > 48 * 1024) return invalid_argument("rope_kv: " + std::to_string(a.n_heads + a.n_kv_heads) + " heads");
   // A decode step has one row per sequence: a wide CTA keeps the row from being a chain of loads.

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention/attention.hpp"
 #include "llmq/cuda_stream.hpp"
 #include "llmq/model.hpp"
 #include "llmq/quant_spec.hpp"
@@ -94,12 +95,13 @@ struct RopeKvArgs {
   const float* k_norm = nullptr;
   float norm_eps = 1e-6f;
   uint16_t* q_out = nullptr;        // [rows, n_heads, head_dim]
-  uint16_t* k_cache = nullptr;      // [slots, capacity, n_kv_heads, head_dim] (this layer)
+  uint16_t* k_cache = nullptr;      // this layer's paged cache (attention::KvPages), [cache rows, n_kv_heads, head_dim]
   uint16_t* v_cache = nullptr;
-  const int32_t* position = nullptr;  // [rows]
-  const int32_t* slot = nullptr;      // [rows]
-  const float* cos_sin = nullptr;   // [capacity, head_dim / 2, 2]
-  int64_t rows = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, capacity = 0;
+  const int32_t* position = nullptr;  // [rows]: the token's position in its sequence (< pages.capacity())
+  const int32_t* slot = nullptr;      // [rows]: the block-table row of the token's sequence
+  attention::KvPages pages;         // the token's K/V go to the cache row its position maps to
+  const float* cos_sin = nullptr;   // [pages.capacity(), head_dim / 2, 2]
+  int64_t rows = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   bool interleaved = false;         // llama2.c pairs (2j, 2j+1); else (j, j + head_dim/2)
   // FP8 E4M3 cache (k_cache8 / v_cache8 instead of k_cache / v_cache): code = e4m3(value / scale),
   // round to nearest even, saturating, one scale per kv head ([n_kv_heads] each).

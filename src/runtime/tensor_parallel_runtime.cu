@@ -117,6 +117,15 @@ Status TensorParallelRuntime::decode(const std::vector<int32_t>& tokens, std::ve
   return each_runtime([&](int r, GpuRuntime& rt) { return rt.decode(tokens, r == 0 ? logits : &other[r]); });
 }
 
+Status TensorParallelRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32_t>* sampled,
+                                   std::vector<float>* logits) {
+  std::vector<std::vector<int32_t>> other(devices_.size());
+  std::vector<std::vector<float>> other_logits(devices_.size());
+  return each_runtime([&](int r, GpuRuntime& rt) {
+    return rt.step(chunks, r == 0 ? sampled : &other[r], logits == nullptr ? nullptr : r == 0 ? logits : &other_logits[r]);
+  });
+}
+
 Status TensorParallelRuntime::generate(const std::vector<int32_t>& first, int64_t steps, const SamplingOptions& sampling,
                                        std::vector<std::vector<int32_t>>* out) {
   std::vector<std::vector<std::vector<int32_t>>> other(devices_.size());

@@ -1,8 +1,9 @@
 // llmq bench serve: the serving engine in-process (as trtllm-bench throughput runs it), on a seeded
 // workload (llmq/serve_workload.hpp) with requests arriving at their times, measured per
 // request as users measure an engine: TTFT, TPOT, ITL, E2E and throughput (serve_metrics.hpp).
-// The engine runs on its CPU backend (the reference forward behind the paged KV cache); the GPU
-// backend is the rest of the serving-engine issue, and --device cuda says so.
+// --device cpu: the engine's CPU backend (the reference forward behind the paged KV cache);
+// --device cuda: the GPU runtime in its paged mode (engine_gpu.hpp), one GPU or --tp of them, its KV
+// blocks sized from --gpu-memory-utilization unless --kv-blocks says.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -17,10 +18,14 @@
 
 #include "commands.hpp"
 #include "llmq/engine_cpu.hpp"
+#include "llmq/engine_gpu.hpp"
 #include "llmq/engine.hpp"
 #include "llmq/serve_metrics.hpp"
 #include "llmq/serve_workload.hpp"
+#include "llmq/device.hpp"
 #include "llmq/model_io.hpp"
+#include "llmq/safetensors.hpp"
+#include "llmq/tensor_parallel.hpp"
 
 namespace llmq::cli {
 namespace {
@@ -41,7 +46,58 @@ struct ServeArgs {
   bool no_prefix_cache = false;
   uint64_t seed = 1;
   std::string json_path;
+  // --device cuda
+  std::string precision = "bf16";
+  std::string kv_cache = "bf16";
+  int tp = 1;
+  int gpu = 0;
+  double gpu_memory_utilization = 0.9;
+  int64_t max_model_len = 0;
+  bool no_graphs = false;
+  GpuLaunchFlags launch;
 };
+
+// The GPU side of --device cuda: the model split over --tp GPUs and its paged runtime.
+struct GpuServe {
+  std::unique_ptr<TensorParallelRuntime> tpr;
+  std::unique_ptr<engine::GpuBackend> backend;
+  std::string description;
+};
+
+Status start_gpu(const ServeArgs& a, const GpuModelSource& source, int64_t max_model_len, GpuServe* g) {
+  GpuPrecision p;
+  LLMQ_RETURN_IF_ERROR(parse_gpu_precision(a.precision, &p));
+  Progress progress((source.kind == GpuModelSource::Kind::kSynthetic ? "generating " : "loading ") + a.model + " " + a.precision);
+  TensorParallelLoadOptions lo;
+  lo.group = apply_gpu_launch_flags(a.launch);
+  lo.progress = [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
+  LLMQ_RETURN_IF_ERROR(TensorParallelRuntime::load(a.tp, a.gpu, source, p, &g->tpr, lo));
+  progress.finish();
+  GpuRuntimeOptions o;
+  o.max_batch = a.max_running;
+  o.max_context = max_model_len;
+  o.max_step_tokens = a.max_batched_tokens;
+  o.cuda_graphs = !a.no_graphs;
+  o.kv_block_size = a.block_size;
+  if (a.kv_cache != "bf16" && a.kv_cache != "e4m3") return invalid_argument("--kv-cache: bf16 or e4m3, got " + a.kv_cache);
+  o.kv_cache_dtype = a.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
+  o.kv_blocks = a.kv_blocks > 0 ? a.kv_blocks + 1 : 0;
+  if (o.kv_blocks == 0) {
+    // Every rank holds the same blocks (of its own heads): the smallest fit of the ranks.
+    int64_t fit = INT64_MAX;
+    for (int r = 0; r < g->tpr->size(); ++r) {
+      int64_t b = 0;
+      LLMQ_RETURN_IF_ERROR(GpuRuntime::kv_blocks_that_fit(g->tpr->model(r), o, a.gpu_memory_utilization, &b));
+      fit = std::min(fit, b);
+    }
+    o.kv_blocks = fit;
+  }
+  LLMQ_RETURN_IF_ERROR(g->tpr->start(o));
+  LLMQ_RETURN_IF_ERROR(engine::GpuBackend::create(g->tpr.get(), &g->backend));
+  g->description = a.model + " " + a.precision + (a.kv_cache == "e4m3" ? " (e4m3 KV)" : "") +
+                   (a.tp > 1 ? fmt::format(" over {} GPUs", a.tp) : std::string());
+  return {};
+}
 
 json summary_json(const engine::LatencySummary& s) {
   return {{"count", s.count}, {"mean_ms", s.mean * 1e3}, {"median_ms", s.median * 1e3}, {"p90_ms", s.p90 * 1e3},
@@ -54,43 +110,75 @@ std::string summary_line(const char* name, const engine::LatencySummary& s) {
 }
 
 int run_serve(const ServeArgs& a) {
-  if (a.device != "cpu")
-    return fail(unsupported("--device " + a.device +
-                            ": the serving engine's GPU backend is not written yet; --device cpu runs the engine on the "
-                            "CPU reference"));
+  if (a.device != "cpu" && a.device != "cuda") return fail(invalid_argument("--device: cpu or cuda, got " + a.device));
+  const bool gpu = a.device == "cuda";
   ModelWeights w;
   std::string description;
-  if (Status st = load_model(a.model, &w, &description); !st.ok()) return fail(st);
+  ModelConfig config;
+  GpuModelSource source;
+  if (gpu) {
+    // The model's shape first (the workload needs its vocabulary); the weights after.
+    if (Status st = gpu_model_source(a.model, a.seed, &source, &w); !st.ok()) return fail(st);
+    if (source.kind == GpuModelSource::Kind::kSynthetic) {
+      config = source.config;
+    } else if (source.kind == GpuModelSource::Kind::kCheckpoint) {
+      std::unique_ptr<Checkpoint> ckpt;
+      if (Status st = open_hf_checkpoint(source.dir, &ckpt, &config); !st.ok()) return fail(st);
+    } else {
+      config = w.config;
+    }
+  } else {
+    if (Status st = load_model(a.model, &w, &description); !st.ok()) return fail(st);
+    config = w.config;
+  }
   engine::WorkloadOptions wo;
   wo.dataset = a.dataset;
   wo.requests = a.requests;
   wo.rate = a.rate;
-  wo.vocab_size = w.config.vocab_size;
-  wo.max_model_len = w.config.max_seq_len;
+  wo.vocab_size = config.vocab_size;
+  wo.max_model_len = config.max_seq_len;
   wo.seed = a.seed;
   std::vector<engine::WorkloadRequest> work;
   if (Status st = engine::make_workload(wo, &work); !st.ok())  // its options are this command's
     return fail(st.message().rfind("vocab_size", 0) == 0 ? st : invalid_argument("--" + st.message()));
-  // KV blocks: as asked, or enough for every request at once (no preemption), at most what
-  // --max-running sequences of the whole context take.
+  // Positions per sequence: --max-model-len, or on the GPU the workload's longest request (the
+  // decode graphs' attention split is sized by it, as trtllm-bench sizes its engine by the dataset).
+  int64_t max_model_len = a.max_model_len > 0 ? a.max_model_len : config.max_seq_len;
+  if (gpu && a.max_model_len == 0) {
+    max_model_len = 0;
+    for (const auto& r : work) max_model_len = std::max(max_model_len, static_cast<int64_t>(r.prompt.size()) + r.output_tokens);
+    max_model_len = std::min(config.max_seq_len, (max_model_len + a.block_size - 1) / a.block_size * a.block_size);
+  }
+  engine::EngineBackend* backend = nullptr;
+  std::unique_ptr<engine::CpuBackend> cpu_backend;
+  GpuServe g;
   int64_t blocks = a.kv_blocks;
-  if (blocks == 0) {
-    for (const auto& r : work)
-      blocks += (static_cast<int64_t>(r.prompt.size()) + r.output_tokens + a.block_size - 1) / a.block_size;
-    blocks = std::min(blocks, a.max_running * ((w.config.max_seq_len + a.block_size - 1) / a.block_size));
+  if (gpu) {
+    if (Status st = start_gpu(a, source, max_model_len, &g); !st.ok()) return fail(st);
+    description = g.description;
+    backend = g.backend.get();
+    blocks = backend->blocks() - 1;
+  } else {
+    // KV blocks: as asked, or enough for every request at once (no preemption), at most what
+    // --max-running sequences of the whole context take.
+    if (blocks == 0) {
+      for (const auto& r : work)
+        blocks += (static_cast<int64_t>(r.prompt.size()) + r.output_tokens + a.block_size - 1) / a.block_size;
+      blocks = std::min(blocks, a.max_running * ((max_model_len + a.block_size - 1) / a.block_size));
+    }
+    if (Status st = engine::CpuBackend::create(w, blocks + 1, a.block_size, &cpu_backend); !st.ok()) return fail(st);
+    backend = cpu_backend.get();
   }
   engine::KvBlockPool pool;
   if (Status st = engine::KvBlockPool::create(blocks + 1, a.block_size, &pool); !st.ok()) return fail(st);
-  std::unique_ptr<engine::CpuBackend> backend;
-  if (Status st = engine::CpuBackend::create(w, blocks + 1, a.block_size, &backend); !st.ok()) return fail(st);
   engine::SchedulerOptions so;
   so.max_batched_tokens = a.max_batched_tokens;
   so.max_running = a.max_running;
   so.max_waiting = a.requests;
-  so.max_model_len = w.config.max_seq_len;
+  so.max_model_len = max_model_len;
   so.prefix_caching = !a.no_prefix_cache;
   std::unique_ptr<engine::Engine> eng;
-  if (Status st = engine::Engine::create(backend.get(), &pool, so, &eng); !st.ok()) return fail(st);
+  if (Status st = engine::Engine::create(backend, &pool, so, &eng); !st.ok()) return fail(st);
 
   std::vector<engine::RequestTimeline> timeline(work.size());
   std::map<int64_t, size_t> index;  // engine id -> request
@@ -122,7 +210,7 @@ int run_serve(const ServeArgs& a) {
   const engine::SchedulerStats& stats = eng->scheduler().stats();
   const double hit_rate = stats.prompt_tokens > 0 ? static_cast<double>(stats.prefix_hit_tokens) / static_cast<double>(stats.prompt_tokens) : 0.0;
 
-  fmt::print("llmq bench serve: {} on the CPU engine, {} x {}, {}\n", description, a.requests, a.dataset,
+  fmt::print("llmq bench serve: {} on the {} engine, {} x {}, {}\n", description, gpu ? "GPU" : "CPU", a.requests, a.dataset,
              a.rate > 0 ? fmt::format("Poisson {:g} requests/s", a.rate) : std::string("all at once"));
   fmt::print("  {} requests in {:.2f} s: {:.1f} output tok/s, {:.1f} total tok/s, {:.2f} requests/s\n", m.requests,
              m.duration_s, m.output_tokens_per_s, m.total_tokens_per_s, m.requests_per_s);
@@ -134,8 +222,14 @@ int run_serve(const ServeArgs& a) {
   if (!a.json_path.empty()) {
     std::ofstream out(a.json_path, std::ios::app);
     if (!out) return fail(Status(StatusCode::kIoError, "--json: cannot open " + a.json_path));
-    const json j = {{"kind", "serve"}, {"device", "cpu"}, {"date", today()}, {"commit", kBuildCommit},
-                    {"model", a.model}, {"dataset", a.dataset}, {"requests", m.requests}, {"rate", a.rate},
+    std::string device = "cpu";
+    if (gpu) {
+      CudaDeviceInfo info;
+      device = query_cuda_device(a.gpu, &info).ok() ? info.name : "cuda";
+    }
+    const json j = {{"kind", "serve"}, {"device", device}, {"date", today()}, {"commit", kBuildCommit},
+                    {"model", a.model}, {"precision", gpu ? a.precision : "f32"}, {"kv_cache", gpu ? a.kv_cache : "f32"},
+                    {"tp", a.tp}, {"graphs", gpu && !a.no_graphs}, {"max_model_len", max_model_len}, {"dataset", a.dataset}, {"requests", m.requests}, {"rate", a.rate},
                     {"duration_s", m.duration_s}, {"prompt_tokens", m.prompt_tokens}, {"output_tokens", m.output_tokens},
                     {"output_tokens_per_s", m.output_tokens_per_s}, {"total_tokens_per_s", m.total_tokens_per_s},
                     {"requests_per_s", m.requests_per_s}, {"ttft", summary_json(m.ttft_s)}, {"tpot", summary_json(m.tpot_s)},
@@ -153,7 +247,19 @@ void add_bench_serve_command(CLI::App* bench, std::vector<Command>* commands) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* s = bench->add_subcommand("serve", "the serving engine in-process: TTFT, TPOT, ITL, throughput per request");
   s->add_option("--model", args->model, "llama2.c .bin, Hugging Face directory, or 'default'");
-  s->add_option("--device", args->device, "cpu (the engine on the CPU reference)");
+  s->add_option("--device", args->device, "cpu (the engine on the CPU reference) or cuda");
+  s->add_option("--precision", args->precision, "cuda: bf16, f32, a scheme name, or checkpoint");
+  s->add_option("--kv-cache", args->kv_cache, "cuda: KV elements, bf16 or e4m3");
+  s->add_option("--tp", args->tp, "cuda: tensor-parallel GPUs (--gpu .. --gpu + tp - 1)")->check(CLI::Range(1, 8));
+  s->add_option("--gpu", args->gpu, "cuda: first CUDA device ordinal")->check(CLI::Range(0, 63));
+  s->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
+                "cuda: share of the GPU's memory the model, activations and KV cache may take (--kv-blocks 0)")
+      ->check(CLI::Range(0.01, 1.0));
+  s->add_option("--max-model-len", args->max_model_len,
+                "positions per sequence (0: the model's context; on cuda the workload's longest request)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  s->add_flag("--no-graphs", args->no_graphs, "cuda: decode steps without CUDA graphs");
+  add_gpu_launch_flags(s, &args->launch);
   s->add_option("--dataset", args->dataset, "fixed:INPUT/OUTPUT or sharegpt-like (docs/engine.md states its lengths)");
   s->add_option("--requests", args->requests, "requests to send")->check(CLI::Range(int64_t{1}, int64_t{1000000}));
   s->add_option("--rate", args->rate, "Poisson arrivals per second (0: all at once)")->check(CLI::Range(0.0, 1e9));

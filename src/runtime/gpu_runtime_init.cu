@@ -1,0 +1,203 @@
+// GpuRuntime::Impl::init (gpu_runtime.hpp): checks the options against the model and the device,
+// sizes and allocates the paged KV cache, the activation buffers and the workspaces, and plans
+// every linear's kernels. Also the byte counts that kv_blocks_that_fit sizes a paged cache with.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "llmq/cuda_quantize.hpp"
+#include "llmq/device.hpp"
+#include "runtime/gpu_runtime_impl.hpp"
+
+namespace llmq {
+namespace {
+
+int64_t step_rows(const GpuRuntimeOptions& o) { return round_up(std::max(o.max_step_tokens, o.max_batch), 4); }
+int64_t logits_rows(const GpuRuntimeOptions& o) {
+  return round_up(std::max<int64_t>(o.max_batch, std::min<int64_t>(step_rows(o), 256)), 4);
+}
+
+// Bytes of one KV block: K and V of every layer's kv heads (this rank's) at block_size positions.
+int64_t kv_block_bytes(const GpuModel& gm, const GpuRuntimeOptions& o) {
+  const ModelConfig& c = gm.impl().config;
+  return 2 * c.n_layers * o.kv_block_size * c.n_kv_heads * c.head_dim * (o.kv_cache_dtype == DType::kE4M3 ? 1 : 2);
+}
+
+// Activation buffers of a runtime of `o` (the largest allocations besides the cache).
+int64_t bytes_besides_cache(const GpuModel& gm, const GpuRuntimeOptions& o) {
+  const GpuModel::Impl& m = gm.impl();
+  const ModelConfig& c = m.config;
+  const int64_t q_dim = c.n_heads * c.head_dim, qkv_n = q_dim + 2 * c.n_kv_heads * c.head_dim;
+  const int64_t rows = step_rows(o), lm_rows = logits_rows(o);
+  return rows * (c.dim * 4 + 4 * c.dim * 3 + qkv_n * 2 + 2 * q_dim * 2 + q_dim * 3 + c.dim * 4 + 2 * c.hidden_dim * 2 +
+                 c.hidden_dim * 3) +
+         lm_rows * c.vocab_size * 4 * (m.lm_head.n < c.vocab_size ? 2 : 1) +
+         (c.is_moe() ? runtime::MoeBuffers::bytes_for(rows, c, m.layers.front().moe.block()) : 0);
+}
+
+}  // namespace
+
+Status GpuRuntime::kv_blocks_that_fit(const GpuModel& model, const GpuRuntimeOptions& options, double gpu_memory_utilization,
+                                      int64_t* blocks) {
+  if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0))
+    return invalid_argument("--gpu-memory-utilization: " + std::to_string(gpu_memory_utilization) + " outside (0, 1]");
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(model.device()));
+  int64_t free_b = 0, total_b = 0;
+  LLMQ_RETURN_IF_ERROR(runtime::device_memory_info(&free_b, &total_b));
+  // Workspaces, graphs and cuBLASLt's own memory: a fixed margin beside the activations.
+  constexpr int64_t kMargin = int64_t{512} << 20;
+  const int64_t budget = static_cast<int64_t>(static_cast<double>(total_b) * gpu_memory_utilization) - (total_b - free_b) -
+                         bytes_besides_cache(model, options) - kMargin;
+  const int64_t per_block = kv_block_bytes(model, options);
+  *blocks = budget > 0 ? std::min<int64_t>(budget / per_block, (int64_t{1} << 31) / options.kv_block_size - 1) : 0;
+  if (*blocks < 2)
+    return invalid_argument("--gpu-memory-utilization " + std::to_string(gpu_memory_utilization) + ": no room for a KV cache (" +
+                            runtime::format_bytes(free_b) + " free of " + runtime::format_bytes(total_b) + ", activations " +
+                            runtime::format_bytes(bytes_besides_cache(model, options)) + ")");
+  return {};
+}
+
+Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
+  model = &gm.impl();
+  options = o;
+  c = model->config;
+  if (o.max_batch < 1 || o.max_batch > 1024) return invalid_argument("--batch: " + std::to_string(o.max_batch) + " outside [1, 1024]");
+  if (o.max_context < 1) return invalid_argument("--context: must be positive");
+  if (o.max_step_tokens < 1) return invalid_argument("max_step_tokens: must be positive");
+  if (o.kv_block_size < 1 || o.kv_block_size > 1024 || (o.kv_block_size & (o.kv_block_size - 1)) != 0)
+    return invalid_argument("kv_block_size: " + std::to_string(o.kv_block_size) + " is not a power of two in [1, 1024]");
+  if (o.kv_blocks < 0 || o.kv_blocks == 1)
+    return invalid_argument("kv_blocks: " + std::to_string(o.kv_blocks) + " (0: fixed slots; paged: at least 2, block 0 pads)");
+  LLMQ_RETURN_IF_ERROR(parse_skip_stages(o.skip_stages, &skip));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(model->device));
+  CudaDeviceInfo info;
+  LLMQ_RETURN_IF_ERROR(query_cuda_device(model->device, &info));
+  // What the config switches on must be on the device: a layer without its sinks or q/k norms
+  // would run as another model (every loader uploads them; this keeps it so).
+  for (size_t l = 0; l < model->layers.size(); ++l) {
+    const GpuLayer& L = model->layers[l];
+    if ((c.attention_sinks && L.sinks.bytes() == 0) || (c.qk_norm && (L.q_norm.bytes() == 0 || L.k_norm.bytes() == 0)))
+      return invalid_argument("GpuModel: layer " + std::to_string(l) + " lacks its " +
+                              (c.attention_sinks && L.sinks.bytes() == 0 ? "attention sinks" : "q/k norms") +
+                              " on the device, which the config switches on");
+  }
+  q_dim = c.n_heads * c.head_dim;
+  kv_dim = c.n_kv_heads * c.head_dim;
+  qkv_n = q_dim + 2 * kv_dim;
+  rows = step_rows(o);
+  lm_rows = logits_rows(o);
+  lengths.assign(static_cast<size_t>(o.max_batch), 0);
+  const TensorParallelRank tp = gm.tensor_parallel();
+  if (tp.size > 1) {
+    if (o.tp_group == nullptr || o.tp_group->size() != tp.size || o.tp_group->device(tp.rank) != model->device)
+      return invalid_argument("the model is rank " + std::to_string(tp.rank) + " of a " + std::to_string(tp.size) +
+                              "-way tensor-parallel split: its runtime needs the group of those devices (TensorParallelRuntime)");
+    group = o.tp_group;
+    tp_rank = tp.rank;
+    if (const parallel::P2pAllReduce* p = one_shot_all_reduce(*group)) peer = p->row_sum(tp_rank);
+  } else if (o.tp_group != nullptr && o.tp_group->size() > 1) {
+    return invalid_argument("a tensor-parallel group was given for a model that is not split");
+  }
+
+  // Refuse early, with the numbers, when the cache and activations cannot fit.
+  if (o.kv_cache_dtype != DType::kBF16 && o.kv_cache_dtype != DType::kE4M3)
+    return invalid_argument(std::string("--kv-cache: bf16 or e4m3, got ") + dtype_name(o.kv_cache_dtype));
+  kv_fp8 = o.kv_cache_dtype == DType::kE4M3;
+  paged = o.kv_blocks > 0;
+  pages.block_size = o.kv_block_size;
+  pages.table_stride = ceil_div(o.max_context, o.kv_block_size);
+  pages.num_blocks = paged ? o.kv_blocks : o.max_batch * pages.table_stride;
+  // In double first: a huge --context must read "does not fit", not overflow.
+  const double kv_bytes_exact = static_cast<double>(pages.num_blocks) * static_cast<double>(kv_block_bytes(gm, o));
+  const int64_t kv_bytes = kv_bytes_exact < 0x1p62 ? pages.num_blocks * kv_block_bytes(gm, o) : int64_t{1} << 62;
+  const int64_t act_bytes = bytes_besides_cache(gm, o);
+  int64_t free_b = 0, total_b = 0;
+  LLMQ_RETURN_IF_ERROR(runtime::device_memory_info(&free_b, &total_b));
+  if (kv_bytes + act_bytes > free_b)
+    return {StatusCode::kInvalidArgument,
+            "does not fit: KV cache of " + std::to_string(pages.num_blocks) + " blocks x " + std::to_string(pages.block_size) +
+                " positions needs " + runtime::format_bytes(kv_bytes) + " and activations " + runtime::format_bytes(act_bytes) +
+                "; the GPU has " + runtime::format_bytes(free_b) + " free of " + runtime::format_bytes(total_b) +
+                " after the weights (" + runtime::format_bytes(model->bytes()) + ")"};
+
+  if (pages.num_blocks > (int64_t{1} << 31) / pages.block_size - 1)
+    return invalid_argument("KV cache: " + std::to_string(pages.num_blocks) + " blocks of " + std::to_string(pages.block_size) +
+                            " positions exceed 2^31 cache rows");
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LLMQ_RETURN_IF_ERROR(CudaGemmRunner::create(model->device, &gemm));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kCublasLtWorkspaceBytes * 2, "cuBLASLt workspace", &gemm_workspace));
+  lin.gemm = gemm.get();
+  lin.workspace = gemm_workspace.get();
+  lin.workspace_bytes = gemm_workspace.bytes();
+  lin.stream = stream;
+  lin.sm_major = info.major;
+  lin.sm_minor = info.minor;
+  plan = runtime::plan_model(*model, rows, lm_rows, lin);
+
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 4, "residual stream", &x));
+  LLMQ_RETURN_IF_ERROR(in_attn.allocate(rows, c.dim, "qkv input"));
+  LLMQ_RETURN_IF_ERROR(in_o.allocate(rows, q_dim, "o_proj input"));
+  LLMQ_RETURN_IF_ERROR(in_mlp.allocate(rows, c.dim, "gate_up input"));
+  LLMQ_RETURN_IF_ERROR(in_down.allocate(rows, c.hidden_dim, "down_proj input"));
+  LLMQ_RETURN_IF_ERROR(in_lm.allocate(rows, c.dim, "lm_head input"));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * qkv_n * 2, "qkv output", &qkv_out));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * q_dim * 2, "rotated q", &q_rot));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * q_dim * 2, "attention output", &attn_out));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 2, "o_proj output", &o_out));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * 2 * c.hidden_dim * 2, "gate_up output", &gu_out));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 2, "down_proj output", &down_out));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(lm_rows * c.vocab_size * 4, "logits", &logits));
+  if (model->lm_head.n < c.vocab_size)
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(lm_rows * c.vocab_size * 4, "gathered logits", &lm_gather));
+  if (c.is_moe()) LLMQ_RETURN_IF_ERROR(moe.allocate(rows, c, model->layers.front().moe.block()));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kv_bytes, "KV cache", &kv_cache));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(kv_cache.get(), 0, static_cast<size_t>(kv_bytes)));
+  if (!paged) {
+    // Fixed slots: table row b lists slot b's own blocks, b * table_stride onwards.
+    std::vector<int32_t> table(static_cast<size_t>(o.max_batch * pages.table_stride));
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(table.data(), static_cast<int64_t>(table.size() * 4), "block table", &block_table));
+    pages.block_table = block_table.as<int32_t>();
+  }
+  if (kv_fp8) {
+    const std::vector<float> ones(static_cast<size_t>(2 * c.n_layers * c.n_kv_heads), 1.0f);
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(ones.data(), static_cast<int64_t>(ones.size() * 4), "KV scales", &kv_scales));
+  }
+
+  size_t qws = 0;
+  for (const GpuLayer& L : model->layers)
+    for (const GpuLinear* l : {&L.qkv, &L.o, &L.gate_up, &L.down, &L.moe.gate_up})
+      if (l->act == ActQuant::kDynamicTensor || l->act == ActQuant::kBlock1x128)
+        qws = std::max(qws, cuda_quantize_workspace_bytes(rows, l->k, l->act_spec));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(static_cast<int64_t>(qws), "quantize workspace", &quant_workspace));
+  // Smaller batches split their keys into more chunks: the largest need of any batch size.
+  int64_t aws = 0;
+  for (int64_t b = 1; b <= o.max_batch; ++b)
+    aws = std::max(aws, attention::decode_attention_workspace_bytes(b, c.n_heads, c.head_dim, pages.capacity()));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(aws, "attention workspace", &attn_workspace));
+  if (o.prefill_attention != AttentionVariant::kBf16 && kv_fp8)
+    return unsupported("--attention " + std::string(attention_variant_name(o.prefill_attention)) +
+                       " quantizes the BF16 KV cache per step: use --kv-cache bf16");
+  LLMQ_RETURN_IF_ERROR(quant_attention.allocate(o.prefill_attention, c.n_heads, c.n_kv_heads, c.head_dim,
+                                                o.max_step_tokens, pages.capacity()));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(runtime::argmax_workspace_bytes(o.max_batch), "argmax workspace",
+                                                  &argmax_workspace));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_workspace.get(), 0, static_cast<size_t>(argmax_workspace.bytes())));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(4, "logits flag", &logits_flag));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(logits_flag.get(), 0, 4));
+
+  // RoPE (cos, sin) per position and pair, computed exactly as the CPU reference computes them.
+  const std::vector<float> cs = runtime::rope_cos_sin(c, pages.capacity());
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(cs.data(), static_cast<int64_t>(cs.size() * 4), "rope table", &cos_sin));
+
+  meta_ints = 3 * rows + 3 * o.max_batch + 1 + rows;
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(meta_ints * 4, "step metadata", &meta));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMallocHost(&meta_host.ptr, static_cast<size_t>(meta_ints * 4)));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate((5 * o.max_batch + 1) * 4, "decode state", &dec));
+  if (paged) return init_paged();  // the step's own metadata and tables (gpu_runtime_paged.cu)
+  history_rows = o.max_context;
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(history_rows * o.max_batch * 4, "decode history", &history));
+  return {};
+}
+
+}  // namespace llmq
