@@ -362,8 +362,12 @@ TEST(GpuRuntime, ErrorsNameTheProblem) {
   EXPECT_NE(st.message().find("KV cache has 16"), std::string::npos) << st.to_string();
   st = rt->prefill({{1}, {2}}, false, &logits);
   EXPECT_NE(st.message().find("holds 1"), std::string::npos) << st.to_string();
-  o.max_context = int64_t{1} << 40;
+  o.max_context = int64_t{1} << 40;  // past what the kernels address: refused with the number
   std::unique_ptr<GpuRuntime> huge;
+  st = GpuRuntime::create(*gm, o, &huge);
+  EXPECT_NE(st.message().find("--context: 1099511627776 positions outside [1, 2^30]"), std::string::npos) << st.to_string();
+  o.max_context = int64_t{1} << 30;  // addressable, but 1024 sequences of it do not fit any GPU
+  o.max_batch = 1024;
   st = GpuRuntime::create(*gm, o, &huge);
   EXPECT_NE(st.message().find("does not fit"), std::string::npos) << st.to_string();
   ModelConfig big;

@@ -206,5 +206,59 @@ TEST(EngineLoop, AFullQueueIsRefusedAtOnceAndAHardStopEndsEveryRequest) {
   EXPECT_EQ(h.loop->submit({}, {}, nullptr, &id).code(), StatusCode::kInvalidArgument);
 }
 
+// The CPU backend until its `fail_at`-th step, then a device error on every step.
+class FailingBackend : public EngineBackend {
+ public:
+  FailingBackend(EngineBackend* inner, int fail_at) : inner_(inner), fail_at_(fail_at) {}
+  int64_t vocab_size() const override { return inner_->vocab_size(); }
+  int64_t max_context() const override { return inner_->max_context(); }
+  int64_t blocks() const override { return inner_->blocks(); }
+  int64_t block_size() const override { return inner_->block_size(); }
+  Status forward(const StepPlan& plan, std::vector<float>* logits) override {
+    if (++steps_ >= fail_at_) return Status(StatusCode::kCudaError, "an illegal memory access was encountered");
+    return inner_->forward(plan, logits);
+  }
+
+ private:
+  EngineBackend* inner_;
+  int fail_at_, steps_ = 0;
+};
+
+TEST(EngineLoop, AFailedStepEndsEveryRequestOnceAndRefusesNewOnesWithTheError) {
+  Harness h;
+  h.loop->stop(true);  // this test drives its own engine over a failing backend
+  FailingBackend failing(h.backend.get(), 4);
+  SchedulerOptions o;
+  o.max_batched_tokens = 16;
+  o.max_running = 6;
+  o.max_model_len = h.w.config.max_seq_len;
+  std::unique_ptr<Engine> engine;
+  ASSERT_TRUE(Engine::create(&failing, &h.pool, o, &engine).ok());
+  std::unique_ptr<EngineLoop> loop;
+  ASSERT_TRUE(EngineLoop::start(engine.get(), &loop).ok());
+  std::mt19937 rng(17);
+  std::vector<Seen> seen(8);
+  for (int i = 0; i < 8; ++i) {
+    RequestSpec r = random_request(rng, h.w.config.vocab_size);
+    r.max_new_tokens = 30;
+    int64_t id = 0;
+    ASSERT_TRUE(loop->submit(r, {}, [&seen, i](const TokenEvent& e) { seen[static_cast<size_t>(i)].add(e); }, &id).ok());
+  }
+  for (int spin = 0; spin < 5000 && loop->error().ok(); ++spin) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  loop->stop(false);
+  EXPECT_EQ(loop->error().code(), StatusCode::kCudaError);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(seen[static_cast<size_t>(i)].finals, 1) << "request " << i;
+    EXPECT_EQ(seen[static_cast<size_t>(i)].finish, FinishReason::kCancelled) << "request " << i;
+  }
+  int64_t id = 0;
+  const Status after = loop->submit(random_request(rng, h.w.config.vocab_size), {}, [](const TokenEvent&) {}, &id);
+  EXPECT_EQ(after.code(), StatusCode::kCudaError) << after.to_string();
+  // The engine itself: failed, it refuses steps and adds with the error, and cancel does not throw.
+  std::vector<TokenEvent> events;
+  EXPECT_EQ(engine->step(&events).code(), StatusCode::kCudaError);
+  EXPECT_EQ(engine->add(random_request(rng, h.w.config.vocab_size), {}, &id).code(), StatusCode::kCudaError);
+}
+
 }  // namespace
 }  // namespace llmq::engine

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "llmq/scheduler.hpp"
@@ -64,7 +65,9 @@ class Engine {
   // temperature, top_p outside (0, 1], a zero seed when sampling).
   Status add(RequestSpec spec, const SamplingParams& sampling, int64_t* id);
   Status cancel(int64_t id);
-  // One step; its sampled tokens appended to *events (a request's last one says why it ended).
+  // One step; its sampled tokens appended to *events (a request's last one says why it ended). A
+  // step whose backend fails leaves the engine failed: every later step and add returns that error
+  // (cancel still ends requests, so their owners can be told).
   Status step(std::vector<TokenEvent>* events);
   bool idle() const { return scheduler_->idle(); }
   const Scheduler& scheduler() const { return *scheduler_; }
@@ -74,13 +77,14 @@ class Engine {
   EngineBackend* backend_ = nullptr;
   std::unique_ptr<Scheduler> scheduler_;
   struct Live {
-    Sampler sampler;  // host sampling
+    std::optional<Sampler> sampler;  // host sampling only (it holds a vocabulary-sized buffer)
     SamplingParams params;
     int64_t draws = 0;
   };
   std::map<int64_t, Live> live_;  // live requests' sampling state
   std::vector<float> logits_;
   std::vector<RowDraw> rows_;
+  Status failed_;
 };
 
 }  // namespace llmq::engine

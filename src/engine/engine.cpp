@@ -28,6 +28,7 @@ Status Engine::create(EngineBackend* backend, KvBlockPool* pool, const Scheduler
 }
 
 Status Engine::add(RequestSpec spec, const SamplingParams& sampling, int64_t* id) {
+  if (!failed_.ok()) return failed_;
   const int64_t vocab = backend_->vocab_size();
   for (size_t i = 0; i < spec.prompt.size(); ++i)
     if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab)
@@ -42,7 +43,9 @@ Status Engine::add(RequestSpec spec, const SamplingParams& sampling, int64_t* id
   if (sampling.top_k > 0 && sampling.temperature > 0.0f && !backend_->samples_itself())
     return unsupported("top_k: this backend samples on the host as llama2.c's run.c does (temperature, top_p)");
   LLMQ_RETURN_IF_ERROR(scheduler_->add(std::move(spec), id));
-  live_.emplace(*id, Live{Sampler(vocab, sampling.temperature, sampling.top_p, sampling.seed), sampling, 0});
+  Live live{std::nullopt, sampling, 0};
+  if (!backend_->samples_itself()) live.sampler.emplace(vocab, sampling.temperature, sampling.top_p, sampling.seed);
+  live_.emplace(*id, std::move(live));
   return {};
 }
 
@@ -54,6 +57,7 @@ Status Engine::cancel(int64_t id) {
 
 Status Engine::step(std::vector<TokenEvent>* events) {
   if (events == nullptr) return invalid_argument("events: null");
+  if (!failed_.ok()) return failed_;
   const StepPlan plan = scheduler_->schedule();
   if (plan.chunks.empty()) return {};
   std::vector<int32_t> sampled;
@@ -64,24 +68,24 @@ Status Engine::step(std::vector<TokenEvent>* events) {
         const Live& l = live_.at(c.request);
         rows_.push_back({l.params, l.draws});
       }
-    LLMQ_RETURN_IF_ERROR(backend_->forward_sample(plan, rows_, &sampled));
+    if (Status st = backend_->forward_sample(plan, rows_, &sampled); !st.ok()) return failed_ = st;
     if (static_cast<int64_t>(sampled.size()) != plan.samples)
-      return Status(StatusCode::kInternal, "backend: " + std::to_string(sampled.size()) + " tokens for " +
+      return failed_ = Status(StatusCode::kInternal, "backend: " + std::to_string(sampled.size()) + " tokens for " +
                                                std::to_string(plan.samples) + " samples");
   } else {
-    LLMQ_RETURN_IF_ERROR(backend_->forward(plan, &logits_));
+    if (Status st = backend_->forward(plan, &logits_); !st.ok()) return failed_ = st;
     const int64_t vocab = backend_->vocab_size();
     if (static_cast<int64_t>(logits_.size()) != plan.samples * vocab)
-      return Status(StatusCode::kInternal, "backend: " + std::to_string(logits_.size()) + " logits for " +
+      return failed_ = Status(StatusCode::kInternal, "backend: " + std::to_string(logits_.size()) + " logits for " +
                                                std::to_string(plan.samples) + " samples of " + std::to_string(vocab));
     int64_t row = 0;
     for (const StepChunk& c : plan.chunks)
-      if (c.sample) sampled.push_back(live_.at(c.request).sampler.sample(&logits_[static_cast<size_t>(row++ * vocab)]));
+      if (c.sample) sampled.push_back(live_.at(c.request).sampler->sample(&logits_[static_cast<size_t>(row++ * vocab)]));
   }
   for (const StepChunk& c : plan.chunks)
     if (c.sample) ++live_.at(c.request).draws;
   const size_t first = events->size();
-  LLMQ_RETURN_IF_ERROR(scheduler_->update(plan, sampled, events));
+  if (Status st = scheduler_->update(plan, sampled, events); !st.ok()) return failed_ = st;
   for (size_t i = first; i < events->size(); ++i)
     if ((*events)[i].finish != FinishReason::kNone) live_.erase((*events)[i].request);
   return {};

@@ -167,7 +167,7 @@ struct GpuRuntime::Impl {
   // comes last so that a step copies only the rows it uses.
   struct PagedLayout {
     int64_t tokens = 0, position = 0, tok_slot = 0, q_start = 0, kv_len = 0, seq_slot = 0, lm_rows = 0, params = 0,
-            table = 0, bytes = 0;
+            valid_rows = 0, table = 0, bytes = 0;
   } paged_at;
   DeviceAllocation paged_meta;
   PinnedBuffer paged_meta_host;

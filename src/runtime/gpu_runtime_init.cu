@@ -23,16 +23,46 @@ int64_t kv_block_bytes(const GpuModel& gm, const GpuRuntimeOptions& o) {
   return 2 * c.n_layers * o.kv_block_size * c.n_kv_heads * c.head_dim * (o.kv_cache_dtype == DType::kE4M3 ? 1 : 2);
 }
 
-// Activation buffers of a runtime of `o` (the largest allocations besides the cache).
+// Positions a sequence may hold: max_context rounded up to whole blocks.
+int64_t capacity_of(const GpuRuntimeOptions& o) { return ceil_div(o.max_context, o.kv_block_size) * o.kv_block_size; }
+
+// Decode attention's split-K partials: smaller batches split their keys into more chunks, so the
+// largest need of any batch size.
+int64_t attention_workspace_bytes(const ModelConfig& c, const GpuRuntimeOptions& o) {
+  int64_t bytes = 0;
+  for (int64_t b = 1; b <= o.max_batch; ++b)
+    bytes = std::max(bytes, attention::decode_attention_workspace_bytes(b, c.n_heads, c.head_dim, capacity_of(o)));
+  return bytes;
+}
+
+// Device bytes of a runtime of `o` besides the KV cache: activations, logits, the MoE buffers, the
+// rope table, the block tables and the attention workspace (the allocations that grow with the
+// step, the batch or the context).
 int64_t bytes_besides_cache(const GpuModel& gm, const GpuRuntimeOptions& o) {
   const GpuModel::Impl& m = gm.impl();
   const ModelConfig& c = m.config;
   const int64_t q_dim = c.n_heads * c.head_dim, qkv_n = q_dim + 2 * c.n_kv_heads * c.head_dim;
   const int64_t rows = step_rows(o), lm_rows = logits_rows(o);
+  const int64_t table_bytes = o.max_batch * ceil_div(o.max_context, o.kv_block_size) * 4;
   return rows * (c.dim * 4 + 4 * c.dim * 3 + qkv_n * 2 + 2 * q_dim * 2 + q_dim * 3 + c.dim * 4 + 2 * c.hidden_dim * 2 +
                  c.hidden_dim * 3) +
          lm_rows * c.vocab_size * 4 * (m.lm_head.n < c.vocab_size ? 2 : 1) +
-         (c.is_moe() ? runtime::MoeBuffers::bytes_for(rows, c, m.layers.front().moe.block()) : 0);
+         (c.is_moe() ? runtime::MoeBuffers::bytes_for(rows, c, m.layers.front().moe.block()) : 0) +
+         capacity_of(o) * c.head_dim * 4 + table_bytes + attention_workspace_bytes(c, o);
+}
+
+// The option checks that sizing needs (init repeats them with the rest).
+Status check_sizes(const GpuRuntimeOptions& o) {
+  if (o.max_batch < 1 || o.max_batch > 1024) return invalid_argument("--batch: " + std::to_string(o.max_batch) + " outside [1, 1024]");
+  if (o.max_context < 1 || o.max_context > (int64_t{1} << 30))
+    return invalid_argument("--context: " + std::to_string(o.max_context) + " positions outside [1, 2^30]");
+  if (o.max_step_tokens < 1 || o.max_step_tokens > (int64_t{1} << 24))
+    return invalid_argument("max_step_tokens: " + std::to_string(o.max_step_tokens) + " outside [1, 2^24]");
+  if (o.kv_block_size < 1 || o.kv_block_size > 1024 || (o.kv_block_size & (o.kv_block_size - 1)) != 0)
+    return invalid_argument("kv_block_size: " + std::to_string(o.kv_block_size) + " is not a power of two in [1, 1024]");
+  if (o.kv_blocks < 0 || o.kv_blocks == 1)
+    return invalid_argument("kv_blocks: " + std::to_string(o.kv_blocks) + " (0: fixed slots; paged: at least 2, block 0 pads)");
+  return {};
 }
 
 }  // namespace
@@ -41,9 +71,14 @@ Status GpuRuntime::kv_blocks_that_fit(const GpuModel& model, const GpuRuntimeOpt
                                       int64_t* blocks) {
   if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0))
     return invalid_argument("--gpu-memory-utilization: " + std::to_string(gpu_memory_utilization) + " outside (0, 1]");
+  LLMQ_RETURN_IF_ERROR(check_sizes(options));
+  int previous = 0;
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(model.device()));
   int64_t free_b = 0, total_b = 0;
-  LLMQ_RETURN_IF_ERROR(runtime::device_memory_info(&free_b, &total_b));
+  const Status info = runtime::device_memory_info(&free_b, &total_b);
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
+  LLMQ_RETURN_IF_ERROR(info);
   // Workspaces, graphs and cuBLASLt's own memory: a fixed margin beside the activations.
   constexpr int64_t kMargin = int64_t{512} << 20;
   const int64_t budget = static_cast<int64_t>(static_cast<double>(total_b) * gpu_memory_utilization) - (total_b - free_b) -
@@ -61,13 +96,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   model = &gm.impl();
   options = o;
   c = model->config;
-  if (o.max_batch < 1 || o.max_batch > 1024) return invalid_argument("--batch: " + std::to_string(o.max_batch) + " outside [1, 1024]");
-  if (o.max_context < 1) return invalid_argument("--context: must be positive");
-  if (o.max_step_tokens < 1) return invalid_argument("max_step_tokens: must be positive");
-  if (o.kv_block_size < 1 || o.kv_block_size > 1024 || (o.kv_block_size & (o.kv_block_size - 1)) != 0)
-    return invalid_argument("kv_block_size: " + std::to_string(o.kv_block_size) + " is not a power of two in [1, 1024]");
-  if (o.kv_blocks < 0 || o.kv_blocks == 1)
-    return invalid_argument("kv_blocks: " + std::to_string(o.kv_blocks) + " (0: fixed slots; paged: at least 2, block 0 pads)");
+  LLMQ_RETURN_IF_ERROR(check_sizes(o));
   LLMQ_RETURN_IF_ERROR(parse_skip_stages(o.skip_stages, &skip));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(model->device));
   CudaDeviceInfo info;
@@ -170,10 +199,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
       if (l->act == ActQuant::kDynamicTensor || l->act == ActQuant::kBlock1x128)
         qws = std::max(qws, cuda_quantize_workspace_bytes(rows, l->k, l->act_spec));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(static_cast<int64_t>(qws), "quantize workspace", &quant_workspace));
-  // Smaller batches split their keys into more chunks: the largest need of any batch size.
-  int64_t aws = 0;
-  for (int64_t b = 1; b <= o.max_batch; ++b)
-    aws = std::max(aws, attention::decode_attention_workspace_bytes(b, c.n_heads, c.head_dim, pages.capacity()));
+  const int64_t aws = attention_workspace_bytes(c, o);
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(aws, "attention workspace", &attn_workspace));
   if (o.prefill_attention != AttentionVariant::kBf16 && kv_fp8)
     return unsupported("--attention " + std::string(attention_variant_name(o.prefill_attention)) +

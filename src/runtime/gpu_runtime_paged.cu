@@ -61,6 +61,7 @@ Status GpuRuntime::Impl::init_paged() {
   at.seq_slot = take(B * 4);
   at.lm_rows = take(B * 4);
   at.params = take(B * static_cast<int64_t>(sizeof(runtime::RowSamplingParams)));
+  at.valid_rows = take(4);
   at.table = take(B * pages.table_stride * 4);
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(at.bytes, "paged step metadata", &paged_meta));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(paged_meta.get(), 0, static_cast<size_t>(at.bytes)));
@@ -82,7 +83,9 @@ Status GpuRuntime::Impl::paged_body(const StepMeta& m, int64_t samples) {
   LLMQ_RETURN_IF_ERROR(forward(m));
   LLMQ_RETURN_IF_ERROR(lm_head(m, 0, samples));
   int32_t* flag = sampled.as<int32_t>() + options.max_batch;
-  LLMQ_RETURN_IF_ERROR(runtime::flag_unusable_rows(logits.as<float>(), samples, c.vocab_size, flag, stream));
+  // Only the real rows count: a graph's padding rows may well give constant logits.
+  const auto* valid = reinterpret_cast<const int32_t*>(paged_meta.as<char>() + paged_at.valid_rows);
+  LLMQ_RETURN_IF_ERROR(runtime::flag_unusable_rows(logits.as<float>(), samples, c.vocab_size, flag, stream, valid));
   const auto* params = reinterpret_cast<const runtime::RowSamplingParams*>(paged_meta.as<char>() + paged_at.params);
   return runtime::sample_rows_each(logits.as<float>(), samples, c.vocab_size, params, sampled.as<int32_t>(),
                                    sample_workspace.get(), sample_workspace.bytes(), stream);
@@ -91,6 +94,9 @@ Status GpuRuntime::Impl::paged_body(const StepMeta& m, int64_t samples) {
 Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32_t>* sampled, std::vector<float>* logits) {
   Impl& g = *impl_;
   if (!g.paged) return invalid_argument("step: the runtime has fixed slots (kv_blocks 0): use prefill / decode / generate");
+  // The pinned metadata is rewritten below: no copy of an earlier step (one that failed before
+  // its sync) may still be reading it.
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
   sampled->clear();
   if (logits != nullptr) logits->clear();
   const int64_t B = static_cast<int64_t>(chunks.size());
@@ -98,7 +104,7 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
   if (B > g.options.max_batch)
     return invalid_argument("step: " + std::to_string(B) + " sequences, the runtime takes " + std::to_string(g.options.max_batch));
   const attention::KvPages& pages = g.pages;
-  int64_t T = 0, samples = 0, max_q = 0, max_kv = 0;
+  int64_t T = 0, samples = 0, max_q = 0, max_kv = 0, width = 1;  // width: table columns this step uses
   bool decode_only = true;
   for (int64_t b = 0; b < B; ++b) {
     const PagedChunk& ch = chunks[static_cast<size_t>(b)];
@@ -127,6 +133,7 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
     samples += ch.sample ? 1 : 0;
     max_q = std::max(max_q, ch.count);
     max_kv = std::max(max_kv, ch.start + ch.count);
+    width = std::max(width, ch.table_blocks);
     decode_only = decode_only && ch.count == 1 && ch.sample;
   }
   if (T > g.rows || T > g.options.max_step_tokens)
@@ -134,7 +141,8 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
   const bool graph = decode_only && g.options.cuda_graphs && logits == nullptr;
   const int64_t rows_b = graph ? capture_size(B, g.options.max_batch) : B;  // padded for the graph
 
-  // Pack the metadata into the pinned block (the previous step's copies finished: it synced).
+  // Pack the metadata into the pinned block. Table rows: only the first `width` columns go up
+  // (entries past a sequence's positions are never read).
   char* host = static_cast<char*>(g.paged_meta_host.ptr);
   const Impl::PagedLayout& at = g.paged_at;
   auto* tok = reinterpret_cast<int32_t*>(host + at.tokens);
@@ -160,7 +168,7 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
       kvlen[b] = 1;
       sslot[b] = static_cast<int32_t>(b);
       params[s++] = runtime::RowSamplingParams{};
-      std::fill(row, row + pages.table_stride, 0);
+      std::fill(row, row + width, 0);
       continue;
     }
     const PagedChunk& ch = chunks[static_cast<size_t>(b)];
@@ -179,10 +187,14 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
       params[s++] = device_params(ch.sampling);
     }
     std::copy(ch.table, ch.table + ch.table_blocks, row);
-    std::fill(row + ch.table_blocks, row + pages.table_stride, 0);
+    std::fill(row + ch.table_blocks, row + width, 0);
   }
-  const int64_t copy_bytes = at.table + rows_b * pages.table_stride * 4;
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(g.paged_meta.get(), host, static_cast<size_t>(copy_bytes), cudaMemcpyHostToDevice, g.stream));
+  *reinterpret_cast<int32_t*>(host + at.valid_rows) = static_cast<int32_t>(graph ? B : s);
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(g.paged_meta.get(), host, static_cast<size_t>(at.table), cudaMemcpyHostToDevice, g.stream));
+  const size_t pitch = static_cast<size_t>(pages.table_stride * 4);
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(g.paged_meta.as<char>() + at.table, pitch, host + at.table, pitch,
+                                              static_cast<size_t>(width * 4), static_cast<size_t>(rows_b),
+                                              cudaMemcpyHostToDevice, g.stream));
 
   const char* d = g.paged_meta.as<char>();
   StepMeta m;
@@ -216,8 +228,11 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
         LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
         const Status body = g.paged_body(m, s);
         const cudaError_t end = cudaStreamEndCapture(g.stream, &cg);
-        LLMQ_RETURN_IF_ERROR(body);
-        LLMQ_RETURN_IF_ERROR(detail::cuda_status(end, "cudaStreamEndCapture"));
+        if (!body.ok() || end != cudaSuccess) {
+          if (cg != nullptr) (void)cudaGraphDestroy(cg);
+          LLMQ_RETURN_IF_ERROR(body);
+          return detail::cuda_status(end, "cudaStreamEndCapture");
+        }
         const cudaError_t inst = cudaGraphInstantiate(&exec, cg, 0);
         (void)cudaGraphDestroy(cg);
         LLMQ_RETURN_IF_ERROR(detail::cuda_status(inst, "cudaGraphInstantiate"));
@@ -240,7 +255,7 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
   }
   LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
   if (out[g.options.max_batch] != 0) {
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(g.sampled.as<int32_t>() + g.options.max_batch, 0, 4));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g.sampled.as<int32_t>() + g.options.max_batch, 0, 4, g.stream));
     return invalid_argument("step: the model's logits held NaN/Inf or were all equal in a sampled row: the weights "
                             "overflow or are degenerate, and the tokens are no answer");
   }

@@ -123,8 +123,10 @@ int64_t argmax_workspace_bytes(int64_t rows);
 Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, void* workspace, CudaStream stream);
 
 // Set *flag to 1 (never back to 0) when any of `rows` rows of logits holds a NaN/Inf or is
-// constant: the device-side check_logits for rows sampled without coming to the host.
-Status flag_unusable_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* flag, CudaStream stream);
+// constant: the device-side check_logits for rows sampled without coming to the host. valid_rows
+// (device, or null for all): only rows below *valid_rows count (a graph's padding rows do not).
+Status flag_unusable_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* flag, CudaStream stream,
+                          const int32_t* valid_rows = nullptr);
 
 // Temperature + top-p sampling of each row, a counter hash of (seed, *step, row); temperature 0
 // is argmax_rows (with the workspace).

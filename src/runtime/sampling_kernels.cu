@@ -60,9 +60,10 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
 // refuses on the host, for the rows sampled on the device (argmax would return token 0 for both).
 constexpr int kFlagThreads = 256;
 __global__ void __launch_bounds__(kFlagThreads) flag_unusable_rows_kernel(const float* logits, int64_t vocab,
-                                                                           int32_t* flag) {
+                                                                           int32_t* flag, const int32_t* valid_rows) {
   detail::pdl_wait();
   detail::pdl_launch_dependents();
+  if (valid_rows != nullptr && static_cast<int>(blockIdx.x) >= *valid_rows) return;
   const float* row = logits + blockIdx.x * vocab;
   const float first = row[0];
   int bad = 0, differs = 0;
@@ -272,10 +273,11 @@ Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* to
   return {};
 }
 
-Status flag_unusable_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* flag, CudaStream stream) {
+Status flag_unusable_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* flag, CudaStream stream,
+                          const int32_t* valid_rows) {
   if (rows == 0) return {};
   LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(flag_unusable_rows_kernel, dim3(static_cast<unsigned>(rows)),
-                                                dim3(kFlagThreads), 0, stream, logits, vocab, flag));
+                                                dim3(kFlagThreads), 0, stream, logits, vocab, flag, valid_rows));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("flag_unusable_rows_kernel");
   return {};
 }

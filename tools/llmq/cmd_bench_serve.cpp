@@ -65,6 +65,12 @@ struct GpuServe {
 };
 
 Status start_gpu(const ServeArgs& a, const GpuModelSource& source, int64_t max_model_len, GpuServe* g) {
+  // The runtime's own limits, named by this command's options.
+  if (a.max_running > 1024)
+    return invalid_argument("--max-running: " + std::to_string(a.max_running) +
+                            " > 1024 (the GPU runtime's most sequences per step)");
+  if ((a.block_size & (a.block_size - 1)) != 0)
+    return invalid_argument("--block-size: " + std::to_string(a.block_size) + " is not a power of two (the GPU kernels split positions with shifts)");
   GpuPrecision p;
   LLMQ_RETURN_IF_ERROR(parse_gpu_precision(a.precision, &p));
   Progress progress((source.kind == GpuModelSource::Kind::kSynthetic ? "generating " : "loading ") + a.model + " " + a.precision);
@@ -143,6 +149,9 @@ int run_serve(const ServeArgs& a) {
     return fail(st.message().rfind("vocab_size", 0) == 0 ? st : invalid_argument("--" + st.message()));
   // Positions per sequence: --max-model-len, or on the GPU the workload's longest request (the
   // decode graphs' attention split is sized by it, as trtllm-bench sizes its engine by the dataset).
+  if (a.max_model_len > config.max_seq_len)
+    return fail(invalid_argument("--max-model-len: " + std::to_string(a.max_model_len) + " positions, the model's context is " +
+                                 std::to_string(config.max_seq_len)));
   int64_t max_model_len = a.max_model_len > 0 ? a.max_model_len : config.max_seq_len;
   if (gpu && a.max_model_len == 0) {
     max_model_len = 0;
