@@ -108,27 +108,27 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
   bool decode_only = true;
   for (int64_t b = 0; b < B; ++b) {
     const PagedChunk& ch = chunks[static_cast<size_t>(b)];
-    const std::string which = "step: sequence " + std::to_string(b) + ": ";
-    if (ch.tokens == nullptr || ch.table == nullptr) return invalid_argument(which + "tokens or table is null");
+    const auto which = [b] { return "step: sequence " + std::to_string(b) + ": "; };  // built only for an error
+    if (ch.tokens == nullptr || ch.table == nullptr) return invalid_argument(which() + "tokens or table is null");
     if (ch.count < 1 || ch.start < 0 || ch.start + ch.count > g.options.max_context)
-      return invalid_argument(which + "positions [" + std::to_string(ch.start) + ", " + std::to_string(ch.start + ch.count) +
+      return invalid_argument(which() + "positions [" + std::to_string(ch.start) + ", " + std::to_string(ch.start + ch.count) +
                               ") outside [0, " + std::to_string(g.options.max_context) + ")");
     const int64_t need = ceil_div(ch.start + ch.count, pages.block_size);
     if (ch.table_blocks < need || ch.table_blocks > pages.table_stride)
-      return invalid_argument(which + "a table of " + std::to_string(ch.table_blocks) + " blocks for " +
+      return invalid_argument(which() + "a table of " + std::to_string(ch.table_blocks) + " blocks for " +
                               std::to_string(ch.start + ch.count) + " positions (needs " + std::to_string(need) + ", at most " +
                               std::to_string(pages.table_stride) + ")");
     for (int64_t i = 0; i < need; ++i)
       if (ch.table[i] < 1 || ch.table[i] >= pages.num_blocks)
-        return invalid_argument(which + "table entry " + std::to_string(i) + " = " + std::to_string(ch.table[i]) +
+        return invalid_argument(which() + "table entry " + std::to_string(i) + " = " + std::to_string(ch.table[i]) +
                                 " outside [1, " + std::to_string(pages.num_blocks) + ")");
     for (int64_t i = ch.start; i < ch.start + ch.count; ++i)
       if (ch.tokens[i] < 0 || ch.tokens[i] >= g.c.vocab_size)
-        return invalid_argument(which + "token " + std::to_string(ch.tokens[i]) + " is outside the vocabulary");
+        return invalid_argument(which() + "token " + std::to_string(ch.tokens[i]) + " is outside the vocabulary");
     if (ch.sample && ch.sampling.temperature > 0.0f && !(ch.sampling.top_p > 0.0f && ch.sampling.top_p <= 1.0f))
-      return invalid_argument(which + "top_p " + std::to_string(ch.sampling.top_p) + " outside (0, 1]");
+      return invalid_argument(which() + "top_p " + std::to_string(ch.sampling.top_p) + " outside (0, 1]");
     if (ch.sample && (ch.sampling.top_k < 0 || !(ch.sampling.temperature >= 0.0f)))
-      return invalid_argument(which + "negative top_k or temperature");
+      return invalid_argument(which() + "negative top_k or temperature");
     T += ch.count;
     samples += ch.sample ? 1 : 0;
     max_q = std::max(max_q, ch.count);
