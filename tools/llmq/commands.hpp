@@ -34,6 +34,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands);
 void add_bench_serve_command(CLI::App* bench, std::vector<Command>* commands);  // `bench serve`
 void add_attention_command(CLI::App& app, std::vector<Command>* commands);
 void add_make_checkpoint_command(CLI::App& app, std::vector<Command>* commands);
+void add_template_command(CLI::App& app, std::vector<Command>* commands);  // `llmq template`
 
 // How GPU work is launched and how tensor-parallel ranks talk, shared by `run` and `bench e2e`.
 struct GpuLaunchFlags {

@@ -110,6 +110,7 @@ int run_main(int argc, char** argv) {
   llmq::cli::add_logits_command(app, &commands);
   llmq::cli::add_bench_command(app, &commands);
   llmq::cli::add_make_checkpoint_command(app, &commands);
+  llmq::cli::add_template_command(app, &commands);
 
   llmq::cli::ReportOptions report_options;
   CLI::App* report = app.add_subcommand("report", "round-trip and GEMM error of every scaling method on a seeded outlier tensor");

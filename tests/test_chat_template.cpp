@@ -1,0 +1,146 @@
+// Chat templates (issue 26): the Jinja subset on hand-written templates, each expectation what
+// Python's jinja2 prints for it (transformers' settings: trim_blocks, lstrip_blocks, loopcontrols);
+// errors that name the line; hostile templates and inputs bounded. The real models' templates are
+// checked byte for byte against jinja2 itself by the chat_template_oracle ctest.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "llmq/chat_template.hpp"
+
+namespace {
+
+using llmq::ChatTemplateOptions;
+
+std::string render(const std::string& src, const std::string& messages = "[]", ChatTemplateOptions options = {}) {
+  if (options.date.empty()) options.date = "2025-03-14";
+  std::string out;
+  const llmq::Status st = llmq::render_chat_template(src, messages, options, &out);
+  return st.ok() ? out : "ERROR " + st.message();
+}
+
+TEST(ChatTemplate, WhitespaceControl) {
+  // trim_blocks eats the newline after %} and #}; lstrip_blocks the indentation before {% and {#.
+  EXPECT_EQ(render("a\n  {# c #}\n  b\n  {% if 1 %}\nX\n  {% endif %}\n{{ 1 }}\nend\n"), "a\n  b\nX\n1\nend");
+  EXPECT_EQ(render("a  {%- if true -%}  b  {%- endif %}  c"), "ab  c");
+  EXPECT_EQ(render("x {{- ' y ' -}} z"), "x y z");
+  EXPECT_EQ(render("  {%+ if true %}k{% endif %}"), "  k");
+  EXPECT_EQ(render("{% if true %}\n\nq{% endif %}\n"), "\nq");
+}
+
+TEST(ChatTemplate, LoopVariablesAndControl) {
+  EXPECT_EQ(render("{% for x in 'abc' %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.first }}{{ loop.last }}"
+                   "{{ loop.length }}{% if not loop.first %}{{ loop.previtem }}{% endif %};{% endfor %}"),
+            "103TrueFalse3;212FalseFalse3a;321FalseTrue3b;");
+  EXPECT_EQ(render("{% for x in [1,2,3,4,5] %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}"
+                   "{% endif %}{{ x }}{% endfor %}"), "13");
+  EXPECT_EQ(render("{% for x in [] %}a{% else %}empty{% endfor %}"), "empty");
+  EXPECT_EQ(render("{% for k, v in {'a': 1, 'b': [2]}.items() %}{{ k }}={{ v }} {% endfor %}"), "a=1 b=[2] ");
+  EXPECT_EQ(render("{% for x in range(6) if x % 2 %}{{ x }}/{{ loop.length }} {% endfor %}"), "1/3 3/3 5/3 ");
+}
+
+TEST(ChatTemplate, ScopingAndNamespace) {
+  // A set inside a loop iteration is forgotten; namespace attributes survive (the Qwen/DeepSeek idiom).
+  EXPECT_EQ(render("{% set x = 0 %}{% for i in range(3) %}{{ x }}{% set x = i %}{% endfor %}{{ x }}"), "0000");
+  EXPECT_EQ(render("{% set ns = namespace(n=0, s='') %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}"),
+            "6");
+  EXPECT_EQ(render("{% macro m(a, b=2) %}[{{ a }}{{ b }}{{ c }}]{% endmacro %}{% set c = 5 %}{{ m(1) }}{{ m(1, b=3) }}"),
+            "[125][135]");
+  EXPECT_EQ(render("{% set t %}in {{ 1 + 1 }}{% endset %}{{ t | upper }}"), "IN 2");
+}
+
+TEST(ChatTemplate, ExpressionsFollowPython) {
+  EXPECT_EQ(render("{{ [1, 'a', none, true, 1.5, {'k': (1, 2)}] }}|{{ 1e16 }}|{{ 0.1 + 0.2 }}|{{ 7 // -2 }}|{{ -7 % 3 }}|"
+                   "{{ 2 ** 10 }}|{{ 3 / 2 }}|{{ 4 / 2 }}"),
+            "[1, 'a', None, True, 1.5, {'k': (1, 2)}]|1e+16|0.30000000000000004|-4|2|1024|1.5|2.0");
+  EXPECT_EQ(render("{{ 'abc'[::-1] }}{{ [1,2,3][:-1] }}{{ 'a\\x41\\u00e9' }}{{ 'x' 'y' }}{{ 'a' ~ 1 }}"), "cba[1, 2]aAéxya1");
+  EXPECT_EQ(render("{{ 'yes' if 1 in [1, 2] else 'no' }}{{ 'b' not in 'abc' }}{{ 1 < 2 < 3 }}{{ none or 'x' }}"),
+            "yesFalseTruex");
+  EXPECT_EQ(render("{{ \"it's\" | string }}{{ [\"it's\"] }}"), "it's[\"it's\"]");
+  EXPECT_EQ(render("{{ 'a' ~ 1 + 2 }}").rfind("ERROR", 0), 0u);  // ('a' ~ 1) + 2: str + int, as in jinja2
+}
+
+TEST(ChatTemplate, UndefinedAndTests) {
+  EXPECT_EQ(render("[{{ x }}][{{ x | length }}]{{ x is defined }}{{ d.y is defined }}{{ d.y }}", R"({"messages": [], "d": {}})"),
+            "[][0]FalseFalse");
+  EXPECT_EQ(render("{{ 'a' is string }}{{ {} is mapping }}{{ [] is iterable }}{{ 1 is number }}{{ none is none }}"
+                   "{{ 'a' is sequence }}{{ 3 is odd }}{{ 'x' is equalto 'x' }}"), "TrueTrueTrueTrueTrueTrueTrueTrue");
+  EXPECT_EQ(render("{{ d.y.z }}", R"({"messages": [], "d": {}})").rfind("ERROR chat template line 1", 0), 0u);
+}
+
+TEST(ChatTemplate, FiltersAndMethods) {
+  EXPECT_EQ(render("{{ '  a b  ' | trim }}|{{ 'xxhixx'.strip('x') }}|{{ 'a,b,,c'.split(',') }}|{{ ' a  b '.split() }}|"
+                   "{{ [1, 2] | join('-') }}|{{ x | default('dflt') }}|{{ 'hello world' | title }}|{{ 'abc'.startswith('ab') }}"),
+            "a b|hi|['a', 'b', '', 'c']|['a', 'b']|1-2|dflt|Hello World|True");
+  EXPECT_EQ(render("{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | list }}"
+                   "{{ messages | rejectattr('role', 'equalto', 'user') | list | length }}{{ (messages | first).role }}",
+                   R"([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])"),
+            "['q']1user");
+  EXPECT_EQ(render("{{ {'b': [1, 2.5, 'é\"'], 'a': none} | tojson }}"), "{\"b\": [1, 2.5, \"é\\\"\"], \"a\": null}");
+  EXPECT_EQ(render("{{ {'a': [1]} | tojson(indent=2) }}"), "{\n  \"a\": [\n    1\n  ]\n}");
+  EXPECT_EQ(render("{{ ['a', 'b', 'a'] | unique | list }}{{ 'ab' | replace('a', 'x') }}{{ '5' | int + 1 }}{{ d.get('k', 7) }}",
+                   R"({"messages": [], "d": {}})"), "['a', 'b']xb67");
+}
+
+TEST(ChatTemplate, StrftimeNowAndContext) {
+  ChatTemplateOptions o;
+  o.date = "2024-02-29";
+  o.bos_token = "<s>";
+  EXPECT_EQ(render("{{ bos_token }}{{ strftime_now('%d %b %Y|%A %a %B %m %y %j %H:%M|%-d') }}{{ tools }}{{ add_generation_prompt }}", "[]", o),
+            "<s>29 Feb 2024|Thursday Thu February 02 24 060 00:00|29NoneTrue");
+  o.date = "2024-13-01";
+  EXPECT_NE(render("x", "[]", o).find("is not a YYYY-MM-DD day"), std::string::npos);
+}
+
+TEST(ChatTemplate, ErrorsNameTheLineAndThing) {
+  EXPECT_EQ(render("ok\n\n{{ x | bogus }}"), "ERROR chat template line 3 column 8: unknown filter 'bogus'");
+  EXPECT_EQ(render("{{ raise_exception('Roles must alternate') }}"), "ERROR chat template line 1 column 4: raise_exception: Roles must alternate");
+  EXPECT_NE(render("\n{% if true %}x").find("line 2"), std::string::npos);
+  EXPECT_NE(render("{% frobnicate %}").find("unknown tag 'frobnicate'"), std::string::npos);
+  EXPECT_NE(render("{{ 'abc'.nosuch() }}").find("no method 'nosuch'"), std::string::npos);
+  EXPECT_NE(render("{{ 'unterminated }}").find("unterminated string"), std::string::npos);
+  EXPECT_NE(render("x", "{not json").find("not valid JSON"), std::string::npos);
+}
+
+TEST(ChatTemplate, HostileTemplatesAreBounded) {
+  std::string nested;
+  for (int i = 0; i < 10000; ++i) nested += "{% if true %}";
+  EXPECT_NE(render(nested).find("nested deeper than"), std::string::npos);
+  EXPECT_NE(render("{{ " + std::string(10000, '(') + "1" + std::string(10000, ')') + " }}").find("nested deeper than"), std::string::npos);
+  EXPECT_NE(render("{{ " + std::string(10000, '-') + "1 }}").find("nested deeper than"), std::string::npos);
+  EXPECT_NE(render("{% for i in range(1000000000) %}{% endfor %}").find("loop iterations"), std::string::npos);
+  EXPECT_NE(render("{% for i in range(1000) %}{% for j in range(1000) %}{% for k in range(1000) %}{% endfor %}{% endfor %}{% endfor %}")
+                .find("loop iterations"), std::string::npos);
+  ChatTemplateOptions small;
+  small.max_output_bytes = 1 << 20;
+  EXPECT_NE(render("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "[]", small).find("output larger than"), std::string::npos);
+  EXPECT_NE(render("{{ 'x' * 1000000000000 }}").find("output larger than"), std::string::npos);
+  EXPECT_NE(render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").find("macro calls nested deeper"), std::string::npos);
+  EXPECT_NE(render("{{ 9223372036854775807 + 1 }}").find("integer overflow"), std::string::npos);
+  // Truncated and garbled templates are errors, never crashes.
+  const std::string src = "{%- for m in messages %}{{ m['content'] | trim ~ (m.x if m.y else '') }}{% endfor %}";
+  for (size_t n = 0; n < src.size(); ++n) (void)render(src.substr(0, n), R"([{"content": "a"}])");
+}
+
+TEST(ChatTemplate, InvalidUtf8ContentPassesThrough) {
+  nlohmann::json messages = nlohmann::json::array();
+  const std::string bad = "a\xff\xfe b\xc3";
+  messages.push_back({{"role", "user"}, {"content", bad}});
+  std::string out;
+  ChatTemplateOptions o;
+  o.date = "2025-01-01";
+  ASSERT_TRUE(llmq::render_chat_template("[{{ messages[0].content }}|{{ messages[0].content[1:] | length }}]", messages, o, &out).ok());
+  EXPECT_EQ(out, "[" + bad + "|5]");  // 6 characters: each invalid byte counts one
+}
+
+TEST(ChatTemplate, ReadsAModelDirectory) {
+  llmq::ModelChatTemplate t;
+  ASSERT_TRUE(llmq::read_model_chat_template(std::string(LLMQ_REPO_TESTDATA) + "/chat_templates/model_dir", &t).ok());
+  EXPECT_EQ(t.bos_token, "<s>");
+  EXPECT_EQ(t.eos_token, "</s>");
+  EXPECT_NE(t.origin.find("(default)"), std::string::npos);
+  EXPECT_NE(t.source.find("[AVAILABLE_TOOLS]"), std::string::npos);
+  EXPECT_FALSE(llmq::read_model_chat_template(std::string(LLMQ_REPO_TESTDATA) + "/no_such_dir", &t).ok());
+}
+
+}  // namespace
