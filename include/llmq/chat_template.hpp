@@ -49,4 +49,9 @@ struct ModelChatTemplate {
 // "default" is used); bos/eos tokens from tokenizer_config.json.
 Status read_model_chat_template(const std::string& model_dir, ModelChatTemplate* out);
 
+// A chat template or a conversation file a user names (`what` is the option, e.g. "--template"):
+// a regular file only (a FIFO or a device is refused by name, never read until it ends), at most
+// 16 MB.
+Status read_chat_file(const std::string& what, const std::string& path, std::string* out);
+
 }  // namespace llmq

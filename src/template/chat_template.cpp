@@ -5,10 +5,9 @@
 #include "llmq/chat_template.hpp"
 
 #include <ctime>
-#include <fstream>
 #include <new>
-#include <sstream>
 
+#include "model/checkpoint/input_file.hpp"
 #include "template/eval.hpp"
 #include "template/lexer.hpp"
 #include "template/parser.hpp"
@@ -153,14 +152,12 @@ Status render_value(const std::string& source, const nlohmann::json& messages, c
   }
 }
 
-Status read_file(const std::string& path, std::string* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return {StatusCode::kIoError, path + ": cannot open"};
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) return {StatusCode::kIoError, path + ": read failed"};
-  *out = ss.str();
-  return Status::ok_status();
+// A side file of the model directory: absent is "none"; present, it must be a regular file of at
+// most kMaxConfigJsonBytes (a FIFO or a device is refused by name, never read until it ends).
+Status read_side_file(const std::string& path, bool* present, std::string* out) {
+  *present = path_present(path);
+  if (!*present) return Status::ok_status();
+  return read_input_file("chat template", path, kMaxConfigJsonBytes, out);
 }
 
 std::string token_text(const nlohmann::json& j) {
@@ -179,8 +176,8 @@ Status render_chat_template(const std::string& template_source, const nlohmann::
 
 Status render_chat_template(const std::string& template_source, const std::string& messages_json,
                             const ChatTemplateOptions& options, std::string* out) {
-  nlohmann::json parsed = nlohmann::json::parse(messages_json, nullptr, false);
-  if (parsed.is_discarded()) return invalid_argument("messages: not valid JSON (or not valid UTF-8)");
+  nlohmann::json parsed;
+  LLMQ_RETURN_IF_ERROR(parse_json_text("messages", messages_json, &parsed));  // nesting capped before parsing
   return render_chat_template(template_source, parsed, options, out);
 }
 
@@ -190,14 +187,17 @@ Status read_model_chat_template(const std::string& model_dir, ModelChatTemplate*
   const std::string config_path = model_dir + "/tokenizer_config.json";
   nlohmann::json config;
   std::string text;
-  if (read_file(config_path, &text).ok()) {
-    config = nlohmann::json::parse(text, nullptr, false);
-    if (config.is_discarded() || !config.is_object()) return invalid_argument(config_path + ": not a JSON object");
+  bool present = false;
+  LLMQ_RETURN_IF_ERROR(read_side_file(config_path, &present, &text));
+  if (present) {
+    LLMQ_RETURN_IF_ERROR(parse_json_text(config_path, text, &config));
+    if (!config.is_object()) return invalid_argument(config_path + ": not a JSON object");
     if (config.contains("bos_token")) out->bos_token = token_text(config["bos_token"]);
     if (config.contains("eos_token")) out->eos_token = token_text(config["eos_token"]);
   }
   // transformers 5 prefers chat_template.jinja, the file it writes beside tokenizer_config.json.
-  if (read_file(model_dir + "/chat_template.jinja", &out->source).ok()) {
+  LLMQ_RETURN_IF_ERROR(read_side_file(model_dir + "/chat_template.jinja", &present, &out->source));
+  if (present) {
     out->origin = model_dir + "/chat_template.jinja";
     return Status::ok_status();
   }
@@ -221,6 +221,11 @@ Status read_model_chat_template(const std::string& model_dir, ModelChatTemplate*
     return invalid_argument(config_path + ": chat_template is neither a string nor a list of {name, template}");
   }
   return invalid_argument(model_dir + ": no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template)");
+}
+
+Status read_chat_file(const std::string& what, const std::string& path, std::string* out) {
+  if (!out) return invalid_argument("read_chat_file: out is null");
+  return read_input_file(what, path, kMaxConfigJsonBytes, out);
 }
 
 }  // namespace llmq

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "engine_setup.hpp"
 #include "llmq/engine_cpu.hpp"
 #include "llmq/engine_gpu.hpp"
 #include "llmq/engine.hpp"
@@ -56,54 +57,6 @@ struct ServeArgs {
   bool no_graphs = false;
   GpuLaunchFlags launch;
 };
-
-// The GPU side of --device cuda: the model split over --tp GPUs and its paged runtime.
-struct GpuServe {
-  std::unique_ptr<TensorParallelRuntime> tpr;
-  std::unique_ptr<engine::GpuBackend> backend;
-  std::string description;
-};
-
-Status start_gpu(const ServeArgs& a, const GpuModelSource& source, int64_t max_model_len, GpuServe* g) {
-  // The runtime's own limits, named by this command's options.
-  if (a.max_running > 1024)
-    return invalid_argument("--max-running: " + std::to_string(a.max_running) +
-                            " > 1024 (the GPU runtime's most sequences per step)");
-  if ((a.block_size & (a.block_size - 1)) != 0)
-    return invalid_argument("--block-size: " + std::to_string(a.block_size) + " is not a power of two (the GPU kernels split positions with shifts)");
-  GpuPrecision p;
-  LLMQ_RETURN_IF_ERROR(parse_gpu_precision(a.precision, &p));
-  Progress progress((source.kind == GpuModelSource::Kind::kSynthetic ? "generating " : "loading ") + a.model + " " + a.precision);
-  TensorParallelLoadOptions lo;
-  lo.group = apply_gpu_launch_flags(a.launch);
-  lo.progress = [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
-  LLMQ_RETURN_IF_ERROR(TensorParallelRuntime::load(a.tp, a.gpu, source, p, &g->tpr, lo));
-  progress.finish();
-  GpuRuntimeOptions o;
-  o.max_batch = a.max_running;
-  o.max_context = max_model_len;
-  o.max_step_tokens = a.max_batched_tokens;
-  o.cuda_graphs = !a.no_graphs;
-  o.kv_block_size = a.block_size;
-  if (a.kv_cache != "bf16" && a.kv_cache != "e4m3") return invalid_argument("--kv-cache: bf16 or e4m3, got " + a.kv_cache);
-  o.kv_cache_dtype = a.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
-  o.kv_blocks = a.kv_blocks > 0 ? a.kv_blocks + 1 : 0;
-  if (o.kv_blocks == 0) {
-    // Every rank holds the same blocks (of its own heads): the smallest fit of the ranks.
-    int64_t fit = INT64_MAX;
-    for (int r = 0; r < g->tpr->size(); ++r) {
-      int64_t b = 0;
-      LLMQ_RETURN_IF_ERROR(GpuRuntime::kv_blocks_that_fit(g->tpr->model(r), o, a.gpu_memory_utilization, &b));
-      fit = std::min(fit, b);
-    }
-    o.kv_blocks = fit;
-  }
-  LLMQ_RETURN_IF_ERROR(g->tpr->start(o));
-  LLMQ_RETURN_IF_ERROR(engine::GpuBackend::create(g->tpr.get(), &g->backend));
-  g->description = a.model + " " + a.precision + (a.kv_cache == "e4m3" ? " (e4m3 KV)" : "") +
-                   (a.tp > 1 ? fmt::format(" over {} GPUs", a.tp) : std::string());
-  return {};
-}
 
 json summary_json(const engine::LatencySummary& s) {
   return {{"count", s.count}, {"mean_ms", s.mean * 1e3}, {"median_ms", s.median * 1e3}, {"p90_ms", s.p90 * 1e3},
@@ -160,10 +113,23 @@ int run_serve(const ServeArgs& a) {
   }
   engine::EngineBackend* backend = nullptr;
   std::unique_ptr<engine::CpuBackend> cpu_backend;
-  GpuServe g;
+  GpuEngine g;
   int64_t blocks = a.kv_blocks;
   if (gpu) {
-    if (Status st = start_gpu(a, source, max_model_len, &g); !st.ok()) return fail(st);
+    GpuEngineFlags f;
+    f.model = a.model;
+    f.precision = a.precision;
+    f.kv_cache = a.kv_cache;
+    f.tp = a.tp;
+    f.gpu = a.gpu;
+    f.gpu_memory_utilization = a.gpu_memory_utilization;
+    f.max_running = a.max_running;
+    f.max_batched_tokens = a.max_batched_tokens;
+    f.block_size = a.block_size;
+    f.kv_blocks = a.kv_blocks;
+    f.no_graphs = a.no_graphs;
+    f.launch = a.launch;
+    if (Status st = start_gpu_engine(f, source, max_model_len, &g); !st.ok()) return fail(st);
     description = g.description;
     backend = g.backend.get();
     blocks = backend->blocks() - 1;

@@ -1,8 +1,6 @@
 // llmq template: the exact prompt text a model's chat template makes of a conversation, as
 // transformers' apply_chat_template would render it (the text the server feeds the model).
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "commands.hpp"
 #include "llmq/chat_template.hpp"
@@ -20,26 +18,17 @@ struct TemplateArgs {
   bool no_generation_prompt = false;
 };
 
-Status read_text(const std::string& path, const char* option, std::string* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return invalid_argument(std::string(option) + ": cannot open '" + path + "'");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  *out = ss.str();
-  return Status::ok_status();
-}
-
 int run(const TemplateArgs& a) {
   if (a.model.empty() == a.template_file.empty())
     return fail(invalid_argument("give one of --model DIR or --template FILE"));
   ModelChatTemplate tmpl;
   if (!a.model.empty()) {
     if (Status st = read_model_chat_template(a.model, &tmpl); !st.ok()) return fail(st);
-  } else if (Status st = read_text(a.template_file, "--template", &tmpl.source); !st.ok()) {
+  } else if (Status st = read_chat_file("--template", a.template_file, &tmpl.source); !st.ok()) {
     return fail(st);
   }
   std::string messages;
-  if (Status st = read_text(a.messages, "--messages", &messages); !st.ok()) return fail(st);
+  if (Status st = read_chat_file("--messages", a.messages, &messages); !st.ok()) return fail(st);
   ChatTemplateOptions options;
   options.add_generation_prompt = !a.no_generation_prompt;
   options.date = a.date;

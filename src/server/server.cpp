@@ -1,0 +1,348 @@
+// Server (server.hpp): cpp-httplib routes over the EngineLoop. A request's tokens reach its HTTP
+// handler through a Channel (the loop's callback pushes, the handler waits); the text is built by
+// a TextStream (UTF-8 completion, stop strings). A handler that stops reading (the client went
+// away, or a stop string completed) cancels its request in the engine.
+#include "llmq/server.hpp"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "llmq/chat_template.hpp"
+#include "llmq/text_stream.hpp"
+#include "server/openai_request.hpp"
+
+namespace llmq::server {
+namespace {
+
+using json = nlohmann::json;
+using engine::FinishReason;
+using engine::TokenEvent;
+
+// One request's events, from the engine's thread to the HTTP handler's.
+struct Channel {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<TokenEvent> events;
+  bool ended = false;
+  void push(const TokenEvent& e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(e);
+      if (e.finish != FinishReason::kNone) ended = true;
+    }
+    cv.notify_one();
+  }
+  // Waits up to `timeout` for events; moves them to *out. False when none came.
+  bool take(std::deque<TokenEvent>* out, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, timeout, [&] { return !events.empty(); });
+    if (events.empty()) return false;
+    out->swap(events);
+    events.clear();
+    return true;
+  }
+};
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  res.set_content(e.to_json(), "application/json");
+}
+
+ApiError error_of(int status, const std::string& type, const std::string& message, const std::string& code = "") {
+  ApiError e;
+  e.http_status = status;
+  e.type = type;
+  e.message = message;
+  e.code = code;
+  return e;
+}
+
+const char* finish_name(FinishReason r, bool stop_string) {
+  if (stop_string) return "stop";
+  return r == FinishReason::kLength ? "length" : "stop";
+}
+
+std::string sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
+
+}  // namespace
+
+struct Server::Impl {
+  engine::EngineLoop* loop = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  ServerOptions options;
+  httplib::Server http;
+  int port = 0;
+  std::atomic<int64_t> next_id{0};
+  std::mt19937_64 seeds{std::random_device{}()};
+  std::mutex seeds_mu;
+
+  bool authorized(const httplib::Request& req) const {
+    if (options.api_key.empty()) return true;
+    return req.get_header_value("Authorization") == "Bearer " + options.api_key;
+  }
+  // POST /v1/completions (chat false) and /v1/chat/completions (chat true).
+  void generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  // The prompt's tokens: token ids as sent, a text prompt encoded with BOS, or the messages
+  // rendered by the model's chat template and encoded as they are (the template writes BOS).
+  bool prompt_tokens(const GenerateRequest& r, std::vector<int32_t>* out, ApiError* e) const;
+};
+
+bool Server::Impl::prompt_tokens(const GenerateRequest& r, std::vector<int32_t>* out, ApiError* e) const {
+  if (r.prompt_ids) {
+    *out = *r.prompt_ids;
+    return true;
+  }
+  if (tokenizer == nullptr) {
+    *e = error_of(400, "invalid_request_error", r.chat ? "messages: this model has no tokenizer" : "prompt: this model has no tokenizer; send token ids");
+    return false;
+  }
+  std::string text;
+  if (r.chat) {
+    if (options.chat_template.empty()) {
+      *e = error_of(400, "invalid_request_error", "messages: this model has no chat template (use /v1/completions)");
+      return false;
+    }
+    json messages = json::array();
+    for (const ChatMessage& m : r.messages) messages.push_back({{"role", m.role}, {"content", m.content}});
+    ChatTemplateOptions co;
+    co.add_generation_prompt = r.add_generation_prompt;
+    co.bos_token = options.bos_token;
+    co.eos_token = options.eos_token;
+    co.date = options.date;
+    if (Status st = render_chat_template(options.chat_template, messages, co, &text); !st.ok()) {
+      *e = error_of(400, "invalid_request_error", "messages: " + st.message());
+      return false;
+    }
+  } else {
+    text = *r.prompt_text;
+  }
+  if (Status st = tokenizer->encode(text, /*add_bos=*/!r.chat, out); !st.ok()) {
+    *e = error_of(400, "invalid_request_error", std::string(r.chat ? "messages" : "prompt") + ": " + st.message());
+    return false;
+  }
+  if (out->empty()) {
+    *e = error_of(400, "invalid_request_error", "prompt: no tokens");
+    return false;
+  }
+  return true;
+}
+
+void Server::Impl::generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+  if (!authorized(req)) return send_error(res, error_of(401, "authentication_error", "Incorrect API key provided", "invalid_api_key"));
+  GenerateRequest r;
+  ApiError e;
+  if (!parse_generate_request(req.body, chat, RequestLimits{}, &r, &e)) return send_error(res, e);
+  if (r.model != options.served_model_name)
+    return send_error(res, error_of(404, "invalid_request_error", "The model `" + r.model + "` does not exist (this server serves `" +
+                                                                      options.served_model_name + "`)", "model_not_found"));
+  if (r.logprobs >= 0 || r.echo)
+    return send_error(res, error_of(400, "invalid_request_error", std::string(r.echo ? "echo" : "logprobs") + ": not supported yet"));
+  if (tokenizer == nullptr && !r.stop.empty())
+    return send_error(res, error_of(400, "invalid_request_error", "stop: this model has no tokenizer; use stop_token_ids"));
+  std::vector<int32_t> prompt;
+  if (!prompt_tokens(r, &prompt, &e)) return send_error(res, e);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n >= options.max_model_len || (r.max_tokens > 0 && n + r.max_tokens > options.max_model_len))
+    return send_error(res, error_of(400, "invalid_request_error",
+                                    "This model's maximum context length is " + std::to_string(options.max_model_len) +
+                                        " tokens. However, you requested " + std::to_string(n + std::max<int64_t>(r.max_tokens, 1)) +
+                                        " tokens (" + std::to_string(n) + " in the prompt, " +
+                                        std::to_string(std::max<int64_t>(r.max_tokens, 1)) + " for the completion).",
+                                    "context_length_exceeded"));
+  engine::RequestSpec spec;
+  spec.prompt = prompt;
+  spec.max_new_tokens = r.max_tokens > 0 ? r.max_tokens : options.max_model_len - n;
+  spec.stop_ids = r.stop_token_ids;
+  if (!r.ignore_eos && options.eos >= 0) spec.stop_ids.push_back(options.eos);
+  engine::SamplingParams sp;
+  sp.temperature = r.temperature;
+  sp.top_p = r.top_p;
+  sp.top_k = r.top_k;
+  if (r.seed) {
+    sp.seed = *r.seed;
+  } else {
+    std::lock_guard<std::mutex> lock(seeds_mu);
+    sp.seed = seeds();
+  }
+  if (sp.seed == 0) sp.seed = 1;  // xorshift's one dead state
+  engine::TextStreamOptions to;
+  to.stop = r.stop;
+  to.prev = prompt.back();
+  auto text = std::make_shared<engine::TextStream>();
+  if (Status st = engine::TextStream::create(tokenizer, to, text.get()); tokenizer != nullptr && !st.ok())
+    return send_error(res, error_of(400, "invalid_request_error", st.message()));
+  auto channel = std::make_shared<Channel>();
+  int64_t id = 0;
+  const Status submitted = loop->submit(spec, sp, [channel](const TokenEvent& ev) { channel->push(ev); }, &id);
+  if (!submitted.ok()) {
+    const bool busy = submitted.code() == StatusCode::kResourceExhausted;
+    return send_error(res, error_of(busy ? 503 : 400, busy ? "server_error" : "invalid_request_error", submitted.message()));
+  }
+  const std::string rid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+  const char* object = chat ? "chat.completion" : "text_completion";
+  const char* chunk_object = chat ? "chat.completion.chunk" : "text_completion";
+  const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string model = options.served_model_name;
+  const bool has_text = tokenizer != nullptr;
+  // Pushes one event's token into the text: the delta, and whether the request has ended (its
+  // final event, or a stop string).
+  auto feed = [text, has_text](const TokenEvent& ev, std::string* delta, bool* stop_string) {
+    *stop_string = false;
+    if (ev.token >= 0 && has_text) (void)text->push(ev.token, delta, stop_string);
+    if (ev.finish != FinishReason::kNone && !*stop_string && has_text) text->finish(delta);
+  };
+
+  if (!r.stream) {
+    std::string out;
+    int64_t completion = 0;
+    FinishReason finish = FinishReason::kNone;
+    bool stop_string = false;
+    std::vector<int32_t> ids;
+    std::deque<TokenEvent> evs;
+    while (finish == FinishReason::kNone && !stop_string) {
+      if (!channel->take(&evs, std::chrono::milliseconds(100))) continue;
+      for (const TokenEvent& ev : evs) {
+        if (ev.token >= 0) {
+          ++completion;
+          ids.push_back(ev.token);
+        }
+        feed(ev, &out, &stop_string);
+        finish = ev.finish;
+        if (stop_string || finish != FinishReason::kNone) break;
+      }
+      evs.clear();
+    }
+    if (stop_string) (void)loop->cancel(id);  // the engine would go on to its length
+    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_name(finish, stop_string)}};
+    if (chat) choice["message"] = {{"role", "assistant"}, {"content", out}};
+    else choice["text"] = out;
+    if (!has_text) choice["token_ids"] = ids;
+    const json body = {{"id", rid}, {"object", object}, {"created", created}, {"model", model},
+                       {"choices", json::array({choice})},
+                       {"usage", {{"prompt_tokens", n}, {"completion_tokens", completion}, {"total_tokens", n + completion}}}};
+    res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    return;
+  }
+
+  const bool usage = r.include_usage;
+  engine::EngineLoop* loop_ptr = loop;
+  auto completion = std::make_shared<int64_t>(0);
+  auto ended = std::make_shared<bool>(false);
+  auto started = std::make_shared<bool>(false);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [=](size_t, httplib::DataSink& sink) {
+        std::deque<TokenEvent> evs;
+        if (!channel->take(&evs, std::chrono::milliseconds(100))) return sink.is_writable();  // keep waiting while the client is there
+        for (const TokenEvent& ev : evs) {
+          std::string delta;
+          bool stop_string = false;
+          if (ev.token >= 0) ++*completion;
+          feed(ev, &delta, &stop_string);
+          const bool last = stop_string || ev.finish != FinishReason::kNone;
+          json choice = {{"index", 0}, {"logprobs", nullptr},
+                         {"finish_reason", last ? json(finish_name(ev.finish, stop_string)) : json(nullptr)}};
+          if (chat) {
+            // OpenAI's deltas: the role once, first; then content; the last chunk's delta may be empty.
+            choice["delta"] = json::object();
+            if (!*started) choice["delta"]["role"] = "assistant";
+            if (!delta.empty() || !*started) choice["delta"]["content"] = delta;
+          } else {
+            choice["text"] = delta;
+          }
+          if (!has_text && ev.token >= 0) choice["token_ids"] = json::array({ev.token});
+          const json chunk = {{"id", rid}, {"object", chunk_object}, {"created", created}, {"model", model},
+                              {"choices", json::array({choice})}};
+          if (!delta.empty() || last || !has_text || (chat && !*started)) {
+            const std::string s = sse(chunk);
+            if (!sink.write(s.data(), s.size())) return false;
+            *started = true;
+          }
+          if (last) {
+            if (stop_string) (void)loop_ptr->cancel(id);
+            if (usage) {
+              const json u = {{"id", rid}, {"object", chunk_object}, {"created", created}, {"model", model},
+                              {"choices", json::array()},
+                              {"usage", {{"prompt_tokens", n}, {"completion_tokens", *completion}, {"total_tokens", n + *completion}}}};
+              const std::string s = sse(u);
+              if (!sink.write(s.data(), s.size())) return false;
+            }
+            static const std::string kDone = "data: [DONE]\n\n";
+            if (!sink.write(kDone.data(), kDone.size())) return false;
+            *ended = true;
+            sink.done();
+            return true;
+          }
+        }
+        return true;
+      },
+      [=](bool) {
+        // The response is over: a request that did not end (the client went away) is cancelled,
+        // which frees its blocks; one that ended is no longer live and the cancel is refused.
+        if (!*ended) (void)loop_ptr->cancel(id);
+      });
+}
+
+Status Server::create(engine::EngineLoop* loop, const Tokenizer* tokenizer, const ServerOptions& options,
+                      std::unique_ptr<Server>* out) {
+  if (loop == nullptr || out == nullptr) return invalid_argument("Server: loop and out must not be null");
+  if (options.max_model_len < 2) return invalid_argument("Server: max_model_len must be at least 2");
+  if (options.http_threads < 1 || options.http_threads > 4096)
+    return invalid_argument("--http-threads: " + std::to_string(options.http_threads) + " outside [1, 4096]");
+  std::unique_ptr<Server> s(new Server());
+  s->impl_ = std::make_unique<Impl>();
+  Impl& g = *s->impl_;
+  g.loop = loop;
+  g.tokenizer = tokenizer;
+  g.options = options;
+  const size_t threads = static_cast<size_t>(options.http_threads);
+  g.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  g.http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
+  g.http.set_read_timeout(std::chrono::seconds(30));
+  g.http.set_write_timeout(std::chrono::seconds(30));
+  Impl* impl = &g;
+  g.http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{}", "application/json"); });
+  g.http.Get("/v1/models", [impl](const httplib::Request& req, httplib::Response& res) {
+    if (!impl->authorized(req))
+      return send_error(res, error_of(401, "authentication_error", "Incorrect API key provided", "invalid_api_key"));
+    const json m = {{"id", impl->options.served_model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "llmq"},
+                    {"max_model_len", impl->options.max_model_len}};
+    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+  });
+  g.http.Post("/v1/completions", [impl](const httplib::Request& req, httplib::Response& res) { impl->generate(req, res, false); });
+  g.http.Post("/v1/chat/completions",
+              [impl](const httplib::Request& req, httplib::Response& res) { impl->generate(req, res, true); });
+  g.http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    send_error(res, error_of(500, "server_error", "internal error"));
+  });
+  g.http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (res.status == 413) send_error(res, error_of(413, "invalid_request_error", "request body too large"));
+    else if (res.status == 404 && res.body.empty()) send_error(res, error_of(404, "invalid_request_error", "no such endpoint"));
+  });
+  const int port = options.port == 0 ? g.http.bind_to_any_port(options.host) : (g.http.bind_to_port(options.host, options.port) ? options.port : -1);
+  if (port < 0) return Status(StatusCode::kIoError, "cannot listen on " + options.host + ":" + std::to_string(options.port));
+  g.port = port;
+  *out = std::move(s);
+  return {};
+}
+
+Server::~Server() {
+  if (impl_) impl_->http.stop();
+}
+int Server::port() const { return impl_->port; }
+Status Server::run() {
+  if (!impl_->http.listen_after_bind()) return Status(StatusCode::kIoError, "the HTTP listener failed");
+  return {};
+}
+void Server::stop() { impl_->http.stop(); }
+
+}  // namespace llmq::server
