@@ -84,8 +84,33 @@ s=$(curl -s -o "$work/e" -w '%{http_code}' -H "Authorization: Bearer $key" --dat
 check "a 17 MB body: 413" $([ "$s" = 413 ]; echo $?)
 s=$(post /v1/chat/completions '{"model":"default","messages":[{"role":"user","content":"hi"}]}' "$work/e" $key)
 check "chat without a tokenizer: 400" $([ "$s" = 400 ]; echo $?)
+s=$(curl -s -o "$work/e" -w '%{http_code}' -H "Authorization: Bearer $key" -H 'Transfer-Encoding: chunked' \
+  --data-binary '{"model":"default","prompt":[1]}' "http://127.0.0.1:$port/v1/completions")
+check "a chunked upload (no length to hold to the limit): 411" $([ "$s" = 411 ]; echo $?)
 kill -TERM "$pid"; wait "$pid"; rc=$?
 check "SIGTERM: exit 0" $([ "$rc" = 0 ]; echo $?)
+
+# ---- One generating request at a time (--http-threads 5 keeps 4 for the rest): a second is told
+# "busy" at once; SIGTERM lets the stream in flight finish ([DONE], its full length) and exits 0.
+start busy --model default --max-num-seqs 2 --http-threads 5
+curl -s -N --data-binary '{"model":"default","prompt":[1,2,3],"max_tokens":300,"temperature":0,"stream":true}' \
+  "http://127.0.0.1:$port/v1/completions" > "$work/long" &
+for _ in $(seq 1 100); do grep -q '^data: ' "$work/long" && break; sleep 0.05; done
+s=$(post /v1/completions '{"model":"default","prompt":[1],"max_tokens":2}' "$work/e")
+check "a second generating request: 503 busy" $([ "$s" = 503 ] && grep -q "busy" "$work/e"; echo $?)
+s=$(curl -s -o "$work/h" -w '%{http_code}' "http://127.0.0.1:$port/health")
+check "health still answers" $([ "$s" = 200 ]; echo $?)
+kill -TERM "$pid"; wait "$pid"; rc=$?
+wait
+python3 - "$work/long" <<'EOF2'
+import json, sys
+lines = [l[6:] for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]
+assert lines[-1] == "[DONE]", lines[-3:]
+chunks = [json.loads(l) for l in lines[:-1]]
+assert sum(len(ch.get("token_ids", [])) for c in chunks for ch in c["choices"]) == 300
+assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+EOF2
+check "SIGTERM drains the stream in flight, then exits 0" $([ $? = 0 ] && [ "$rc" = 0 ]; echo $?)
 
 # ---- stories260K: text in, text out, against `llmq run`.
 stories="$testdata/../models/stories260K.bin"

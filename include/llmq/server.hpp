@@ -42,7 +42,11 @@ class Server {
   int port() const;   // the bound port
   // Serves until stop(); returns when the listener has closed.
   Status run();
-  // Stops accepting and returns run(); safe from any thread (a signal watcher's).
+  // Shutdown, from any thread (a signal watcher's): begin_drain() answers new generating requests
+  // 503 while the ones in flight go on; in_flight() counts those; stop() closes the listener and
+  // ends every connection (streams included), and run() returns.
+  void begin_drain();
+  int64_t in_flight() const;
   void stop();
 
   struct Impl;

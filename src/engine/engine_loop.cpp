@@ -1,6 +1,7 @@
 // EngineLoop (engine_loop.hpp): the engine's thread and the queue in front of it.
 #include "llmq/engine_loop.hpp"
 
+#include <exception>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -47,14 +48,15 @@ Status EngineLoop::cancel(int64_t id) {
 }
 
 void EngineLoop::stop(bool drain) {
-  std::lock_guard<std::mutex> serial(stop_mu_);
   {
+    // Before the join lock: a hard stop must reach a loop that a draining stop is waiting on.
     std::lock_guard<std::mutex> lock(mu_);
     if (!stopping_) draining_ = drain;
     else if (!drain) draining_ = false;  // a second, harder stop
     stopping_ = true;
     wake_.notify_all();
   }
+  std::lock_guard<std::mutex> serial(stop_mu_);
   if (thread_.joinable()) thread_.join();
 }
 
@@ -120,7 +122,12 @@ void EngineLoop::run() {
       }
     } else {
       std::vector<TokenEvent> events;
-      const Status st = engine_->step(&events);
+      Status st;
+      try {
+        st = engine_->step(&events);
+      } catch (const std::exception& e) {  // nothing leaves the loop's thread (std::terminate)
+        st = Status(StatusCode::kInternal, std::string("engine step: ") + e.what());
+      }
       if (!st.ok()) {
         error_ = st;
         stopping_ = true;

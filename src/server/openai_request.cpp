@@ -268,7 +268,7 @@ bool parse_generate_request(const std::string& body_text, bool chat, const Reque
         !f.neutral("functions", json::array(), "tool calling"))
       return false;
     if (const json* rf = f.get("response_format"))
-      if (!(rf->is_object() && rf->value("type", "") == "text"))
+      if (!(rf->is_object() && rf->contains("type") && (*rf)["type"].is_string() && (*rf)["type"] == "text"))
         return f.fail("response_format", "response_format: only {\"type\": \"text\"} is supported");
   } else {
     if (!f.integer("logprobs", 0, limits.max_logprobs, &out->logprobs) || !f.boolean("echo", &out->echo)) return false;

@@ -9,9 +9,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -70,6 +72,17 @@ const char* finish_name(FinishReason r, bool stop_string) {
   return r == FinishReason::kLength ? "length" : "stop";
 }
 
+// A client that went away is only noticed by a write that fails (a closed socket still selects
+// as writable): a response that has written nothing for a second writes something the client
+// ignores (JSON's leading whitespace, an SSE comment). False: the client is gone.
+using SteadyTime = std::chrono::steady_clock::time_point;
+bool keep_alive(httplib::DataSink& sink, SteadyTime* last_write, const char* filler) {
+  const SteadyTime now = std::chrono::steady_clock::now();
+  if (now - *last_write < std::chrono::seconds(1)) return sink.is_writable();
+  *last_write = now;
+  return sink.write(filler, std::strlen(filler));
+}
+
 std::string sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
 
 }  // namespace
@@ -81,6 +94,9 @@ struct Server::Impl {
   httplib::Server http;
   int port = 0;
   std::atomic<int64_t> next_id{0};
+  std::atomic<int64_t> in_flight{0};  // generating requests (each holds an HTTP thread)
+  int64_t max_in_flight = 1;
+  std::atomic<bool> draining{false};
   std::mt19937_64 seeds{std::random_device{}()};
   std::mutex seeds_mu;
 
@@ -137,6 +153,16 @@ bool Server::Impl::prompt_tokens(const GenerateRequest& r, std::vector<int32_t>*
 
 void Server::Impl::generate(const httplib::Request& req, httplib::Response& res, bool chat) {
   if (!authorized(req)) return send_error(res, error_of(401, "authentication_error", "Incorrect API key provided", "invalid_api_key"));
+  if (draining) return send_error(res, error_of(503, "server_error", "the server is shutting down"));
+  if (!loop->error().ok()) return send_error(res, error_of(500, "server_error", "the engine failed: " + loop->error().message()));
+  // Each generating request holds an HTTP thread until it ends: past the threads kept for
+  // everything else, answer "busy" at once rather than queue connections nobody serves.
+  if (in_flight.fetch_add(1) >= max_in_flight) {
+    --in_flight;
+    return send_error(res, error_of(503, "server_error", "the server is busy: " + std::to_string(max_in_flight) + " requests in flight"));
+  }
+  std::atomic<int64_t>* counter = &in_flight;
+  const std::shared_ptr<void> slot(nullptr, [counter](void*) { --*counter; });
   GenerateRequest r;
   ApiError e;
   if (!parse_generate_request(req.body, chat, RequestLimits{}, &r, &e)) return send_error(res, e);
@@ -183,6 +209,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   int64_t id = 0;
   const Status submitted = loop->submit(spec, sp, [channel](const TokenEvent& ev) { channel->push(ev); }, &id);
   if (!submitted.ok()) {
+    if (!loop->error().ok()) return send_error(res, error_of(500, "server_error", "the engine failed: " + submitted.message()));
     const bool busy = submitted.code() == StatusCode::kResourceExhausted;
     return send_error(res, error_of(busy ? 503 : 400, busy ? "server_error" : "invalid_request_error", submitted.message()));
   }
@@ -200,55 +227,85 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     if (ev.finish != FinishReason::kNone && !*stop_string && has_text) text->finish(delta);
   };
 
+  // A final event the request did not reach on its own (kCancelled: the engine failed, or a hard
+  // stop): an error, not a finished answer.
+  engine::EngineLoop* loop_ptr = loop;
+  const auto failure = [loop_ptr] {
+    const Status st = loop_ptr->error();
+    return st.ok() ? error_of(503, "server_error", "the request was cancelled: the server is shutting down")
+                   : error_of(500, "server_error", "the engine failed: " + st.message());
+  };
+  auto ended = std::make_shared<bool>(false);
+  auto last_write = std::make_shared<SteadyTime>(std::chrono::steady_clock::now());
+
   if (!r.stream) {
-    std::string out;
-    int64_t completion = 0;
-    FinishReason finish = FinishReason::kNone;
-    bool stop_string = false;
-    std::vector<int32_t> ids;
-    std::deque<TokenEvent> evs;
-    while (finish == FinishReason::kNone && !stop_string) {
-      if (!channel->take(&evs, std::chrono::milliseconds(100))) continue;
-      for (const TokenEvent& ev : evs) {
-        if (ev.token >= 0) {
-          ++completion;
-          ids.push_back(ev.token);
-        }
-        feed(ev, &out, &stop_string);
-        finish = ev.finish;
-        if (stop_string || finish != FinishReason::kNone) break;
-      }
-      evs.clear();
-    }
-    if (stop_string) (void)loop->cancel(id);  // the engine would go on to its length
-    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_name(finish, stop_string)}};
-    if (chat) choice["message"] = {{"role", "assistant"}, {"content", out}};
-    else choice["text"] = out;
-    if (!has_text) choice["token_ids"] = ids;
-    const json body = {{"id", rid}, {"object", object}, {"created", created}, {"model", model},
-                       {"choices", json::array({choice})},
-                       {"usage", {{"prompt_tokens", n}, {"completion_tokens", completion}, {"total_tokens", n + completion}}}};
-    res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    // Answered through a content provider too, so that a client that goes away is noticed while
+    // it waits (sink.is_writable) and its request cancelled: its blocks are freed at once.
+    auto out = std::make_shared<std::string>();
+    auto ids = std::make_shared<std::vector<int32_t>>();
+    res.set_chunked_content_provider(
+        "application/json",
+        [=](size_t, httplib::DataSink& sink) {
+          std::deque<TokenEvent> evs;
+          if (!keep_alive(sink, last_write.get(), " ")) return false;  // tokens keep coming, nothing is written until the end
+          if (!channel->take(&evs, std::chrono::milliseconds(100))) return true;
+          for (const TokenEvent& ev : evs) {
+            if (ev.token >= 0) ids->push_back(ev.token);
+            bool stop_string = false;
+            feed(ev, out.get(), &stop_string);
+            if (!stop_string && ev.finish == FinishReason::kNone) continue;
+            if (stop_string) (void)loop_ptr->cancel(id);  // the engine would go on to its length
+            std::string body;
+            if (!stop_string && ev.finish == FinishReason::kCancelled) {
+              body = failure().to_json();
+            } else {
+              const int64_t completion = static_cast<int64_t>(ids->size());
+              json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_name(ev.finish, stop_string)}};
+              if (chat) choice["message"] = {{"role", "assistant"}, {"content", *out}};
+              else choice["text"] = *out;
+              if (!has_text) choice["token_ids"] = *ids;
+              body = json{{"id", rid}, {"object", object}, {"created", created}, {"model", model},
+                          {"choices", json::array({choice})},
+                          {"usage", {{"prompt_tokens", n}, {"completion_tokens", completion}, {"total_tokens", n + completion}}}}
+                         .dump(-1, ' ', false, json::error_handler_t::replace);
+            }
+            *ended = true;
+            if (!sink.write(body.data(), body.size())) return false;
+            sink.done();
+            return true;
+          }
+          return true;
+        },
+        [=](bool) {
+          if (!*ended) (void)loop_ptr->cancel(id);
+          (void)slot;  // held until the response is over
+        });
     return;
   }
 
   const bool usage = r.include_usage;
-  engine::EngineLoop* loop_ptr = loop;
   auto completion = std::make_shared<int64_t>(0);
-  auto ended = std::make_shared<bool>(false);
   auto started = std::make_shared<bool>(false);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
       [=](size_t, httplib::DataSink& sink) {
         std::deque<TokenEvent> evs;
-        if (!channel->take(&evs, std::chrono::milliseconds(100))) return sink.is_writable();  // keep waiting while the client is there
+        if (!channel->take(&evs, std::chrono::milliseconds(100))) return keep_alive(sink, last_write.get(), ":\n\n");
         for (const TokenEvent& ev : evs) {
           std::string delta;
           bool stop_string = false;
           if (ev.token >= 0) ++*completion;
           feed(ev, &delta, &stop_string);
           const bool last = stop_string || ev.finish != FinishReason::kNone;
+          if (last && !stop_string && ev.finish == FinishReason::kCancelled) {
+            // The engine failed or a hard stop: an error event (as vLLM sends one), then the end.
+            const std::string s = "data: " + failure().to_json() + "\n\ndata: [DONE]\n\n";
+            *ended = true;
+            if (!sink.write(s.data(), s.size())) return false;
+            sink.done();
+            return true;
+          }
           json choice = {{"index", 0}, {"logprobs", nullptr},
                          {"finish_reason", last ? json(finish_name(ev.finish, stop_string)) : json(nullptr)}};
           if (chat) {
@@ -264,6 +321,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                               {"choices", json::array({choice})}};
           if (!delta.empty() || last || !has_text || (chat && !*started)) {
             const std::string s = sse(chunk);
+            *last_write = std::chrono::steady_clock::now();
             if (!sink.write(s.data(), s.size())) return false;
             *started = true;
           }
@@ -289,6 +347,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
         // The response is over: a request that did not end (the client went away) is cancelled,
         // which frees its blocks; one that ended is no longer live and the cancel is refused.
         if (!*ended) (void)loop_ptr->cancel(id);
+        (void)slot;  // held until the response is over
       });
 }
 
@@ -310,7 +369,21 @@ Status Server::create(engine::EngineLoop* loop, const Tokenizer* tokenizer, cons
   g.http.set_read_timeout(std::chrono::seconds(30));
   g.http.set_write_timeout(std::chrono::seconds(30));
   Impl* impl = &g;
-  g.http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{}", "application/json"); });
+  g.max_in_flight = std::max<int64_t>(1, options.http_threads - 4);  // 4 threads kept for /health, /v1/models, refusals
+  // Before a body is read: one without a length (chunked, or up to the end of the connection) is
+  // refused, since only a declared length can be held to the limit before it arrives.
+  g.http.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (req.method == "POST" && (!req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))) {
+      send_error(res, error_of(411, "invalid_request_error", "a request body needs a Content-Length (no chunked uploads)"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  g.http.Get("/health", [impl](const httplib::Request&, httplib::Response& res) {
+    const Status st = impl->loop->error();
+    if (!st.ok()) return send_error(res, error_of(503, "server_error", "the engine failed: " + st.message()));
+    res.set_content("{}", "application/json");
+  });
   g.http.Get("/v1/models", [impl](const httplib::Request& req, httplib::Response& res) {
     if (!impl->authorized(req))
       return send_error(res, error_of(401, "authentication_error", "Incorrect API key provided", "invalid_api_key"));
@@ -343,6 +416,12 @@ Status Server::run() {
   if (!impl_->http.listen_after_bind()) return Status(StatusCode::kIoError, "the HTTP listener failed");
   return {};
 }
-void Server::stop() { impl_->http.stop(); }
+void Server::begin_drain() { impl_->draining = true; }
+int64_t Server::in_flight() const { return impl_->in_flight; }
+void Server::stop() {
+  // httplib's stop() is a no-op until the listener runs: wait for it (a signal may come early).
+  for (int i = 0; i < 600 && !impl_->http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  impl_->http.stop();
+}
 
 }  // namespace llmq::server

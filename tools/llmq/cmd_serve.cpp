@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -35,6 +36,7 @@ struct ServeCmdArgs {
   int64_t max_model_len = 0;
   int64_t max_waiting = 1024;
   int64_t http_threads = 0;
+  double shutdown_timeout = 30;
   std::string chat_template;  // a file; empty: the model directory's
   GpuEngineFlags gpu;
 };
@@ -92,6 +94,11 @@ int run_serve_cmd(ServeCmdArgs a) {
     backend = cpu.get();
     description = a.model + " on the CPU reference";
   }
+  // A request may fill the whole context (chat's default max_tokens): the cache must hold one.
+  if ((backend->blocks() - 1) * block_size < max_model_len)
+    return fail(invalid_argument("the KV cache holds " + std::to_string((backend->blocks() - 1) * block_size) +
+                                 " positions, less than one request of --max-model-len " + std::to_string(max_model_len) +
+                                 ": raise --gpu-memory-utilization or --kv-blocks, or lower --max-model-len"));
   engine::KvBlockPool pool;
   if (Status st = engine::KvBlockPool::create(backend->blocks(), block_size, &pool); !st.ok()) return fail(st);
   engine::SchedulerOptions so;
@@ -110,7 +117,7 @@ int run_serve_cmd(ServeCmdArgs a) {
   o.api_key = a.api_key;
   o.served_model_name = a.served_model_name.empty() ? a.model : a.served_model_name;
   o.max_model_len = max_model_len;
-  o.http_threads = a.http_threads > 0 ? a.http_threads : a.max_num_seqs + 16;
+  o.http_threads = a.http_threads > 0 ? a.http_threads : std::min<int64_t>(4096, a.max_num_seqs + 16);
   o.eos = tokenizer ? tokenizer->eos() : -1;
   // The chat template: --chat-template, else the model directory's (none: chat is refused).
   ModelChatTemplate mt;
@@ -128,11 +135,27 @@ int run_serve_cmd(ServeCmdArgs a) {
   fmt::print("llmq serve: {} as \"{}\", listening on http://{}:{}\n", description, o.served_model_name, a.host, srv->port());
   std::fflush(stdout);
 
+  // SIGTERM / SIGINT: new generating requests get 503 while those in flight finish, for at most
+  // --shutdown-timeout seconds or until a second signal; then whatever is left is cancelled (each
+  // client gets an error event), and the listener closes.
   server::Server* s = srv.get();
-  std::thread watcher([&stop_signals, s] {
+  engine::EngineLoop* l = loop.get();
+  const double timeout_s = a.shutdown_timeout;
+  std::thread watcher([&stop_signals, s, l, timeout_s] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
-    s->stop();  // stops accepting; the requests in flight finish before run() returns
+    s->begin_drain();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    const timespec tick{0, 100 * 1000 * 1000};
+    bool hard = false;
+    while (s->in_flight() > 0 && !hard) {
+      if (sigtimedwait(&stop_signals, nullptr, &tick) > 0 || std::chrono::steady_clock::now() > deadline) hard = true;
+    }
+    if (hard) {
+      l->stop(/*drain=*/false);  // every live request ends with an error event
+      for (int i = 0; i < 50 && s->in_flight() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    s->stop();
   });
   const Status ran = srv->run();
   if (!ran.ok()) kill(getpid(), SIGTERM);  // wake the watcher
@@ -162,6 +185,8 @@ void add_serve_command(CLI::App& app, std::vector<Command>* commands) {
   s->add_option("--max-waiting", args->max_waiting, "queued requests before 503")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   s->add_option("--http-threads", args->http_threads, "connections served at once (0: --max-num-seqs + 16)")
       ->check(CLI::Range(int64_t{0}, int64_t{4096}));
+  s->add_option("--shutdown-timeout", args->shutdown_timeout, "seconds SIGTERM waits for the requests in flight")
+      ->check(CLI::Range(0.0, 86400.0));
   s->add_option("--chat-template", args->chat_template, "a Jinja chat template file (default: the model directory's)");
   s->add_option("--block-size", args->gpu.block_size, "KV block size in tokens")->check(CLI::Range(int64_t{1}, int64_t{1024}));
   s->add_option("--kv-blocks", args->gpu.kv_blocks, "KV blocks (0: what fits)")->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
