@@ -143,4 +143,25 @@ TEST(ChatTemplate, ReadsAModelDirectory) {
   EXPECT_FALSE(llmq::read_model_chat_template(std::string(LLMQ_REPO_TESTDATA) + "/no_such_dir", &t).ok());
 }
 
+TEST(ChatTemplate, ReviewedCornersRenderAsJinja2OrAreRefusedByName) {
+  const std::string messages = R"([{"role": "system", "content": "a"}, {"role": "user", "content": "\u00e9"}])";
+  llmq::ChatTemplateOptions o;
+  std::string out;
+  // {% set ns.attr %} blocks, int of a float string and of padded digits, key order kept by tojson
+  // (what jinja2 renders for the same template, checked against python3-jinja2 3.1.6).
+  ASSERT_TRUE(llmq::render_chat_template("{% set ns = namespace(x='') %}{% for m in messages %}{% set ns.x %}{{ ns.x }}"
+                                         "{{ m.role[:1] }}{% endset %}{% endfor %}{{ ns.x }}|{{ '3.7'|int }}|{{ ' 4 '|int }}|"
+                                         "{{ messages[0]|tojson }}",
+                                         messages, o, &out)
+                  .ok());
+  EXPECT_EQ(out, "su|3|4|{\"role\": \"system\", \"content\": \"a\"}");
+  // What the subset does not map as Python does is refused by name.
+  llmq::Status st = llmq::render_chat_template("{{ messages[1].content|upper }}", messages, o, &out);
+  EXPECT_NE(st.message().find("filter 'upper' of non-ASCII text is not supported"), std::string::npos) << st.to_string();
+  st = llmq::render_chat_template("{{ messages|tojson(true) }}", messages, o, &out);
+  EXPECT_NE(st.message().find("tojson: only indent > 0"), std::string::npos) << st.to_string();
+  st = llmq::render_chat_template("{{ messages|tojson(sort_keys=true) }}", messages, o, &out);
+  EXPECT_NE(st.message().find("tojson: only indent > 0"), std::string::npos) << st.to_string();
+}
+
 }  // namespace

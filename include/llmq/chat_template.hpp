@@ -36,6 +36,10 @@ Status render_chat_template(const std::string& template_source, const std::strin
 // The same over parsed JSON (strings are bytes: content that is not valid UTF-8 passes through).
 Status render_chat_template(const std::string& template_source, const nlohmann::json& messages,
                             const ChatTemplateOptions& options, std::string* out);
+// The same keeping every object's key order (nlohmann::json sorts keys; a template's tojson and
+// items() show the order, as Python's dicts keep it). The JSON-text overload parses this way.
+Status render_chat_template(const std::string& template_source, const nlohmann::ordered_json& messages,
+                            const ChatTemplateOptions& options, std::string* out);
 
 struct ModelChatTemplate {
   std::string source;     // the template text

@@ -126,7 +126,7 @@ bool Server::Impl::prompt_tokens(const GenerateRequest& r, std::vector<int32_t>*
       *e = error_of(400, "invalid_request_error", "messages: this model has no chat template (use /v1/completions)");
       return false;
     }
-    json messages = json::array();
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // role, then content, as clients send them
     for (const ChatMessage& m : r.messages) messages.push_back({{"role", m.role}, {"content", m.content}});
     ChatTemplateOptions co;
     co.add_generation_prompt = r.add_generation_prompt;

@@ -2,6 +2,7 @@
 // range) that real chat templates call, with the semantics of jinja2 and Python's str methods.
 // Anything else is refused by name, with the template line, rather than guessed at.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 
@@ -101,6 +102,14 @@ std::string replace_all(const std::string& s, const std::string& from, const std
     if (static_cast<int64_t>(out.size()) > limit) return out;
   }
   return out + s.substr(start);
+}
+
+// Python's case mappings are Unicode's; these are ASCII's. Text with other bytes is refused where a
+// template changes its case (cased_ascii), never mapped differently from jinja2.
+bool is_ascii(const std::string& s) {
+  for (char c : s)
+    if (static_cast<unsigned char>(c) >= 0x80) return false;
+  return true;
 }
 
 std::string ascii_case(std::string s, bool upper) {
@@ -204,6 +213,8 @@ Value Evaluator::call_method(const Value& self, const std::string& name, const s
     if (name == "strip") return Value::string(py_strip(s, a(0, "chars"), true, true));
     if (name == "lstrip") return Value::string(py_strip(s, a(0, "chars"), true, false));
     if (name == "rstrip") return Value::string(py_strip(s, a(0, "chars"), false, true));
+    if ((name == "lower" || name == "upper" || name == "title" || name == "capitalize") && !is_ascii(s))
+      throw TemplateError("." + name + "() of non-ASCII text is not supported (Python maps Unicode case)", at.line, at.col);
     if (name == "lower" || name == "upper") return Value::string(ascii_case(s, name == "upper"));
     if (name == "title") return Value::string(title(s));
     if (name == "capitalize") return Value::string(capitalize(s));
@@ -299,11 +310,22 @@ Value Evaluator::call_filter(const Expr& e, const Value& v, std::vector<Value> a
   }
   if (name == "trim") return Value::string(py_strip(to_str(v), a(0, "chars"), true, true));
   if (name == "tojson") {
-    const Value* indent = a(0, "indent");
+    // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    // the defaults and indent > 0 are what it renders; any other choice is refused by name.
+    const Value* ensure_ascii = a(0, "ensure_ascii");
+    const Value* indent = a(1, "indent");
+    const Value* separators = a(2, "separators");
+    const Value* sort_keys = a(3, "sort_keys");
+    if ((ensure_ascii && truthy(*ensure_ascii)) || (separators && separators->kind != Kind::kNone && !separators->is_undefined()) ||
+        (sort_keys && truthy(*sort_keys)) || (indent && indent->kind == Kind::kInt && indent->i <= 0) ||
+        (indent && indent->kind != Kind::kInt && indent->kind != Kind::kNone && !indent->is_undefined()))
+      throw error_at("tojson: only indent > 0 is supported besides the defaults", e);
     return Value::string(to_json(v, indent && indent->kind == Kind::kInt ? indent->i : 0));
   }
   if (name == "string") return Value::string(to_str(v));
   if (name == "safe") return v;
+  if ((name == "upper" || name == "lower" || name == "capitalize" || name == "title") && !is_ascii(to_str(v)))
+    throw error_at("filter '" + name + "' of non-ASCII text is not supported (Python maps Unicode case)", e);
   if (name == "upper" || name == "lower") return Value::string(ascii_case(to_str(v), name == "upper"));
   if (name == "capitalize") return Value::string(capitalize(to_str(v)));
   if (name == "title") return Value::string(title(to_str(v)));
@@ -349,9 +371,16 @@ Value Evaluator::call_filter(const Expr& e, const Value& v, std::vector<Value> a
     if (v.kind == Kind::kBool) return Value::integer(v.b ? 1 : 0);
     if (v.kind == Kind::kFloat && std::isfinite(v.f) && std::fabs(v.f) < 9.2e18) return Value::integer(static_cast<int64_t>(v.f));
     if (v.is_string()) {
+      // jinja2: int(value), else int(float(value)); Python's int() and float() allow surrounding
+      // whitespace.
+      const std::string t = py_strip(v.s, nullptr, true, true);
       char* end = nullptr;
-      const long long x = std::strtoll(v.s.c_str(), &end, 10);
-      if (end && *end == '\0' && !v.s.empty()) return Value::integer(x);
+      errno = 0;
+      const long long x = std::strtoll(t.c_str(), &end, 10);
+      if (!t.empty() && end && *end == '\0' && errno == 0) return Value::integer(x);
+      end = nullptr;
+      const double d = std::strtod(t.c_str(), &end);
+      if (!t.empty() && end && *end == '\0' && std::isfinite(d) && std::fabs(d) < 9.2e18) return Value::integer(static_cast<int64_t>(d));
     }
     return args.empty() ? Value::integer(0) : args[0];
   }

@@ -99,7 +99,8 @@ Status parse_date(const std::string& date, tmpl::EvalLimits* limits) {
   return Status::ok_status();
 }
 
-Status render_value(const std::string& source, const nlohmann::json& messages, const ChatTemplateOptions& options,
+template <typename Json>
+Status render_value(const std::string& source, const Json& messages, const ChatTemplateOptions& options,
                     std::string* out) {
   if (options.max_nesting < 1 || options.max_loop_iterations < 0 || options.max_output_bytes < 0)
     return invalid_argument("chat template: limits must be positive");
@@ -174,11 +175,18 @@ Status render_chat_template(const std::string& template_source, const nlohmann::
   return render_value(template_source, messages, options, out);
 }
 
+Status render_chat_template(const std::string& template_source, const nlohmann::ordered_json& messages,
+                            const ChatTemplateOptions& options, std::string* out) {
+  if (!out) return invalid_argument("render_chat_template: out is null");
+  return render_value(template_source, messages, options, out);
+}
+
 Status render_chat_template(const std::string& template_source, const std::string& messages_json,
                             const ChatTemplateOptions& options, std::string* out) {
-  nlohmann::json parsed;
+  nlohmann::ordered_json parsed;  // the keys in the order written, as Python's json.loads keeps them
   LLMQ_RETURN_IF_ERROR(parse_json_text("messages", messages_json, &parsed));  // nesting capped before parsing
-  return render_chat_template(template_source, parsed, options, out);
+  if (!out) return invalid_argument("render_chat_template: out is null");
+  return render_value(template_source, parsed, options, out);
 }
 
 Status read_model_chat_template(const std::string& model_dir, ModelChatTemplate* out) {

@@ -101,7 +101,14 @@ Evaluator::Flow Evaluator::exec(const Body& body, Frame* frame, std::string* out
       case Stmt::kSetBlock: {
         std::string captured;
         exec(s.bodies[0], frame, &captured);
-        frame->vars[s.targets[0]] = Value::string(std::move(captured));
+        if (s.set_attr) {  // {% set ns.attr %}...{% endset %}
+          const Value* ns = lookup(frame, s.targets[0]);
+          if (!ns || ns->kind != Kind::kNamespace)
+            throw TemplateError("can only assign attributes of a namespace() object", s.line, s.col);
+          ns->dict->set(s.targets[1], Value::string(std::move(captured)));
+        } else {
+          frame->vars[s.targets[0]] = Value::string(std::move(captured));
+        }
         break;
       }
       case Stmt::kMacro: {

@@ -280,31 +280,35 @@ std::string to_json(const Value& v, int64_t indent) {
   return out;
 }
 
-Value from_json(const nlohmann::json& j) {
+template <typename Json>
+Value from_json_any(const Json& j) {
   switch (j.type()) {
-    case nlohmann::json::value_t::null: return Value::none();
-    case nlohmann::json::value_t::boolean: return Value::boolean(j.get<bool>());
-    case nlohmann::json::value_t::number_integer: return Value::integer(j.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned: {
-      const uint64_t u = j.get<uint64_t>();
+    case nlohmann::detail::value_t::null: return Value::none();
+    case nlohmann::detail::value_t::boolean: return Value::boolean(j.template get<bool>());
+    case nlohmann::detail::value_t::number_integer: return Value::integer(j.template get<int64_t>());
+    case nlohmann::detail::value_t::number_unsigned: {
+      const uint64_t u = j.template get<uint64_t>();
       if (u > static_cast<uint64_t>(INT64_MAX)) return Value::number(static_cast<double>(u));
       return Value::integer(static_cast<int64_t>(u));
     }
-    case nlohmann::json::value_t::number_float: return Value::number(j.get<double>());
-    case nlohmann::json::value_t::string: return Value::string(j.get_ref<const std::string&>());
-    case nlohmann::json::value_t::array: {
+    case nlohmann::detail::value_t::number_float: return Value::number(j.template get<double>());
+    case nlohmann::detail::value_t::string: return Value::string(j.template get_ref<const std::string&>());
+    case nlohmann::detail::value_t::array: {
       Value out = Value::new_list();
-      for (const auto& e : j) out.list->push_back(from_json(e));
+      for (const auto& e : j) out.list->push_back(from_json_any(e));
       return out;
     }
-    case nlohmann::json::value_t::object: {
+    case nlohmann::detail::value_t::object: {
       Value out = Value::new_dict();
-      for (auto it = j.begin(); it != j.end(); ++it) out.dict->items.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) out.dict->items.emplace_back(it.key(), from_json_any(it.value()));
       return out;
     }
     default: return Value::none();
   }
 }
+
+Value from_json(const nlohmann::json& j) { return from_json_any(j); }
+Value from_json(const nlohmann::ordered_json& j) { return from_json_any(j); }
 
 static size_t utf8_step(const std::string& s, size_t p) {
   const auto c = static_cast<unsigned char>(s[p]);

@@ -83,6 +83,9 @@ std::string python_float_repr(double x);
 std::string to_json(const Value& v, int64_t indent);
 
 Value from_json(const nlohmann::json& j);  // strings are kept as bytes; no UTF-8 check
+// The same keeping objects' key order (nlohmann::json sorts keys; Python's dicts keep theirs, and
+// a template's tojson or items() shows the order).
+Value from_json(const nlohmann::ordered_json& j);
 
 // UTF-8 code points, for len() and slicing of str (Python counts characters, not bytes). Bytes that
 // are not valid UTF-8 count one each, so invalid content passes through slicing unchanged.
