@@ -164,4 +164,22 @@ TEST(ChatTemplate, ReviewedCornersRenderAsJinja2OrAreRefusedByName) {
   EXPECT_NE(st.message().find("tojson: only indent > 0"), std::string::npos) << st.to_string();
 }
 
+TEST(ChatTemplate, LongChainsAndHugeCountsAreRefusedOrCheapNeverACrash) {
+  const std::string messages = "[]";
+  llmq::ChatTemplateOptions o;
+  std::string out;
+  for (const std::string& link : {std::string("+1"), std::string(".a"), std::string("|trim")}) {
+    std::string t = "{{ 1";
+    for (int i = 0; i < 300000; ++i) t += link;  // a left-deep tree far past the nesting limit
+    t += " }}";
+    const llmq::Status st = llmq::render_chat_template(t, messages, o, &out);
+    EXPECT_NE(st.message().find("expression nested deeper than 256 levels"), std::string::npos) << link << ": " << st.to_string();
+  }
+  // Counts that would loop 2^63 times: an empty sequence repeated, a power of one.
+  ASSERT_TRUE(llmq::render_chat_template("{{ '' * 9223372036854775807 }}|{{ 1 ** 9223372036854775807 }}|{{ (-3) ** 5 }}", messages,
+                                         o, &out)
+                  .ok());
+  EXPECT_EQ(out, "|1|-243");  // as jinja2 renders it
+}
+
 }  // namespace

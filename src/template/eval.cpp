@@ -394,7 +394,8 @@ Value Evaluator::eval_binary(const Expr& e, const Value& a, const Value& b) {
     if (count.kind != Kind::kInt && count.kind != Kind::kBool) throw type_error();
     const int64_t n = std::max<int64_t>(0, as_int(count));
     const int64_t unit = seq.is_string() ? static_cast<int64_t>(seq.s.size()) : static_cast<int64_t>(seq.list->size());
-    if (unit > 0 && n > limits_.max_output_bytes / unit) check_size(limits_.max_output_bytes + 1, e);
+    if (unit == 0) return seq.is_string() ? Value::string("") : Value::new_list(List{}, seq.kind);  // not n empty rounds
+    if (n > limits_.max_output_bytes / unit) check_size(limits_.max_output_bytes + 1, e);
     if (seq.is_string()) {
       std::string s;
       for (int64_t k = 0; k < n; ++k) s += seq.s;
@@ -431,9 +432,13 @@ Value Evaluator::eval_binary(const Expr& e, const Value& a, const Value& b) {
   }
   if (op == "**") {
     if (ints && y >= 0) {
-      int64_t acc = 1;
-      for (int64_t k = 0; k < y; ++k)
-        if (__builtin_mul_overflow(acc, x, &acc)) throw error_at("integer overflow", e);
+      // By squaring: log2(y) steps, whatever y is (a linear loop would run 2^63 times).
+      int64_t acc = 1, base = x, k = y;
+      while (k > 0) {
+        if ((k & 1) != 0 && __builtin_mul_overflow(acc, base, &acc)) throw error_at("integer overflow", e);
+        k >>= 1;
+        if (k > 0 && __builtin_mul_overflow(base, base, &base)) throw error_at("integer overflow", e);
+      }
       return Value::integer(acc);
     }
     return Value::number(std::pow(fx, fy));

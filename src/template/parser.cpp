@@ -213,7 +213,26 @@ class Parser {
 
   std::unique_ptr<Expr> parse_expression(bool with_condexpr) {
     Depth depth(this);
-    return with_condexpr ? parse_condexpr() : parse_or();
+    auto e = with_condexpr ? parse_condexpr() : parse_or();
+    // Chains (a + b + ..., a.b.c..., x|f|g...) grow a tree one level per link without nesting the
+    // parser: their height is bounded here, since evaluating it recurses.
+    if (expr_height(*e) > limits_.max_nesting)
+      throw fail("expression nested deeper than " + std::to_string(limits_.max_nesting) + " levels");
+    return e;
+  }
+
+  // The tree's height, by an explicit stack (the tree may be deeper than the call stack allows).
+  static int64_t expr_height(const Expr& root) {
+    int64_t height = 0;
+    std::vector<std::pair<const Expr*, int64_t>> stack = {{&root, 1}};
+    while (!stack.empty()) {
+      const auto [e, h] = stack.back();
+      stack.pop_back();
+      height = std::max(height, h);
+      for (const auto& a : e->args)
+        if (a) stack.emplace_back(a.get(), h + 1);
+    }
+    return height;
   }
 
   std::unique_ptr<Expr> parse_condexpr() {
@@ -498,6 +517,18 @@ class Parser {
 
 Body parse_template(const std::vector<Token>& tokens, const ParseLimits& limits) {
   return Parser(tokens, limits).parse_all();
+}
+
+Expr::~Expr() {
+  // Children are taken apart by a worklist: a chain of a million links must not recurse.
+  std::vector<std::unique_ptr<Expr>> pending;
+  for (auto& a : args) pending.push_back(std::move(a));
+  while (!pending.empty()) {
+    std::unique_ptr<Expr> e = std::move(pending.back());
+    pending.pop_back();
+    if (e)
+      for (auto& a : e->args) pending.push_back(std::move(a));
+  }
 }
 
 }  // namespace llmq::tmpl

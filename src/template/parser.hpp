@@ -26,6 +26,10 @@ struct Expr {
   std::vector<std::string> kwarg_names;        // kCall/kFilter/kTest: names of the trailing keyword args
   bool negated = false;                        // kTest: "is not"
   bool has_slice_part[3] = {false, false, false};  // kSlice: which of start, stop, step were written
+  Expr() = default;
+  Expr(const Expr&) = delete;
+  Expr& operator=(const Expr&) = delete;
+  ~Expr();  // iterative (parser.cpp)
 };
 
 struct Stmt;
