@@ -237,6 +237,13 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   };
   auto ended = std::make_shared<bool>(false);
   auto last_write = std::make_shared<SteadyTime>(std::chrono::steady_clock::now());
+  // The response is over: a request that did not end (the client went away) is cancelled, which
+  // frees its blocks; one that ended is no longer live and the cancel is refused. The slot (an
+  // HTTP thread's share of the in-flight count) is held until then.
+  const auto release = [=](bool) {
+    if (!*ended) (void)loop_ptr->cancel(id);
+    (void)slot;
+  };
 
   if (!r.stream) {
     // Answered through a content provider too, so that a client that goes away is noticed while
@@ -276,10 +283,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
           }
           return true;
         },
-        [=](bool) {
-          if (!*ended) (void)loop_ptr->cancel(id);
-          (void)slot;  // held until the response is over
-        });
+        release);
     return;
   }
 
@@ -343,12 +347,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
         }
         return true;
       },
-      [=](bool) {
-        // The response is over: a request that did not end (the client went away) is cancelled,
-        // which frees its blocks; one that ended is no longer live and the cancel is refused.
-        if (!*ended) (void)loop_ptr->cancel(id);
-        (void)slot;  // held until the response is over
-      });
+      release);
 }
 
 Status Server::create(engine::EngineLoop* loop, const Tokenizer* tokenizer, const ServerOptions& options,
