@@ -180,6 +180,20 @@ TEST(ChatTemplate, LongChainsAndHugeCountsAreRefusedOrCheapNeverACrash) {
                                          o, &out)
                   .ok());
   EXPECT_EQ(out, "|1|-243");  // as jinja2 renders it
+  // Values nested one level per loop turn stop at the limit; a huge string repeated in a list is
+  // held to the output bound by its bytes, not its item count.
+  llmq::Status st = llmq::render_chat_template(
+      "{% set ns = namespace(x=[]) %}{% for i in range(400000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x|length }}", messages,
+      o, &out);
+  EXPECT_NE(st.message().find("a value nested deeper than 256 levels"), std::string::npos) << st.to_string();
+  o.max_output_bytes = 1 << 20;
+  st = llmq::render_chat_template("{% set s = 'x' * 600000 %}{{ ([s] * 40)|length }}", messages, o, &out);
+  EXPECT_FALSE(st.ok());
+  ASSERT_TRUE(llmq::render_chat_template("{% set ns = namespace(x=[]) %}{% for i in range(100) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                                         "{{ ns.x|length }}|{{ [[1, [2]], {'a': [3]}] }}",
+                                         messages, o, &out)
+                  .ok());
+  EXPECT_EQ(out, "1|[[1, [2]], {'a': [3]}]");  // as jinja2 renders it
 }
 
 }  // namespace

@@ -119,16 +119,20 @@ Status render_value(const std::string& source, const Json& messages, const ChatT
   }
   vars["tools"] = tmpl::Value::none();
   vars["documents"] = tmpl::Value::none();
-  if (messages.is_array()) {
-    vars["messages"] = tmpl::from_json(messages);
-  } else if (messages.is_object() && messages.contains("messages") && messages["messages"].is_array()) {
-    for (auto it = messages.begin(); it != messages.end(); ++it) vars[it.key()] = tmpl::from_json(it.value());
-  } else {
-    return invalid_argument("messages: expected a JSON array of messages or an object with \"messages\"");
+  try {  // from_json refuses values nested past kMaxValueDepth
+    if (messages.is_array()) {
+      vars["messages"] = tmpl::from_json(messages);
+    } else if (messages.is_object() && messages.contains("messages") && messages["messages"].is_array()) {
+      for (auto it = messages.begin(); it != messages.end(); ++it) vars[it.key()] = tmpl::from_json(it.value());
+    } else {
+      return invalid_argument("messages: expected a JSON array of messages or an object with \"messages\"");
+    }
+    if (!options.extra_context.is_object()) return invalid_argument("chat template: extra_context must be an object");
+    for (auto it = options.extra_context.begin(); it != options.extra_context.end(); ++it)
+      vars[it.key()] = tmpl::from_json(it.value());
+  } catch (const tmpl::TemplateError& e) {
+    return invalid_argument(std::string("messages: ") + e.what());
   }
-  if (!options.extra_context.is_object()) return invalid_argument("chat template: extra_context must be an object");
-  for (auto it = options.extra_context.begin(); it != options.extra_context.end(); ++it)
-    vars[it.key()] = tmpl::from_json(it.value());
   vars["add_generation_prompt"] = tmpl::Value::boolean(options.add_generation_prompt);
   vars["bos_token"] = tmpl::Value::string(options.bos_token);
   vars["eos_token"] = tmpl::Value::string(options.eos_token);

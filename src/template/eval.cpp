@@ -354,6 +354,7 @@ Value Evaluator::eval(const Expr& e, Frame* frame) {
         if (!key.is_string()) throw error_at("only string keys are supported in dict literals", e);
         d.dict->set(key.s, eval(*e.args[k + 1], frame));
       }
+      d.update_depth();
       return d;
     }
   }
@@ -393,7 +394,10 @@ Value Evaluator::eval_binary(const Expr& e, const Value& a, const Value& b) {
     const Value& count = (a.is_string() || a.is_sequence()) ? b : a;
     if (count.kind != Kind::kInt && count.kind != Kind::kBool) throw type_error();
     const int64_t n = std::max<int64_t>(0, as_int(count));
-    const int64_t unit = seq.is_string() ? static_cast<int64_t>(seq.s.size()) : static_cast<int64_t>(seq.list->size());
+    // A repeated list copies its items: strings count their bytes, anything else a small size.
+    int64_t unit = seq.is_string() ? static_cast<int64_t>(seq.s.size()) : 0;
+    if (!seq.is_string())
+      for (const Value& x : *seq.list) unit += x.is_string() ? static_cast<int64_t>(x.s.size()) + 16 : 16;
     if (unit == 0) return seq.is_string() ? Value::string("") : Value::new_list(List{}, seq.kind);  // not n empty rounds
     if (n > limits_.max_output_bytes / unit) check_size(limits_.max_output_bytes + 1, e);
     if (seq.is_string()) {

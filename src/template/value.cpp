@@ -296,11 +296,13 @@ Value from_json_any(const Json& j) {
     case nlohmann::detail::value_t::array: {
       Value out = Value::new_list();
       for (const auto& e : j) out.list->push_back(from_json_any(e));
+      out.update_depth();
       return out;
     }
     case nlohmann::detail::value_t::object: {
       Value out = Value::new_dict();
       for (auto it = j.begin(); it != j.end(); ++it) out.dict->items.emplace_back(it.key(), from_json_any(it.value()));
+      out.update_depth();
       return out;
     }
     default: return Value::none();

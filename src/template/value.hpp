@@ -24,6 +24,10 @@ struct TemplateError : std::runtime_error {
   bool from_raise_exception;  // raise_exception(msg) in the template: the message is the template's
 };
 
+// Lists, tuples and dicts nest at most this deep: printing, comparing, tojson and freeing them
+// recurse, and a template can nest one more level per loop turn ({% set ns.x = [ns.x] %}).
+constexpr int32_t kMaxValueDepth = 256;
+
 struct Value;
 using List = std::vector<Value>;
 struct Dict {
@@ -48,6 +52,7 @@ struct Value {
   std::shared_ptr<Dict> dict;    // kDict, kNamespace
   const MacroDef* macro = nullptr;
   std::shared_ptr<Value> self;   // kMethod: the receiver
+  int32_t depth = 0;             // containers: 1 + their deepest item (kMaxValueDepth at most)
 
   static Value undefined(std::string what = "") { Value v; v.s = std::move(what); return v; }
   static Value none() { Value v; v.kind = Kind::kNone; return v; }
@@ -56,7 +61,17 @@ struct Value {
   static Value number(double x) { Value v; v.kind = Kind::kFloat; v.f = x; return v; }
   static Value string(std::string x) { Value v; v.kind = Kind::kString; v.s = std::move(x); return v; }
   static Value new_list(List items = {}, Kind k = Kind::kList) {
-    Value v; v.kind = k; v.list = std::make_shared<List>(std::move(items)); return v;
+    Value v; v.kind = k; v.list = std::make_shared<List>(std::move(items)); v.update_depth(); return v;
+  }
+  // depth from the items held now; a TemplateError past kMaxValueDepth.
+  void update_depth() {
+    int32_t d = 0;
+    if (list)
+      for (const Value& x : *list) d = x.depth > d ? x.depth : d;
+    if (dict)
+      for (const auto& kv : dict->items) d = kv.second.depth > d ? kv.second.depth : d;
+    depth = d + 1;
+    if (depth > kMaxValueDepth) throw TemplateError("a value nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
   }
   static Value new_dict(Kind k = Kind::kDict) {
     Value v; v.kind = k; v.dict = std::make_shared<Dict>(); return v;
