@@ -194,6 +194,14 @@ TEST(ChatTemplate, LongChainsAndHugeCountsAreRefusedOrCheapNeverACrash) {
                                          messages, o, &out)
                   .ok());
   EXPECT_EQ(out, "1|[[1, [2]], {'a': [3]}]");  // as jinja2 renders it
+  // A namespace holding itself: printing it is an error, not endless recursion, comparing it is by
+  // identity (as Python's), and the cycle is freed when the render ends (LeakSanitizer checks).
+  st = llmq::render_chat_template("{% set ns = namespace(x=1) %}{% set ns.x = [ns] %}{{ ns.x }}", messages, o, &out);
+  EXPECT_NE(st.message().find("holding itself"), std::string::npos) << st.to_string();
+  ASSERT_TRUE(llmq::render_chat_template("{% set ns = namespace(x=1) %}{% set ns.x = [ns] %}{{ ns.x == ns.x }}|{{ ns.x|length }}",
+                                         messages, o, &out)
+                  .ok());
+  EXPECT_EQ(out, "True|1");
 }
 
 }  // namespace

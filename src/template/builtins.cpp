@@ -274,6 +274,7 @@ Value Evaluator::call_global(const std::string& name, const std::vector<Value>& 
       for (const auto& kv : a.dict->items) ns.dict->set(kv.first, kv.second);
     }
     for (size_t k = 0; k < kw_names.size(); ++k) ns.dict->set(kw_names[k], kw_values[k]);
+    namespaces_.push_back(ns.dict);
     return ns;
   }
   if (name == "range") {

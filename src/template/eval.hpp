@@ -61,6 +61,14 @@ class Evaluator {
 
   EvalLimits limits_;
   Frame* root_;
+  // Every namespace() made while rendering: a namespace can hold itself through a list (a
+  // reference cycle shared_ptr never frees), so their contents are dropped when the evaluator goes.
+  std::vector<std::shared_ptr<Dict>> namespaces_;
+
+ public:
+  ~Evaluator() {
+    for (const auto& d : namespaces_) d->items.clear();
+  }
   int64_t depth_ = 0;
   int64_t iterations_ = 0;
 };

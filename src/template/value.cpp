@@ -116,7 +116,23 @@ static std::string repr_string(const std::string& s) {
   return out + q;
 }
 
+namespace {
+// repr and tojson walk values recursively; a namespace can hold a list that holds the namespace
+// (a cycle no depth count at construction sees), so the walk itself is bounded too.
+thread_local int32_t walk_depth = 0;
+struct WalkGuard {
+  WalkGuard() {
+    if (++walk_depth > 2 * kMaxValueDepth) {
+      --walk_depth;
+      throw TemplateError("a value nested deeper than " + std::to_string(2 * kMaxValueDepth) + " levels (or holding itself)");
+    }
+  }
+  ~WalkGuard() { --walk_depth; }
+};
+}  // namespace
+
 std::string repr(const Value& v) {
+  const WalkGuard guard;
   switch (v.kind) {
     case Kind::kString: return repr_string(v.s);
     case Kind::kUndefined: return "Undefined";
@@ -226,6 +242,7 @@ static void json_string(const std::string& s, std::string* out) {
 }
 
 static void json_value(const Value& v, int64_t indent, int64_t level, std::string* out) {
+  const WalkGuard guard;
   if (level > 512) throw TemplateError("tojson: nesting deeper than 512");
   const std::string item_sep = indent > 0 ? "," : ", ";
   auto newline = [&](int64_t lv) {
