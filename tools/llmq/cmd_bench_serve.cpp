@@ -77,15 +77,7 @@ int run_serve(const ServeArgs& a) {
   GpuModelSource source;
   if (gpu) {
     // The model's shape first (the workload needs its vocabulary); the weights after.
-    if (Status st = gpu_model_source(a.model, a.seed, &source, &w); !st.ok()) return fail(st);
-    if (source.kind == GpuModelSource::Kind::kSynthetic) {
-      config = source.config;
-    } else if (source.kind == GpuModelSource::Kind::kCheckpoint) {
-      std::unique_ptr<Checkpoint> ckpt;
-      if (Status st = open_hf_checkpoint(source.dir, &ckpt, &config); !st.ok()) return fail(st);
-    } else {
-      config = w.config;
-    }
+    if (Status st = model_shape(a.model, a.seed, &source, &w, &config); !st.ok()) return fail(st);
   } else {
     if (Status st = load_model(a.model, &w, &description); !st.ok()) return fail(st);
     config = w.config;

@@ -55,16 +55,9 @@ int run_serve_cmd(ServeCmdArgs a) {
   ModelConfig config;
   GpuModelSource source;
   std::string description;
-  if (Status st = gpu_model_source(a.model, /*seed=*/1, &source, &w); !st.ok()) return fail(st);
-  if (source.kind == GpuModelSource::Kind::kSynthetic) {
-    config = source.config;
-  } else if (source.kind == GpuModelSource::Kind::kCheckpoint) {
-    std::unique_ptr<Checkpoint> ckpt;
-    if (Status st = open_hf_checkpoint(source.dir, &ckpt, &config); !st.ok()) return fail(st);
-    if (a.device == "cpu" && !load_model(a.model, &w, &description).ok()) return fail(invalid_argument("--model: cannot load " + a.model));
-  } else {
-    config = w.config;
-  }
+  if (Status st = model_shape(a.model, /*seed=*/1, &source, &w, &config); !st.ok()) return fail(st);
+  if (a.device == "cpu" && source.kind == GpuModelSource::Kind::kCheckpoint)
+    if (Status st = load_model(a.model, &w, &description); !st.ok()) return fail(st);
   if (a.device == "cpu" && source.kind == GpuModelSource::Kind::kSynthetic)
     return fail(invalid_argument("--model synthetic:*: weights generated on the GPU; use --device cuda"));
   if (a.max_model_len > config.max_seq_len)

@@ -6,7 +6,22 @@
 #include <algorithm>
 #include <climits>
 
+#include "llmq/safetensors.hpp"
+
 namespace llmq::cli {
+
+Status model_shape(const std::string& model, uint64_t seed, GpuModelSource* source, ModelWeights* host, ModelConfig* config) {
+  LLMQ_RETURN_IF_ERROR(gpu_model_source(model, seed, source, host));
+  if (source->kind == GpuModelSource::Kind::kSynthetic) {
+    *config = source->config;
+  } else if (source->kind == GpuModelSource::Kind::kCheckpoint) {
+    std::unique_ptr<Checkpoint> ckpt;
+    LLMQ_RETURN_IF_ERROR(open_hf_checkpoint(source->dir, &ckpt, config));
+  } else {
+    *config = host->config;
+  }
+  return {};
+}
 
 Status start_gpu_engine(const GpuEngineFlags& f, const GpuModelSource& source, int64_t max_model_len, GpuEngine* g) {
   // The runtime's own limits, named by the command's options.

@@ -36,6 +36,10 @@ struct GpuEngine {
   std::string description;
 };
 
+// Where --model's weights come from (gpu_model_source) and the model's shape, read before any
+// weights are: a synthetic model's config, a checkpoint's config.json, or the host model loaded.
+Status model_shape(const std::string& model, uint64_t seed, GpuModelSource* source, ModelWeights* host, ModelConfig* config);
+
 Status start_gpu_engine(const GpuEngineFlags& f, const GpuModelSource& source, int64_t max_model_len, GpuEngine* g);
 
 }  // namespace llmq::cli
