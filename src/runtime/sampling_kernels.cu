@@ -11,6 +11,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/pdl.cuh"
 #include "runtime/row_kernels.hpp"
+#include "runtime/row_sampling.hpp"
 #include "runtime/row_math.cuh"
 
 namespace llmq::runtime {
@@ -128,9 +129,6 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64's finalis
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
-__device__ __forceinline__ float uniform01(uint64_t seed, uint64_t index) {
-  return static_cast<float>(mix64(seed * 0x9E3779B97F4A7C15ull + index) >> 40) * (1.0f / 16777216.0f);
-}
 
 // Temperature + top-p: p_i = exp((l_i - max) / T); the nucleus is every i with p_i >= t for the
 // largest t whose kept mass reaches top_p of the total (found by bisection on t, each step one pass
@@ -184,7 +182,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) sample_kernel(const float* log
   if (threadIdx.x == 0) {
     float kept = 0.0f;
     for (int w = 0; w < static_cast<int>(blockDim.x); ++w) kept += chunk_mass[w];
-    float u = uniform01(seed, static_cast<uint64_t>(*step) * 65536u + blockIdx.x) * kept;
+    // The per-row sampler's uniform (row_sampling.hpp), drawn at step * 65536 + row.
+    float u = sampling_uniform01(seed, static_cast<int64_t>(*step) * 65536 + blockIdx.x) * kept;
     int32_t choice = -1;
     for (int w = 0; w < static_cast<int>(blockDim.x) && choice < 0; ++w) {
       if (u < chunk_mass[w] || w == static_cast<int>(blockDim.x) - 1) {
