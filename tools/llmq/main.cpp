@@ -18,6 +18,7 @@
 #include "llmq/device.hpp"
 #include "llmq/format.hpp"
 #include "llmq/status.hpp"
+#include "cli_config.hpp"
 #include "commands.hpp"
 #include "report.hpp"
 
