@@ -104,7 +104,7 @@ TEST(OpenAiRequest, BadFieldsAreRefusedNamingThem) {
   refused(R"({"model": "m", "prompt": "x", "best_of": 3})", "best_of", "not supported");
   refused(R"({"model": "m", "prompt": "x", "logit_bias": {"5": 10}})", "logit_bias", "not supported");
   refused(R"({"model": "m", "prompt": "x", "frequency_penalty": 0.5})", "frequency_penalty", "not supported");
-  refused(R"({"model": "m", "prompt": "x", "logprobs": 50})", "logprobs", "outside [0, 20]");
+  refused(R"({"model": "m", "prompt": "x", "logprobs": 50})", "logprobs", "outside [0, 5]");
   refused(R"({"model": "m", "messages": []})", "messages", "non-empty array", true);
   refused(R"({"model": "m", "messages": [{"content": "x"}]})", "messages[0].role", "required", true);
   refused(R"({"model": "m", "messages": [{"role": "wizard", "content": "x"}]})", "messages[0].role", "'wizard' is not", true);

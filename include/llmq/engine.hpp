@@ -27,7 +27,12 @@ struct SamplingParams {
   float top_p = 1.0f;
   uint64_t seed = 1;  // a request's generator starts here (0 is refused: xorshift stays at zero)
   int32_t top_k = 0;  // 0: no limit
+  // Log-probabilities with each token (TokenEvent::logprobs): -1 none (nothing is computed); K in
+  // [0, kMaxLogprobs]: the sampled token's and the K most likely tokens'. Of the model's
+  // distribution before temperature, top-k and top-p (vLLM's default, "raw" logprobs).
+  int32_t logprobs = -1;
 };
+constexpr int32_t kMaxLogprobs = 20;  // OpenAI's top_logprobs limit
 
 // One sampled row of a step for a backend that samples itself: the request's parameters and how
 // many tokens it drew before (so its draws never depend on its batch).
@@ -50,9 +55,12 @@ class EngineBackend {
   // the logits of the last position of each chunk with sample set, in chunk order: [samples, vocab].
   virtual Status forward(const StepPlan& plan, std::vector<float>* logits) = 0;
   // A backend that samples where its logits are (the GPU) says so and computes and samples a step
-  // in one call: rows[i] is how to sample the plan's i-th sampled chunk, tokens gets one per row.
+  // in one call: rows[i] is how to sample the plan's i-th sampled chunk, tokens gets one per row,
+  // and (*logprobs)[i] the row's log-probabilities where rows[i].params.logprobs >= 0 (logprobs
+  // gets one entry per row; the others are left empty).
   virtual bool samples_itself() const { return false; }
-  virtual Status forward_sample(const StepPlan& plan, const std::vector<RowDraw>& rows, std::vector<int32_t>* tokens);
+  virtual Status forward_sample(const StepPlan& plan, const std::vector<RowDraw>& rows, std::vector<int32_t>* tokens,
+                                std::vector<TokenLogprobs>* logprobs);
 };
 
 class Engine {
@@ -62,7 +70,7 @@ class Engine {
   static Status create(EngineBackend* backend, KvBlockPool* pool, const SchedulerOptions& options, std::unique_ptr<Engine>* out);
 
   // Queues a request (Scheduler::add's refusals, and token ids outside the vocabulary, a negative
-  // temperature, top_p outside (0, 1], a zero seed when sampling).
+  // temperature, top_p outside (0, 1], a zero seed when sampling, logprobs outside [-1, 20]).
   Status add(RequestSpec spec, const SamplingParams& sampling, int64_t* id);
   Status cancel(int64_t id);
   // One step; its sampled tokens appended to *events (a request's last one says why it ended). A
@@ -83,7 +91,9 @@ class Engine {
   };
   std::map<int64_t, Live> live_;  // live requests' sampling state
   std::vector<float> logits_;
+  std::vector<float> row_copy_;  // a row's logits before the host sampler changes them (logprobs)
   std::vector<RowDraw> rows_;
+  std::vector<TokenLogprobs> row_logprobs_;  // the step's, by sampled row
   Status failed_;
 };
 

@@ -28,7 +28,9 @@ class GpuBackend : public EngineBackend {
   // Logits of the sampled chunks (tests and the CPU-style path; the step runs without a graph).
   Status forward(const StepPlan& plan, std::vector<float>* logits) override;
   bool samples_itself() const override { return true; }
-  Status forward_sample(const StepPlan& plan, const std::vector<RowDraw>& rows, std::vector<int32_t>* tokens) override;
+  // Rows that ask for logprobs get them from the device with the tokens (GpuRuntime::step).
+  Status forward_sample(const StepPlan& plan, const std::vector<RowDraw>& rows, std::vector<int32_t>* tokens,
+                        std::vector<TokenLogprobs>* logprobs) override;
 
  private:
   explicit GpuBackend(TensorParallelRuntime* runtime) : runtime_(runtime) {}
@@ -39,6 +41,7 @@ class GpuBackend : public EngineBackend {
   int64_t vocab_ = 0;
   std::vector<PagedChunk> chunks_;
   std::vector<int32_t> sampled_;
+  std::vector<RowLogprobs> row_logprobs_;
 };
 
 }  // namespace llmq::engine

@@ -206,6 +206,18 @@ struct RowSampling {
   int32_t top_k = 0;
   uint64_t seed = 1;
   int64_t draw = 0;  // tokens the request sampled before this one
+  int32_t logprobs = -1;  // -1: none; K in [0, kMaxTopLogprobs]: the sampled token's and the top K's (RowLogprobs)
+};
+
+// The log-probabilities of one sampled row that asked for them (RowSampling::logprobs >= 0), computed
+// on the device in the step (runtime/row_logprobs.hpp has the definition): log_softmax of the row's
+// logits, the model's distribution before temperature, top-k and top-p.
+constexpr int32_t kMaxTopLogprobs = 20;
+struct RowLogprobs {
+  float token = 0.0f;  // the sampled token's
+  int32_t count = 0;   // entries of top_ids / top: min(logprobs, vocab)
+  int32_t top_ids[kMaxTopLogprobs] = {};  // most likely first; equal logits: lower id first
+  float top[kMaxTopLogprobs] = {};
 };
 
 // One sequence's share of a paged step (GpuRuntimeOptions::kv_blocks > 0): compute positions
@@ -253,10 +265,13 @@ class GpuRuntime {
   // Paged mode: computes every chunk in one forward pass (decode-only steps replay a CUDA graph of
   // their padded batch when graphs are on) and samples the chunks with `sample` set: `sampled` gets
   // their tokens in chunk order; with `logits` non-null also their float32 logits [samples, vocab]
-  // (the step then runs without a graph). Refused: table entries outside [1, kv_blocks) (block 0
-  // pads the tables of a graph's padding rows), positions past max_context, more sequences than
-  // max_batch or tokens than max_step_tokens.
-  Status step(const std::vector<PagedChunk>& chunks, std::vector<int32_t>* sampled, std::vector<float>* logits = nullptr);
+  // (the step then runs without a graph); with `logprobs` non-null one RowLogprobs per sampled
+  // chunk, filled for those whose sampling.logprobs >= 0 (computed only when some chunk asks, after
+  // the sampling, and copied back with the tokens). Refused: table entries outside [1, kv_blocks)
+  // (block 0 pads the tables of a graph's padding rows), positions past max_context, more
+  // sequences than max_batch or tokens than max_step_tokens, logprobs outside [-1, kMaxTopLogprobs].
+  Status step(const std::vector<PagedChunk>& chunks, std::vector<int32_t>* sampled, std::vector<float>* logits = nullptr,
+              std::vector<RowLogprobs>* logprobs = nullptr);
   // Blocks of `options.kv_block_size` positions that fit in `gpu_memory_utilization` (0, 1] of the
   // device's memory besides what is in use now (the weights) and what a runtime of `options` needs
   // for everything but the cache.

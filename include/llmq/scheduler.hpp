@@ -60,11 +60,21 @@ struct StepPlan {
   int64_t preempted = 0;   // sequences preempted while planning this step
 };
 
+// The log-probabilities a request asked for with each token (SamplingParams::logprobs >= 0): of
+// the model's distribution before temperature, top-k and top-p (log_softmax of the logits; the
+// definition is runtime/row_logprobs.hpp's).
+struct TokenLogprobs {
+  float token = 0.0f;            // the sampled token's
+  std::vector<int32_t> top_ids;  // the request's top K, most likely first (equal logits: lower id first)
+  std::vector<float> top;        // their log-probabilities
+};
+
 // What update() reports for each sampled token.
 struct TokenEvent {
   int64_t request = 0;
   int32_t token = 0;
   FinishReason finish = FinishReason::kNone;  // set on the request's last token
+  std::shared_ptr<const TokenLogprobs> logprobs;  // set by the engine when the request asked (shared: events are copied)
 };
 
 struct SchedulerStats {

@@ -110,8 +110,10 @@ class TensorParallelRuntime {
   Status decode(const std::vector<int32_t>& tokens, std::vector<float>* logits);
   Status generate(const std::vector<int32_t>& first, int64_t steps, const SamplingOptions& sampling,
                   std::vector<std::vector<int32_t>>* out);
-  // GpuRuntime::step on every rank (the serving engine's paged steps); rank 0's tokens come back.
-  Status step(const std::vector<PagedChunk>& chunks, std::vector<int32_t>* sampled, std::vector<float>* logits = nullptr);
+  // GpuRuntime::step on every rank (the serving engine's paged steps); rank 0's tokens (and
+  // logits, logprobs) come back; only rank 0 computes the logprobs.
+  Status step(const std::vector<PagedChunk>& chunks, std::vector<int32_t>* sampled, std::vector<float>* logits = nullptr,
+              std::vector<RowLogprobs>* logprobs = nullptr);
   Status fill_context_for_benchmark(int64_t batch, int64_t length, uint64_t seed);
   // Rank 0's step times (every rank's steps end together at the all-reduces).
   Status time_decode(int64_t batch, int64_t warmup, int64_t steps, std::vector<double>* step_ms);

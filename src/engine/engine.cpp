@@ -1,13 +1,29 @@
 // Engine (engine.hpp).
 #include "llmq/engine.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
 
-namespace llmq::engine {
+#include "runtime/row_logprobs.hpp"
 
-Status EngineBackend::forward_sample(const StepPlan&, const std::vector<RowDraw>&, std::vector<int32_t>*) {
+namespace llmq::engine {
+namespace {
+
+// A host row's log-probabilities (the CPU path): the definition's reference, computed in double.
+TokenLogprobs host_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t k) {
+  const runtime::RowLogprobsReference ref = runtime::row_logprobs_reference(logits, vocab, token, k);
+  TokenLogprobs out;
+  out.token = static_cast<float>(ref.token);
+  out.top_ids = ref.top_ids;
+  out.top.assign(ref.top.begin(), ref.top.end());
+  return out;
+}
+
+}  // namespace
+
+Status EngineBackend::forward_sample(const StepPlan&, const std::vector<RowDraw>&, std::vector<int32_t>*, std::vector<TokenLogprobs>*) {
   return unsupported("forward_sample: this backend samples on the host (forward)");
 }
 
@@ -40,6 +56,8 @@ Status Engine::add(RequestSpec spec, const SamplingParams& sampling, int64_t* id
     return invalid_argument("top_p: must be in (0, 1], got " + std::to_string(sampling.top_p));
   if (sampling.temperature > 0.0f && sampling.seed == 0) return invalid_argument("seed: must not be 0 when sampling");
   if (sampling.top_k < 0) return invalid_argument("top_k: must be >= 0, got " + std::to_string(sampling.top_k));
+  if (sampling.logprobs < -1 || sampling.logprobs > kMaxLogprobs)
+    return invalid_argument("logprobs: must be in [-1, " + std::to_string(kMaxLogprobs) + "], got " + std::to_string(sampling.logprobs));
   if (sampling.top_k > 0 && sampling.temperature > 0.0f && !backend_->samples_itself())
     return unsupported("top_k: this backend samples on the host as llama2.c's run.c does (temperature, top_p)");
   LLMQ_RETURN_IF_ERROR(scheduler_->add(std::move(spec), id));
@@ -61,6 +79,18 @@ Status Engine::step(std::vector<TokenEvent>* events) {
   const StepPlan plan = scheduler_->schedule();
   if (plan.chunks.empty()) return {};
   std::vector<int32_t> sampled;
+  // (request, sampled row) of the rows that asked for logprobs; empty (and nothing computed) when none did.
+  std::vector<std::pair<int64_t, size_t>> asked;
+  {
+    size_t row = 0;
+    for (const StepChunk& c : plan.chunks)
+      if (c.sample) {
+        if (live_.at(c.request).params.logprobs >= 0) asked.emplace_back(c.request, row);
+        ++row;
+      }
+  }
+  row_logprobs_.clear();
+  if (!asked.empty()) row_logprobs_.resize(static_cast<size_t>(plan.samples));
   if (backend_->samples_itself()) {
     rows_.clear();
     for (const StepChunk& c : plan.chunks)
@@ -68,9 +98,11 @@ Status Engine::step(std::vector<TokenEvent>* events) {
         const Live& l = live_.at(c.request);
         rows_.push_back({l.params, l.draws});
       }
-    if (Status st = backend_->forward_sample(plan, rows_, &sampled); !st.ok()) return failed_ = st;
-    if (static_cast<int64_t>(sampled.size()) != plan.samples)
-      return failed_ = Status(StatusCode::kInternal, "backend: " + std::to_string(sampled.size()) + " tokens for " +
+    if (Status st = backend_->forward_sample(plan, rows_, &sampled, &row_logprobs_); !st.ok()) return failed_ = st;
+    if (static_cast<int64_t>(sampled.size()) != plan.samples ||
+        (!asked.empty() && static_cast<int64_t>(row_logprobs_.size()) != plan.samples))
+      return failed_ = Status(StatusCode::kInternal, "backend: " + std::to_string(sampled.size()) + " tokens and " +
+                                               std::to_string(row_logprobs_.size()) + " logprob rows for " +
                                                std::to_string(plan.samples) + " samples");
   } else {
     if (Status st = backend_->forward(plan, &logits_); !st.ok()) return failed_ = st;
@@ -79,13 +111,33 @@ Status Engine::step(std::vector<TokenEvent>* events) {
       return failed_ = Status(StatusCode::kInternal, "backend: " + std::to_string(logits_.size()) + " logits for " +
                                                std::to_string(plan.samples) + " samples of " + std::to_string(vocab));
     int64_t row = 0;
-    for (const StepChunk& c : plan.chunks)
-      if (c.sample) sampled.push_back(live_.at(c.request).sampler->sample(&logits_[static_cast<size_t>(row++ * vocab)]));
+    for (const StepChunk& c : plan.chunks) {
+      if (!c.sample) continue;
+      Live& l = live_.at(c.request);
+      float* x = &logits_[static_cast<size_t>(row * vocab)];
+      if (l.params.logprobs < 0) {
+        sampled.push_back(l.sampler->sample(x));
+      } else {  // the sampler rewrites the row (temperature, softmax): the logprobs are of the logits themselves
+        row_copy_.assign(x, x + vocab);
+        sampled.push_back(l.sampler->sample(x));
+        row_logprobs_[static_cast<size_t>(row)] = host_logprobs(row_copy_.data(), vocab, sampled.back(), l.params.logprobs);
+      }
+      ++row;
+    }
   }
   for (const StepChunk& c : plan.chunks)
     if (c.sample) ++live_.at(c.request).draws;
   const size_t first = events->size();
   if (Status st = scheduler_->update(plan, sampled, events); !st.ok()) return failed_ = st;
+  if (!asked.empty()) {  // each request has at most one sampled row in a step
+    std::sort(asked.begin(), asked.end());
+    for (size_t i = first; i < events->size(); ++i) {
+      TokenEvent& e = (*events)[i];
+      const auto it = std::lower_bound(asked.begin(), asked.end(), std::make_pair(e.request, size_t{0}));
+      if (it != asked.end() && it->first == e.request)
+        e.logprobs = std::make_shared<const TokenLogprobs>(std::move(row_logprobs_[it->second]));
+    }
+  }
   for (size_t i = first; i < events->size(); ++i)
     if ((*events)[i].finish != FinishReason::kNone) live_.erase((*events)[i].request);
   return {};

@@ -1,6 +1,7 @@
 // GpuBackend (engine_gpu.hpp): the plan's chunks as the runtime's paged chunks.
 #include "llmq/engine_gpu.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace llmq::engine {
@@ -35,6 +36,7 @@ Status GpuBackend::to_chunks(const StepPlan& plan, const std::vector<RowDraw>* r
       p.sampling.top_k = r.params.top_k;
       p.sampling.seed = r.params.seed;
       p.sampling.draw = r.draw;
+      p.sampling.logprobs = r.params.logprobs;
     }
     chunks_.push_back(p);
   }
@@ -49,9 +51,28 @@ Status GpuBackend::forward(const StepPlan& plan, std::vector<float>* logits) {
   return runtime_->step(chunks_, &sampled_, logits);
 }
 
-Status GpuBackend::forward_sample(const StepPlan& plan, const std::vector<RowDraw>& rows, std::vector<int32_t>* tokens) {
+Status GpuBackend::forward_sample(const StepPlan& plan, const std::vector<RowDraw>& rows, std::vector<int32_t>* tokens,
+                                  std::vector<TokenLogprobs>* logprobs) {
+  static_assert(kMaxLogprobs <= kMaxTopLogprobs, "the device computes every count a request may ask for");
   LLMQ_RETURN_IF_ERROR(to_chunks(plan, &rows));
-  return runtime_->step(chunks_, tokens);
+  bool asked = false;
+  for (const RowDraw& r : rows) asked = asked || r.params.logprobs >= 0;
+  if (!asked || logprobs == nullptr) return runtime_->step(chunks_, tokens);
+  LLMQ_RETURN_IF_ERROR(runtime_->step(chunks_, tokens, nullptr, &row_logprobs_));
+  if (row_logprobs_.size() != rows.size())
+    return Status(StatusCode::kInternal, "forward_sample: " + std::to_string(row_logprobs_.size()) + " logprob rows for " +
+                                             std::to_string(rows.size()) + " sampled rows");
+  logprobs->assign(rows.size(), TokenLogprobs{});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].params.logprobs < 0) continue;
+    const RowLogprobs& d = row_logprobs_[i];
+    TokenLogprobs& t = (*logprobs)[i];
+    t.token = d.token;
+    const int32_t n = std::clamp(d.count, 0, kMaxTopLogprobs);  // the device's word, held to the array
+    t.top_ids.assign(d.top_ids, d.top_ids + n);
+    t.top.assign(d.top, d.top + n);
+  }
+  return {};
 }
 
 }  // namespace llmq::engine

@@ -41,7 +41,7 @@ Status EngineLoop::cancel(int64_t id) {
   auto it = streams_.find(id);
   if (it == streams_.end()) return invalid_argument("cancel: request " + std::to_string(id) + " is not live");
   LLMQ_RETURN_IF_ERROR(engine_->cancel(id));
-  pending_.emplace_back(std::move(it->second), TokenEvent{id, -1, FinishReason::kCancelled});
+  pending_.emplace_back(std::move(it->second), TokenEvent{id, -1, FinishReason::kCancelled, nullptr});
   streams_.erase(it);
   wake_.notify_one();
   return {};
@@ -84,7 +84,7 @@ int64_t EngineLoop::running() const {
 void EngineLoop::end_all(Delivery* out) {
   for (auto& [rid, stream] : streams_) {
     (void)engine_->cancel(rid);  // after a failed step the engine may refuse; the request ends here anyway
-    out->emplace_back(std::move(stream), TokenEvent{rid, -1, FinishReason::kCancelled});
+    out->emplace_back(std::move(stream), TokenEvent{rid, -1, FinishReason::kCancelled, nullptr});
   }
   streams_.clear();
 }

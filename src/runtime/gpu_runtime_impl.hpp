@@ -167,13 +167,15 @@ struct GpuRuntime::Impl {
   // comes last so that a step copies only the rows it uses.
   struct PagedLayout {
     int64_t tokens = 0, position = 0, tok_slot = 0, q_start = 0, kv_len = 0, seq_slot = 0, lm_rows = 0, params = 0,
-            valid_rows = 0, table = 0, bytes = 0;
+            valid_rows = 0, logprobs_k = 0, table = 0, bytes = 0;
   } paged_at;
   DeviceAllocation paged_meta;
   PinnedBuffer paged_meta_host;
   DeviceAllocation sampled;  // int32 [max_batch] sampled tokens, then the unusable-logits flag
   PinnedBuffer sampled_host;
   DeviceAllocation sample_workspace;
+  DeviceAllocation logprobs_out;  // RowLogprobs [max_batch] of the rows that asked (row_logprobs.hpp)
+  PinnedBuffer logprobs_host;
   std::map<int64_t, cudaGraphExec_t> paged_graphs;  // decode steps by padded batch
   std::set<int64_t> paged_warmed;                     // padded batches that ran once eagerly
   Status init_paged();

@@ -10,13 +10,16 @@
 // padding rows compute garbage into the null block (block 0, which the pool never hands out) and
 // are never sampled from. Mixed steps run eagerly. The sampled tokens (and a flag raised when a
 // sampled row's logits are NaN/Inf or constant) come back in one copy: the step's only host sync,
-// which the scheduler needs anyway to decide the next step.
+// which the scheduler needs anyway to decide the next step. Rows that ask for log-probabilities get
+// them from one more kernel after the sampling (outside any graph, so a step where none asks runs
+// exactly as before), copied back with the tokens.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "runtime/gpu_runtime_impl.hpp"
+#include "runtime/row_logprobs.hpp"
 #include "runtime/row_sampling.hpp"
 
 namespace llmq {
@@ -62,6 +65,7 @@ Status GpuRuntime::Impl::init_paged() {
   at.lm_rows = take(B * 4);
   at.params = take(B * static_cast<int64_t>(sizeof(runtime::RowSamplingParams)));
   at.valid_rows = take(4);
+  at.logprobs_k = take(B * 4);
   at.table = take(B * pages.table_stride * 4);
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(at.bytes, "paged step metadata", &paged_meta));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(paged_meta.get(), 0, static_cast<size_t>(at.bytes)));
@@ -74,6 +78,10 @@ Status GpuRuntime::Impl::init_paged() {
   const int64_t ws = runtime::sample_rows_each_workspace_bytes(B, c.vocab_size);
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(std::max<int64_t>(ws, 16), "sampling workspace", &sample_workspace));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(sample_workspace.get(), 0, static_cast<size_t>(sample_workspace.bytes())));
+  const int64_t lp_bytes = B * static_cast<int64_t>(sizeof(RowLogprobs));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(lp_bytes, "logprobs", &logprobs_out));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(logprobs_out.get(), 0, static_cast<size_t>(lp_bytes)));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMallocHost(&logprobs_host.ptr, static_cast<size_t>(lp_bytes)));
   return {};
 }
 
@@ -91,7 +99,8 @@ Status GpuRuntime::Impl::paged_body(const StepMeta& m, int64_t samples) {
                                    sample_workspace.get(), sample_workspace.bytes(), stream);
 }
 
-Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32_t>* sampled, std::vector<float>* logits) {
+Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32_t>* sampled, std::vector<float>* logits,
+                        std::vector<RowLogprobs>* logprobs) {
   Impl& g = *impl_;
   if (!g.paged) return invalid_argument("step: the runtime has fixed slots (kv_blocks 0): use prefill / decode / generate");
   // The pinned metadata is rewritten below: no copy of an earlier step (one that failed before
@@ -99,6 +108,7 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
   LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
   sampled->clear();
   if (logits != nullptr) logits->clear();
+  if (logprobs != nullptr) logprobs->clear();
   const int64_t B = static_cast<int64_t>(chunks.size());
   if (B == 0) return {};
   if (B > g.options.max_batch)
@@ -106,6 +116,7 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
   const attention::KvPages& pages = g.pages;
   int64_t T = 0, samples = 0, max_q = 0, max_kv = 0, width = 1;  // width: table columns this step uses
   bool decode_only = true;
+  bool want_logprobs = false;  // some sampled chunk asks (computed only when the caller takes them)
   for (int64_t b = 0; b < B; ++b) {
     const PagedChunk& ch = chunks[static_cast<size_t>(b)];
     const auto which = [b] { return "step: sequence " + std::to_string(b) + ": "; };  // built only for an error
@@ -129,6 +140,10 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
       return invalid_argument(which() + "top_p " + std::to_string(ch.sampling.top_p) + " outside (0, 1]");
     if (ch.sample && (ch.sampling.top_k < 0 || !(ch.sampling.temperature >= 0.0f)))
       return invalid_argument(which() + "negative top_k or temperature");
+    if (ch.sample && (ch.sampling.logprobs < -1 || ch.sampling.logprobs > kMaxTopLogprobs))
+      return invalid_argument(which() + "logprobs " + std::to_string(ch.sampling.logprobs) + " outside [-1, " +
+                              std::to_string(kMaxTopLogprobs) + "]");
+    want_logprobs = want_logprobs || (ch.sample && ch.sampling.logprobs >= 0);
     T += ch.count;
     samples += ch.sample ? 1 : 0;
     max_q = std::max(max_q, ch.count);
@@ -153,6 +168,7 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
   auto* sslot = reinterpret_cast<int32_t*>(host + at.seq_slot);
   auto* lmrows = reinterpret_cast<int32_t*>(host + at.lm_rows);
   auto* params = reinterpret_cast<runtime::RowSamplingParams*>(host + at.params);
+  auto* logprobs_k = reinterpret_cast<int32_t*>(host + at.logprobs_k);
   auto* table = reinterpret_cast<int32_t*>(host + at.table);
   std::vector<attention::PrefillSequence> seqs;
   int64_t t = 0, s = 0;
@@ -167,6 +183,7 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
       qstart[b + 1] = static_cast<int32_t>(t);
       kvlen[b] = 1;
       sslot[b] = static_cast<int32_t>(b);
+      logprobs_k[s] = -1;
       params[s++] = runtime::RowSamplingParams{};
       std::fill(row, row + width, 0);
       continue;
@@ -184,6 +201,7 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
     sslot[b] = static_cast<int32_t>(b);
     if (ch.sample) {
       lmrows[s] = static_cast<int32_t>(t - 1);
+      logprobs_k[s] = ch.sampling.logprobs;
       params[s++] = device_params(ch.sampling);
     }
     std::copy(ch.table, ch.table + ch.table_blocks, row);
@@ -246,6 +264,16 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
     LLMQ_RETURN_IF_ERROR(g.paged_body(m, s));
   }
 
+  // Log-probabilities of the rows that asked, from the logits and tokens the body left (the real
+  // rows come first, before a graph's padding rows).
+  want_logprobs = want_logprobs && logprobs != nullptr;
+  if (want_logprobs) {
+    LLMQ_RETURN_IF_ERROR(runtime::row_logprobs(g.logits.as<float>(), samples, g.c.vocab_size,
+                                               reinterpret_cast<const int32_t*>(d + at.logprobs_k), g.sampled.as<int32_t>(),
+                                               g.logprobs_out.as<RowLogprobs>(), g.stream));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(g.logprobs_host.ptr, g.logprobs_out.get(),
+                                              static_cast<size_t>(samples) * sizeof(RowLogprobs), cudaMemcpyDeviceToHost, g.stream));
+  }
   auto* out = static_cast<int32_t*>(g.sampled_host.ptr);
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, g.sampled.get(), static_cast<size_t>((g.options.max_batch + 1) * 4),
                                             cudaMemcpyDeviceToHost, g.stream));
@@ -260,6 +288,12 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
                             "overflow or are degenerate, and the tokens are no answer");
   }
   sampled->assign(out, out + samples);
+  if (logprobs != nullptr) {
+    logprobs->assign(static_cast<size_t>(samples), RowLogprobs{});
+    const auto* got = static_cast<const RowLogprobs*>(g.logprobs_host.ptr);
+    for (int64_t r = 0; want_logprobs && r < samples; ++r)
+      if (logprobs_k[r] >= 0) (*logprobs)[static_cast<size_t>(r)] = got[r];
+  }
   return {};
 }
 

@@ -47,7 +47,9 @@ Status GpuRuntime::generate(const std::vector<int32_t>&, int64_t, const Sampling
 Status GpuRuntime::fill_context_for_benchmark(int64_t, int64_t, uint64_t) { return no_cuda(); }
 Status GpuRuntime::time_decode(int64_t, int64_t, int64_t, std::vector<double>*) { return no_cuda(); }
 Status GpuRuntime::time_prefill(int64_t, uint64_t, double*) { return no_cuda(); }
-Status GpuRuntime::step(const std::vector<PagedChunk>&, std::vector<int32_t>*, std::vector<float>*) { return no_cuda(); }
+Status GpuRuntime::step(const std::vector<PagedChunk>&, std::vector<int32_t>*, std::vector<float>*, std::vector<RowLogprobs>*) {
+  return no_cuda();
+}
 Status GpuRuntime::kv_blocks_that_fit(const GpuModel&, const GpuRuntimeOptions&, double, int64_t*) { return no_cuda(); }
 Status GpuRuntime::set_kv_scales(const std::vector<float>&, const std::vector<float>&) { return no_cuda(); }
 void GpuRuntime::reset() {}
@@ -87,7 +89,10 @@ GpuRuntime& TensorParallelRuntime::runtime(int rank) { return *runtimes_.at(stat
 const ModelConfig& TensorParallelRuntime::config() const { return models_.at(0)->config(); }
 Status TensorParallelRuntime::prefill(const std::vector<std::vector<int32_t>>&, bool, std::vector<float>*) { return no_cuda(); }
 Status TensorParallelRuntime::decode(const std::vector<int32_t>&, std::vector<float>*) { return no_cuda(); }
-Status TensorParallelRuntime::step(const std::vector<PagedChunk>&, std::vector<int32_t>*, std::vector<float>*) { return no_cuda(); }
+Status TensorParallelRuntime::step(const std::vector<PagedChunk>&, std::vector<int32_t>*, std::vector<float>*,
+                                   std::vector<RowLogprobs>*) {
+  return no_cuda();
+}
 Status TensorParallelRuntime::generate(const std::vector<int32_t>&, int64_t, const SamplingOptions&,
                                        std::vector<std::vector<int32_t>>*) {
   return no_cuda();

@@ -118,11 +118,12 @@ Status TensorParallelRuntime::decode(const std::vector<int32_t>& tokens, std::ve
 }
 
 Status TensorParallelRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32_t>* sampled,
-                                   std::vector<float>* logits) {
+                                   std::vector<float>* logits, std::vector<RowLogprobs>* logprobs) {
   std::vector<std::vector<int32_t>> other(devices_.size());
   std::vector<std::vector<float>> other_logits(devices_.size());
   return each_runtime([&](int r, GpuRuntime& rt) {
-    return rt.step(chunks, r == 0 ? sampled : &other[r], logits == nullptr ? nullptr : r == 0 ? logits : &other_logits[r]);
+    return rt.step(chunks, r == 0 ? sampled : &other[r], logits == nullptr ? nullptr : r == 0 ? logits : &other_logits[r],
+                   r == 0 ? logprobs : nullptr);
   });
 }
 

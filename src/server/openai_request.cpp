@@ -271,7 +271,7 @@ bool parse_generate_request(const std::string& body_text, bool chat, const Reque
       if (!(rf->is_object() && rf->contains("type") && (*rf)["type"].is_string() && (*rf)["type"] == "text"))
         return f.fail("response_format", "response_format: only {\"type\": \"text\"} is supported");
   } else {
-    if (!f.integer("logprobs", 0, limits.max_logprobs, &out->logprobs) || !f.boolean("echo", &out->echo)) return false;
+    if (!f.integer("logprobs", 0, limits.max_completion_logprobs, &out->logprobs) || !f.boolean("echo", &out->echo)) return false;
     if (!f.neutral("best_of", 1, "one completion per request") || !f.neutral("suffix", "", "insertion")) return false;
   }
   return f.neutral("n", 1, "one choice per request") && f.neutral("logit_bias", json::object(), "logit bias") &&

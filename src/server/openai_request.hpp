@@ -30,7 +30,8 @@ struct RequestLimits {
   int64_t max_messages = 4096;
   int64_t max_tokens = 1 << 20;         // max_tokens / max_completion_tokens
   int64_t max_stop = 16;                // stop strings
-  int64_t max_logprobs = 20;            // top_logprobs
+  int64_t max_logprobs = 20;            // chat's top_logprobs (OpenAI's limit)
+  int64_t max_completion_logprobs = 5;  // completions' logprobs (OpenAI's legacy limit)
 };
 
 struct ChatMessage {
@@ -58,7 +59,8 @@ struct GenerateRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions: the prompt's text before the completion
-  int64_t logprobs = -1;       // completions: logprobs N; chat: top_logprobs N when logprobs is true; -1: none
+  // Completions: logprobs N; chat: top_logprobs N (0 when absent) when logprobs is true; -1: none.
+  int64_t logprobs = -1;
 };
 
 // Parses and checks a body of POST /v1/completions (chat false) or /v1/chat/completions (chat

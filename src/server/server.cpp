@@ -20,6 +20,7 @@
 #include "llmq/chat_template.hpp"
 #include "llmq/text_stream.hpp"
 #include "server/openai_request.hpp"
+#include "server/response_logprobs.hpp"
 
 namespace llmq::server {
 namespace {
@@ -169,8 +170,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   if (r.model != options.served_model_name)
     return send_error(res, error_of(404, "invalid_request_error", "The model `" + r.model + "` does not exist (this server serves `" +
                                                                       options.served_model_name + "`)", "model_not_found"));
-  if (r.logprobs >= 0 || r.echo)
-    return send_error(res, error_of(400, "invalid_request_error", std::string(r.echo ? "echo" : "logprobs") + ": not supported yet"));
+  if (r.echo) return send_error(res, error_of(400, "invalid_request_error", "echo: not supported yet"));
   if (tokenizer == nullptr && !r.stop.empty())
     return send_error(res, error_of(400, "invalid_request_error", "stop: this model has no tokenizer; use stop_token_ids"));
   std::vector<int32_t> prompt;
@@ -192,6 +192,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   sp.temperature = r.temperature;
   sp.top_p = r.top_p;
   sp.top_k = r.top_k;
+  sp.logprobs = static_cast<int32_t>(r.logprobs);  // parse_generate_request held it to [-1, 20]
   if (r.seed) {
     sp.seed = *r.seed;
   } else {
@@ -206,6 +207,8 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   if (Status st = engine::TextStream::create(tokenizer, to, text.get()); tokenizer != nullptr && !st.ok())
     return send_error(res, error_of(400, "invalid_request_error", st.message()));
   auto channel = std::make_shared<Channel>();
+  // The response's logprobs (null when not asked), built as the events arrive.
+  const auto lp = r.logprobs >= 0 ? std::make_shared<ResponseLogprobs>(tokenizer, chat, prompt.back()) : nullptr;
   int64_t id = 0;
   const Status submitted = loop->submit(spec, sp, [channel](const TokenEvent& ev) { channel->push(ev); }, &id);
   if (!submitted.ok()) {
@@ -258,6 +261,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
           if (!channel->take(&evs, std::chrono::milliseconds(100))) return true;
           for (const TokenEvent& ev : evs) {
             if (ev.token >= 0) ids->push_back(ev.token);
+            if (lp) lp->add(ev);
             bool stop_string = false;
             feed(ev, out.get(), &stop_string);
             if (!stop_string && ev.finish == FinishReason::kNone) continue;
@@ -267,7 +271,8 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
               body = failure().to_json();
             } else {
               const int64_t completion = static_cast<int64_t>(ids->size());
-              json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_name(ev.finish, stop_string)}};
+              json choice = {{"index", 0}, {"logprobs", lp ? lp->take() : json(nullptr)},
+                             {"finish_reason", finish_name(ev.finish, stop_string)}};
               if (chat) choice["message"] = {{"role", "assistant"}, {"content", *out}};
               else choice["text"] = *out;
               if (!has_text) choice["token_ids"] = *ids;
@@ -300,6 +305,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
           std::string delta;
           bool stop_string = false;
           if (ev.token >= 0) ++*completion;
+          if (lp) lp->add(ev);
           feed(ev, &delta, &stop_string);
           const bool last = stop_string || ev.finish != FinishReason::kNone;
           if (last && !stop_string && ev.finish == FinishReason::kCancelled) {
@@ -321,9 +327,13 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
             choice["text"] = delta;
           }
           if (!has_text && ev.token >= 0) choice["token_ids"] = json::array({ev.token});
+          // A chunk carries the logprobs of every token since the last chunk sent (a token whose text
+          // is held back, part of a character or of a possible stop string, sends no chunk).
+          const bool send = !delta.empty() || last || !has_text || (chat && !*started);
+          if (send && lp) choice["logprobs"] = lp->take();
           const json chunk = {{"id", rid}, {"object", chunk_object}, {"created", created}, {"model", model},
                               {"choices", json::array({choice})}};
-          if (!delta.empty() || last || !has_text || (chat && !*started)) {
+          if (send) {
             const std::string s = sse(chunk);
             *last_write = std::chrono::steady_clock::now();
             if (!sink.write(s.data(), s.size())) return false;
