@@ -3,10 +3,12 @@
 # (token-id prompts; no tokenizer), and stories260K (text prompts, its tokenizer) where the shared
 # test data is present. Checks the endpoints, streaming, OpenAI's error objects and statuses, that a
 # greedy completion is the text `llmq run` prints for the same prompt, and that SIGTERM ends the
-# server with status 0. Usage: serve_curl.sh LLMQ TESTDATA_DIR
+# server with status 0. Usage: serve_curl.sh LLMQ TESTDATA_DIR [BACKEND ARGS]; BACKEND ARGS (e.g.
+# "--device cuda") go to every `llmq serve` and `llmq run`, to run the same checks on the GPU.
 set -u
 llmq=$1
 testdata=$2
+read -r -a backend <<< "${3:-}"
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -26,7 +28,7 @@ json_get() {  # json_get FILE PYTHON-EXPR (of j)
 start() {
   local name=$1
   shift
-  "$llmq" serve --port 0 "$@" > "$work/$name.out" 2> "$work/$name.err" &
+  "$llmq" serve --port 0 ${backend[@]+"${backend[@]}"} "$@" > "$work/$name.out" 2> "$work/$name.err" &
   pid=$!
   pids+=("$pid")
   for _ in $(seq 1 200); do
@@ -118,7 +120,7 @@ if [ -f "$stories" ]; then
   start stories --model "$stories" --served-model-name s --max-num-seqs 4
   s=$(post /v1/completions '{"model":"s","prompt":"Once upon a time","max_tokens":30,"temperature":0}' "$work/t")
   got=$(json_get "$work/t" "j['choices'][0]['text']")
-  want=$("$llmq" run --model "$stories" --prompt "Once upon a time" -n 40 -t 0 2>/dev/null | head -c 2000)
+  want=$("$llmq" run ${backend[@]+"${backend[@]}"} --model "$stories" --prompt "Once upon a time" -n 40 -t 0 2>/dev/null | head -c 2000)
   python3 - "$got" "$want" <<'EOF'
 import sys
 got, want = sys.argv[1], sys.argv[2]

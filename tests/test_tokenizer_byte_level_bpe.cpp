@@ -211,6 +211,35 @@ TEST(ByteLevelBpe, Llama3SplitsDigitsAndUsesWholeWords) {
   EXPECT_EQ(encode(*tok, "the cat", true), (Ids{kBegin, 't', kHe, kGcat}));
 }
 
+// Instruct models end a turn with one of several tokens (Llama 3.1: <|end_of_text|>, <|eom_id|>,
+// <|eot_id|>): every eos_token_id of config.json and generation_config.json is an end id, EOS
+// first, each once; an entry that is no token of the vocabulary is refused naming its file.
+TEST(ByteLevelBpe, EndIdsComeFromEosAndBothConfigFiles) {
+  TempDir dir;
+  write_llama3_dir(dir);
+  {
+    const auto tok = load_ok(dir.file("tokenizer.json"));
+    ASSERT_TRUE(tok);
+    EXPECT_EQ(tok->end_ids(), (Ids{kEndOfText})) << "no config files: EOS alone";
+  }
+  write_file(dir.file("config.json"), json{{"eos_token_id", kSep}}.dump());
+  write_file(dir.file("generation_config.json"), json{{"eos_token_id", json::array({kEndOfText, kXyz, kSep})}}.dump());
+  {
+    const auto tok = load_ok(dir.file("tokenizer.json"));
+    ASSERT_TRUE(tok);
+    EXPECT_EQ(tok->eos(), kSep) << "without tokenizer_config.json, EOS is config.json's";
+    EXPECT_EQ(tok->end_ids(), (Ids{kSep, kEndOfText, kXyz}));
+  }
+  for (const json& bad : {json(kByteLevelVocab), json(-1), json("<|eot|>"), json::array({kSep, 1.5}),
+                          json(uint64_t{1} << 63)}) {
+    write_file(dir.file("generation_config.json"), json{{"eos_token_id", bad}}.dump());
+    std::unique_ptr<Tokenizer> tok;
+    const Status st = Tokenizer::load(dir.file("tokenizer.json"), &tok);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad.dump();
+    EXPECT_NE(st.message().find("generation_config.json: eos_token_id"), std::string::npos) << st.message();
+  }
+}
+
 TEST(ByteLevelBpe, O200kSplitsCamelCaseAndKeepsContractions) {
   TempDir dir;
   write_o200k_dir(dir);

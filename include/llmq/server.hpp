@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "llmq/engine_loop.hpp"
 #include "llmq/status.hpp"
@@ -26,7 +27,9 @@ struct ServerOptions {
   int64_t max_model_len = 0;         // positions per request, prompt and completion (required)
   int64_t max_body_bytes = 16 << 20;
   int64_t http_threads = 64;         // connections served at once (a streaming request holds one)
-  int32_t eos = -1;                  // the token that ends a completion unless ignore_eos (-1: none)
+  // The tokens that end a completion unless ignore_eos (Tokenizer::end_ids: EOS and the model's
+  // other eos_token_id entries); empty: none.
+  std::vector<int32_t> end_ids;
   // POST /v1/chat/completions: the model's chat template (chat_template.hpp; empty: chat refused)
   // with its BOS / EOS text, and the day strftime_now gives (YYYY-MM-DD; empty: today).
   std::string chat_template, bos_token, eos_token, date;

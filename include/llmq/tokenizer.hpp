@@ -41,6 +41,10 @@ class Tokenizer {
   int64_t vocab_size() const { return vocab_size_; }
   int32_t bos() const { return bos_; }  // -1 when the tokenizer has none (Qwen2)
   int32_t eos() const { return eos_; }
+  // Every token that ends a generation: EOS first, then the other ids a Hugging Face model's
+  // config.json and generation_config.json name as eos_token_id (instruct models end a turn with
+  // one of several). Empty when the tokenizer has no EOS and the files name none.
+  const std::vector<int32_t>& end_ids() const { return end_ids_; }
   // "tokenizer.json byte-level BPE, 128256 tokens (/models/llama3/tokenizer.json)"
   const std::string& description() const { return description_; }
 
@@ -48,6 +52,7 @@ class Tokenizer {
   int64_t vocab_size_ = 0;
   int32_t bos_ = -1;
   int32_t eos_ = -1;
+  std::vector<int32_t> end_ids_;
   std::string description_;
 };
 

@@ -187,7 +187,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   spec.prompt = prompt;
   spec.max_new_tokens = r.max_tokens > 0 ? r.max_tokens : options.max_model_len - n;
   spec.stop_ids = r.stop_token_ids;
-  if (!r.ignore_eos && options.eos >= 0) spec.stop_ids.push_back(options.eos);
+  if (!r.ignore_eos) spec.stop_ids.insert(spec.stop_ids.end(), options.end_ids.begin(), options.end_ids.end());
   engine::SamplingParams sp;
   sp.temperature = r.temperature;
   sp.top_p = r.top_p;
@@ -224,9 +224,11 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   const bool has_text = tokenizer != nullptr;
   // Pushes one event's token into the text: the delta, and whether the request has ended (its
   // final event, or a stop string).
+  // A stop token (an end id such as <|eot_id|>, or one of stop_token_ids) ends the text without
+  // being part of it, as OpenAI's API and vLLM answer (special tokens are not text).
   auto feed = [text, has_text](const TokenEvent& ev, std::string* delta, bool* stop_string) {
     *stop_string = false;
-    if (ev.token >= 0 && has_text) (void)text->push(ev.token, delta, stop_string);
+    if (ev.token >= 0 && has_text && ev.finish != FinishReason::kStop) (void)text->push(ev.token, delta, stop_string);
     if (ev.finish != FinishReason::kNone && !*stop_string && has_text) text->finish(delta);
   };
 

@@ -174,7 +174,10 @@ int run(const RunArgs& a) {
   std::vector<int32_t> stop = {config.bos_token};
   if (!a.ignore_eos) {
     if (config.eos_token >= 0) stop.push_back(config.eos_token);
-    if (tokenizer != nullptr && tokenizer->eos() >= 0 && tokenizer->eos() != config.eos_token) stop.push_back(tokenizer->eos());
+    // The tokenizer's end tokens: EOS and the others config.json / generation_config.json name.
+    if (tokenizer != nullptr)
+      for (int32_t id : tokenizer->end_ids())
+        if (std::find(stop.begin(), stop.end(), id) == stop.end()) stop.push_back(id);
   }
   QuantizedModel qm;
   std::unique_ptr<LinearBackend> backend;

@@ -33,6 +33,7 @@ std::string today();  // "YYYY-MM-DD" (UTC), for the date of benchmark results
 void add_bench_command(CLI::App& app, std::vector<Command>* commands);
 void add_bench_serve_command(CLI::App* bench, std::vector<Command>* commands);  // `bench serve`
 void add_serve_command(CLI::App& app, std::vector<Command>* commands);          // `llmq serve`
+void add_chat_command(CLI::App& app, std::vector<Command>* commands);           // `llmq chat`
 void add_attention_command(CLI::App& app, std::vector<Command>* commands);
 void add_make_checkpoint_command(CLI::App& app, std::vector<Command>* commands);
 void add_template_command(CLI::App& app, std::vector<Command>* commands);  // `llmq template`

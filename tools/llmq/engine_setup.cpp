@@ -1,4 +1,4 @@
-// start_gpu_engine (engine_setup.hpp).
+// start_gpu_engine, build_serving_engine (engine_setup.hpp).
 #include "engine_setup.hpp"
 
 #include <fmt/format.h>
@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "llmq/model_io.hpp"
 #include "llmq/safetensors.hpp"
 
 namespace llmq::cli {
@@ -63,6 +64,78 @@ Status start_gpu_engine(const GpuEngineFlags& f, const GpuModelSource& source, i
   g->description = f.model + " " + f.precision + (f.kv_cache == "e4m3" ? " (e4m3 KV)" : "") +
                    (f.tp > 1 ? fmt::format(" over {} GPUs", f.tp) : std::string());
   return {};
+}
+
+void add_serving_engine_options(CLI::App* s, ServingFlags* f) {
+  s->add_option("--model", f->model, "llama2.c .bin, Hugging Face directory, 'default', or synthetic:NAME (cuda)");
+  s->add_option("--device", f->device, "cpu (the CPU reference) or cuda");
+  s->add_option("--max-num-seqs", f->max_num_seqs, "sequences per step")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  s->add_option("--max-num-batched-tokens", f->max_num_batched_tokens, "positions per step")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  s->add_option("--max-model-len", f->max_model_len, "positions per request (0: the model's context)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  s->add_option("--chat-template", f->chat_template, "a Jinja chat template file (default: the model directory's)");
+  s->add_option("--block-size", f->gpu.block_size, "KV block size in tokens")->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  s->add_option("--kv-blocks", f->gpu.kv_blocks, "KV blocks (0: what fits)")->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  s->add_option("--precision", f->gpu.precision, "cuda: bf16, f32, a scheme name, or checkpoint");
+  s->add_option("--kv-cache", f->gpu.kv_cache, "cuda: KV elements, bf16 or e4m3");
+  s->add_option("--tp", f->gpu.tp, "cuda: tensor-parallel GPUs")->check(CLI::Range(1, 8));
+  s->add_option("--gpu", f->gpu.gpu, "cuda: first CUDA device ordinal")->check(CLI::Range(0, 63));
+  s->add_option("--gpu-memory-utilization", f->gpu.gpu_memory_utilization, "cuda: share of GPU memory to use")
+      ->check(CLI::Range(0.01, 1.0));
+  s->add_flag("--no-graphs", f->gpu.no_graphs, "cuda: decode steps without CUDA graphs");
+  add_gpu_launch_flags(s, &f->gpu.launch);
+}
+
+Status build_serving_engine(ServingFlags a, ServingEngine* e) {
+  if (a.device != "cpu" && a.device != "cuda") return invalid_argument("--device: cpu or cuda, got " + a.device);
+  ModelConfig config;
+  LLMQ_RETURN_IF_ERROR(model_shape(a.model, /*seed=*/1, &e->source, &e->weights, &config));
+  const bool checkpoint = e->source.kind == GpuModelSource::Kind::kCheckpoint;
+  if (a.device == "cpu" && checkpoint) LLMQ_RETURN_IF_ERROR(load_model(a.model, &e->weights, &e->description));
+  if (a.device == "cpu" && e->source.kind == GpuModelSource::Kind::kSynthetic)
+    return invalid_argument("--model synthetic:*: weights generated on the GPU; use --device cuda");
+  if (a.max_model_len > config.max_seq_len)
+    return invalid_argument("--max-model-len: " + std::to_string(a.max_model_len) + " positions, the model's context is " +
+                            std::to_string(config.max_seq_len));
+  e->max_model_len = a.max_model_len > 0 ? a.max_model_len : config.max_seq_len;
+  if (!Tokenizer::find(a.model).empty()) LLMQ_RETURN_IF_ERROR(Tokenizer::load(a.model, &e->tokenizer));
+  // The chat template: --chat-template, else the model directory's (none: chat is refused).
+  if (!a.chat_template.empty()) {
+    LLMQ_RETURN_IF_ERROR(read_chat_file("--chat-template", a.chat_template, &e->chat.source));
+  } else if (checkpoint && !read_model_chat_template(e->source.dir, &e->chat).ok()) {
+    e->chat = {};
+  }
+
+  const int64_t block_size = a.gpu.block_size;
+  if (a.device == "cuda") {
+    a.gpu.model = a.model;
+    a.gpu.max_running = a.max_num_seqs;
+    a.gpu.max_batched_tokens = a.max_num_batched_tokens;
+    a.gpu.max_running_flag = "--max-num-seqs";
+    LLMQ_RETURN_IF_ERROR(start_gpu_engine(a.gpu, e->source, e->max_model_len, &e->gpu));
+    e->backend = e->gpu.backend.get();
+    e->description = e->gpu.description;
+  } else {
+    // The CPU cache: every running sequence at its full context, unless --kv-blocks says.
+    const int64_t blocks = a.gpu.kv_blocks > 0 ? a.gpu.kv_blocks
+                                               : a.max_num_seqs * ((e->max_model_len + block_size - 1) / block_size);
+    LLMQ_RETURN_IF_ERROR(engine::CpuBackend::create(e->weights, blocks + 1, block_size, &e->cpu));
+    e->backend = e->cpu.get();
+    e->description = a.model + " on the CPU reference";
+  }
+  // A request may fill the whole context (chat's default max_tokens): the cache must hold one.
+  if ((e->backend->blocks() - 1) * block_size < e->max_model_len)
+    return invalid_argument("the KV cache holds " + std::to_string((e->backend->blocks() - 1) * block_size) +
+                            " positions, less than one request of --max-model-len " + std::to_string(e->max_model_len) +
+                            ": raise --gpu-memory-utilization or --kv-blocks, or lower --max-model-len");
+  LLMQ_RETURN_IF_ERROR(engine::KvBlockPool::create(e->backend->blocks(), block_size, &e->pool));
+  engine::SchedulerOptions so;
+  so.max_batched_tokens = a.max_num_batched_tokens;
+  so.max_running = a.max_num_seqs;
+  so.max_waiting = a.max_waiting;
+  so.max_model_len = e->max_model_len;
+  return engine::Engine::create(e->backend, &e->pool, so, &e->engine);
 }
 
 }  // namespace llmq::cli

@@ -1,6 +1,8 @@
-// The serving engine's GPU side as `llmq bench serve` and `llmq serve` start it: the model split over
-// --tp GPUs and its runtime in the paged mode, its KV blocks sized from --gpu-memory-utilization
-// unless given. One place for the choices both commands make.
+// The serving engine as the commands start it. GPU side (`llmq bench serve`, `llmq serve`, `llmq
+// chat`): the model split over --tp GPUs and its runtime in the paged mode, its KV blocks sized from
+// --gpu-memory-utilization unless given. The whole engine (`llmq serve`, `llmq chat`): the model on
+// the CPU reference or the GPU, its tokenizer and chat template, the block pool and the scheduler.
+// One place for the choices these commands make.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +10,12 @@
 #include <string>
 
 #include "commands.hpp"
+#include "llmq/chat_template.hpp"
+#include "llmq/engine.hpp"
+#include "llmq/engine_cpu.hpp"
 #include "llmq/engine_gpu.hpp"
+#include "llmq/kv_block_pool.hpp"
+#include "llmq/tokenizer.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/tensor_parallel.hpp"
 
@@ -41,5 +48,34 @@ struct GpuEngine {
 Status model_shape(const std::string& model, uint64_t seed, GpuModelSource* source, ModelWeights* host, ModelConfig* config);
 
 Status start_gpu_engine(const GpuEngineFlags& f, const GpuModelSource& source, int64_t max_model_len, GpuEngine* g);
+
+// The options `llmq serve` and `llmq chat` share (add_serving_engine_options names them).
+struct ServingFlags {
+  std::string model = "default";
+  std::string device = "cpu";
+  int64_t max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_model_len = 0;  // 0: the model's context
+  int64_t max_waiting = 1024;
+  std::string chat_template;  // a file; empty: the model directory's
+  GpuEngineFlags gpu;
+};
+void add_serving_engine_options(CLI::App* app, ServingFlags* flags);
+
+// Everything behind one engine, in the order it must be torn down (members last to first).
+struct ServingEngine {
+  ModelWeights weights;  // the host model (CPU backend)
+  GpuModelSource source;
+  std::unique_ptr<Tokenizer> tokenizer;  // null: the model has none (token-id prompts only)
+  ModelChatTemplate chat;                // source empty: no chat template
+  int64_t max_model_len = 0;
+  std::string description;
+  std::unique_ptr<engine::CpuBackend> cpu;
+  GpuEngine gpu;
+  engine::EngineBackend* backend = nullptr;
+  engine::KvBlockPool pool;
+  std::unique_ptr<engine::Engine> engine;
+};
+Status build_serving_engine(ServingFlags flags, ServingEngine* out);
 
 }  // namespace llmq::cli

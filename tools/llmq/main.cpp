@@ -111,6 +111,7 @@ int run_main(int argc, char** argv) {
   llmq::cli::add_logits_command(app, &commands);
   llmq::cli::add_bench_command(app, &commands);
   llmq::cli::add_serve_command(app, &commands);
+  llmq::cli::add_chat_command(app, &commands);
   llmq::cli::add_make_checkpoint_command(app, &commands);
   llmq::cli::add_template_command(app, &commands);
 

@@ -78,6 +78,8 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec) : spec_(std::move(spec)) {
   vocab_size_ = static_cast<int64_t>(spec_.pieces.size());
   bos_ = spec_.bos;
   eos_ = spec_.eos;
+  end_ids_ = spec_.end_ids;
+  if (end_ids_.empty() && eos_ >= 0) end_ids_.push_back(eos_);
   description_ = spec_.description;
 }
 
@@ -90,6 +92,10 @@ Status BpeTokenizer::create(BpeSpec spec, std::unique_ptr<Tokenizer>* out) {
   for (const auto& [name, id] : {std::pair<const char*, int32_t>{"BOS", spec.bos}, {"EOS", spec.eos}, {"<unk>", spec.unk}})
     if (id != -1 && !in_range(id))
       return invalid_argument(src + ": " + name + " id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                              std::to_string(n) + ")");
+  for (int32_t id : spec.end_ids)
+    if (!in_range(id))
+      return invalid_argument(src + ": end-of-generation id " + std::to_string(id) + " is outside the vocabulary [0, " +
                               std::to_string(n) + ")");
   if (spec.mergeable.size() != spec.pieces.size()) spec.mergeable.assign(spec.pieces.size(), true);
   if (spec.merge_mode == BpeSpec::MergeMode::kScore && static_cast<int64_t>(spec.scores.size()) != n)

@@ -123,6 +123,8 @@ struct BpeSpec {
   int32_t unk = -1;
   int32_t bos = -1;
   int32_t eos = -1;
+  // Tokens that end a generation (Tokenizer::end_ids); empty: EOS alone, when there is one.
+  std::vector<int32_t> end_ids;
   std::vector<int32_t> control;        // ids that decode to "" (sentencepiece control pieces)
   std::vector<SpecialToken> specials;  // matched literally in the text, before anything else
   std::vector<NormalizeOp> normalize;

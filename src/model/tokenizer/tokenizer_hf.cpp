@@ -260,6 +260,41 @@ Status read_json(const std::string& path, json* out) {
   return parse_json_object(path, text, out);
 }
 
+// Every token that ends a generation: EOS, and each id config.json and generation_config.json
+// give as eos_token_id (one id or a list). Instruct models name several there and EOS is only
+// one of them (Llama 3.1: <|end_of_text|>, <|eom_id|>, <|eot_id|>; gpt-oss: <|return|>,
+// <|endoftext|>, <|call|>): a server that stopped at EOS alone would talk past the end of its turn.
+// An entry that is not a token id of this vocabulary is an error naming the file.
+Status resolve_end_ids(Parser* p) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(p->path).parent_path();
+  const auto vocab = static_cast<int64_t>(p->spec.pieces.size());
+  std::vector<int32_t>& end = p->spec.end_ids;
+  end.clear();
+  if (p->spec.eos >= 0) end.push_back(p->spec.eos);
+  for (const char* name : {"config.json", "generation_config.json"}) {
+    const fs::path path = dir / name;
+    if (!path_present(path.string())) continue;
+    json cfg;
+    LLMQ_RETURN_IF_ERROR(read_json(path.string(), &cfg));
+    const json* v = field(cfg, "eos_token_id");
+    if (v == nullptr) continue;
+    const bool list = v->is_array();
+    const size_t count = list ? v->size() : 1;
+    for (size_t i = 0; i < count; ++i) {
+      const json& item = list ? (*v)[i] : *v;
+      const std::string where = path.string() + ": eos_token_id" + (list ? "[" + std::to_string(i) + "]" : std::string());
+      if (!item.is_number_integer()) return invalid_argument(where + ": expected a token id, got " + item.dump(-1).substr(0, 64));
+      const bool fits = !(item.is_number_unsigned() && item.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX));
+      const int64_t id = fits ? item.get<int64_t>() : -1;
+      if (id < 0 || id >= vocab)
+        return invalid_argument(where + ": " + item.dump() + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+      if (std::find(end.begin(), end.end(), static_cast<int32_t>(id)) == end.end()) end.push_back(static_cast<int32_t>(id));
+    }
+  }
+  return {};
+}
+
 // BOS and EOS: tokenizer_config.json, config.json, the post-processor, then common names.
 Status resolve_special_ids(Parser* p, const std::unordered_map<std::string, int32_t>& ids) {
   namespace fs = std::filesystem;
@@ -306,7 +341,7 @@ Status resolve_special_ids(Parser* p, const std::unordered_map<std::string, int3
   by_name({"</s>", "<|end_of_text|>", "<|endoftext|>"}, &have_eos, &eos);
   p->spec.bos = bos;
   p->spec.eos = eos;
-  return {};
+  return resolve_end_ids(p);
 }
 
 }  // namespace
