@@ -20,6 +20,11 @@ struct RequestTimeline {
   double arrival_s = 0;
   int64_t prompt_tokens = 0;
   std::vector<double> token_s;  // when each output token was produced, ascending
+  // 0: one token per entry of token_s. Else the request's token count where token_s holds fewer
+  // times: a streamed text answer without token ids, whose chunks each carry one or more tokens
+  // (llmq bench serve --url). TPOT and the token counts use it; TTFT, ITL and E2E the chunk times,
+  // as vLLM's benchmark_serving counts such a stream.
+  int64_t output_tokens = 0;
 };
 
 struct LatencySummary {
@@ -39,7 +44,8 @@ struct ServeMetrics {
 double percentile(std::vector<double> values, double q);
 LatencySummary summarize(const std::vector<double>& values);
 
-// Refused: no request, a request with no token, token times before the arrival or not ascending.
+// Refused: no request, a request with no token, token times before the arrival or not ascending,
+// an output_tokens below the times it has.
 Status serve_metrics(const std::vector<RequestTimeline>& requests, ServeMetrics* out);
 
 }  // namespace llmq::engine

@@ -43,7 +43,11 @@ Status serve_metrics(const std::vector<RequestTimeline>& requests, ServeMetrics*
       if (r.token_s[k] < r.token_s[k - 1]) return invalid_argument("request " + std::to_string(i) + ": token times not ascending");
       itl.push_back(r.token_s[k] - r.token_s[k - 1]);
     }
-    const int64_t n = static_cast<int64_t>(r.token_s.size());
+    const int64_t times = static_cast<int64_t>(r.token_s.size());
+    if (r.output_tokens != 0 && r.output_tokens < times)
+      return invalid_argument("request " + std::to_string(i) + ": output_tokens " + std::to_string(r.output_tokens) +
+                              " is fewer than its " + std::to_string(times) + " token times");
+    const int64_t n = r.output_tokens != 0 ? r.output_tokens : times;
     ttft.push_back(r.token_s.front() - r.arrival_s);
     if (n >= 2) tpot.push_back((r.token_s.back() - r.token_s.front()) / static_cast<double>(n - 1));
     e2e.push_back(r.token_s.back() - r.arrival_s);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "bench_serve_url.hpp"
 #include "engine_setup.hpp"
 #include "llmq/engine_cpu.hpp"
 #include "llmq/engine_gpu.hpp"
@@ -27,6 +28,7 @@
 #include "llmq/model_io.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/tensor_parallel.hpp"
+#include "serve_report.hpp"
 
 namespace llmq::cli {
 namespace {
@@ -56,17 +58,8 @@ struct ServeArgs {
   int64_t max_model_len = 0;
   bool no_graphs = false;
   GpuLaunchFlags launch;
+  BenchServeUrlArgs url;  // --url: a server measured over HTTP instead
 };
-
-json summary_json(const engine::LatencySummary& s) {
-  return {{"count", s.count}, {"mean_ms", s.mean * 1e3}, {"median_ms", s.median * 1e3}, {"p90_ms", s.p90 * 1e3},
-          {"p99_ms", s.p99 * 1e3}, {"max_ms", s.max * 1e3}};
-}
-
-std::string summary_line(const char* name, const engine::LatencySummary& s) {
-  return fmt::format("  {:<5} mean {:9.2f}  median {:9.2f}  p90 {:9.2f}  p99 {:9.2f} ms", name, s.mean * 1e3,
-                     s.median * 1e3, s.p90 * 1e3, s.p99 * 1e3);
-}
 
 int run_serve(const ServeArgs& a) {
   if (a.device != "cpu" && a.device != "cuda") return fail(invalid_argument("--device: cpu or cuda, got " + a.device));
@@ -179,11 +172,7 @@ int run_serve(const ServeArgs& a) {
 
   fmt::print("llmq bench serve: {} on the {} engine, {} x {}, {}\n", description, gpu ? "GPU" : "CPU", a.requests, a.dataset,
              a.rate > 0 ? fmt::format("Poisson {:g} requests/s", a.rate) : std::string("all at once"));
-  fmt::print("  {} requests in {:.2f} s: {:.1f} output tok/s, {:.1f} total tok/s, {:.2f} requests/s\n", m.requests,
-             m.duration_s, m.output_tokens_per_s, m.total_tokens_per_s, m.requests_per_s);
-  for (const auto& [name, s] : {std::pair<const char*, const engine::LatencySummary&>{"TTFT", m.ttft_s}, {"TPOT", m.tpot_s},
-                                {"ITL", m.itl_s}, {"E2E", m.e2e_s}})
-    fmt::print("{}\n", summary_line(name, s));
+  print_serve_metrics(m);
   fmt::print("  KV blocks {} of {} at most ({} tokens each), {} preemptions, prefix hits {:.1f}% of prompt tokens\n",
              peak_blocks, pool.usable_blocks(), a.block_size, stats.preemptions, 100.0 * hit_rate);
   if (!a.json_path.empty()) {
@@ -194,15 +183,13 @@ int run_serve(const ServeArgs& a) {
       CudaDeviceInfo info;
       device = query_cuda_device(a.gpu, &info).ok() ? info.name : "cuda";
     }
-    const json j = {{"kind", "serve"}, {"device", device}, {"date", today()}, {"commit", kBuildCommit},
-                    {"model", a.model}, {"precision", gpu ? a.precision : "f32"}, {"kv_cache", gpu ? a.kv_cache : "f32"},
-                    {"tp", a.tp}, {"graphs", gpu && !a.no_graphs}, {"max_model_len", max_model_len}, {"dataset", a.dataset}, {"requests", m.requests}, {"rate", a.rate},
-                    {"duration_s", m.duration_s}, {"prompt_tokens", m.prompt_tokens}, {"output_tokens", m.output_tokens},
-                    {"output_tokens_per_s", m.output_tokens_per_s}, {"total_tokens_per_s", m.total_tokens_per_s},
-                    {"requests_per_s", m.requests_per_s}, {"ttft", summary_json(m.ttft_s)}, {"tpot", summary_json(m.tpot_s)},
-                    {"itl", summary_json(m.itl_s)}, {"e2e", summary_json(m.e2e_s)}, {"kv_blocks_peak", peak_blocks},
-                    {"kv_blocks", pool.usable_blocks()}, {"block_size", a.block_size}, {"preemptions", stats.preemptions},
-                    {"prefix_hit_rate", hit_rate}, {"max_batched_tokens", a.max_batched_tokens}, {"max_running", a.max_running}};
+    json j = {{"kind", "serve"}, {"device", device}, {"date", today()}, {"commit", kBuildCommit},
+              {"model", a.model}, {"precision", gpu ? a.precision : "f32"}, {"kv_cache", gpu ? a.kv_cache : "f32"},
+              {"tp", a.tp}, {"graphs", gpu && !a.no_graphs}, {"max_model_len", max_model_len}, {"dataset", a.dataset}, {"rate", a.rate},
+              {"kv_blocks_peak", peak_blocks}, {"kv_blocks", pool.usable_blocks()}, {"block_size", a.block_size},
+              {"preemptions", stats.preemptions}, {"prefix_hit_rate", hit_rate}, {"max_batched_tokens", a.max_batched_tokens},
+              {"max_running", a.max_running}};
+    j.update(serve_metrics_json(m));
     out << j.dump() << "\n";
   }
   return 0;
@@ -212,8 +199,11 @@ int run_serve(const ServeArgs& a) {
 
 void add_bench_serve_command(CLI::App* bench, std::vector<Command>* commands) {
   auto args = std::make_shared<ServeArgs>();
-  CLI::App* s = bench->add_subcommand("serve", "the serving engine in-process: TTFT, TPOT, ITL, throughput per request");
-  s->add_option("--model", args->model, "llama2.c .bin, Hugging Face directory, or 'default'");
+  CLI::App* s = bench->add_subcommand(
+      "serve", "the serving engine in-process, or a server at --url: TTFT, TPOT, ITL, throughput per request");
+  s->add_option("--model", args->model,
+                "llama2.c .bin, Hugging Face directory, or 'default'; with --url the served model's name "
+                "(default: the first one GET /v1/models lists)");
   s->add_option("--device", args->device, "cpu (the engine on the CPU reference) or cuda");
   s->add_option("--precision", args->precision, "cuda: bf16, f32, a scheme name, or checkpoint");
   s->add_option("--kv-cache", args->kv_cache, "cuda: KV elements, bf16 or e4m3");
@@ -229,7 +219,7 @@ void add_bench_serve_command(CLI::App* bench, std::vector<Command>* commands) {
   add_gpu_launch_flags(s, &args->launch);
   s->add_option("--dataset", args->dataset, "fixed:INPUT/OUTPUT or sharegpt-like (docs/engine.md states its lengths)");
   s->add_option("--requests", args->requests, "requests to send")->check(CLI::Range(int64_t{1}, int64_t{1000000}));
-  s->add_option("--rate", args->rate, "Poisson arrivals per second (0: all at once)")->check(CLI::Range(0.0, 1e9));
+  s->add_option("--rate,--request-rate", args->rate, "Poisson arrivals per second (0: all at once)")->check(CLI::Range(0.0, 1e9));
   s->add_option("--max-batched-tokens", args->max_batched_tokens, "positions computed per step")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   s->add_option("--max-running", args->max_running, "sequences per step")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
@@ -239,7 +229,20 @@ void add_bench_serve_command(CLI::App* bench, std::vector<Command>* commands) {
   s->add_flag("--no-prefix-cache", args->no_prefix_cache, "turn prefix caching off");
   s->add_option("--seed", args->seed, "seed of the workload");
   s->add_option("--json", args->json_path, "append a JSON line here");
-  commands->push_back({s, [args] { return run_serve(*args); }});
+  add_bench_serve_url_options(s, &args->url);
+  commands->push_back({s, [args, s] {
+    const bool url = !args->url.url.empty();
+    if (Status st = check_bench_serve_mode(*s, url); !st.ok()) return fail(st);
+    if (!url) return run_serve(*args);
+    BenchServeUrlArgs u = args->url;
+    u.model = s->count("--model") > 0 ? args->model : "";
+    u.dataset = args->dataset;
+    u.requests = args->requests;
+    u.rate = args->rate;
+    u.seed = args->seed;
+    u.json_path = args->json_path;
+    return run_bench_serve_url(u);
+  }});
 }
 
 }  // namespace llmq::cli
