@@ -59,6 +59,13 @@ class EngineLoop {
   SchedulerStats stats() const;
   int64_t waiting() const;
   int64_t running() const;
+  // All of them at one instant (one lock), for the server's /metrics: KV blocks used are the
+  // usable blocks not free (a free block that still holds a cached prefix counts as free).
+  struct Snapshot {
+    int64_t running = 0, waiting = 0, kv_blocks_used = 0, kv_blocks_total = 0;
+    SchedulerStats stats;
+  };
+  Snapshot snapshot() const;
 
  private:
   using Stream = std::shared_ptr<StreamFn>;

@@ -108,6 +108,7 @@ class Scheduler {
   int64_t running() const { return static_cast<int64_t>(running_.size()); }
   int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
   const SchedulerStats& stats() const { return stats_; }
+  const KvBlockPool& pool() const { return *pool_; }
   // The tokens of a live request (prompt and generated so far), or null.
   const std::vector<int32_t>* tokens_of(int64_t id) const;
 

@@ -1,6 +1,7 @@
 // `llmq serve`'s HTTP side: an OpenAI-compatible server in front of an EngineLoop (engine_loop.hpp).
-// Endpoints so far: GET /health, GET /v1/models, POST /v1/completions and POST /v1/chat/completions
-// (the model's chat template; streamed as server-sent events or not). Every request is checked before it reaches the engine (src/server/
+// Endpoints so far: GET /health, GET /v1/models, GET /metrics (Prometheus' text format), POST
+// /v1/completions and POST /v1/chat/completions (the model's chat template; streamed as server-sent
+// events or not). Every request is checked before it reaches the engine (src/server/
 // openai_request.hpp) and answered with OpenAI's error object and status where it cannot be served:
 // 400 a malformed body or a field out of range, 401 a missing or wrong API key, 404 an unknown model,
 // 413 a body over the limit, 400 a prompt longer than the context (both numbers said), 503 the

@@ -80,6 +80,17 @@ int64_t EngineLoop::running() const {
   std::lock_guard<std::mutex> lock(mu_);
   return engine_->scheduler().running();
 }
+EngineLoop::Snapshot EngineLoop::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Scheduler& s = engine_->scheduler();
+  Snapshot out;
+  out.running = s.running();
+  out.waiting = s.waiting();
+  out.kv_blocks_total = s.pool().usable_blocks();
+  out.kv_blocks_used = out.kv_blocks_total - s.pool().free_blocks();
+  out.stats = s.stats();
+  return out;
+}
 
 void EngineLoop::end_all(Delivery* out) {
   for (auto& [rid, stream] : streams_) {

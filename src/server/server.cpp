@@ -15,12 +15,15 @@
 #include <random>
 #include <thread>
 
+#include <sys/socket.h>
+
 #include <nlohmann/json.hpp>
 
 #include "llmq/chat_template.hpp"
 #include "llmq/text_stream.hpp"
 #include "server/openai_request.hpp"
 #include "server/response_logprobs.hpp"
+#include "server/server_metrics.hpp"
 
 namespace llmq::server {
 namespace {
@@ -76,12 +79,17 @@ const char* finish_name(FinishReason r, bool stop_string) {
 // A client that went away is only noticed by a write that fails (a closed socket still selects
 // as writable): a response that has written nothing for a second writes something the client
 // ignores (JSON's leading whitespace, an SSE comment). False: the client is gone.
-using SteadyTime = std::chrono::steady_clock::time_point;
 bool keep_alive(httplib::DataSink& sink, SteadyTime* last_write, const char* filler) {
   const SteadyTime now = std::chrono::steady_clock::now();
   if (now - *last_write < std::chrono::seconds(1)) return sink.is_writable();
   *last_write = now;
   return sink.write(filler, std::strlen(filler));
+}
+
+// The metrics' name of a request's end (a stop string is a stop; kCancelled here is a failure).
+RequestEnd end_of(FinishReason r, bool stop_string) {
+  if (stop_string || r == FinishReason::kStop) return RequestEnd::kStop;
+  return r == FinishReason::kLength ? RequestEnd::kLength : RequestEnd::kError;
 }
 
 std::string sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
@@ -100,6 +108,8 @@ struct Server::Impl {
   std::atomic<bool> draining{false};
   std::mt19937_64 seeds{std::random_device{}()};
   std::mutex seeds_mu;
+  std::shared_ptr<ServerMetrics> metrics;  // GET /metrics; request timers hold it too
+  int listen_socket = -1;                  // the listener, as httplib's socket-options hook saw it
 
   bool authorized(const httplib::Request& req) const {
     if (options.api_key.empty()) return true;
@@ -153,6 +163,7 @@ bool Server::Impl::prompt_tokens(const GenerateRequest& r, std::vector<int32_t>*
 }
 
 void Server::Impl::generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const SteadyTime arrival = std::chrono::steady_clock::now();
   if (!authorized(req)) return send_error(res, error_of(401, "authentication_error", "Incorrect API key provided", "invalid_api_key"));
   if (draining) return send_error(res, error_of(503, "server_error", "the server is shutting down"));
   if (!loop->error().ok()) return send_error(res, error_of(500, "server_error", "the engine failed: " + loop->error().message()));
@@ -210,7 +221,14 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   // The response's logprobs (null when not asked), built as the events arrive.
   const auto lp = r.logprobs >= 0 ? std::make_shared<ResponseLogprobs>(tokenizer, chat, prompt.back()) : nullptr;
   int64_t id = 0;
-  const Status submitted = loop->submit(spec, sp, [channel](const TokenEvent& ev) { channel->push(ev); }, &id);
+  auto timer = std::make_shared<RequestTimer>(metrics, n, arrival);
+  const Status submitted = loop->submit(
+      spec, sp,
+      [channel, timer](const TokenEvent& ev) {
+        if (ev.token >= 0) timer->on_token(std::chrono::steady_clock::now());
+        channel->push(ev);
+      },
+      &id);
   if (!submitted.ok()) {
     if (!loop->error().ok()) return send_error(res, error_of(500, "server_error", "the engine failed: " + submitted.message()));
     const bool busy = submitted.code() == StatusCode::kResourceExhausted;
@@ -247,6 +265,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   // HTTP thread's share of the in-flight count) is held until then.
   const auto release = [=](bool) {
     if (!*ended) (void)loop_ptr->cancel(id);
+    timer->finish(RequestEnd::kAbort, -1, std::chrono::steady_clock::now());  // no-op once the request ended
     (void)slot;
   };
 
@@ -267,6 +286,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
             bool stop_string = false;
             feed(ev, out.get(), &stop_string);
             if (!stop_string && ev.finish == FinishReason::kNone) continue;
+            timer->finish(end_of(ev.finish, stop_string), static_cast<int64_t>(ids->size()), std::chrono::steady_clock::now());
             if (stop_string) (void)loop_ptr->cancel(id);  // the engine would go on to its length
             std::string body;
             if (!stop_string && ev.finish == FinishReason::kCancelled) {
@@ -310,6 +330,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
           if (lp) lp->add(ev);
           feed(ev, &delta, &stop_string);
           const bool last = stop_string || ev.finish != FinishReason::kNone;
+          if (last) timer->finish(end_of(ev.finish, stop_string), *completion, std::chrono::steady_clock::now());
           if (last && !stop_string && ev.finish == FinishReason::kCancelled) {
             // The engine failed or a hard stop: an error event (as vLLM sends one), then the end.
             const std::string s = "data: " + failure().to_json() + "\n\ndata: [DONE]\n\n";
@@ -374,12 +395,20 @@ Status Server::create(engine::EngineLoop* loop, const Tokenizer* tokenizer, cons
   g.loop = loop;
   g.tokenizer = tokenizer;
   g.options = options;
+  g.metrics = std::make_shared<ServerMetrics>(options.served_model_name, options.max_model_len);
   const size_t threads = static_cast<size_t>(options.http_threads);
   g.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   g.http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
   g.http.set_read_timeout(std::chrono::seconds(30));
   g.http.set_write_timeout(std::chrono::seconds(30));
   Impl* impl = &g;
+  // httplib listens with a backlog of 5: a burst of connections past it is answered with SYN cookies,
+  // some of which fail (the client sees its connection reset). The hook that sets the listener's
+  // options tells its descriptor, and a second listen() raises the backlog (see after the bind).
+  g.http.set_socket_options([impl](socket_t sock) {
+    httplib::default_socket_options(sock);
+    impl->listen_socket = sock;
+  });
   g.max_in_flight = std::max<int64_t>(1, options.http_threads - 4);  // 4 threads kept for /health, /v1/models, refusals
   // Before a body is read: one without a length (chunked, or up to the end of the connection) is
   // refused, since only a declared length can be held to the limit before it arrives.
@@ -387,6 +416,17 @@ Status Server::create(engine::EngineLoop* loop, const Tokenizer* tokenizer, cons
     if (req.method == "POST" && (!req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))) {
       send_error(res, error_of(411, "invalid_request_error", "a request body needs a Content-Length (no chunked uploads)"));
       return httplib::Server::HandlerResponse::Handled;
+    }
+    // httplib reads a Content-Length with strtoull: "abc" would be 0 (the body then read as the next
+    // request), "-5" or 30 digits past 2^64 (the body skipped until the read timeout). One plain
+    // decimal count, or the request is refused before its body is read.
+    if (req.has_header("Content-Length")) {
+      const std::string length = req.get_header_value("Content-Length");
+      if (req.get_header_value_count("Content-Length") != 1 || length.empty() || length.size() > 18 ||
+          length.find_first_not_of("0123456789") != std::string::npos) {
+        send_error(res, error_of(400, "invalid_request_error", "Content-Length: not one byte count"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
@@ -402,18 +442,34 @@ Status Server::create(engine::EngineLoop* loop, const Tokenizer* tokenizer, cons
                     {"max_model_len", impl->options.max_model_len}};
     res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
   });
+  // GET /metrics (Prometheus' text format) asks for the key as /v1/models does: it tells the
+  // model's name and load to whoever asks. Every response is counted by its status class.
+  g.http.Get("/metrics", [impl](const httplib::Request& req, httplib::Response& res) {
+    if (!impl->authorized(req))
+      return send_error(res, error_of(401, "authentication_error", "Incorrect API key provided", "invalid_api_key"));
+    res.set_content(impl->metrics->render(impl->loop->snapshot()), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  g.http.set_logger([impl](const httplib::Request&, const httplib::Response& res) { impl->metrics->count_http_response(res.status); });
   g.http.Post("/v1/completions", [impl](const httplib::Request& req, httplib::Response& res) { impl->generate(req, res, false); });
   g.http.Post("/v1/chat/completions",
               [impl](const httplib::Request& req, httplib::Response& res) { impl->generate(req, res, true); });
   g.http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     send_error(res, error_of(500, "server_error", "internal error"));
   });
+  // Errors httplib answers itself (a malformed request line or headers, a body that ended early,
+  // an over-long URI) get OpenAI's error object too.
   g.http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (res.status == 413) send_error(res, error_of(413, "invalid_request_error", "request body too large"));
     else if (res.status == 404 && res.body.empty()) send_error(res, error_of(404, "invalid_request_error", "no such endpoint"));
+    else if (res.status == 414) send_error(res, error_of(414, "invalid_request_error", "request URI too long"));
+    else if (res.body.empty() && !res.content_provider_)
+      send_error(res, error_of(res.status, res.status >= 500 ? "server_error" : "invalid_request_error",
+                               "malformed HTTP request (HTTP " + std::to_string(res.status) + ")"));
   });
   const int port = options.port == 0 ? g.http.bind_to_any_port(options.host) : (g.http.bind_to_port(options.host, options.port) ? options.port : -1);
   if (port < 0) return Status(StatusCode::kIoError, "cannot listen on " + options.host + ":" + std::to_string(options.port));
+  if (::listen(g.listen_socket, SOMAXCONN) != 0)
+    return Status(StatusCode::kIoError, "cannot raise the listen backlog on " + options.host + ":" + std::to_string(port));
   g.port = port;
   *out = std::move(s);
   return {};
