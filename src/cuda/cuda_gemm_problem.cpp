@@ -263,25 +263,4 @@ Status pack_scales_for_cublaslt(GemmScaleMode mode, int64_t rows, int64_t k, con
   return invalid_argument("scales: unknown scale mode");
 }
 
-#if !defined(LLMQ_WITH_CUDA)
-// Built without CUDA: the runner exists so that callers compile, and says why it cannot run.
-struct CudaGemmRunner::Impl {};
-CudaGemmRunner::CudaGemmRunner() = default;
-CudaGemmRunner::~CudaGemmRunner() = default;
-Status CudaGemmRunner::create(int /*device_ordinal*/, std::unique_ptr<CudaGemmRunner>* /*out*/) {
-  return unsupported("this llmq was built without CUDA");
-}
-Status CudaGemmRunner::can_implement(const CudaGemmProblem& /*p*/) const {
-  return unsupported("this llmq was built without CUDA");
-}
-int64_t CudaGemmRunner::workspace_size(const CudaGemmProblem& /*p*/) const { return 0; }
-Status CudaGemmRunner::run(const CudaGemmProblem& /*p*/, void* /*workspace*/,
-                           int64_t /*workspace_bytes*/, CudaStream /*stream*/) {
-  return unsupported("this llmq was built without CUDA");
-}
-int CudaGemmRunner::device_ordinal() const { return -1; }
-int64_t CudaGemmRunner::heuristic_queries() const { return 0; }
-int64_t CudaGemmRunner::cached_plans() const { return 0; }
-#endif
-
 }  // namespace llmq

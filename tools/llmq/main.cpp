@@ -18,6 +18,7 @@
 #include "llmq/device.hpp"
 #include "llmq/format.hpp"
 #include "llmq/status.hpp"
+#include "llmq/version.hpp"
 #include "cli_config.hpp"
 #include "commands.hpp"
 #include "report.hpp"
@@ -64,7 +65,7 @@ int run_convert(const std::string& format_name, const std::vector<double>& value
 
 // `llmq --version`: what was built and what this machine has.
 std::string version_text() {
-  std::string text = fmt::format("llmq {} (commit {})\n", LLMQ_VERSION, llmq::cli::kBuildCommit);
+  std::string text = fmt::format("llmq {} (commit {})\n", llmq::library_version(), llmq::cli::kBuildCommit);
   if (std::string(LLMQ_CUDA_COMPILER).empty()) {
     text += "CUDA: not compiled in (a CPU-only build: --device cpu only)\n";
     return text;
