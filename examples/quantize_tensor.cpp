@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   const std::vector<const llmq::Linear*> linears = static_cast<const llmq::ModelWeights&>(model).linears();
   const long index = argc == 3 ? std::strtol(argv[2], nullptr, 10) : 0;
   if (index < 0 || index >= static_cast<long>(linears.size())) {
-    std::fprintf(stderr, "quantize_tensor: INDEX %s is outside 0 .. %zu\n", argv[2], linears.size() - 1);
+    std::fprintf(stderr, "quantize_tensor: INDEX %ld is outside the model's %zu linear layers\n", index, linears.size());
     return 2;
   }
   const llmq::Linear& linear = *linears[static_cast<size_t>(index)];

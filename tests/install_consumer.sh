@@ -75,6 +75,9 @@ check "quantize_tensor builds with pkg-config" $?
 for f in "$work"/shared.log "$work"/static.log "$work"/pc.log; do grep -iE "error|warning" "$f" | head -5; done
 ldd "$work/shared/quantize_tensor" 2>/dev/null | grep -q "$libdir/libllmq.so"
 check "the shared example runs on the installed libllmq.so" $?
+check "the static example holds llmq itself (no libllmq.so)" $(! ldd "$work/static/quantize_tensor" 2>/dev/null | grep -q "libllmq.so"; echo $?)
+pc_libdir=$(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --variable=libdir llmq 2>/dev/null)
+check "the pkg-config file points into the prefix it was installed to" $([ "$(cd "$pc_libdir" 2>/dev/null && pwd -P)" = "$(cd "$libdir" && pwd -P)" ]; echo $?)
 
 model=default
 [ -f "$testdata/../models/stories260K.bin" ] && model="$testdata/../models/stories260K.bin"
@@ -98,15 +101,21 @@ check "quantize_tensor refuses an index out of range (status 2)" $([ $? -eq 2 ];
 "$work/shared/quantize_tensor" "$work/no-such-model" > /dev/null 2> "$work/missing.err"
 check "quantize_tensor reports llmq's error for a missing model (status 1)" $([ $? -eq 1 ] && grep -q "no-such-model" "$work/missing.err"; echo $?)
 
-if [ -x "$work/shared/gpu_generate" ]; then
+# A CUDA build must give the GPU example (the package says llmq_WITH_CUDA); where a GPU is, its 16
+# greedy tokens after BOS are `llmq run --device cuda`'s (-n counts BOS).
+if "$prefix/bin/llmq" --version 2>/dev/null | grep -q "CUDA: not compiled in"; then
+  check "a CPU-only build has no gpu_generate" $([ ! -e "$work/shared/gpu_generate" ]; echo $?)
+else
+  check "a CUDA build has gpu_generate" $([ -x "$work/shared/gpu_generate" ]; echo $?)
   if nvidia-smi -L > /dev/null 2>&1; then
     got=$("$work/shared/gpu_generate" "$model" 16 2> "$work/gpu.err")
     want=$("$prefix/bin/llmq" run --device cuda --model "$model" -n 17 -t 0 --ids --ignore-eos 2> /dev/null | head -1)
     echo "gpu_generate: $got"
     echo "llmq run:     $want"
-    check "gpu_generate's greedy tokens are llmq run --device cuda's" $([ -n "$got" ] && [ "${want#"$got"}" != "$want" ]; echo $?)
+    check "gpu_generate's 16 greedy tokens are llmq run --device cuda's" $([ "$(echo "$got" | wc -w)" -eq 16 ] &&
+      [ "$got" = "$want" ]; echo $?)
   else
-    echo "skip gpu_generate: no GPU visible"
+    echo "skip gpu_generate's run: no GPU visible"
   fi
 fi
 echo "install_consumer: $fails failed"

@@ -140,6 +140,18 @@ EOF
   check "a stop string cuts before it" $([ "$(json_get "$work/st" "j['choices'][0]['finish_reason']")" = stop ] &&
     python3 -c "import sys; g, w = sys.argv[1], sys.argv[2]; assert '.' not in g and w.startswith(g)" \
       "$(json_get "$work/st" "j['choices'][0]['text']")" "$got"; echo $?)
+  # A stop token ends the completion, counts as a completion token, and is not part of the text: the
+  # first token that has not come before (ids from llmq run) stops it; the text is the one of the
+  # tokens before it.
+  ids=$("$llmq" run ${backend[@]+"${backend[@]}"} --model "$stories" --prompt "Once upon a time" -n 15 -t 0 --ids 2>/dev/null)
+  read -r k stop_id <<< "$(python3 -c "
+import sys; ids = sys.argv[1].split()
+k = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i]); print(k, ids[k])" "$ids")"
+  post /v1/completions "{\"model\":\"s\",\"prompt\":\"Once upon a time\",\"max_tokens\":10,\"temperature\":0,\"stop_token_ids\":[$stop_id]}" "$work/sid" > /dev/null
+  post /v1/completions "{\"model\":\"s\",\"prompt\":\"Once upon a time\",\"max_tokens\":$k,\"temperature\":0}" "$work/before" > /dev/null
+  check "a stop token ends the text before it (token $((k + 1)), id $stop_id) and counts in usage" $(
+    [ "$(json_get "$work/sid" "j['choices'][0]['finish_reason'], j['usage']['completion_tokens']")" = "stop $((k + 1))" ] &&
+    [ "$(json_get "$work/sid" "j['choices'][0]['text']")" = "$(json_get "$work/before" "j['choices'][0]['text']")" ]; echo $?)
   kill -TERM "$pid"; wait "$pid"
 else
   echo "skip stories260K part: $stories absent"

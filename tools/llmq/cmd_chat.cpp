@@ -35,16 +35,23 @@ struct ChatCmdArgs {
   std::string date;
 };
 
-// One reply: the conversation rendered and encoded, generated to its end, streamed to stdout.
-// The reply's text, or an error (a conversation longer than the context is one: the caller drops
-// the turn and goes on).
-Status reply(const ChatCmdArgs& a, ServingEngine& e, const nlohmann::ordered_json& messages, int64_t turn, std::string* text) {
+ChatTemplateOptions template_options(const ChatCmdArgs& a, const ServingEngine& e) {
   ChatTemplateOptions co;
   co.bos_token = e.chat.bos_token;
   co.eos_token = e.chat.eos_token;
   co.date = a.date;
+  return co;
+}
+
+// One reply: the conversation rendered and encoded, generated to its end, streamed to stdout.
+// The reply's text, or an error: one the turn caused (the template refused the conversation, or it
+// is longer than the context: the caller drops the turn and goes on), or *fatal (the engine failed:
+// a failed step leaves it failed, so nothing more can be answered).
+Status reply(const ChatCmdArgs& a, ServingEngine& e, const nlohmann::ordered_json& messages, int64_t turn, std::string* text,
+             bool* fatal) {
+  *fatal = false;
   std::string prompt_text;
-  LLMQ_RETURN_IF_ERROR(render_chat_template(e.chat.source, messages, co, &prompt_text));
+  LLMQ_RETURN_IF_ERROR(render_chat_template(e.chat.source, messages, template_options(a, e), &prompt_text));
   engine::RequestSpec spec;
   // The template writes BOS itself, as the server encodes chat.
   LLMQ_RETURN_IF_ERROR(e.tokenizer->encode(prompt_text, /*add_bos=*/false, &spec.prompt));
@@ -58,19 +65,30 @@ Status reply(const ChatCmdArgs& a, ServingEngine& e, const nlohmann::ordered_jso
   sp.temperature = a.temperature;
   sp.top_p = a.top_p;
   sp.top_k = a.top_k;
-  sp.seed = a.seed + static_cast<uint64_t>(turn);  // a new draw each turn, the same for the same --seed
+  // Answered turn t draws from seed + t * 2^64 / phi: a new stream each turn, the same conversation
+  // for the same --seed, and nearby seeds never share a turn's stream.
+  sp.seed = a.seed + static_cast<uint64_t>(turn) * 0x9E3779B97F4A7C15ull;
   if (sp.seed == 0) sp.seed = 1;
   int64_t id = 0;
-  LLMQ_RETURN_IF_ERROR(e.engine->add(spec, sp, &id));
+  // What add refuses of a well-formed turn (the length and the sampling options were checked) is
+  // the engine's state: a failed engine refuses everything from then on.
+  if (Status st = e.engine->add(spec, sp, &id); !st.ok()) {
+    *fatal = true;
+    return st;
+  }
   engine::TextStreamOptions to;
   to.prev = spec.prompt.back();
   engine::TextStream stream;
   LLMQ_RETURN_IF_ERROR(engine::TextStream::create(e.tokenizer.get(), to, &stream));
   std::vector<engine::TokenEvent> events;
   bool done = false;
+  engine::FinishReason finish = engine::FinishReason::kNone;
   while (!done) {
     events.clear();
-    LLMQ_RETURN_IF_ERROR(e.engine->step(&events));
+    if (Status st = e.engine->step(&events); !st.ok()) {
+      *fatal = true;
+      return st;
+    }
     std::string delta;
     for (const engine::TokenEvent& ev : events) {
       if (ev.request != id) continue;
@@ -79,6 +97,7 @@ Status reply(const ChatCmdArgs& a, ServingEngine& e, const nlohmann::ordered_jso
       if (ev.finish != engine::FinishReason::kStop) LLMQ_RETURN_IF_ERROR(stream.push(ev.token, &delta, &unused));
       if (ev.finish != engine::FinishReason::kNone) {
         stream.finish(&delta);
+        finish = ev.finish;
         done = true;
       }
     }
@@ -87,6 +106,8 @@ Status reply(const ChatCmdArgs& a, ServingEngine& e, const nlohmann::ordered_jso
   }
   std::fputc('\n', stdout);
   std::fflush(stdout);
+  if (finish == engine::FinishReason::kLength)
+    fmt::print(stderr, "llmq chat: the reply stopped at {} tokens (-n, or the context)\n", spec.max_new_tokens);
   *text = stream.text();
   return {};
 }
@@ -96,13 +117,19 @@ int run_chat_cmd(const ChatCmdArgs& a) {
   if (a.top_k > 0 && a.temperature > 0.0f && a.engine.device == "cpu")
     return fail(invalid_argument("--top-k: the CPU backend samples as llama2.c's run.c (temperature, top-p); use --device cuda"));
   ServingEngine e;
-  ServingFlags flags = a.engine;
-  flags.max_num_seqs = 1;  // one conversation
-  if (Status st = build_serving_engine(flags, &e); !st.ok()) return fail(st);
+  if (Status st = build_serving_engine(a.engine, &e); !st.ok()) return fail(st);
   if (!e.tokenizer) return fail(invalid_argument("--model " + a.engine.model + ": no tokenizer beside it (chat needs text)"));
   if (e.chat.source.empty())
-    return fail(invalid_argument("--model " + a.engine.model + ": no chat template (tokenizer_config.json or chat_template.jinja); " +
-                                 "give one with --chat-template FILE"));
+    return fail(invalid_argument("no chat template: " + e.chat_status.message() + "; give one with --chat-template FILE"));
+  // The template and --date, tried once on one user message: a template that cannot render that
+  // (or a --date it cannot read) would refuse every turn.
+  {
+    nlohmann::ordered_json probe = nlohmann::ordered_json::array();
+    probe.push_back({{"role", "user"}, {"content", "hello"}});
+    std::string unused;
+    if (Status st = render_chat_template(e.chat.source, probe, template_options(a, e), &unused); !st.ok())
+      return fail(invalid_argument("the chat template (" + e.chat.origin + ") cannot render one user message: " + st.message()));
+  }
   const bool interactive = isatty(STDIN_FILENO) != 0;
   if (interactive)
     fmt::print(stderr, "llmq chat: {} ({} positions); /reset forgets the conversation, /exit or Ctrl-D ends\n", e.description,
@@ -114,9 +141,11 @@ int run_chat_cmd(const ChatCmdArgs& a) {
   };
   reset();
   std::string line;
-  for (int64_t turn = 0;; ++turn) {
+  for (int64_t turn = 0;;) {
     if (interactive) fmt::print(stderr, "> ");
     if (!std::getline(std::cin, line)) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF input
+    if (line.empty()) continue;
     if (line == "/exit") break;
     if (line == "/reset") {
       reset();
@@ -124,14 +153,15 @@ int run_chat_cmd(const ChatCmdArgs& a) {
     }
     messages.push_back({{"role", "user"}, {"content", line}});
     std::string text;
-    if (Status st = reply(a, e, messages, turn, &text); !st.ok()) {
-      // A failed engine step leaves the engine failed: nothing more can be answered.
-      if (st.code() != StatusCode::kInvalidArgument) return fail(st);
+    bool fatal = false;
+    if (Status st = reply(a, e, messages, turn, &text, &fatal); !st.ok()) {
+      if (fatal) return fail(Status(StatusCode::kInternal, "the engine failed: " + st.message()));
       fmt::print(stderr, "llmq chat: {}\n", st.message());
       messages.erase(messages.size() - 1);
       continue;
     }
     messages.push_back({{"role", "assistant"}, {"content", text}});
+    ++turn;
   }
   return 0;
 }
@@ -141,13 +171,13 @@ int run_chat_cmd(const ChatCmdArgs& a) {
 void add_chat_command(CLI::App& app, std::vector<Command>* commands) {
   auto args = std::make_shared<ChatCmdArgs>();
   CLI::App* s = app.add_subcommand("chat", "a conversation with a model through its chat template (one user message per line of input)");
-  add_serving_engine_options(s, &args->engine);
+  add_serving_engine_options(s, &args->engine, /*one_sequence=*/true);
   s->add_option("--system", args->system, "a system message first in the conversation");
   s->add_option("-n,--max-tokens", args->max_tokens, "most tokens per reply")->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   s->add_option("-t,--temperature", args->temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
   s->add_option("-p,--top-p", args->top_p, "nucleus sampling threshold")->check(CLI::Range(0.0f, 1.0f));
   s->add_option("--top-k", args->top_k, "sample from the k most probable (0: all; cuda only)")->check(CLI::Range(0, 1 << 20));
-  s->add_option("-s,--seed", args->seed, "sampler seed (each turn draws from seed + turn)");
+  s->add_option("-s,--seed", args->seed, "sampler seed (the same seed repeats a whole conversation)");
   s->add_option("--date", args->date, "YYYY-MM-DD: the day templates that read the date see (default: today)");
   commands->push_back({s, [args] { return run_chat_cmd(*args); }});
 }

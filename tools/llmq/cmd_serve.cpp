@@ -56,6 +56,7 @@ int run_serve_cmd(const ServeCmdArgs& a) {
   o.eos_token = e.chat.eos_token;
   std::unique_ptr<server::Server> srv;
   if (Status st = server::Server::create(loop.get(), e.tokenizer.get(), o, &srv); !st.ok()) return fail(st);
+  if (!e.chat_status.ok()) fmt::print(stderr, "llmq serve: /v1/chat/completions is off: {}\n", e.chat_status.message());
   // One line a script can wait for and read the port from.
   fmt::print("llmq serve: {} as \"{}\", listening on http://{}:{}\n", e.description, o.served_model_name, a.host, srv->port());
   std::fflush(stdout);

@@ -66,10 +66,14 @@ Status start_gpu_engine(const GpuEngineFlags& f, const GpuModelSource& source, i
   return {};
 }
 
-void add_serving_engine_options(CLI::App* s, ServingFlags* f) {
+void add_serving_engine_options(CLI::App* s, ServingFlags* f, bool one_sequence) {
   s->add_option("--model", f->model, "llama2.c .bin, Hugging Face directory, 'default', or synthetic:NAME (cuda)");
   s->add_option("--device", f->device, "cpu (the CPU reference) or cuda");
-  s->add_option("--max-num-seqs", f->max_num_seqs, "sequences per step")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  if (one_sequence) {
+    f->max_num_seqs = 1;
+  } else {
+    s->add_option("--max-num-seqs", f->max_num_seqs, "sequences per step")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  }
   s->add_option("--max-num-batched-tokens", f->max_num_batched_tokens, "positions per step")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   s->add_option("--max-model-len", f->max_model_len, "positions per request (0: the model's context)")
@@ -100,11 +104,20 @@ Status build_serving_engine(ServingFlags a, ServingEngine* e) {
                             std::to_string(config.max_seq_len));
   e->max_model_len = a.max_model_len > 0 ? a.max_model_len : config.max_seq_len;
   if (!Tokenizer::find(a.model).empty()) LLMQ_RETURN_IF_ERROR(Tokenizer::load(a.model, &e->tokenizer));
-  // The chat template: --chat-template, else the model directory's (none: chat is refused).
+  // The chat template: --chat-template, else the model directory's (none: chat is refused, and
+  // chat_status says why). BOS / EOS text comes from the directory's tokenizer_config.json either
+  // way (read_model_chat_template fills them before it looks for the template).
+  if (checkpoint) {
+    e->chat_status = read_model_chat_template(e->source.dir, &e->chat);
+  } else {
+    e->chat_status = invalid_argument(a.model + ": a llama2.c or built-in model carries no chat template");
+  }
   if (!a.chat_template.empty()) {
     LLMQ_RETURN_IF_ERROR(read_chat_file("--chat-template", a.chat_template, &e->chat.source));
-  } else if (checkpoint && !read_model_chat_template(e->source.dir, &e->chat).ok()) {
-    e->chat = {};
+    e->chat.origin = a.chat_template;
+    e->chat_status = {};
+  } else if (!e->chat_status.ok()) {
+    e->chat.source.clear();
   }
 
   const int64_t block_size = a.gpu.block_size;

@@ -60,14 +60,20 @@ struct ServingFlags {
   std::string chat_template;  // a file; empty: the model directory's
   GpuEngineFlags gpu;
 };
-void add_serving_engine_options(CLI::App* app, ServingFlags* flags);
+// one_sequence: a command that runs one sequence at a time (chat) has no --max-num-seqs.
+void add_serving_engine_options(CLI::App* app, ServingFlags* flags, bool one_sequence = false);
 
 // Everything behind one engine, in the order it must be torn down (members last to first).
 struct ServingEngine {
+  // The engine points into the members (pool, backend, weights): built in place, never moved.
+  ServingEngine() = default;
+  ServingEngine(const ServingEngine&) = delete;
+  ServingEngine& operator=(const ServingEngine&) = delete;
   ModelWeights weights;  // the host model (CPU backend)
   GpuModelSource source;
   std::unique_ptr<Tokenizer> tokenizer;  // null: the model has none (token-id prompts only)
   ModelChatTemplate chat;                // source empty: no chat template
+  Status chat_status;                    // why there is none (ok when there is one)
   int64_t max_model_len = 0;
   std::string description;
   std::unique_ptr<engine::CpuBackend> cpu;
