@@ -4,6 +4,10 @@
 // checked byte for byte against jinja2 itself by the chat_template_oracle ctest.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "llmq/chat_template.hpp"
@@ -109,8 +113,11 @@ TEST(ChatTemplate, HostileTemplatesAreBounded) {
   EXPECT_NE(render("{{ " + std::string(10000, '(') + "1" + std::string(10000, ')') + " }}").find("nested deeper than"), std::string::npos);
   EXPECT_NE(render("{{ " + std::string(10000, '-') + "1 }}").find("nested deeper than"), std::string::npos);
   EXPECT_NE(render("{% for i in range(1000000000) %}{% endfor %}").find("loop iterations"), std::string::npos);
-  EXPECT_NE(render("{% for i in range(1000) %}{% for j in range(1000) %}{% for k in range(1000) %}{% endfor %}{% endfor %}{% endfor %}")
-                .find("loop iterations"), std::string::npos);
+  const std::string cube = "{% for i in range(1000) %}{% for j in range(1000) %}{% for k in range(1000) %}{% endfor %}{% endfor %}{% endfor %}";
+  ChatTemplateOptions unlimited_work;  // the iteration bound on its own
+  unlimited_work.max_work = INT64_MAX;
+  EXPECT_NE(render(cube, "[]", unlimited_work).find("loop iterations"), std::string::npos);
+  EXPECT_NE(render(cube).find("max_work"), std::string::npos);  // with the default budget, it stops sooner
   ChatTemplateOptions small;
   small.max_output_bytes = 1 << 20;
   EXPECT_NE(render("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "[]", small).find("output larger than"), std::string::npos);
@@ -202,6 +209,81 @@ TEST(ChatTemplate, LongChainsAndHugeCountsAreRefusedOrCheapNeverACrash) {
                                          messages, o, &out)
                   .ok());
   EXPECT_EQ(out, "True|1");
+}
+
+
+// Found while writing fuzz_chat_template (docs/fuzzing.md): work that no limit counted.
+// A list holding another list twice, 40 levels down, is 41 lists in memory but 2^40 items to
+// print or compare; printing one to 64 MB took 44 s and 1.5 GB, comparing one never ended. Now the
+// render's work is bounded (max_work) and so is a printed value's length (max_output_bytes), and
+// the error names where the template was.
+TEST(ChatTemplate, SharedListsPrintAndCompareWithinTheWorkAndTextBounds) {
+  const std::string doubled = "{% set ns = namespace(a=[1]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}{% endfor %}\n";
+  ChatTemplateOptions o;
+  o.max_work = int64_t{1} << 26;  // the bound, not its size, is under test: a small one keeps the test fast
+  for (const std::string& use : {"{{ ns.a }}", "{{ ns.a == ns.a }}", "{{ ns.a|tojson }}", "{{ [ns.a] in [[ns.a]] }}",
+                                 "{{ ns.a|string|length }}", "{{ [ns.a, ns.a]|unique|list|length }}"}) {
+    const std::string got = render(doubled + use, "[]", o);
+    EXPECT_NE(got.find("ERROR chat template line 2 column "), std::string::npos) << use << ": " << got;
+    EXPECT_NE(got.find("max_work = 67108864"), std::string::npos) << use << ": " << got;
+  }
+  o = ChatTemplateOptions{};
+  o.max_output_bytes = 1 << 20;  // printed text is held to the output bound, whatever the budget
+  EXPECT_NE(render(doubled + "{{ ns.a|tojson|length }}", "[]", o).find("a value printed longer than 1048576 bytes"),
+            std::string::npos);
+  // tojson's indent made its spaces before any bound was checked: 10^9 of them per line.
+  EXPECT_NE(render("{{ [[1]]|tojson(indent=1000000000) }}").find("line 1 column 10: a value printed longer than 67108864 bytes"),
+            std::string::npos);
+  EXPECT_EQ(render("{{ [[1]]|tojson(indent=1) }}"), "[\n [\n  1\n ]\n]");  // as json.dumps writes it
+}
+
+TEST(ChatTemplate, CopiesAndStatementsCountAgainstTheWorkBudget) {
+  ChatTemplateOptions o;
+  o.max_work = int64_t{1} << 24;
+  // Each iteration copies the 1 MB string; a million of them would copy a terabyte.
+  EXPECT_NE(render("{% set s = 'x' * 1000000 %}\n{% for i in range(1000) %}{% if s %}{% endif %}{% endfor %}", "[]", o)
+                .find("ERROR chat template line 2 column 33: the render needs more than max_work"),
+            std::string::npos);
+  EXPECT_NE(render("{% for i in range(100000) %}{% set a = 1 %}{% endfor %}", "[]", o).find("max_work"), std::string::npos);
+  EXPECT_EQ(render("{% for i in range(1000) %}{% set a = 1 %}{% endfor %}ok", "[]", o), "ok");
+  o.max_work = -1;
+  EXPECT_NE(render("x", "[]", o).find("limits must be positive"), std::string::npos);
+}
+
+// The vendor templates over 512 turns of 1 KB each (a sixteenth of the most the server takes:
+// 4096 messages, 8 MB) need well under a sixteenth of the default budget: the bound is far from
+// what real templates do.
+TEST(ChatTemplate, RealTemplatesOverALongConversationStayFarWithinTheWorkBudget) {
+  nlohmann::json messages = nlohmann::json::array();
+  for (int i = 0; i < 512; ++i) {
+    std::string text;
+    while (text.size() < 1000) text += "word" + std::to_string(i) + " ";
+    messages.push_back({{"role", i % 2 == 0 ? "user" : "assistant"}, {"content", text}});
+  }
+  ChatTemplateOptions o;
+  o.max_work = ChatTemplateOptions{}.max_work / 16;
+  o.date = "2025-03-14";
+  int templates = 0;
+  for (const auto& f : std::filesystem::directory_iterator(std::string(LLMQ_REPO_TESTDATA) + "/chat_templates")) {
+    if (f.path().extension() != ".jinja") continue;
+    std::ifstream in(f.path());
+    const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string out;
+    const llmq::Status st = llmq::render_chat_template(source, messages, o, &out);
+    EXPECT_TRUE(st.ok()) << f.path() << ": " << st.to_string();
+    EXPECT_GT(out.size(), size_t{512 * 1000}) << f.path();
+    ++templates;
+  }
+  EXPECT_EQ(templates, 11);
+}
+
+// `a if b else c if d else ...` recursed once per `else` outside the nesting count: 400,000 of
+// them (a 4.8 MB template) overflowed the stack.
+TEST(ChatTemplate, LongElseChainsAreRefusedNotAStackOverflow) {
+  std::string t = "{{ 1";
+  for (int i = 0; i < 400000; ++i) t += " if 1 else 1";
+  EXPECT_NE(render(t + " }}").find("nested deeper than 256 levels"), std::string::npos);
+  EXPECT_EQ(render("{{ 1 if 0 else 2 if 0 else 3 }}"), "3");
 }
 
 }  // namespace

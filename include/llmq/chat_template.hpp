@@ -27,6 +27,12 @@ struct ChatTemplateOptions {
   int64_t max_nesting = 256;
   int64_t max_loop_iterations = 1000000;
   int64_t max_output_bytes = int64_t{64} << 20;
+  // The render's work, in units of about a nanosecond: each statement, expression and loop
+  // iteration, each byte of a string copied and each item made, copied, compared or printed counts
+  // (a small template could otherwise copy a 64 MB string a million times). The default stops a
+  // hostile template within about a second and as many bytes of memory; the vendor templates over
+  // the largest conversation the server takes (4096 messages, 8 MB) spend at most a quarter of it.
+  int64_t max_work = int64_t{1} << 30;
 };
 
 // Renders template_source over messages_json: a JSON array of messages, or an object with

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <set>
 
 #include "template/eval.hpp"
 
@@ -28,41 +29,53 @@ bool is_py_space(const std::string& ch) {
          static_cast<unsigned char>(ch[2]) <= 0x8a;
 }
 
-// str.strip / lstrip / rstrip with Python's rules: no chars (or None) means whitespace.
+// str.strip / lstrip / rstrip with Python's rules: no chars (or None) means whitespace. The string
+// is walked by characters where it lies (trim runs on every message; a string per character cost
+// 32 bytes and ~50 ns each).
 std::string py_strip(const std::string& s, const Value* chars, bool left, bool right) {
-  const std::vector<std::string> cs = utf8_chars(s);
-  std::vector<std::string> set;
   const bool ws = !chars || chars->kind == Kind::kNone || chars->is_undefined();
-  if (!ws) set = utf8_chars(chars->s);
-  auto strip_it = [&](const std::string& c) {
-    return ws ? is_py_space(c) : std::find(set.begin(), set.end(), c) != set.end();
-  };
-  size_t b = 0, e = cs.size();
-  if (left) while (b < e && strip_it(cs[b])) ++b;
-  if (right) while (e > b && strip_it(cs[e - 1])) --e;
-  std::string out;
-  for (size_t k = b; k < e; ++k) out += cs[k];
-  return out;
+  std::set<std::string> set;
+  if (!ws)
+    for (std::string& c : utf8_chars(chars->s)) set.insert(std::move(c));
+  spend_work(kWorkPerByteWalked * static_cast<int64_t>(s.size()));
+  size_t first_kept = std::string::npos, kept_end = 0;  // byte offsets of the first and last kept character
+  for (size_t p = 0; p < s.size();) {
+    const size_t n = utf8_char_bytes(s, p);
+    const std::string c = s.substr(p, n);
+    if (!(ws ? is_py_space(c) : set.count(c) > 0)) {
+      if (first_kept == std::string::npos) first_kept = p;
+      kept_end = p + n;
+      if (!right) break;  // only the left end matters
+    }
+    p += n;
+  }
+  if (first_kept == std::string::npos) return "";
+  const size_t b = left ? first_kept : 0, e = right ? kept_end : s.size();
+  return s.substr(b, e - b);
 }
 
 std::vector<Value> py_split(const std::string& s, const Value* sep, int64_t maxsplit) {
   std::vector<Value> out;
   if (!sep || sep->kind == Kind::kNone) {
-    const std::vector<std::string> cs = utf8_chars(s);
-    size_t k = 0;
-    while (k < cs.size()) {
-      while (k < cs.size() && is_py_space(cs[k])) ++k;
-      if (k == cs.size()) break;
+    spend_work(kWorkPerByteWalked * static_cast<int64_t>(s.size()));
+    const auto space_at = [&](size_t p, size_t* n) {
+      *n = utf8_char_bytes(s, p);
+      return is_py_space(s.substr(p, *n));
+    };
+    size_t k = 0, n = 0;
+    while (k < s.size()) {
+      while (k < s.size() && space_at(k, &n)) k += n;
+      if (k == s.size()) break;
       if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
-        std::string rest;
-        for (size_t j = k; j < cs.size(); ++j) rest += cs[j];
+        std::string rest = s.substr(k);
         while (!rest.empty() && is_py_space(std::string(1, rest.back()))) rest.pop_back();
         out.push_back(Value::string(rest));
         return out;
       }
-      std::string word;
-      while (k < cs.size() && !is_py_space(cs[k])) word += cs[k++];
-      out.push_back(Value::string(word));
+      const size_t word = k;
+      while (k < s.size() && !space_at(k, &n)) k += n;
+      spend_work(kWorkPerItem);  // paid as it is made: "a b a b ..." is one item per two bytes
+      out.push_back(Value::string(s.substr(word, k - word)));
     }
     return out;
   }
@@ -70,6 +83,7 @@ std::vector<Value> py_split(const std::string& s, const Value* sep, int64_t maxs
   while (true) {
     const size_t p = s.find(sep->s, start);
     if (p == std::string::npos || (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit)) break;
+    spend_work(kWorkPerItem);
     out.push_back(Value::string(s.substr(start, p - start)));
     start = p + sep->s.size();
   }
@@ -81,11 +95,13 @@ std::string replace_all(const std::string& s, const std::string& from, const std
                         int64_t limit) {
   std::string out;
   if (from.empty()) {  // Python inserts `to` between every character and at both ends
-    const std::vector<std::string> cs = utf8_chars(s);
+    spend_work(kWorkPerByteWalked * static_cast<int64_t>(s.size()));
     int64_t done = 0;
-    for (const auto& c : cs) {
+    for (size_t p = 0; p < s.size();) {
+      const size_t n = utf8_char_bytes(s, p);
       if (count < 0 || done < count) { out += to; ++done; }
-      out += c;
+      out.append(s, p, n);
+      p += n;
       if (static_cast<int64_t>(out.size()) > limit) return out;
     }
     if (count < 0 || done < count) out += to;
@@ -288,6 +304,7 @@ Value Evaluator::call_global(const std::string& name, const std::vector<Value>& 
     List out;
     for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
       count_iteration(at);  // range(10**12) is a hostile loop, counted before it is built
+      spend_work(kWorkPerItem);
       out.push_back(Value::integer(k));
       if ((step > 0 && k > INT64_MAX - step) || (step < 0 && k < INT64_MIN - step)) break;
     }

@@ -102,12 +102,13 @@ Status parse_date(const std::string& date, tmpl::EvalLimits* limits) {
 template <typename Json>
 Status render_value(const std::string& source, const Json& messages, const ChatTemplateOptions& options,
                     std::string* out) {
-  if (options.max_nesting < 1 || options.max_loop_iterations < 0 || options.max_output_bytes < 0)
+  if (options.max_nesting < 1 || options.max_loop_iterations < 0 || options.max_output_bytes < 0 || options.max_work < 0)
     return invalid_argument("chat template: limits must be positive");
   tmpl::EvalLimits limits;
   limits.max_nesting = options.max_nesting;
   limits.max_loop_iterations = options.max_loop_iterations;
   limits.max_output_bytes = options.max_output_bytes;
+  limits.max_work = options.max_work;
   LLMQ_RETURN_IF_ERROR(parse_date(options.date, &limits));
   tmpl::Frame root;
   auto& vars = root.vars;

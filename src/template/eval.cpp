@@ -10,8 +10,18 @@ namespace {
 
 TemplateError error_at(const std::string& what, const Expr& at) { return TemplateError(what, at.line, at.col); }
 
+// An error raised without a place (the work budget, a value's depth) is placed at `at`.
+TemplateError placed(TemplateError err, const Expr& at) {
+  if (err.line == 0) {
+    err.line = at.line;
+    err.col = at.col;
+  }
+  return err;
+}
+
 const Value* lookup(const Frame* f, const std::string& name) {
   for (; f; f = f->parent) {
+    spend_work(kWorkPerFrame);  // 256 nested loops and macros deep, a name is looked for 256 times
     auto it = f->vars.find(name);
     if (it != f->vars.end()) return &it->second;
   }
@@ -60,13 +70,18 @@ void Evaluator::render(const Body& body, std::string* out) {
 Evaluator::Flow Evaluator::exec(const Body& body, Frame* frame, std::string* out) {
   for (const auto& sp : body) {
     const Stmt& s = *sp;
+    spend_work(kWorkPerStatement, s.line, s.col);
     switch (s.kind) {
       case Stmt::kText:
         *out += s.text;
         break;
       case Stmt::kOutput: {
         const Value v = eval(*s.expr, frame);
-        *out += to_str(v);
+        try {
+          *out += to_str(v);  // printing a list may run out of budget or bounds
+        } catch (const TemplateError& err) {
+          throw placed(err, *s.expr);
+        }
         break;
       }
       case Stmt::kIf: {
@@ -161,6 +176,7 @@ Evaluator::Flow Evaluator::exec_for(const Stmt& s, Frame* frame, std::string* ou
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t k = 0; k < n; ++k) {
     count_iteration(at);
+    spend_work(kWorkPerIteration, at.line, at.col);
     Frame f;  // a fresh frame per iteration: jinja2 forgets a loop body's `set` at each iteration
     f.parent = frame;
     bind(&f, items[static_cast<size_t>(k)]);
@@ -185,6 +201,15 @@ Evaluator::Flow Evaluator::exec_for(const Stmt& s, Frame* frame, std::string* ou
 }
 
 std::vector<Value> Evaluator::iterate(const Value& v, const Expr& at) {
+  try {
+    return iterate_items(v, at);
+  } catch (const TemplateError& err) {
+    throw placed(err, at);
+  }
+}
+
+std::vector<Value> Evaluator::iterate_items(const Value& v, const Expr& at) {
+  spend_work(copy_work(v));  // the items are copied (a string's characters: utf8_chars pays)
   switch (v.kind) {
     case Kind::kUndefined: return {};
     case Kind::kList: case Kind::kTuple: return *v.list;
@@ -248,12 +273,13 @@ Value Evaluator::get_item(const Value& obj, const Value& key, const Expr& at) {
   }
   if ((obj.is_sequence() || obj.is_string()) && (key.kind == Kind::kInt || key.kind == Kind::kBool)) {
     int64_t k = as_int(key);
-    if (obj.is_string()) {
-      const std::vector<std::string> chars = utf8_chars(obj.s);
-      const int64_t n = static_cast<int64_t>(chars.size());
-      if (k < 0) k += n;
-      if (k < 0 || k >= n) return Value::undefined("string index out of range");
-      return Value::string(chars[static_cast<size_t>(k)]);
+    if (obj.is_string()) {  // the k-th character, walked to (not a string made per character)
+      spend_work(kWorkPerByteWalked * static_cast<int64_t>(obj.s.size()), at.line, at.col);
+      if (k < 0) k += utf8_length(obj.s);
+      size_t p = 0;
+      for (int64_t c = 0; c < k && p < obj.s.size(); ++c) p += utf8_char_bytes(obj.s, p);
+      if (k < 0 || p >= obj.s.size()) return Value::undefined("string index out of range");
+      return Value::string(obj.s.substr(p, utf8_char_bytes(obj.s, p)));
     }
     const int64_t n = static_cast<int64_t>(obj.list->size());
     if (k < 0) k += n;
@@ -264,7 +290,22 @@ Value Evaluator::get_item(const Value& obj, const Value& key, const Expr& at) {
   return Value::undefined(std::string("'") + kind_name(obj.kind) + " object' has no item " + repr(key));
 }
 
+// Every value an expression yields is a copy (strings are held by value): its bytes are paid for,
+// and so are the items of a list or dict it built (reading one, a name or an item, shares it).
+// An error raised without a place is placed at the innermost expression.
 Value Evaluator::eval(const Expr& e, Frame* frame) {
+  try {
+    Value v = eval_node(e, frame);
+    const bool built = e.kind == Expr::kSlice || e.kind == Expr::kCall || e.kind == Expr::kFilter ||
+                       e.kind == Expr::kBinary || e.kind == Expr::kList || e.kind == Expr::kTuple || e.kind == Expr::kDict;
+    spend_work(kWorkPerExpression + (built ? copy_work(v) : static_cast<int64_t>(v.s.size())));
+    return v;
+  } catch (const TemplateError& err) {
+    throw placed(err, e);
+  }
+}
+
+Value Evaluator::eval_node(const Expr& e, Frame* frame) {
   switch (e.kind) {
     case Expr::kLiteral: return e.literal;
     case Expr::kName: {
@@ -400,6 +441,9 @@ Value Evaluator::eval_binary(const Expr& e, const Value& a, const Value& b) {
       for (const Value& x : *seq.list) unit += x.is_string() ? static_cast<int64_t>(x.s.size()) + 16 : 16;
     if (unit == 0) return seq.is_string() ? Value::string("") : Value::new_list(List{}, seq.kind);  // not n empty rounds
     if (n > limits_.max_output_bytes / unit) check_size(limits_.max_output_bytes + 1, e);
+    int64_t items_work = 0;  // paid before the items are made
+    if (!seq.is_string() && __builtin_mul_overflow(n, copy_work(seq), &items_work)) items_work = std::numeric_limits<int64_t>::max();
+    spend_work(items_work, e.line, e.col);
     if (seq.is_string()) {
       std::string s;
       for (int64_t k = 0; k < n; ++k) s += seq.s;

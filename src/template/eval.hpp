@@ -11,6 +11,7 @@
 
 #include "template/parser.hpp"
 #include "template/value.hpp"
+#include "template/work_budget.hpp"
 
 namespace llmq::tmpl {
 
@@ -18,6 +19,7 @@ struct EvalLimits {
   int64_t max_nesting = 256;          // macro calls (and their recursion) deep
   int64_t max_loop_iterations = 1000000;
   int64_t max_output_bytes = int64_t{64} << 20;
+  int64_t max_work = int64_t{1} << 30;  // WorkBudget units (value.hpp)
   int date_year = 1970, date_month = 1, date_day = 1;  // what strftime_now formats, at midnight
 };
 
@@ -28,7 +30,8 @@ struct Frame {
 
 class Evaluator {
  public:
-  Evaluator(const EvalLimits& limits, Frame* root) : limits_(limits), root_(root) {}
+  Evaluator(const EvalLimits& limits, Frame* root)
+      : limits_(limits), root_(root), budget_{limits.max_work, 0, limits.max_output_bytes}, work_scope_(&budget_) {}
   // Renders body into *out (appending). Throws TemplateError.
   void render(const Body& body, std::string* out);
 
@@ -41,6 +44,7 @@ class Evaluator {
   Value get_attr(const Value& obj, const std::string& name, bool item_first, const Expr& at);
   Value get_item(const Value& obj, const Value& key, const Expr& at);
   std::vector<Value> iterate(const Value& v, const Expr& at);
+  std::vector<Value> iterate_items(const Value& v, const Expr& at);  // iterate, errors not yet placed
   void check_size(int64_t bytes, const Expr& at) const;
   void count_iteration(const Expr& at);
   const EvalLimits& limits() const { return limits_; }
@@ -49,7 +53,8 @@ class Evaluator {
   enum class Flow { kNormal, kBreak, kContinue };
   Flow exec(const Body& body, Frame* frame, std::string* out);
   Flow exec_for(const Stmt& s, Frame* frame, std::string* out);
-  Value eval(const Expr& e, Frame* frame);
+  Value eval(const Expr& e, Frame* frame);  // eval_node, paid for
+  Value eval_node(const Expr& e, Frame* frame);
   Value eval_binary(const Expr& e, const Value& a, const Value& b);
   bool eval_compare(const std::string& op, const Value& a, const Value& b, const Expr& at);
   Value call_macro(const MacroDef& m, std::vector<Value> args, std::vector<std::string> kw_names,
@@ -61,6 +66,8 @@ class Evaluator {
 
   EvalLimits limits_;
   Frame* root_;
+  WorkBudget budget_;
+  WorkScope work_scope_;  // installs budget_ for this thread while the evaluator lives
   // Every namespace() made while rendering: a namespace can hold itself through a list (a
   // reference cycle shared_ptr never frees), so their contents are dropped when the evaluator goes.
   std::vector<std::shared_ptr<Dict>> namespaces_;

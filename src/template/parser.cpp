@@ -80,6 +80,8 @@ class Parser {
       if (t.type == Tok::kText) {
         auto s = std::make_unique<Stmt>();
         s->kind = Stmt::kText;
+        s->line = t.line;
+        s->col = t.col;
         s->text = t.text;
         body.push_back(std::move(s));
         next();
@@ -240,7 +242,11 @@ class Parser {
     while (is_name("if")) {
       auto c = node(Expr::kCond, next());
       auto test = parse_or();
-      auto otherwise = skip_name("else") ? parse_condexpr() : nullptr;
+      std::unique_ptr<Expr> otherwise;
+      if (skip_name("else")) {
+        Depth depth(this);  // `a if b else c if d else ...` recurses once per else
+        otherwise = parse_condexpr();
+      }
       c->args.push_back(std::move(test));
       c->args.push_back(std::move(e));
       c->args.push_back(std::move(otherwise));

@@ -6,14 +6,18 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "template/work_budget.hpp"
+
 namespace llmq::tmpl {
 
 const Value* Dict::find(const std::string& key) const {
+  spend_work(4 * static_cast<int64_t>(items.size()));  // a key compared: a few nanoseconds
   for (const auto& kv : items)
     if (kv.first == key) return &kv.second;
   return nullptr;
 }
 Value* Dict::find(const std::string& key) {
+  spend_work(4 * static_cast<int64_t>(items.size()));
   for (auto& kv : items)
     if (kv.first == key) return &kv.second;
   return nullptr;
@@ -21,6 +25,15 @@ Value* Dict::find(const std::string& key) {
 void Dict::set(const std::string& key, Value v) {
   if (Value* old = find(key)) *old = std::move(v);
   else items.emplace_back(key, std::move(v));
+}
+
+int64_t copy_work(const Value& v) {
+  int64_t units = static_cast<int64_t>(v.s.size());
+  if (v.list)
+    for (const Value& x : *v.list) units += kWorkPerItem + static_cast<int64_t>(x.s.size());
+  if (v.dict)
+    for (const auto& kv : v.dict->items) units += kWorkPerItem + static_cast<int64_t>(kv.first.size() + kv.second.s.size());
+  return units;
 }
 
 const char* kind_name(Kind k) {
@@ -131,33 +144,56 @@ struct WalkGuard {
 };
 }  // namespace
 
-std::string repr(const Value& v) {
+// Appends repr(v): one string grows (a nested value is not built level by level and copied up),
+// each item is paid for, and the text is checked against the bound as it grows.
+static void repr_into(const Value& v, std::string* out) {
   const WalkGuard guard;
+  spend_work(kWorkPerPrintedItem);
   switch (v.kind) {
-    case Kind::kString: return repr_string(v.s);
-    case Kind::kUndefined: return "Undefined";
+    case Kind::kString:
+      *out += repr_string(v.s);
+      spend_work(static_cast<int64_t>(v.s.size()));
+      break;
+    case Kind::kUndefined: *out += "Undefined"; break;
     case Kind::kList: case Kind::kTuple: {
-      std::string out = v.kind == Kind::kList ? "[" : "(";
-      for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
-      if (v.kind == Kind::kTuple && v.list->size() == 1) out += ",";
-      return out + (v.kind == Kind::kList ? "]" : ")");
+      *out += v.kind == Kind::kList ? "[" : "(";
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) *out += ", ";
+        repr_into((*v.list)[k], out);
+      }
+      if (v.kind == Kind::kTuple && v.list->size() == 1) *out += ",";
+      *out += v.kind == Kind::kList ? "]" : ")";
+      break;
     }
     case Kind::kDict: {
-      std::string out = "{";
+      *out += "{";
       bool first = true;
       for (const auto& kv : v.dict->items) {
-        out += (first ? "" : ", ") + repr_string(kv.first) + ": " + repr(kv.second);
+        *out += (first ? "" : ", ") + repr_string(kv.first) + ": ";
+        spend_work(static_cast<int64_t>(kv.first.size()));
+        repr_into(kv.second, out);
         first = false;
       }
-      return out + "}";
+      *out += "}";
+      break;
     }
     case Kind::kNamespace: {
       Value d = v;
       d.kind = Kind::kDict;
-      return "<Namespace " + repr(d) + ">";
+      *out += "<Namespace ";
+      repr_into(d, out);
+      *out += ">";
+      break;
     }
-    default: return to_str(v);
+    default: *out += to_str(v);
   }
+  check_printed_size(static_cast<int64_t>(out->size()));
+}
+
+std::string repr(const Value& v) {
+  std::string out;
+  repr_into(v, &out);
+  return out;
 }
 
 std::string to_str(const Value& v) {
@@ -179,6 +215,7 @@ static double as_double(const Value& v) {
 }
 
 bool equals(const Value& a, const Value& b) {
+  spend_work(kWorkPerItem);  // deep: two lists that share their items 2^40 ways compare in 2^40 steps
   if (a.is_number() && b.is_number()) {
     if (a.kind != Kind::kFloat && b.kind != Kind::kFloat) return as_double(a) == as_double(b) &&
         (a.kind == Kind::kBool ? (a.b ? 1 : 0) : a.i) == (b.kind == Kind::kBool ? (b.b ? 1 : 0) : b.i);
@@ -218,6 +255,7 @@ bool less_than(const Value& a, const Value& b) {
 }
 
 static void json_string(const std::string& s, std::string* out) {
+  spend_work(static_cast<int64_t>(s.size()));
   *out += '"';
   for (unsigned char c : s) {
     switch (c) {
@@ -244,9 +282,17 @@ static void json_string(const std::string& s, std::string* out) {
 static void json_value(const Value& v, int64_t indent, int64_t level, std::string* out) {
   const WalkGuard guard;
   if (level > 512) throw TemplateError("tojson: nesting deeper than 512");
+  spend_work(kWorkPerPrintedItem);
+  check_printed_size(static_cast<int64_t>(out->size()));
   const std::string item_sep = indent > 0 ? "," : ", ";
   auto newline = [&](int64_t lv) {
-    if (indent > 0) *out += "\n" + std::string(static_cast<size_t>(indent * lv), ' ');
+    if (indent <= 0) return;
+    int64_t pad = 0;  // checked before it is made: indent may be any int64
+    if (__builtin_mul_overflow(indent, lv, &pad) || pad > INT64_MAX - static_cast<int64_t>(out->size()) - 1)
+      pad = INT64_MAX - static_cast<int64_t>(out->size()) - 1;
+    check_printed_size(static_cast<int64_t>(out->size()) + 1 + pad);
+    spend_work(pad);
+    *out += "\n" + std::string(static_cast<size_t>(pad), ' ');
   };
   switch (v.kind) {
     case Kind::kNone: *out += "null"; return;
@@ -294,6 +340,7 @@ static void json_value(const Value& v, int64_t indent, int64_t level, std::strin
 std::string to_json(const Value& v, int64_t indent) {
   std::string out;
   json_value(v, indent, 0, &out);
+  check_printed_size(static_cast<int64_t>(out.size()));
   return out;
 }
 
@@ -329,7 +376,7 @@ Value from_json_any(const Json& j) {
 Value from_json(const nlohmann::json& j) { return from_json_any(j); }
 Value from_json(const nlohmann::ordered_json& j) { return from_json_any(j); }
 
-static size_t utf8_step(const std::string& s, size_t p) {
+size_t utf8_char_bytes(const std::string& s, size_t p) {
   const auto c = static_cast<unsigned char>(s[p]);
   size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
   if (p + n > s.size()) return 1;
@@ -339,9 +386,12 @@ static size_t utf8_step(const std::string& s, size_t p) {
 }
 
 std::vector<std::string> utf8_chars(const std::string& s) {
+  const int64_t count = utf8_length(s);
+  spend_work(kWorkPerChar * count);  // before the allocation: 32 bytes or more per character
   std::vector<std::string> out;
+  out.reserve(static_cast<size_t>(count));
   for (size_t p = 0; p < s.size();) {
-    const size_t n = utf8_step(s, p);
+    const size_t n = utf8_char_bytes(s, p);
     out.push_back(s.substr(p, n));
     p += n;
   }
@@ -350,7 +400,7 @@ std::vector<std::string> utf8_chars(const std::string& s) {
 
 int64_t utf8_length(const std::string& s) {
   int64_t n = 0;
-  for (size_t p = 0; p < s.size(); p += utf8_step(s, p)) ++n;
+  for (size_t p = 0; p < s.size(); p += utf8_char_bytes(s, p)) ++n;
   return n;
 }
 

@@ -84,6 +84,9 @@ struct Value {
   bool is_mapping() const { return kind == Kind::kDict; }
 };
 
+// What copying v's own items costs (not of the containers they hold, which are shared): each item
+// and the bytes of each string item (keys included).
+int64_t copy_work(const Value& v);
 const char* kind_name(Kind k);       // Python's type name: 'str', 'int', 'dict', ...
 bool truthy(const Value& v);         // Python's bool()
 std::string to_str(const Value& v);  // Python's str(): what {{ }} prints
@@ -104,7 +107,10 @@ Value from_json(const nlohmann::ordered_json& j);
 
 // UTF-8 code points, for len() and slicing of str (Python counts characters, not bytes). Bytes that
 // are not valid UTF-8 count one each, so invalid content passes through slicing unchanged.
-std::vector<std::string> utf8_chars(const std::string& s);
+std::vector<std::string> utf8_chars(const std::string& s);  // paid for per character (kWorkPerChar)
 int64_t utf8_length(const std::string& s);
+// The bytes of the character at byte p (1 for a byte that does not start a valid sequence): walks a
+// string by characters without making one string per character.
+size_t utf8_char_bytes(const std::string& s, size_t p);
 
 }  // namespace llmq::tmpl
