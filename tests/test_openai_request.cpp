@@ -95,6 +95,10 @@ TEST(OpenAiRequest, BadFieldsAreRefusedNamingThem) {
   refused(R"({"model": "m", "prompt": "x", "temperature": 2.5})", "temperature", "outside");
   refused(R"({"model": "m", "prompt": "x", "temperature": 1e400})", "", "request body");  // not JSON's number range: a parse error
   refused(R"({"model": "m", "prompt": "x", "top_p": 0})", "top_p", "outside (");
+  // Found writing fuzz_openai_request (its top_p invariant): above 0 as a double, 0.0f as the
+  // float the sampler gets (which refuses it later, past the point of a 400).
+  refused(R"({"model": "m", "prompt": "x", "top_p": 1e-50})", "top_p", "outside (");
+  EXPECT_GT(ok(R"({"model": "m", "prompt": "x", "top_p": 1e-30, "temperature": 1e-50})").top_p, 0.0f);
   refused(R"({"model": "m", "prompt": "x", "stop": ["a", ""]})", "stop", "stop[1]: expected a non-empty string");
   refused(R"({"model": "m", "prompt": "x", "stop": 5})", "stop", "expected a string or an array");
   refused(R"({"model": "m", "prompt": "x", "stream_options": {"include_usage": true}})", "stream_options", "only allowed when stream");

@@ -56,7 +56,8 @@ class Fields {
     if (v == nullptr) return true;
     if (!v->is_number()) return fail(name, std::string(name) + ": expected a number, got " + type_name(*v));
     const double x = v->get<double>();
-    if (!std::isfinite(x) || x > hi || x < lo || (lo_open && x == lo))
+    // Checked as the float it is stored as: top_p 1e-50 is above 0 but rounds to 0.0f.
+    if (!std::isfinite(x) || x > hi || x < lo || (lo_open && static_cast<float>(x) <= static_cast<float>(lo)))
       return fail(name, std::string(name) + ": " + v->dump() + " is outside " + (lo_open ? "(" : "[") + std::to_string(lo) + ", " +
                             std::to_string(hi) + "]");
     *out = static_cast<float>(x);
