@@ -2,6 +2,7 @@
 // llmq's own writers where it has them (write_safetensors, CalibrationStats::save) and with
 // format_writers.hpp where it does not. Usage: llmq_fuzz_seeds <corpus root> (one folder per
 // target). Seeds are deterministic, so regenerating them changes nothing unless a format does.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,11 +11,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat_template_input.hpp"
 #include "format_writers.hpp"
 #include "llmq/calibration.hpp"
 #include "llmq/model_io.hpp"
 #include "llmq/safetensors.hpp"
 #include "model/tokenizer/tokenizer_bpe.hpp"
+#include "server/openai_request.hpp"
 
 namespace {
 
@@ -283,6 +286,132 @@ void text_seeds(const Corpus& c) {
         "caf\xC3\xA9 \xE4\xB8\xAD\xE6\x96\x87 \xD0\x9F\xD1\x80\xD0\xB8 \xF0\x9F\x98\x80!\r\n\xE2\x96\x81x \xFF\xC3(");
 }
 
+// ---- chat templates: the vendor templates of tests/data with each conversation there, and one
+// small template per construct of the subset
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path.string());
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void vendor_template_seeds(const Corpus& c) {
+  const fs::path data = LLMQ_CHAT_TEMPLATE_DATA;
+  const json tokens = json::parse(read_text(data / "tokens.json"));
+  std::vector<fs::path> conversations;
+  for (const auto& f : fs::directory_iterator(data / "conversations")) conversations.push_back(f.path());
+  std::sort(conversations.begin(), conversations.end());
+  for (const auto& [file, special] : tokens.items()) {
+    const std::string source = read_text(data / file);
+    const std::string stem = fs::path(file).stem().string();
+    for (size_t k = 0; k < conversations.size(); ++k) {
+      // Every other seed without the generation prompt, one in three with sorted keys.
+      json options = {{"bos_token", special["bos"]}, {"eos_token", special["eos"]}, {"add_generation_prompt", k % 2 == 0}};
+      if (k % 3 == 1) options["parsed"] = true;
+      if (k == 0) options["extra_context"] = {{"enable_thinking", false}, {"reasoning_effort", "low"}};
+      const std::string input = chat_template_input(source, read_text(conversations[k]), options);
+      // Gemma's template refuses a system turn by raise_exception: kept, as a seed meant to fail.
+      std::string out;
+      const bool refused = !render_chat_template_input(read_chat_template_input(input), &out).ok();
+      c.put("fuzz_chat_template", (refused ? "bad-" : "") + stem + "-" + conversations[k].stem().string(), input);
+    }
+  }
+}
+
+void construct_template_seeds(const Corpus& c) {
+  const std::string two = R"([{"role": "system", "content": "S"}, {"role": "user", "content": "caf\u00e9 \"q\"\n"}])";
+  const std::vector<std::pair<std::string, std::string>> templates = {
+      {"whitespace", "a\n  {# c #}\n  b\n  {% if 1 %}\nX\n  {% endif %}\n{{- 1 -}}  {%+ if true %}k{% endif %}\r\n"},
+      {"for", "{% for k, v in {'a': 1, 'b': 2}.items() if v > 0 %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}"
+              "{{ loop.first }}{{ loop.length }}{{ loop.previtem }}{{ loop.nextitem }}{{ k }}={{ v }}{% if loop.last %}"
+              "{% break %}{% endif %}{% continue %}{% else %}none{% endfor %}{% for x in [] %}{% else %}empty{% endfor %}"},
+      {"namespace", "{% set ns = namespace(x=0, s='') %}{% for m in messages %}{% set ns.x = ns.x + 1 %}{% set ns.s %}"
+                    "{{ ns.s }}{{ m.role[:1] }}{% endset %}{% set local = 1 %}{% endfor %}{{ ns.x }} {{ ns.s }} {{ local }}"
+                    "{% set blk %}B{% endset %}{{ blk }}"},
+      {"macro", "{% macro f(a, b='x', n=0) %}{{ a }}{{ b }}{% if n < 3 %}{{ f(a, n=n + 1) }}{% endif %}{% endmacro %}"
+                "{{ f('q') }}{{ f(1, b=2) }}{{ f }}{% macro g() %}{% endmacro %}{{ g() }}"},
+      {"expressions", "{{ 1 + 2 * 3 - 4 // 3 % 2 ** 2 }} {{ 7 / 2 }} {{ -3 // 2 }} {{ -7 % 3 }} {{ 2.5 // 1 }} {{ 'a' ~ 1 ~ none }}"
+                      " {{ [1, 2] + [3] }} {{ 'ab' * 3 }} {{ [0] * 2 }} {{ (1, 2) }} {{ (1,) }} {{ () }} {{ 1 < 2 <= 2 != 3 }}"
+                      " {{ 'a' in 'abc' and not 'z' in ['a'] or false }} {{ 'k' in {'k': 1} }} {{ 'b' not in 'abc' }}"
+                      " {{ 1 if false else 2 }} {{ 1 if false }} {{ 1.5e3 }} {{ 1_000 }} {{ 'x' 'y' }} {{ -(+1) }}"
+                      " {{ {'a': [1, {'b': none}]} }} {{ 0.1 + 0.2 }} {{ 1e300 * 1e300 }} {{ True }} {{ None }}"},
+      {"tests", "{{ x is defined }} {{ x is undefined }} {{ none is none }} {{ 1 is number }} {{ 1 is integer }}"
+                " {{ 1.0 is float }} {{ true is boolean }} {{ 'a' is string }} {{ [1] is iterable }} {{ [1] is sequence }}"
+                " {{ {} is mapping }} {{ 3 is odd }} {{ 2 is even }} {{ 1 is eq 1 }} {{ 1 is ne 2 }} {{ 1 is equalto(1) }}"
+                " {{ 'A' is upper }} {{ 'a' is lower }} {{ range is callable }} {{ 1 is in [2] }} {{ true is sameas true }}"
+                " {{ true is true }} {{ false is false }} {{ messages is not none }}"},
+      {"filters", "{{ ' a '|trim }}{{ 'xax'|trim('x') }}{{ messages|length }}{{ messages|count }}"
+                  "{{ messages|map(attribute='role')|join(',') }}{{ ['a', 'b']|map('upper')|list }}"
+                  "{{ messages|selectattr('role', 'equalto', 'user')|list|length }}{{ messages|rejectattr('role', 'eq', 'user')|first }}"
+                  "{{ [3, 1, 3]|unique|list }}{{ 'x'|upper|lower|capitalize|title }}{{ 'a-b'|replace('-', '+') }}"
+                  "{{ nothing|default('d') }}{{ ''|d('e', true) }}{{ '3.5'|float }}{{ '7'|int }}{{ 'z'|int(4) }}{{ -2|abs }}"
+                  "{{ {'b': 1, 'a': 2}|dictsort }}{{ {'a': 1}|items|list }}{{ 'l1\nl2\n\nl3'|indent(2, true) }}"
+                  "{{ messages|tojson }}{{ messages[0]|tojson(indent=2) }}{{ 5|string }}{{ [1, 2]|last }}"
+                  "{{ [0, 1]|select|list }}{{ [0, 1]|reject|list }}{{ 'ab'|list }}{{ 'x'|safe }}{{ messages|join }}"},
+      {"methods", "{{ ' ab '.strip() }}{{ 'xab'.lstrip('x') }}{{ 'abx'.rstrip('x') }}{{ 'a b  c'.split() }}"
+                  "{{ 'a,b,c'.split(',', 1) }}{{ ' a b '.split(none, 1) }}{{ 'ab'.startswith('a') }}{{ 'ab'.endswith(('b', 'c')) }}"
+                  "{{ 'aXa'.replace('a', 'b', 1) }}{{ 'ab'.replace('', '-') }}{{ 'abc'.find('c') }}{{ 'aaa'.count('a') }}"
+                  "{{ 'x'.upper() }}{{ 'X'.lower() }}{{ 'ab cd'.title() }}{{ 'ab'.capitalize() }}{{ {'a': 1}.get('a') }}"
+                  "{{ {'a': 1}.get('b', 2) }}{{ {'a': 1}.keys()|list }}{{ {'a': 1}.values()|list }}{{ {'a': 1}.items() }}"},
+      {"subscripts", "{{ 'h\xc3\xa9llo'[1:4] }}{{ 'abc'[::-1] }}{{ 'abc'[-1] }}{{ [1, 2, 3][-1] }}{{ [1, 2, 3][1:] }}"
+                     "{{ [1, 2, 3][::2] }}{{ messages[0]['role'] }}{{ messages[0].content }}{{ messages.0.role }}"
+                     "{{ (1, 2)[0] }}{{ messages[-1]['content'][:2] }}{{ {'a': 1}['a'] }}{{ messages[9] is undefined }}"},
+      {"globals", "{{ strftime_now('%Y-%m-%d %b %B %a %A %j %-d %e %y %H:%M:%S %I %p %w %u %F %%') }}{{ range(3)|list }}"
+                  "{{ range(5, 0, -2)|list }}{{ range(1, 3)|list }}{% if false %}{{ raise_exception('no') }}{% endif %}"
+                  "{{ bos_token }}{{ eos_token }}{{ add_generation_prompt }}{{ tools is none }}{{ documents is none }}"},
+      {"strings", "{% generation %}{{ 'a\\n\\t\\r\\x41\\u00e9\\U0001F600\\101\\q\\\\' }}{% endgeneration %}{# note #}"
+                  "{{ \"d'q\" }}{{ 'raw \xff\xfe bytes'[1:] }}{{ ['\\'', \"\\\"\", '\x01'] }}{{ ['\\'']|tojson }}"},
+  };
+  for (const auto& [name, source] : templates)
+    c.put("fuzz_chat_template", "construct-" + name, chat_template_input(source, two, {{"bos_token", "<s>"}, {"eos_token", "</s>"}}));
+  c.put("fuzz_chat_template", "template-only",
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}");
+  c.put("fuzz_chat_template", "object-with-tools",
+        chat_template_input("{{ tools|tojson }}{% for m in messages %}{{ m.role }}{% endfor %}{{ custom }}{{ reasoning }}",
+                            R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function":)"
+                            R"( {"name": "f", "parameters": {"type": "object"}}}], "custom": 1})",
+                            {{"extra_context", {{"reasoning", "high"}}}, {"parsed", true}, {"add_generation_prompt", false}}));
+  c.put("fuzz_chat_template", "bad-loop-limit",
+        chat_template_input("{% for i in range(100) %}{{ i }}{% endfor %}", "[]",
+                            {{"max_loop_iterations", 10}, {"max_output_bytes", 4096}, {"max_nesting", 16}}));
+  c.put("fuzz_chat_template", "bad-raise", chat_template_input("{{ raise_exception('refused') }}", "[]"));
+  c.put("fuzz_chat_template", "bad-date", chat_template_input("{{ strftime_now('%d') }}", "[]", {{"date", "2023-02-29"}}));
+}
+
+// ---- OpenAI request bodies: chat-* for /v1/chat/completions, the others for /v1/completions
+
+void openai_request_seeds(const Corpus& c) {
+  const std::string t = "fuzz_openai_request";
+  c.put(t, "completions-text.json", R"({"model": "m", "prompt": "Hello"})");
+  c.put(t, "completions-ids.json", R"({"model": "m", "prompt": [1, 2, 3], "max_tokens": 5})");
+  c.put(t, "completions-one-text.json", R"({"model": "m", "prompt": ["Hello"], "stop": "\n"})");
+  c.put(t, "completions-one-ids.json", R"({"model": "m", "prompt": [[1, 2]], "temperature": 0})");
+  const json every = {{"model", "m"}, {"prompt", "x"}, {"max_tokens", 8}, {"temperature", 0.7}, {"top_p", 0.9},
+                      {"top_k", 40}, {"seed", 42}, {"stop", {"\n", "END"}}, {"stop_token_ids", {2}},
+                      {"ignore_eos", false}, {"stream", true}, {"stream_options", {{"include_usage", true}}},
+                      {"echo", true}, {"logprobs", 2}, {"best_of", 1}, {"suffix", ""}, {"n", 1},
+                      {"logit_bias", json::object()}, {"presence_penalty", 0}, {"frequency_penalty", 0.0},
+                      {"repetition_penalty", 1}, {"user", "u"}, {"metadata", {{"k", "v"}}}};
+  c.put(t, "completions-every-field.json", every.dump());
+  c.put(t, "chat-one.json", R"({"model": "m", "messages": [{"role": "user", "content": "Hi"}]})");
+  const json chat = {
+      {"model", "m"},
+      {"messages", {{{"role", "system"}, {"content", "S"}},
+                    {{"role", "developer"}, {"content", "D"}},
+                    {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}},
+                    {{"role", "assistant"}, {"content", nullptr}},
+                    {{"role", "tool"}, {"content", "result"}, {"tool_calls", nullptr}}}},
+      {"max_completion_tokens", 100}, {"temperature", 2}, {"top_p", 1}, {"top_k", -1}, {"seed", -1},
+      {"stop", "x"}, {"logprobs", true}, {"top_logprobs", 2}, {"add_generation_prompt", false},
+      {"tools", json::array()}, {"tool_choice", "none"}, {"functions", json::array()},
+      {"response_format", {{"type", "text"}}}, {"stream", false}, {"max_tokens", nullptr}};
+  c.put(t, "chat-every-field.json", chat.dump());
+  c.put(t, "bad-deep.json", std::string(100, '[') + std::string(100, ']'));
+  c.put(t, "bad-invalid-utf8.json", "{\"model\": \"m\xff\", \"prompt\": \"x\"}");
+  c.put(t, "bad-huge-number.json", R"({"model": "m", "prompt": "x", "max_tokens": 1e400, "seed": 18446744073709551616})");
+  c.put(t, "bad-types.json", R"({"model": 1, "prompt": {"a": []}, "messages": "x", "stop": [1], "top_p": "0.5"})");
+}
+
 // Every seed but those named bad-* must be accepted: a seed its parser refuses would only
 // exercise error paths, and would mean the generator (or the parser) has drifted from the format.
 Status parse_seed(const std::string& target, const std::string& name, const std::string& bytes) {
@@ -318,6 +447,16 @@ Status parse_seed(const std::string& target, const std::string& name, const std:
     LLMQ_RETURN_IF_ERROR(td::parse_llama2c_tokenizer("story.bin", story_tokenizer_file(), &tok));
     return llmq::parse_token_sequences(name, bytes, tok->vocab_size(), &seqs, tok.get());
   }
+  if (target == "fuzz_chat_template") {
+    std::string out;
+    return llmq::fuzz::render_chat_template_input(llmq::fuzz::read_chat_template_input(bytes), &out);
+  }
+  if (target == "fuzz_openai_request") {
+    llmq::server::GenerateRequest r;
+    llmq::server::ApiError e;
+    if (llmq::server::parse_generate_request(bytes, name.rfind("chat-", 0) == 0, {}, &r, &e)) return {};
+    return llmq::invalid_argument(name + ": " + e.message);
+  }
   return {};  // fuzz_pretokenizer: any text is valid
 }
 
@@ -349,6 +488,9 @@ int main(int argc, char** argv) {
     tokenizer_json_seeds(corpus);
     calibration_seeds(corpus);
     text_seeds(corpus);
+    vendor_template_seeds(corpus);
+    construct_template_seeds(corpus);
+    openai_request_seeds(corpus);
     verify_seeds(argv[1]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llmq_fuzz_seeds: %s\n", e.what());
