@@ -117,7 +117,6 @@ TEST(ChatTemplate, HostileTemplatesAreBounded) {
   ChatTemplateOptions unlimited_work;  // the iteration bound on its own
   unlimited_work.max_work = INT64_MAX;
   EXPECT_NE(render(cube, "[]", unlimited_work).find("loop iterations"), std::string::npos);
-  EXPECT_NE(render(cube).find("max_work"), std::string::npos);  // with the default budget, it stops sooner
   ChatTemplateOptions small;
   small.max_output_bytes = 1 << 20;
   EXPECT_NE(render("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "[]", small).find("output larger than"), std::string::npos);
