@@ -9,36 +9,9 @@ set -u
 llmq=$1
 testdata=$2
 read -r -a backend <<< "${3:-}"
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fails=0
-check() {  # check NAME CONDITION-STATUS
-  if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi
-}
+source "$(dirname "$0")/serve_script_support.sh"  # $work, check, start (with $backend)
 json_get() {  # json_get FILE PYTHON-EXPR (of j)
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"
-}
-
-# start NAME ARGS...: runs llmq serve --port 0 ARGS, waits for its line, sets $port and $pid.
-start() {
-  local name=$1
-  shift
-  "$llmq" serve --port 0 ${backend[@]+"${backend[@]}"} "$@" > "$work/$name.out" 2> "$work/$name.err" &
-  pid=$!
-  pids+=("$pid")
-  for _ in $(seq 1 200); do
-    port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$work/$name.out")
-    [ -n "$port" ] && return 0
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "FAIL $name did not start:"; cat "$work/$name.err"
-  exit 1
 }
 post() {  # post PATH BODY OUTFILE [KEY] -> prints the HTTP status
   local auth=()

@@ -12,32 +12,7 @@ set -u
 llmq=$1
 testdata=$2
 read -r -a backend <<< "${3:-}"
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fails=0
-check() {  # check NAME CONDITION-STATUS
-  if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi
-}
-start() {  # start NAME ARGS...: llmq serve --port 0 ARGS; sets $port and $pid
-  local name=$1
-  shift
-  "$llmq" serve --port 0 ${backend[@]+"${backend[@]}"} "$@" > "$work/$name.out" 2> "$work/$name.err" &
-  pid=$!
-  pids+=("$pid")
-  for _ in $(seq 1 200); do
-    port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$work/$name.out")
-    [ -n "$port" ] && return 0
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "FAIL $name did not start:"; cat "$work/$name.err"
-  exit 1
-}
+source "$(dirname "$0")/serve_script_support.sh"  # $work, check, start (with $backend)
 post() {  # post PATH BODY OUTFILE -> prints the HTTP status
   curl -s -o "$3" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "$2" "http://127.0.0.1:$port$1"
 }
