@@ -88,7 +88,12 @@ QuantReport example_report(uint64_t seed, int layers, int channels) {
       o.site = site;
       o.module = "model.layers." + std::to_string(l) + "." + site;
       o.channel_absmax.resize(static_cast<size_t>(channels));
-      for (auto& v : o.channel_absmax) v = static_cast<float>(0.5 + unit(rng));
+      // Sparse spikes of every size (1 to 512 times the rest), so neighbouring bins differ and
+      // the heatmaps draw nearly every bin: the worst case for the page's size.
+      for (auto& v : o.channel_absmax) {
+        v = static_cast<float>(0.5 + unit(rng));
+        if (rng() % 40 == 0) v *= static_cast<float>(1 << (rng() % 10));
+      }
       o.channel_absmax[static_cast<size_t>(rng() % static_cast<uint64_t>(channels))] = 300.0f;  // an outlier channel
       if (l == 1) o.channel_absmax[3] = std::numeric_limits<float>::infinity();
       r.outliers.push_back(std::move(o));
@@ -280,6 +285,9 @@ TEST(QuantReportText, EscapesWhatXmlCannotHold) {
   EXPECT_EQ(report::escape_xml(std::string("x\x01y\x80z\xC0\xAF\xE2\x82", 9) + "\xC3\xA9"),
             "x\xEF\xBF\xBDy\xEF\xBF\xBDz\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xC3\xA9");
   EXPECT_EQ(report::escape_markdown("*a*_|`[x]\\"), "\\*a\\*\\_\\|\\`\\[x\\]\\\\");
+  // Labels are cut between characters, never inside one.
+  EXPECT_EQ(report::shorten_label("ab\xC3\xA9", 3), "ab\xE2\x80\xA6");
+  EXPECT_EQ(report::shorten_label("ab\xC3\xA9", 4), "ab\xC3\xA9");
 }
 
 TEST(QuantReportText, NumbersHaveTheirPrecisionAndMissingIsADash) {

@@ -81,7 +81,7 @@ std::string site_heatmap(const SiteGroup& g, int64_t channels_per_bin, int64_t m
                             format_top_channels(sum, v);
     svg.rect(kLeft, y, row_bins > 0 ? cell_w * static_cast<double>(row_bins) : kGridWidth, row_h,
              row_bins > 0 ? level_color(0) : kMissingColor, tip);
-    if (r % label_every == 0) svg.text(kLeft - 6, y + row_h - 1, outlier_row_label(row), std::min(11.0, row_h + 4), "end");
+    if (r % label_every == 0) svg.text(kLeft - 6, y + row_h - 1, shorten_label(outlier_row_label(row), 11), std::min(11.0, row_h + 4), "end");
     // Bins, then runs of equal level drawn as one rectangle (level 0 is the row's background).
     std::vector<int> levels(static_cast<size_t>(row_bins));
     int64_t best_bin = -1;

@@ -21,12 +21,7 @@ constexpr double kLegendWidth = 150;
 constexpr size_t kMaxLabelChars = 40;  // longer unit names are cut (the cell's tooltip has them whole)
 constexpr int kLegendSteps = 10;
 
-std::string shorten(const std::string& s) {
-  if (s.size() <= kMaxLabelChars) return s;
-  size_t cut = kMaxLabelChars;
-  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0u) == 0x80u) --cut;  // not inside a character
-  return s.substr(0, cut) + "\xE2\x80\xA6";
-}
+std::string shorten(const std::string& s) { return shorten_label(s, kMaxLabelChars); }
 
 }  // namespace
 

@@ -103,7 +103,7 @@ std::string format_top_channels(const ChannelSummary& s, const std::vector<float
 
 std::string outlier_row_label(const QuantReportOutlierSite& site) {
   if (site.layer >= 0) return "layer " + std::to_string(site.layer);
-  return site.module.empty() ? std::string("outside the layers") : site.module;
+  return site.module.empty() ? std::string("no layer") : site.module;
 }
 
 }  // namespace report

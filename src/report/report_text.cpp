@@ -109,6 +109,13 @@ std::string escape_markdown(const std::string& s) {
   });
 }
 
+std::string shorten_label(const std::string& s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return s;
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0u) == 0x80u) --cut;  // not inside a character
+  return s.substr(0, cut) + "\xE2\x80\xA6";
+}
+
 std::string format_significant(double v, int digits) {
   if (!std::isfinite(v)) return kMissing;
   if (v == 0) return "0";

@@ -20,6 +20,9 @@ std::string escape_xml(const std::string& s);
 // would take as formatting (\ ` * _ [ ] |) backslash-escaped, line breaks as spaces.
 std::string escape_markdown(const std::string& s);
 
+// `s` cut to at most `max_bytes` bytes (never inside a UTF-8 character) plus "…" when it was longer.
+std::string shorten_label(const std::string& s, size_t max_bytes);
+
 std::string format_significant(double v, int digits);  // "0.00123", "1.2e-07"; "—" if not finite
 std::string format_fixed(double v, int decimals);       // "0.9987"; "—" if not finite
 std::string format_bytes(int64_t bytes);                // "1.23 GiB", "512 KiB"; "—" if < 0

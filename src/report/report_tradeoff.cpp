@@ -19,6 +19,7 @@ constexpr double kWidth = 480, kHeight = 340;
 constexpr double kLeft = 72, kRight = 24, kTop = 18, kBottom = 52;
 constexpr double kFloorBand = 26;  // below the log axis: where KL 0 (the baseline) is drawn
 constexpr int kMaxDecades = 12;     // a wider KL range is cut at its top 12 decades
+constexpr size_t kMaxLabelChars = 24;  // a longer name is cut in the chart (the table has it whole)
 
 // A tick or a user-given bound: as few digits as it has ("5", "0.01", "2.5e-05").
 std::string format_tick(double v) {
@@ -77,7 +78,12 @@ LogScale kl_scale(const QuantReport& report) {
     }
   };
   for (const auto& c : report.candidates) take(c.kl_mean);
-  take(report.budget_kl_mean);
+  // The budget widens the axis only as far as kMaxDecades allows: the points come first.
+  const double budget = report.budget_kl_mean;
+  if (std::isfinite(budget) && budget > 0) {
+    const double e = std::log10(budget);
+    if (lo > hi || (std::max(hi, std::ceil(e)) - std::min(lo, std::floor(e)) <= kMaxDecades)) take(budget);
+  }
   if (lo > hi) lo = -4, hi = -1;
   if (hi == lo) hi = lo + 1;
   lo = std::max(lo, hi - kMaxDecades);
@@ -87,6 +93,11 @@ LogScale kl_scale(const QuantReport& report) {
   s.px_lo = kHeight - kBottom - kFloorBand;
   s.px_hi = kTop;
   return s;
+}
+
+bool budget_on_chart(const QuantReport& report, const LogScale& y) {
+  const double b = report.budget_kl_mean;
+  return std::isfinite(b) && b > 0 && std::log10(b) >= y.lo_exp && std::log10(b) <= y.hi_exp;
 }
 
 std::string scatter_chart(const QuantReport& report, const Axis& axis, std::vector<std::string>* not_drawn) {
@@ -122,7 +133,7 @@ std::string scatter_chart(const QuantReport& report, const Axis& axis, std::vect
   svg.line(kLeft, kTop, kLeft, plot_bottom, "#444444");
   svg.text((kLeft + kWidth - kRight) / 2, kHeight - 12, axis.title, 12, "middle");
   svg.text(16, (kTop + plot_bottom) / 2, "mean KL (log scale)", 12, "middle", "#222222", false, -90);
-  if (std::isfinite(report.budget_kl_mean) && report.budget_kl_mean > 0) {
+  if (budget_on_chart(report, y)) {
     const double py = y.map(report.budget_kl_mean);
     svg.line(kLeft, py, kWidth - kRight, py, kBudgetColor, 1.5, "6 4");
     svg.text(kWidth - kRight - 4, py - 5, "budget: KL " + format_tick(report.budget_kl_mean), 11, "end", kBudgetColor);
@@ -160,10 +171,11 @@ std::string scatter_chart(const QuantReport& report, const Axis& axis, std::vect
     const double font = recipe ? 12 : 11;
     const bool right_half = d.px > (kLeft + kWidth - kRight) / 2;
     const double lx = right_half ? d.px - 9 : d.px + 9;
-    const double ly = labels.place(lx, d.py + 4, font, d.c->name, right_half);
+    const std::string name = shorten_label(d.c->name, kMaxLabelChars);
+    const double ly = labels.place(lx, d.py + 4, font, name, right_half);
     if (!std::isfinite(ly)) continue;  // no free place: the table and the tooltip still name it
     if (std::fabs(ly - (d.py + 4)) > 1) svg.line(d.px, d.py, lx, ly - 4, "#999999", 0.6);
-    svg.text(lx, ly, d.c->name, font, right_half ? "end" : "start", recipe ? kRecipeColor : kSchemeColor, recipe);
+    svg.text(lx, ly, name, font, right_half ? "end" : "start", recipe ? kRecipeColor : kSchemeColor, recipe);
   }
   return svg.finish();
 }
@@ -205,8 +217,10 @@ std::string tradeoff_section(const QuantReport& report) {
   std::string caption =
       "Each point is one model evaluated against the reference: every uniform scheme, the baseline and the "
       "chosen recipe (red, larger). Up is less accurate; mean KL 0 (the baseline) sits on the bottom band. ";
-  if (std::isfinite(report.budget_kl_mean) && report.budget_kl_mean > 0) {
+  if (budget_on_chart(report, kl_scale(report))) {
     caption += "The dashed green line is the budget on mean KL. ";
+  } else if (std::isfinite(report.budget_kl_mean) && report.budget_kl_mean > 0) {
+    caption += "The budget on mean KL (" + format_tick(report.budget_kl_mean) + ") is too far from every point to draw. ";
   } else if (!report.budget.empty()) {
     caption += "The budget (" + report.budget + ") is not on mean KL, so no line is drawn. ";
   }
