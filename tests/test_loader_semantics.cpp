@@ -19,19 +19,36 @@
 //     QuantizationArgs): config_groups[*].weights.strategy "tensor" ([1] or scalar weight_scale) or
 //     "channel" ([N, 1]); input_activations strategy "token" or "tensor", dynamic or static
 //     (input_scale); value = code * weight_scale.
+//   Which group a layer takes (vLLM compressed_tensors.py _quantization_scheme_map_from_config,
+//     utils.py find_matched_target / should_ignore_layer): targets of every group in one map in
+//     group order (a target written twice keeps the later group); a layer is vLLM's fused one
+//     (q/k/v -> qkv_proj, gate/up -> gate_up_proj) and takes the first target equal to its name
+//     or, for "re:" targets, whose pattern re.match-es it (anchored at the start only), else a
+//     target contained in its class name ("Linear" in "QKVParallelLinear"), else, for a fused
+//     layer, the target its first shard matches when every shard matches one (so k_proj is read
+//     under q_proj's group). ignore: a fused layer is ignored when all shards are, and refused
+//     (ValueError) when only some are. A group's input_activations apply when its "format", or
+//     the global one, is naive-, int- or float-quantized.
+//   transformers with the compressed-tensors package (apply_quantization_config): every Linear by
+//     its own (unfused) name; ignore first (exact name or re.match); then every group with a
+//     target equal to the name, re.match-ing it, or naming its class "Linear". A module two
+//     groups take is merged or refused depending on the version: llmq must never write one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "llmq/calibration.hpp"
 #include "llmq/export.hpp"
 #include "llmq/format.hpp"
 #include "llmq/model_io.hpp"
+#include "llmq/quant_recipe.hpp"
 #include "llmq/quantize_tensor.hpp"
 #include "llmq/safetensors.hpp"
 #include "support.hpp"
@@ -158,6 +175,118 @@ Reading read_as_transformers(const std::string& dir) {
   return r;
 }
 
+// Python's re.match(pattern, value): anchored at the start only.
+bool re_match(const std::string& pattern, const std::string& value) {
+  return std::regex_search(value, std::regex(pattern), std::regex_constants::match_continuous);
+}
+bool vllm_equal_or_regex(const std::string& value, const std::string& target) {
+  if (target.rfind("re:", 0) == 0) return re_match(target.substr(3), value);
+  return target == value;
+}
+
+// vLLM's fused layer for an unfused module, and the shards it holds.
+std::vector<std::string> vllm_shards(const std::string& m) {
+  for (const auto& [one, all] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"q_proj", {"q_proj", "k_proj", "v_proj"}}, {"k_proj", {"q_proj", "k_proj", "v_proj"}},
+           {"v_proj", {"q_proj", "k_proj", "v_proj"}}, {"gate_proj", {"gate_proj", "up_proj"}},
+           {"up_proj", {"gate_proj", "up_proj"}}}) {
+    if (m.size() < one.size() || m.compare(m.size() - one.size(), one.size(), one) != 0) continue;
+    std::vector<std::string> shards;
+    for (const std::string& s : all) shards.push_back(m.substr(0, m.size() - one.size()) + s);
+    return shards;
+  }
+  return {m};
+}
+
+// The config group vLLM reads module m's layer under (see the header); false with *why when it
+// refuses the checkpoint or would leave the layer unquantized.
+bool vllm_group(const json& q, const std::string& m, const json** out, std::string* why) {
+  std::vector<std::pair<std::string, const json*>> targets;  // in map order, later groups replace
+  for (const auto& [name, g] : q["config_groups"].items())
+    for (const std::string t : g["targets"]) {
+      auto it = std::find_if(targets.begin(), targets.end(), [&](const auto& e) { return e.first == t; });
+      if (it != targets.end()) it->second = &g;
+      else targets.push_back({t, &g});
+    }
+  const std::vector<std::string> shards = vllm_shards(m);
+  const bool fused = shards.size() > 1;
+  int ignored = 0;
+  for (const std::string& s : shards)
+    for (const std::string t : q.value("ignore", json::array()))
+      if (vllm_equal_or_regex(s, t)) {
+        ++ignored;
+        break;
+      }
+  if (ignored != 0) {
+    *why = ignored == static_cast<int>(shards.size()) ? m + " is stored 8-bit but ignored (read as float)"
+                                                        : "ValueError: shards of " + m + " partly ignored";
+    return false;
+  }
+  std::string layer = m;  // vLLM's name for the layer: model.layers.0.self_attn.qkv_proj
+  if (fused) {
+    const std::string& first = shards[0];
+    const bool qkv = first.size() >= 6 && first.compare(first.size() - 6, 6, "q_proj") == 0;
+    layer = first.substr(0, first.size() - (qkv ? 6 : 9)) + (qkv ? "qkv_proj" : "gate_up_proj");
+  }
+  for (const auto& [t, g] : targets)
+    if (vllm_equal_or_regex(layer, t)) return *out = g, true;
+  for (const auto& [t, g] : targets)
+    if (t == "Linear") return *out = g, true;  // contained in every vLLM linear class name
+  std::vector<const json*> per_shard;
+  for (const std::string& s : shards)
+    for (const auto& [t, g] : targets)
+      if (vllm_equal_or_regex(s, t)) {
+        per_shard.push_back(g);
+        break;
+      }
+  if (fused && per_shard.size() == shards.size()) return *out = per_shard[0], true;  // the first shard's group
+  *why = m + " matches no target (left unquantized, its 8-bit weight read as float)";
+  return false;
+}
+
+// transformers with compressed-tensors: module m by its own name, or refused (see the header).
+Reading read_as_compressed_tensors(const std::string& dir) {
+  Reading r;
+  const json q = config_of(dir)["quantization_config"];
+  std::unique_ptr<Checkpoint> ckpt;
+  EXPECT_TRUE(Checkpoint::open(dir, &ckpt).ok());
+  EXPECT_EQ(q.value("quant_method", ""), "compressed-tensors");
+  for (const std::string& m : quantized_modules(*ckpt)) {
+    for (const std::string t : q.value("ignore", json::array()))
+      if (t == m || (t.rfind("re:", 0) == 0 && re_match(t.substr(3), m))) {
+        r.refused = true;
+        r.why = m + " is stored 8-bit but ignored";
+        return r;
+      }
+    std::vector<const json*> groups;
+    for (const auto& [name, g] : q["config_groups"].items())
+      for (const std::string t : g["targets"])
+        if (t == m || t == "Linear" || (t.rfind("re:", 0) == 0 && re_match(t.substr(3), m))) {
+          groups.push_back(&g);
+          break;
+        }
+    if (groups.size() != 1) {
+      r.refused = true;
+      r.why = m + (groups.empty() ? " is in no group" : " is in several groups");
+      return r;
+    }
+    const json& g = *groups[0];
+    TensorView w;
+    LinearReading l = shaped_like(*ckpt, m, &w);
+    l.weight = g["weights"]["strategy"] == "channel" ? dequant_blocks(w, scales_of(*ckpt, m + ".weight_scale"), 1, l.k, 1)
+                                                      : dequant_blocks(w, scales_of(*ckpt, m + ".weight_scale"), l.n, l.k, 1);
+    const json& a = g["input_activations"];
+    l.act_quantized = !a.is_null();
+    if (l.act_quantized) {
+      l.act = a["strategy"];
+      l.act_dynamic = a["dynamic"].get<bool>();
+      if (!l.act_dynamic) l.input_scale = scales_of(*ckpt, m + ".input_scale").at(0);
+    }
+    r.linears[m] = std::move(l);
+  }
+  return r;
+}
+
 Reading read_as_vllm(const std::string& dir) {
   Reading r;
   const json q = config_of(dir)["quantization_config"];
@@ -196,7 +325,14 @@ Reading read_as_vllm(const std::string& dir) {
       l.act_quantized = true;
     } else {
       EXPECT_EQ(method, "compressed-tensors");
-      const json& g = q["config_groups"].begin().value();
+      const json* group = nullptr;
+      std::string why;
+      if (!vllm_group(q, m, &group, &why)) {
+        r.refused = true;
+        r.why = why;
+        return r;
+      }
+      const json& g = *group;
       const std::string strategy = g["weights"]["strategy"];
       if (!require(m + ".weight_scale")) return r;
       const std::vector<float> s = scales_of(*ckpt, m + ".weight_scale");
@@ -221,7 +357,9 @@ Reading read_as_vllm(const std::string& dir) {
         return r;
       }
       const json& a = g["input_activations"];
-      l.act_quantized = !a.is_null();
+      const std::string format = g.contains("format") ? g["format"] : q["format"];
+      l.act_quantized = !a.is_null() && (format == "naive-quantized" || format == "int-quantized" ||
+                                         format == "float-quantized");
       if (l.act_quantized) {
         l.act = a["strategy"];
         static_input = !a["dynamic"].get<bool>();
@@ -417,6 +555,125 @@ TEST(LoaderSemantics, FormatOverrideRefusesWhatALoaderWouldReadWrong) {
   EXPECT_TRUE(export_as("fp8-block", ExportFormat::kVllmFp8).ok());
   EXPECT_TRUE(export_as("fp8-tensor-dynamic", ExportFormat::kCompressedTensors).ok());
   EXPECT_FALSE(fs::exists(dir.file("fp8-tensor-dynamic-fp8"))) << "a refused export writes nothing";
+}
+
+// Mixed recipes (quant_recipe.hpp): several config groups with exact-name targets and an ignore
+// list. vLLM and transformers + compressed-tensors both read every quantized linear as llmq meant:
+// weights, activation strategy, static scales.
+TEST(LoaderSemantics, MixedRecipeExportsAreReadAsMeantByEveryLoader) {
+  testing::TempDir dir("llmq_loaders");
+  const ModelWeights model = make_default_model(options(256, 256));
+  const CalibrationStats stats = calibrated(model);
+  const auto src = memory_weight_source(model);
+  QuantRecipe int_and_float;
+  int_and_float.groups = {{"attn", "int8-w8a8", {"re:.*self_attn\\..*"}},
+                          {"gate_up", "fp8-channel-static", {"re:.*mlp\\.(gate|up)_proj"}},
+                          {"down", "fp8-weight-only", {"re:.*down_proj"}}};
+  int_and_float.ignore = {"model.layers.0.mlp.down_proj"};
+  QuantRecipe float_only;
+  float_only.groups = {{"attn", "fp8-tensor-static", {"re:.*self_attn\\..*"}}, {"mlp", "fp8-dynamic", {"re:.*mlp\\..*"}}};
+  float_only.ignore = {"re:model\\.layers\\.1\\.self_attn\\..*"};
+  for (const auto& [label, recipe] : {std::pair<std::string, QuantRecipe>{"int-and-float", int_and_float},
+                                      std::pair<std::string, QuantRecipe>{"float-only", float_only}}) {
+    SCOPED_TRACE("REPRO recipe=" + label);
+    const std::string out = dir.file(label);
+    ExportSummary sum;
+    const Status st = export_quantized(*src, recipe, &stats, out, {}, &sum);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    const json q = config_of(out)["quantization_config"];
+    EXPECT_EQ(q["config_groups"].size(), 3u - (label == "float-only" ? 1u : 0u));
+    EXPECT_EQ(q["format"], label == "float-only" ? "float-quantized" : "mixed-precision");
+    // Every 8-bit module is the exact target of one group; every other linear is in ignore.
+    ResolvedRecipe resolved;
+    ASSERT_TRUE(resolve_recipe(recipe, model.config, &resolved).ok());
+    std::map<std::string, int> targeted;
+    for (const auto& [name, g] : q["config_groups"].items())
+      for (const std::string t : g["targets"]) {
+        EXPECT_NE(t.rfind("re:", 0), 0u) << "mixed targets are exact names: " << t;
+        ++targeted[t];
+      }
+    for (const auto& [m, s] : resolved.scheme_of) EXPECT_EQ(targeted[m], 1) << m;
+    EXPECT_EQ(targeted.size(), resolved.scheme_of.size());
+    EXPECT_EQ(q["ignore"].get<std::vector<std::string>>(), resolved.kept);
+    const Reading meant = read_as_llmq(out), vllm = read_as_vllm(out), ct = read_as_compressed_tensors(out);
+    ASSERT_EQ(meant.linears.size(), resolved.scheme_of.size());
+    EXPECT_FALSE(vllm.refused) << "vLLM refuses: " << vllm.why;
+    EXPECT_FALSE(ct.refused) << "compressed-tensors refuses: " << ct.why;
+    expect_reads_as_meant(vllm, meant, "vLLM");
+    expect_reads_as_meant(ct, meant, "transformers + compressed-tensors");
+  }
+}
+
+// Why llmq keeps q/k/v in one group and never lets two groups take a module: the same files with
+// k_proj moved into a group of its own are read by vLLM under q_proj's group (the fused layer
+// takes its first shard's) and by compressed-tensors under its own; a "Linear" group beside the
+// exact names makes compressed-tensors' matching ambiguous.
+TEST(LoaderSemantics, SplitFusedLayersAndOverlappingGroupsReadDifferently) {
+  testing::TempDir dir("llmq_loaders");
+  const ModelWeights model = make_default_model(options(256, 256));
+  const auto src = memory_weight_source(model);
+  QuantRecipe recipe;
+  recipe.groups = {{"attn", "fp8-dynamic", {"re:.*self_attn\\..*"}}, {"mlp", "fp8-tensor-dynamic", {"re:.*mlp\\..*"}}};
+  const std::string out = dir.file("mixed");
+  ExportSummary sum;
+  ASSERT_TRUE(export_quantized(*src, recipe, nullptr, out, {}, &sum).ok());
+  json config = config_of(out);
+  json& groups = config["quantization_config"]["config_groups"];
+  const std::string k = "model.layers.0.self_attn.k_proj";
+  std::string attn_group;
+  for (auto& [name, g] : groups.items()) {
+    auto& t = g["targets"];
+    const auto it = std::find(t.begin(), t.end(), k);
+    if (it == t.end()) continue;
+    attn_group = name;
+    t.erase(it);
+  }
+  ASSERT_FALSE(attn_group.empty());
+  json own = groups[attn_group];
+  own["targets"] = {k};
+  own["input_activations"]["strategy"] = "tensor";  // the same weights, activations per tensor
+  groups["group_k"] = own;
+  std::ofstream(out + "/config.json") << config.dump(2);
+  const Reading vllm = read_as_vllm(out), ct = read_as_compressed_tensors(out);
+  ASSERT_FALSE(vllm.refused) << vllm.why;
+  ASSERT_FALSE(ct.refused) << ct.why;
+  EXPECT_EQ(vllm.linears.at(k).act, "token") << "vLLM reads k_proj under q_proj's group";
+  EXPECT_EQ(ct.linears.at(k).act, "tensor") << "compressed-tensors reads k_proj under its own group";
+
+  groups["group_all"] = groups[attn_group];
+  groups["group_all"]["targets"] = {"Linear"};
+  std::ofstream(out + "/config.json") << config.dump(2);
+  EXPECT_TRUE(read_as_compressed_tensors(out).refused) << "a module in two groups";
+}
+
+// A recipe's schemes must all be writable as compressed-tensors, and the fp8 format holds one.
+TEST(LoaderSemantics, MixedRecipesLlmqCannotWriteForEveryLoaderAreRefused) {
+  testing::TempDir dir("llmq_loaders");
+  const ModelWeights model = make_default_model(options(256, 256));
+  const auto src = memory_weight_source(model);
+  QuantRecipe blocks;
+  blocks.groups = {{"attn", "fp8-block", {"re:.*self_attn\\..*"}}, {"mlp", "fp8-dynamic", {"re:.*mlp\\..*"}}};
+  ExportSummary sum;
+  const Status b = export_quantized(*src, blocks, nullptr, dir.file("blocks"), {}, &sum);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.message().find("fp8-block"), std::string::npos) << b.to_string();
+  QuantRecipe two;
+  two.groups = {{"attn", "fp8-dynamic", {"re:.*self_attn\\..*"}}, {"mlp", "int8-w8a8", {"re:.*mlp\\..*"}}};
+  ExportOptions fp8;
+  fp8.format = ExportFormat::kVllmFp8;
+  const Status f = export_quantized(*src, two, nullptr, dir.file("fp8"), fp8, &sum);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.message().find("compressed-tensors only"), std::string::npos) << f.to_string();
+  EXPECT_FALSE(fs::exists(dir.file("blocks")) || fs::exists(dir.file("fp8"))) << "a refused export writes nothing";
+  // One scheme with layers kept is written as that scheme is: fp8 blocks with ignored_layers.
+  QuantRecipe kept = uniform_recipe("fp8-block");
+  kept.ignore = {"re:model\\.layers\\.1\\..*"};
+  ASSERT_TRUE(export_quantized(*src, kept, nullptr, dir.file("kept"), {}, &sum).ok());
+  const json q = config_of(dir.file("kept"))["quantization_config"];
+  EXPECT_EQ(q["quant_method"], "fp8");
+  const Reading meant = read_as_llmq(dir.file("kept")), vllm = read_as_vllm(dir.file("kept"));
+  EXPECT_EQ(meant.linears.size(), 7u);
+  expect_reads_as_meant(vllm, meant, "vLLM");
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "llmq/calibration.hpp"
 #include "llmq/model.hpp"
 #include "llmq/nonfinite.hpp"
+#include "llmq/quant_recipe.hpp"
 #include "llmq/quantized_model.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/scheme.hpp"
@@ -92,6 +93,16 @@ struct ExportSummary {
 };
 
 Status export_quantized(const WeightSource& source, const Scheme& scheme, const CalibrationStats* stats,
+                        const std::string& out_dir, const ExportOptions& options, ExportSummary* summary);
+// The same under a recipe (quant_recipe.hpp): each linear under its group's scheme, kept linears in
+// options.keep_dtype and listed in `ignore`. One scheme in use: written as that scheme is (its
+// format, or options.format), with the kept modules ignored. Several: compressed-tensors with one
+// config group per scheme whose targets are the exact module names (every loader's matching finds
+// each module in one group), "llmq_scheme": "mixed"; a scheme compressed-tensors cannot hold
+// (128x128 blocks) and --format fp8 are refused, naming the scheme. MoE models are exported with
+// one scheme over every expert (vLLM's FusedMoE reads one); options.quantize must be left unset
+// (the recipe names lm_head and routers) and options.unquantized false.
+Status export_quantized(const WeightSource& source, const QuantRecipe& recipe, const CalibrationStats* stats,
                         const std::string& out_dir, const ExportOptions& options, ExportSummary* summary);
 
 // Read a directory written by export_quantized (or another tool in the same formats) into a

@@ -26,6 +26,9 @@ struct QuantizeModelOptions {
 bool linear_is_quantized(const Linear& linear, const QuantizeModelOptions& options);
 
 struct QuantizedLinear {
+  // The llmq scheme it was quantized under ("fp8-dynamic"; a checkpoint's scheme when read from
+  // one, "checkpoint" when the checkpoint does not say): in a mixed model each linear has its own.
+  std::string scheme;
   QuantizedTensor weight;
   bool quantize_input = false;
   QuantSpec input_spec;
@@ -33,6 +36,9 @@ struct QuantizedLinear {
 };
 
 struct QuantizedModel {
+  // The scheme of every quantized linear; for a mixed model (quant_recipe.hpp) its name is
+  // kMixedSchemeName and its specs only summarise (weight: blocks when any linear has blocks), each
+  // linear's own being in QuantizedLinear::scheme and its specs.
   Scheme scheme;
   QuantizeModelOptions options;
   ModelWeights weights;  // float weights after smoothing (norm gains / s, weight columns * s)
@@ -68,6 +74,12 @@ Status static_activation_scale(const LinearStats& stats, const std::vector<float
 
 // Quantize one weight [out, in] under the scheme (the spec's method, block shape, rounding).
 Status quantize_weight(const Tensor& weight, const Scheme& scheme, QuantizedTensor* out);
+
+// One linear under `scheme`: its weight quantized, its input quantization (a static scale from
+// `stats`, after `smoothing` when the linear's input is smoothed; null otherwise). An MoE expert
+// no calibration token reached falls back to dynamic activations.
+Status quantize_linear(const Linear& linear, const ModelConfig& config, const Scheme& scheme,
+                       const CalibrationStats* stats, const std::vector<float>* smoothing, QuantizedLinear* out);
 
 Status quantize_model(const ModelWeights& model, const Scheme& scheme, const CalibrationStats* stats,
                       const QuantizeModelOptions& options, QuantizedModel* out);

@@ -126,7 +126,17 @@ struct Loader {
       const std::string module = name.substr(0, name.size() - std::string(".weight").size());
       if (stored_quantized) LLMQ_RETURN_IF_ERROR(read_quantized_linear(ckpt, module, false, &quantized, &ql));
       if (quantized) {
+        const runtime::ActQuant act_before = out->act;
+        const DType act_dtype_before = out->act_dtype;
         LLMQ_RETURN_IF_ERROR(stored_part(label, module, ql, out, &part));
+        // One GEMM per fused linear (QKV, gate/up, a layer's experts) quantizes its input once: a
+        // checkpoint whose parts are quantized differently (a mixed recipe splitting them, which
+        // llmq never writes) is refused rather than run as another model.
+        if (stored > 0 && (out->act != act_before || out->act_dtype != act_dtype_before ||
+                           part.w_dtype != parts.front().w_dtype))
+          return unsupported(ckpt.dir() + ": " + module + " is quantized differently from " + names.front() +
+                             " (weights or activations); the GPU runtime runs " + label +
+                             " as one GEMM with one activation quantization, so it cannot run this checkpoint");
         ++stored;
       } else if (bf16) {
         LLMQ_RETURN_IF_ERROR(bf16_table(name, &part.w));

@@ -201,7 +201,15 @@ Status quantized_linear(const std::string& name, const std::vector<const Quantiz
   std::vector<std::vector<float>> scales(parts.size());
   for (size_t i = 0; i < parts.size(); ++i) {
     const QuantizedLinear& ql = *parts[i];
+    const ActQuant act_before = out->act;
+    const DType act_dtype_before = out->act_dtype;
     LLMQ_RETURN_IF_ERROR(act_mode(ql, name, out));
+    // One GEMM quantizes its input once: parts quantized differently (a mixed model that splits a
+    // fused linear, which resolve_recipe refuses) are refused rather than run as another model.
+    if (i > 0 && (out->act != act_before || out->act_dtype != act_dtype_before ||
+                  ql.weight.spec.format != parts[0]->weight.spec.format))
+      return unsupported(name + ": its parts are quantized differently (weights or activations); the GPU runtime runs "
+                         "them as one GEMM with one activation quantization");
     const DType f = ql.weight.spec.format;
     if (f != DType::kE4M3 && f != DType::kI8) return unsupported(name + ": weights in " + std::string(dtype_name(f)));
     if (ql.weight.cols != out->k) return invalid_argument(name + ": parts disagree on K");

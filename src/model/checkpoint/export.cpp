@@ -43,11 +43,6 @@
 namespace llmq {
 namespace {
 
-struct ModuleInfo {
-  LinearId id;
-  bool quantized = false;
-};
-
 bool is_block(const QuantSpec& s) { return s.granularity == Granularity::kPerBlock; }
 
 Status check_scheme_format(const Scheme& scheme) {
@@ -89,6 +84,71 @@ Status check_scheme_format(const Scheme& scheme) {
   return unsupported("--scheme " + scheme.name + ": evaluation only; no engine loads its format");
 }
 
+const char* compressed_tensors_format(const Scheme& scheme) {
+  return scheme.weight.format == DType::kE4M3 ? "float-quantized" : "int-quantized";
+}
+
+// One compressed-tensors config group: the scheme's weights and input activations, for `targets`.
+nlohmann::ordered_json compressed_tensors_group(const Scheme& scheme, const std::vector<std::string>& targets) {
+  const bool act = scheme.quantize_activations;
+  const bool act_static = act && scheme.activation.source == ScaleSource::kStatic;
+  const bool is_float = scheme.weight.format == DType::kE4M3;
+  auto args = [&](bool dynamic, const char* strategy) {
+    return nlohmann::ordered_json{{"num_bits", 8},           {"type", is_float ? "float" : "int"},
+                                  {"symmetric", true},       {"strategy", strategy},
+                                  {"dynamic", dynamic},      {"group_size", nullptr},
+                                  {"block_structure", nullptr}, {"actorder", nullptr},
+                                  {"observer", nullptr},     {"observer_kwargs", nlohmann::ordered_json::object()}};
+  };
+  nlohmann::ordered_json group;
+  group["targets"] = targets;
+  group["weights"] = args(false, scheme.weight.granularity == Granularity::kPerChannel ? "channel" : "tensor");
+  if (act)
+    group["input_activations"] =
+        args(!act_static, scheme.activation.granularity == Granularity::kPerToken ? "token" : "tensor");
+  else
+    group["input_activations"] = nullptr;
+  group["output_activations"] = nullptr;
+  return group;
+}
+
+// A model quantized under several schemes: one config group per scheme, its targets every module
+// it holds by exact name (no "Linear" class target and no regular expression, so every loader's
+// matching, first match or all matches, finds each module in exactly one group), each group with
+// its own "format" (vLLM reads a group's format before the global one; the global one is the
+// common format, or "mixed-precision" when FP8 and INT8 groups are both present), `ignore` every
+// kept linear by exact name. "llmq_groups" says which llmq scheme each group is.
+nlohmann::ordered_json mixed_quantization_config(const std::map<std::string, Scheme>& scheme_of,
+                                                 const std::vector<std::string>& ignored) {
+  std::map<std::string, std::vector<std::string>> modules_of;  // scheme name -> modules
+  std::map<std::string, const Scheme*> by_name;
+  for (const auto& [module, s] : scheme_of) {
+    modules_of[s.name].push_back(module);
+    by_name[s.name] = &s;
+  }
+  nlohmann::ordered_json q, groups = nlohmann::ordered_json::object(), names = nlohmann::ordered_json::object();
+  std::set<std::string> formats;
+  int index = 0;
+  for (const auto& [name, modules] : modules_of) {
+    const std::string group_name = "group_" + std::to_string(index++);
+    nlohmann::ordered_json g = compressed_tensors_group(*by_name[name], modules);
+    g["format"] = compressed_tensors_format(*by_name[name]);
+    formats.insert(compressed_tensors_format(*by_name[name]));
+    groups[group_name] = std::move(g);
+    names[group_name] = name;
+  }
+  q["quant_method"] = quant_method_name(ExportFormat::kCompressedTensors);
+  q["format"] = formats.size() == 1 ? *formats.begin() : std::string("mixed-precision");
+  q["quantization_status"] = "compressed";
+  q["config_groups"] = std::move(groups);
+  q["ignore"] = ignored;
+  q["kv_cache_scheme"] = nullptr;
+  q["global_compression_ratio"] = nullptr;
+  q["llmq_scheme"] = kMixedSchemeName;
+  q["llmq_groups"] = std::move(names);
+  return q;
+}
+
 nlohmann::ordered_json quantization_config(const Scheme& scheme, const std::vector<std::string>& ignored) {
   nlohmann::ordered_json q;
   const bool act = scheme.quantize_activations;
@@ -101,26 +161,10 @@ nlohmann::ordered_json quantization_config(const Scheme& scheme, const std::vect
     q["modules_to_not_convert"] = ignored;  // the transformers spelling
   } else {
     const bool is_float = scheme.weight.format == DType::kE4M3;
-    auto args = [&](bool dynamic, const char* strategy) {
-      return nlohmann::ordered_json{{"num_bits", 8},           {"type", is_float ? "float" : "int"},
-                                    {"symmetric", true},       {"strategy", strategy},
-                                    {"dynamic", dynamic},      {"group_size", nullptr},
-                                    {"block_structure", nullptr}, {"actorder", nullptr},
-                                    {"observer", nullptr},     {"observer_kwargs", nlohmann::ordered_json::object()}};
-    };
-    nlohmann::ordered_json group;
-    group["targets"] = {"Linear"};
-    group["weights"] = args(false, scheme.weight.granularity == Granularity::kPerChannel ? "channel" : "tensor");
-    if (act)
-      group["input_activations"] =
-          args(!act_static, scheme.activation.granularity == Granularity::kPerToken ? "token" : "tensor");
-    else
-      group["input_activations"] = nullptr;
-    group["output_activations"] = nullptr;
     q["quant_method"] = quant_method_name(ExportFormat::kCompressedTensors);
     q["format"] = is_float ? "float-quantized" : "int-quantized";
     q["quantization_status"] = "compressed";
-    q["config_groups"] = {{"group_0", group}};
+    q["config_groups"] = {{"group_0", compressed_tensors_group(scheme, {"Linear"})}};
     q["ignore"] = ignored;
     q["kv_cache_scheme"] = nullptr;
     q["global_compression_ratio"] = nullptr;
@@ -132,16 +176,16 @@ nlohmann::ordered_json quantization_config(const Scheme& scheme, const std::vect
 // One quantized module at a time: weight and scale tensors are filled from the same result.
 class QuantizeCache {
  public:
-  QuantizeCache(const WeightSource& src, const Scheme& scheme, const std::map<std::string, std::vector<float>>& smooth,
-                NonFinitePolicy policy, int64_t* replaced)
-      : src_(src), scheme_(scheme), smooth_(smooth), policy_(policy), replaced_(replaced) {}
+  QuantizeCache(const WeightSource& src, const std::map<std::string, Scheme>& scheme_of,
+                const std::map<std::string, std::vector<float>>& smooth, NonFinitePolicy policy, int64_t* replaced)
+      : src_(src), scheme_of_(scheme_of), smooth_(smooth), policy_(policy), replaced_(replaced) {}
   Status get(const std::string& module, const QuantizedTensor** out) {
     if (module != module_) {
       Tensor w;
       LLMQ_RETURN_IF_ERROR(src_.read(module + ".weight", &w));
       LLMQ_RETURN_IF_ERROR(apply_nonfinite_policy(module + ".weight", policy_, &w, replaced_));
       if (const auto it = smooth_.find(module); it != smooth_.end()) scale_columns(&w, it->second);
-      LLMQ_RETURN_IF_ERROR(quantize_weight(w, scheme_, &q_));
+      LLMQ_RETURN_IF_ERROR(quantize_weight(w, scheme_of_.at(module), &q_));
       module_ = module;
     }
     *out = &q_;
@@ -156,7 +200,7 @@ class QuantizeCache {
 
  private:
   const WeightSource& src_;
-  const Scheme& scheme_;
+  const std::map<std::string, Scheme>& scheme_of_;
   const std::map<std::string, std::vector<float>>& smooth_;
   NonFinitePolicy policy_;
   int64_t* replaced_;
@@ -295,20 +339,94 @@ Status write_staged(const WeightSource& source, const std::vector<std::string>& 
   return fsync_directory(dir->staging());
 }
 
+// What one export writes: each quantized module's scheme (kept modules are absent), and the one
+// scheme whose quantization_config it is, or null for a mixed one (mixed_quantization_config).
+struct ExportPlan {
+  std::map<std::string, Scheme> scheme_of;
+  const Scheme* uniform = nullptr;
+};
+
+// gpt-oss is written back only in its own fused (and MXFP4) layout, which the writer does not
+// produce yet: per-expert tensors under gpt-oss's names would be read by no engine.
+Status check_exportable_family(const ModelConfig& config) {
+  if (config.model_type == "gpt_oss")
+    return unsupported("export of a gpt_oss model is not implemented yet (its experts are stored fused); run it "
+                       "quantized on load instead: `llmq run --device cuda --scheme <scheme>`");
+  return {};
+}
+
+Status export_plan(const WeightSource& source, const ExportPlan& plan, const CalibrationStats* stats,
+                   const std::string& out_dir, const ExportOptions& options, ExportSummary* summary);
+
 }  // namespace
 
 Status export_quantized(const WeightSource& source, const Scheme& scheme_in, const CalibrationStats* stats,
                         const std::string& out_dir, const ExportOptions& options, ExportSummary* summary) {
-  // gpt-oss is written back only in its own fused (and MXFP4) layout, which the writer does not
-  // produce yet: per-expert tensors under gpt-oss's names would be read by no engine.
-  if (source.config().model_type == "gpt_oss")
-    return unsupported("export of a gpt_oss model is not implemented yet (its experts are stored fused); run it "
-                       "quantized on load instead: `llmq run --device cuda --scheme <scheme>`");
+  LLMQ_RETURN_IF_ERROR(check_exportable_family(source.config()));
   Scheme scheme = scheme_in;
   if (options.format) scheme.export_format = *options.format;
   if (!options.unquantized) LLMQ_RETURN_IF_ERROR(check_scheme_format(scheme));
   if (!options.unquantized && scheme.needs_statistics() && stats == nullptr)
     return invalid_argument("--stats: scheme " + scheme.name + " needs calibration statistics; run llmq calibrate");
+  ExportPlan plan;
+  plan.uniform = &scheme;
+  const ModelConfig& config = source.config();
+  for (const LinearId& id : linear_ids(config)) {
+    Linear probe;
+    probe.id = id;
+    if (!options.unquantized && linear_is_quantized(probe, options.quantize)) plan.scheme_of[id.hf_name(config)] = scheme;
+  }
+  return export_plan(source, plan, stats, out_dir, options, summary);
+}
+
+Status export_quantized(const WeightSource& source, const QuantRecipe& recipe, const CalibrationStats* stats,
+                        const std::string& out_dir, const ExportOptions& options, ExportSummary* summary) {
+  const ModelConfig& config = source.config();
+  LLMQ_RETURN_IF_ERROR(check_exportable_family(config));
+  if (options.unquantized) return invalid_argument("--recipe: an unquantized export quantizes nothing");
+  if (options.quantize.quantize_lm_head || options.quantize.quantize_router)
+    return invalid_argument("--recipe: lm_head and routers are quantized by naming them in a group, not by options");
+  ResolvedRecipe r;
+  LLMQ_RETURN_IF_ERROR(resolve_recipe(recipe, config, &r));
+  if (r.scheme_of.empty()) return invalid_argument("--recipe: quantizes no linear layer of this model (every one is kept)");
+  const bool mixed = r.mixed();
+  if (mixed && options.format && *options.format != ExportFormat::kCompressedTensors)
+    return unsupported(std::string("--format ") + export_format_name(*options.format) +
+                       ": a recipe with several schemes is written as compressed-tensors only; the vLLM fp8 format "
+                       "describes one quantization for the whole model (no per-module groups)");
+  if (config.is_moe()) {
+    // vLLM's FusedMoE takes one scheme for every MoE layer's experts, from a "Linear" target (or
+    // from targets matched against "re:.*down_proj.*" as a string), and reads an expert-level
+    // ignore list no better: a mixed or partly kept MoE checkpoint would be refused or misread.
+    int64_t experts = 0, quantized = 0;
+    for (const LinearId& id : linear_ids(config))
+      if (id.expert >= 0) ++experts, quantized += r.scheme_of.count(id.hf_name(config)) > 0 ? 1 : 0;
+    if (mixed || (quantized != 0 && quantized != experts))
+      return unsupported("--recipe: an MoE model is exported with one scheme and every expert quantized (vLLM's "
+                         "FusedMoE reads one scheme for all experts of the model and would refuse or misread a "
+                         "mixed one); evaluate this recipe in memory (llmq eval --recipe) instead");
+  }
+  Scheme uniform;
+  for (auto& [module, s] : r.scheme_of) {
+    if (options.format) s.export_format = *options.format;
+    if (mixed) s.export_format = ExportFormat::kCompressedTensors;
+    if (Status st = check_scheme_format(s); !st.ok())
+      return Status(st.code(), std::string("--recipe") + (mixed ? " (several schemes: each is written as "
+                                                                  "compressed-tensors)" : "") + ": " + st.message());
+    if (s.needs_statistics() && stats == nullptr)
+      return invalid_argument("--stats: scheme " + s.name + " (" + module + ") needs calibration statistics; run llmq calibrate");
+    uniform = s;
+  }
+  ExportPlan plan;
+  plan.scheme_of = std::move(r.scheme_of);
+  if (!mixed) plan.uniform = &uniform;
+  return export_plan(source, plan, stats, out_dir, options, summary);
+}
+
+namespace {
+
+Status export_plan(const WeightSource& source, const ExportPlan& plan, const CalibrationStats* stats,
+                   const std::string& out_dir, const ExportOptions& options, ExportSummary* summary) {
   if (stats != nullptr) LLMQ_RETURN_IF_ERROR(stats->check_matches(source.config()));
   if (options.keep_dtype != DType::kBF16 && options.keep_dtype != DType::kF16 && options.keep_dtype != DType::kF32)
     return invalid_argument("--keep-dtype: must be bf16, f16 or f32");
@@ -330,13 +448,9 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
   bool input_failed = false;
 
   const ModelConfig& config = source.config();
-  std::map<std::string, ModuleInfo> modules;  // module name -> info
   std::vector<std::string> ignored;
   for (const LinearId& id : linear_ids(config)) {
-    Linear probe;
-    probe.id = id;
-    const bool q = !options.unquantized && linear_is_quantized(probe, options.quantize);
-    modules[id.hf_name(config)] = {id, q};
+    const bool q = plan.scheme_of.count(id.hf_name(config)) > 0;
     // A tied lm_head has no tensor of its own and stays the high-precision embedding: list it, or
     // a loader that quantizes every Linear not ignored (transformers' compressed-tensors) would
     // quantize it (llm-compressor lists it for tied models too).
@@ -346,7 +460,10 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
 
   // SmoothQuant: factors per consumer module and per norm (divided into the norm's gain).
   std::map<std::string, std::vector<float>> smooth_of, norm_divisor;
-  if (!options.unquantized && scheme.smooth_alpha >= 0.0f) {
+  std::set<float> alphas;
+  for (const auto& [module, s] : plan.scheme_of)
+    if (s.smooth_alpha >= 0.0f) alphas.insert(s.smooth_alpha);
+  for (const float alpha : alphas) {
     auto columns = [&source](const std::string& module, std::vector<float>* absmax) -> Status {
       Tensor w;
       LLMQ_RETURN_IF_ERROR(source.read(module + ".weight", &w));
@@ -355,15 +472,23 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
       return {};
     };
     std::vector<SmoothingGroup> groups;
-    LLMQ_RETURN_IF_ERROR(smoothing_groups(config, *stats, scheme.smooth_alpha, columns, &groups));
+    LLMQ_RETURN_IF_ERROR(smoothing_groups(config, *stats, alpha, columns, &groups));
     for (const SmoothingGroup& g : groups) {
+      // Only the norms whose quantized consumers smooth with this alpha (resolve_recipe made
+      // every quantized consumer of one norm agree; under one scheme that is every norm).
+      bool smoothed = false;
+      for (const std::string& m : g.members) {
+        const auto it = plan.scheme_of.find(m);
+        smoothed = smoothed || (it != plan.scheme_of.end() && it->second.smooth_alpha == alpha);
+      }
+      if (!smoothed) continue;
       norm_divisor[g.norm] = g.factors;
       for (const std::string& m : g.members) smooth_of[m] = g.factors;
     }
   }
 
   int64_t nonfinite_replaced = 0;
-  QuantizeCache cache(source, scheme, smooth_of, options.nonfinite, &nonfinite_replaced);
+  QuantizeCache cache(source, plan.scheme_of, smooth_of, options.nonfinite, &nonfinite_replaced);
   // The codes (scales false) or scales of a quantized module, quantized once for both.
   auto from_cache = [&source, &cache, &input_failed](const std::string& module, bool scales) {
     return [&source, &cache, module, scales, &input_failed](uint8_t* dst) -> Status {
@@ -376,7 +501,6 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
       return {};
     };
   };
-  const bool act_static = scheme.quantize_activations && scheme.activation.source == ScaleSource::kStatic;
   std::vector<SafetensorsWriteEntry> entries;
   ExportSummary sum;
   for (const std::string& name : source.tensor_names()) {
@@ -384,8 +508,10 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
     LLMQ_RETURN_IF_ERROR(source.shape(name, &shape));
     const bool is_weight = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
     const std::string module = is_weight ? name.substr(0, name.size() - 7) : "";
-    const auto mod = modules.find(module);
-    if (is_weight && mod != modules.end() && mod->second.quantized) {
+    const auto quantized_as = is_weight ? plan.scheme_of.find(module) : plan.scheme_of.end();
+    if (quantized_as != plan.scheme_of.end()) {
+      const Scheme& scheme = quantized_as->second;
+      const bool act_static = scheme.quantize_activations && scheme.activation.source == ScaleSource::kStatic;
       if (shape.size() != 2) return invalid_argument(source.directory() + ": " + name + " is not a matrix");
       const int64_t n = shape[0], k = shape[1];
       if (is_block(scheme.weight) && (n % scheme.weight.block_rows != 0 || k % scheme.weight.block_cols != 0))
@@ -459,7 +585,8 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
                                : options.keep_dtype == DType::kF16 ? "float16"
                                                                    : "float32";
   if (!options.unquantized) {
-    config_json["quantization_config"] = quantization_config(scheme, ignored);
+    config_json["quantization_config"] =
+        plan.uniform != nullptr ? quantization_config(*plan.uniform, ignored) : mixed_quantization_config(plan.scheme_of, ignored);
     sum.quantization_config = config_json["quantization_config"].dump(2);
   }
 
@@ -504,4 +631,5 @@ Status export_quantized(const WeightSource& source, const Scheme& scheme_in, con
   return {};
 }
 
+}  // namespace
 }  // namespace llmq

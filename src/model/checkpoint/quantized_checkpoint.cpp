@@ -9,12 +9,69 @@
 #include "llmq/safetensors.hpp"
 #include "model/checkpoint/checkpoint_names.hpp"
 #include "model/checkpoint/input_file.hpp"
+#include "model/quant/quant_recipe_targets.hpp"
 
 namespace llmq {
 namespace {
 
-// The activation quantization a quantization_config asks for.
-Status activation_spec(const nlohmann::json& q, DType format, bool* quantize_input, QuantSpec* spec) {
+// The compressed-tensors formats whose input_activations vLLM applies (a group's own "format"
+// first, the global one otherwise); under any other its activations stay unquantized there.
+bool activation_format(const std::string& f) {
+  return f == "naive-quantized" || f == "int-quantized" || f == "float-quantized";
+}
+
+// Does one config-group target take `module`, as vLLM and compressed-tensors match: the exact
+// name, "re:" + a Python re.match (anchored at the start only), or the class name "Linear" (every
+// linear llmq reads is one).
+Status target_takes(const std::string& target, const std::string& module, bool* takes) {
+  if (target == "Linear" || target == module) {
+    *takes = true;
+    return {};
+  }
+  *takes = false;
+  if (target.rfind("re:", 0) != 0) return {};
+  RecipeTarget t;
+  LLMQ_RETURN_IF_ERROR(compile_recipe_target("quantization_config target", "re:(?:" + target.substr(3) + ")[\\s\\S]*", &t));
+  return recipe_target_matches(t, module, takes);
+}
+
+// The config group of `module` in a compressed-tensors quantization_config: the only group, or
+// the one group whose targets take it. A module no group or two groups take is refused: loaders
+// would disagree on (or guess) its quantization.
+Status group_of(const nlohmann::json& q, const std::string& module, std::string* name, const nlohmann::json** out) {
+  const auto& groups = q.at("config_groups");
+  if (groups.size() == 1) {
+    *name = groups.begin().key();
+    *out = &groups.begin().value();
+    return {};
+  }
+  *out = nullptr;
+  for (const auto& [key, g] : groups.items()) {
+    const auto targets = g.find("targets");
+    if (targets == g.end() || !targets->is_array()) return invalid_argument("config_groups." + key + ".targets: expected an array");
+    bool takes = false;
+    for (const auto& t : *targets) {
+      if (!t.is_string()) return invalid_argument("config_groups." + key + ".targets: expected strings");
+      LLMQ_RETURN_IF_ERROR(target_takes(t.get<std::string>(), module, &takes));
+      if (takes) break;
+    }
+    if (!takes) continue;
+    if (*out != nullptr)
+      return invalid_argument("quantization_config: " + module + " is a target of config groups " + *name + " and " + key +
+                              "; loaders would disagree on its quantization");
+    *name = key;
+    *out = &g;
+  }
+  if (*out == nullptr)
+    return invalid_argument("quantization_config: " + module + " is stored 8-bit but no config group targets it");
+  return {};
+}
+
+// The activation quantization a quantization_config asks for `module`; *group_name is its
+// compressed-tensors config group ("" for the fp8 format).
+Status activation_spec(const nlohmann::json& q, const std::string& module, DType format, bool* quantize_input,
+                       QuantSpec* spec, std::string* group_name) {
+  group_name->clear();
   const std::string method = q.value("quant_method", "");
   *quantize_input = true;
   if (method == quant_method_name(ExportFormat::kVllmFp8)) {
@@ -27,9 +84,14 @@ Status activation_spec(const nlohmann::json& q, DType format, bool* quantize_inp
     return {};
   }
   if (method == quant_method_name(ExportFormat::kCompressedTensors)) {
-    const auto& groups = q.at("config_groups");
-    if (groups.size() != 1) return unsupported("quantization_config: one config group supported");
-    const auto& g = groups.begin().value();
+    const nlohmann::json* group = nullptr;
+    LLMQ_RETURN_IF_ERROR(group_of(q, module, group_name, &group));
+    const auto& g = *group;
+    const std::string group_format = g.contains("format") && g["format"].is_string() ? g["format"].get<std::string>()
+                                                                                    : q.value("format", "");
+    if (g.contains("input_activations") && !g["input_activations"].is_null() && !activation_format(group_format))
+      return unsupported("quantization_config: config group " + *group_name + " (" + module + ") quantizes activations "
+                         "under format '" + group_format + "', under which vLLM does not apply them");
     if (!g.contains("input_activations") || g["input_activations"].is_null()) {
       *quantize_input = false;
       return {};
@@ -109,11 +171,18 @@ Status read_linear(const Checkpoint& ckpt, const nlohmann::json& q, const std::s
       break;
   }
   std::memcpy(w.scales.scales.data(), s.data(), static_cast<size_t>(s.nbytes()));
+  std::string group;
   try {
-    LLMQ_RETURN_IF_ERROR(activation_spec(q, info->dtype, &ql.quantize_input, &ql.input_spec));
+    if (Status st = activation_spec(q, module, info->dtype, &ql.quantize_input, &ql.input_spec, &group); !st.ok())
+      return Status(st.code(), ckpt.dir() + ": " + st.message());
   } catch (const std::exception& e) {
     return invalid_argument(ckpt.dir() + ": quantization_config: " + e.what());
   }
+  // Which llmq scheme: a mixed checkpoint names each group's ("llmq_groups"), others the whole one.
+  ql.scheme = q.value("llmq_scheme", std::string("checkpoint"));
+  if (const auto names = q.find("llmq_groups"); names != q.end() && names->is_object() && names->contains(group) &&
+                                                (*names)[group].is_string())
+    ql.scheme = (*names)[group].get<std::string>();
   if (ql.quantize_input && ql.input_spec.source == ScaleSource::kStatic) {
     float in = 0.0f;
     LLMQ_RETURN_IF_ERROR(read_input_scale(ckpt, module, &in));

@@ -140,6 +140,38 @@ Status quantize_weight(const Tensor& weight, const Scheme& scheme, QuantizedTens
   return quantize(weight.view(), scheme.weight, out);
 }
 
+Status quantize_linear(const Linear& linear, const ModelConfig& config, const Scheme& scheme,
+                       const CalibrationStats* stats, const std::vector<float>* smoothing, QuantizedLinear* out) {
+  const std::string name = linear.id.hf_name(config);
+  QuantizedLinear ql;
+  ql.scheme = scheme.name;
+  LLMQ_RETURN_IF_ERROR(quantize_weight(linear.weight, scheme, &ql.weight));
+  ql.quantize_input = scheme.quantize_activations;
+  ql.input_spec = scheme.activation;
+  if (ql.quantize_input && scheme.activation.source == ScaleSource::kStatic) {
+    const LinearStats* s = stats != nullptr ? stats->find(name) : nullptr;
+    float scale = 1.0f;
+    if (scheme.activation.method != ScaleMethod::kUnit) {
+      if ((s == nullptr || s->rows_seen == 0) && linear.id.expert >= 0) {
+        // An MoE expert no calibration token reached: fall back to dynamic for it.
+        ql.input_spec.source = ScaleSource::kDynamic;
+      } else if (s == nullptr || s->rows_seen == 0) {
+        return invalid_argument("--stats: no activation statistics for " + name +
+                                " (were they measured on this model?)");
+      } else {
+        LLMQ_RETURN_IF_ERROR(static_activation_scale(*s, smoothing, scheme.activation, &scale));
+      }
+    }
+    if (ql.input_spec.source == ScaleSource::kStatic) {
+      ql.static_input_scale.scales = Tensor(DType::kF32, {1, 1});
+      ql.static_input_scale.scales.data_as<float>()[0] = scale;
+      ql.static_input_scale.block = {1, 1};  // resolved per call: per-tensor covers the matrix
+    }
+  }
+  *out = std::move(ql);
+  return {};
+}
+
 Status quantize_model(const ModelWeights& model, const Scheme& scheme, const CalibrationStats* stats,
                       const QuantizeModelOptions& options, QuantizedModel* out) {
   if (scheme.needs_statistics() && stats == nullptr)
@@ -164,32 +196,9 @@ Status quantize_model(const ModelWeights& model, const Scheme& scheme, const Cal
   for (const Linear* l : qm.weights.linears()) {
     if (!linear_is_quantized(*l, options)) continue;
     const std::string name = l->id.hf_name(model.config);
+    const auto sm = smoothing_of.find(name);
     QuantizedLinear ql;
-    LLMQ_RETURN_IF_ERROR(quantize_weight(l->weight, scheme, &ql.weight));
-    ql.quantize_input = scheme.quantize_activations;
-    ql.input_spec = scheme.activation;
-    if (ql.quantize_input && scheme.activation.source == ScaleSource::kStatic) {
-      const LinearStats* s = stats != nullptr ? stats->find(name) : nullptr;
-      float scale = 1.0f;
-      if (scheme.activation.method != ScaleMethod::kUnit) {
-        if ((s == nullptr || s->rows_seen == 0) && l->id.expert >= 0) {
-          // An MoE expert no calibration token reached: fall back to dynamic for it.
-          ql.input_spec.source = ScaleSource::kDynamic;
-        } else if (s == nullptr || s->rows_seen == 0) {
-          return invalid_argument("--stats: no activation statistics for " + name +
-                                  " (were they measured on this model?)");
-        } else {
-          const auto sm = smoothing_of.find(name);
-          LLMQ_RETURN_IF_ERROR(static_activation_scale(*s, sm == smoothing_of.end() ? nullptr : sm->second,
-                                                       scheme.activation, &scale));
-        }
-      }
-      if (ql.input_spec.source == ScaleSource::kStatic) {
-        ql.static_input_scale.scales = Tensor(DType::kF32, {1, 1});
-        ql.static_input_scale.scales.data_as<float>()[0] = scale;
-        ql.static_input_scale.block = {1, 1};  // resolved per call: per-tensor covers the matrix
-      }
-    }
+    LLMQ_RETURN_IF_ERROR(quantize_linear(*l, model.config, scheme, stats, sm == smoothing_of.end() ? nullptr : sm->second, &ql));
     qm.linears[name] = std::move(ql);
   }
   *out = std::move(qm);
