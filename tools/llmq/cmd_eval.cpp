@@ -9,11 +9,13 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "recipe_flags.hpp"
 #include "eval_table.hpp"
 #include "llmq/evaluate.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/export.hpp"
 #include "llmq/model_io.hpp"
+#include "llmq/quant_recipe.hpp"
 #include "llmq/tokenizer.hpp"
 #include "llmq/quantized_model.hpp"
 
@@ -24,6 +26,7 @@ struct EvalArgs {
   std::string model = "default";  // an explicit --model "" is refused by load_model
   std::vector<std::string> quantized;
   std::string schemes;
+  RecipeFlags flags;  // --recipe (one more candidate), --smooth-alpha, --backoff
   std::string data;
   std::string stats;
   int64_t context = 256;
@@ -52,12 +55,26 @@ int run(const EvalArgs& a) {
     scheme_names.clear();
     for (const Scheme& s : all_schemes()) scheme_names.push_back(s.name);
   }
-  if (scheme_names.empty() && a.quantized.empty()) scheme_names.push_back(kDefaultScheme);
+  if (!a.flags.recipe.empty() && !scheme_names.empty())
+    return fail(invalid_argument("--recipe and --scheme: give one of them (each run evaluates one recipe)"));
+  if (scheme_names.empty() && a.quantized.empty() && a.flags.recipe.empty()) scheme_names.push_back(kDefaultScheme);
   std::vector<Scheme> schemes(scheme_names.size());
-  bool need_stats = false;
+  bool need_stats = false, smoothing = false;
   for (size_t i = 0; i < scheme_names.size(); ++i) {
     if (Status st = find_scheme(scheme_names[i], &schemes[i]); !st.ok()) return fail(st);
+    smoothing = smoothing || schemes[i].smooth_alpha >= 0.0f;
+    const float alpha = schemes[i].smooth_alpha >= 0.0f ? a.flags.smooth_alpha : -1.0f;  // for the schemes that smooth
+    if (Status st = apply_overrides(schemes[i], alpha, a.flags.backoff, &schemes[i]); !st.ok()) return fail(st);
     need_stats = need_stats || schemes[i].needs_statistics();
+  }
+  if (a.flags.smooth_alpha >= 0.0f && !smoothing && a.flags.recipe.empty())
+    return fail(invalid_argument("--smooth-alpha: none of the schemes smooths (fp8-smoothquant, int8-smoothquant do)"));
+  QuantRecipe recipe;
+  if (!a.flags.recipe.empty()) {
+    if (Status st = load_recipe_flags(a.flags, &recipe); !st.ok()) return fail(st);
+    ResolvedRecipe resolved;
+    if (Status st = resolve_recipe(recipe, model.config, &resolved); !st.ok()) return fail(st);
+    for (const auto& [module, s] : resolved.scheme_of) need_stats = need_stats || s.needs_statistics();
   }
 
   // Evaluation data: a token file, or the model's own samples (seeds from --seed).
@@ -122,7 +139,16 @@ int run(const EvalArgs& a) {
     qmodels.push_back(std::move(qm));
     quantizing.update(static_cast<int64_t>(qmodels.size()), static_cast<int64_t>(schemes.size()));
   }
+  if (!a.flags.recipe.empty()) {
+    auto qm = std::make_unique<QuantizedModel>();
+    if (Status st = quantize_model(model, recipe, have_stats ? &stats : nullptr, {}, qm.get()); !st.ok()) return fail(st);
+    weight_errors.emplace_back();
+    if (Status st = weight_error(*qm, &weight_errors.back()); !st.ok()) return fail(st);
+    labels.push_back("recipe " + a.flags.recipe + " (" + qm->scheme.description + ")");
+    qmodels.push_back(std::move(qm));
+  }
   quantizing.finish();
+  const size_t built = qmodels.size();  // quantized here; the rest are --quantized directories
   for (const std::string& dir : a.quantized) {
     auto qm = std::make_unique<QuantizedModel>();
     if (Status st = load_quantized_checkpoint(dir, qm.get()); !st.ok()) return fail(st);
@@ -148,9 +174,9 @@ int run(const EvalArgs& a) {
       // --quantized directory streams to the device as `llmq run/bench` load it.
       std::unique_ptr<GpuModel> gm;
       GpuModelSource source;
-      if (i >= schemes.size()) {
+      if (i >= built) {
         source.kind = GpuModelSource::Kind::kCheckpoint;
-        source.dir = a.quantized[i - schemes.size()];
+        source.dir = a.quantized[i - built];
       } else {
         source.kind = GpuModelSource::Kind::kHostQuantized;
         source.quantized = &*qm;
@@ -257,6 +283,7 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--model", args->model, "llama2.c .bin, Hugging Face directory, or 'default'");
   cmd->add_option("--quantized", args->quantized, "quantized checkpoint directory (repeatable)");
   cmd->add_option("--scheme", args->schemes, "comma-separated schemes, or 'all' (default: fp8-dynamic)");
+  add_recipe_flags(cmd, &args->flags, "evaluated instead of --scheme");
   cmd->add_option("--data", args->data, "token-id file; default: the model's own samples");
   cmd->add_option("--stats", args->stats, "calibration statistics; default: calibrate on other samples");
   cmd->add_option("--context", args->context, "window length (BOS included)")->check(CLI::Range(2, 1 << 20));

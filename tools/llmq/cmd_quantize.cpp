@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "recipe_flags.hpp"
 #include "llmq/export.hpp"
 #include "llmq/model_io.hpp"
 #include "llmq/tokenizer.hpp"
@@ -19,6 +20,8 @@ namespace {
 struct QuantizeArgs {
   std::string model = "default";  // an explicit --model "" is refused by load_model
   std::string scheme = kDefaultScheme;
+  bool scheme_given = false;  // --scheme on the command line (it and --recipe exclude each other)
+  RecipeFlags flags;           // --recipe, --smooth-alpha, --backoff
   std::string stats;
   std::string out;
   std::string keep_dtype = "bf16";
@@ -42,12 +45,23 @@ int64_t peak_rss_bytes() {
 int run(const QuantizeArgs& a) {
   const auto start = std::chrono::steady_clock::now();
   Scheme scheme;
-  const bool unquantized = a.scheme == "none";
-  if (unquantized) {
+  QuantRecipe recipe;
+  const bool use_recipe = !a.flags.recipe.empty();
+  if (use_recipe && a.scheme_given) return fail(invalid_argument("--recipe and --scheme: give one of them"));
+  const bool unquantized = !use_recipe && a.scheme == "none";
+  if (use_recipe) {
+    if (Status st = load_recipe_flags(a.flags, &recipe); !st.ok()) return fail(st);
+    if (a.quantize_lm_head) return fail(invalid_argument("--quantize-lm-head: with --recipe, name lm_head in a group"));
+    scheme.name = "recipe " + a.flags.recipe;
+  } else if (unquantized) {
+    if (a.flags.smooth_alpha >= 0.0f || a.flags.backoff >= 0.0f)
+      return fail(invalid_argument("--smooth-alpha / --backoff: --scheme none quantizes nothing"));
     scheme.name = "none";
     scheme.export_format = ExportFormat::kNone;
   } else if (Status st = find_scheme(a.scheme, &scheme); !st.ok()) {
     return fail(st);
+  } else if (Status over = apply_overrides(scheme, a.flags.smooth_alpha, a.flags.backoff, &scheme); !over.ok()) {
+    return fail(over);
   }
   CalibrationStats stats;
   if (!a.stats.empty())
@@ -73,7 +87,7 @@ int run(const QuantizeArgs& a) {
 
   // What the output must never be, be inside or hold: export_quantized decides (output_dir.hpp),
   // with the Hugging Face directory it reads added by itself.
-  options.inputs = {a.model, a.stats, Tokenizer::find(a.model)};
+  options.inputs = {a.model, a.stats, Tokenizer::find(a.model), a.flags.recipe};
 
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -104,19 +118,26 @@ int run(const QuantizeArgs& a) {
   {
     Progress progress("quantizing and writing " + a.out);
     options.progress = [&progress](int64_t done, int64_t total) { progress.update(done, total); };
-    if (Status st = export_quantized(*source, scheme, a.stats.empty() ? nullptr : &stats, a.out, options, &summary);
+    const CalibrationStats* given = a.stats.empty() ? nullptr : &stats;
+    if (Status st = use_recipe ? export_quantized(*source, recipe, given, a.out, options, &summary)
+                               : export_quantized(*source, scheme, given, a.out, options, &summary);
         !st.ok())
       return fail(st);
     progress.finish();
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const char* format = export_format_name(options.format ? *options.format : scheme.export_format);
+  // The format written: the quant_method of the quantization_config (a recipe's depends on it).
+  const nlohmann::ordered_json written = nlohmann::ordered_json::parse(summary.quantization_config, nullptr, false);
+  const std::string format = written.is_object() && written.contains("quant_method") && written["quant_method"].is_string()
+                                 ? written["quant_method"].get<std::string>()
+                                 : std::string(export_format_name(options.format ? *options.format : scheme.export_format));
   if (a.json) {
     nlohmann::ordered_json j;
     j["out"] = a.out;
     j["written"] = !a.dry_run;
     j["scheme"] = scheme.name;
     j["format"] = format;
+    if (use_recipe) j["recipe"] = nlohmann::ordered_json::parse(recipe_to_json(recipe));
     j["tensors"] = summary.tensors;
     j["quantized_linears"] = summary.quantized_linears;
     j["bytes"] = summary.bytes;
@@ -130,7 +151,7 @@ int run(const QuantizeArgs& a) {
     return 0;
   }
   std::printf("%s %s: %s, %s format; %lld tensors (%lld linear layers quantized), %.2f MB in %lld shard%s\n",
-              a.dry_run ? "would write" : "wrote", a.out.c_str(), scheme.name.c_str(), format,
+              a.dry_run ? "would write" : "wrote", a.out.c_str(), scheme.name.c_str(), format.c_str(),
               static_cast<long long>(summary.tensors), static_cast<long long>(summary.quantized_linears),
               static_cast<double>(summary.bytes) / 1e6, static_cast<long long>(summary.shards),
               summary.shards == 1 ? "" : "s");
@@ -154,6 +175,7 @@ void add_quantize_command(CLI::App& app, std::vector<Command>* commands) {
   CLI::App* cmd = app.add_subcommand("quantize", "write a quantized checkpoint that vLLM / transformers load");
   cmd->add_option("--model", args->model, "llama2.c .bin, Hugging Face directory, or 'default'");
   cmd->add_option("--scheme", args->scheme, "quantization scheme (llmq schemes lists them); 'none' writes an unquantized checkpoint");
+  add_recipe_flags(cmd, &args->flags, "instead of --scheme");
   cmd->add_option("--stats", args->stats, "calibration statistics (static schemes, SmoothQuant)");
   cmd->add_option("-o,--out", args->out,
                   "output directory (staged in <out>.llmq-partial, then swapped into place). Never an input,\n"
@@ -182,7 +204,10 @@ void add_quantize_command(CLI::App& app, std::vector<Command>* commands) {
       ->check(CLI::IsMember({"error", "zero"}));
   cmd->add_option("--shard-mb", args->shard_mb, "largest shard in MiB (a larger tensor gets a shard of its own)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  commands->push_back({cmd, [args] { return run(*args); }});
+  commands->push_back({cmd, [args, cmd] {
+                         args->scheme_given = cmd->count("--scheme") > 0;
+                         return run(*args);
+                       }});
 }
 
 }  // namespace llmq::cli
