@@ -15,6 +15,7 @@
 
 #include "llmq/eval_metrics.hpp"
 #include "llmq/model.hpp"
+#include "llmq/quant_recipe.hpp"
 #include "llmq/scheme.hpp"
 #include "llmq/status.hpp"
 
@@ -158,6 +159,14 @@ struct RecipeSearchResult {
 // back to a cheaper option.
 Status build_recipe_chain(const RecipeSearchProblem& problem, const std::vector<std::vector<double>>& sensitivity,
                           std::vector<ChainPoint>* chain);
+
+// The recipe of an assignment over `units`: one group per scheme in use, named after the scheme,
+// targeting its units' modules by exact name (every loader matches exact names alike); the modules
+// of kept units listed in `ignore`, so the file says what was kept. Every unit kept gives a recipe
+// with no groups (resolve_recipe refuses it: there is nothing to quantize). Errors: an assignment of
+// another length, or an option that is neither kKeptOption nor a scheme index.
+Status recipe_from_assignment(const std::vector<RecipeUnit>& units, const std::vector<std::string>& scheme_names,
+                              const RecipeAssignment& assignment, QuantRecipe* out);
 
 // Measure every sensitivity (units x schemes evaluations), build the chain, and evaluate its points
 // in order, cheapest first, until one meets the budget: that point is chosen. Its summary is a full

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "eval_data.hpp"
 #include "recipe_flags.hpp"
 #include "eval_table.hpp"
 #include "llmq/evaluate.hpp"
@@ -16,7 +17,6 @@
 #include "llmq/export.hpp"
 #include "llmq/model_io.hpp"
 #include "llmq/quant_recipe.hpp"
-#include "llmq/tokenizer.hpp"
 #include "llmq/quantized_model.hpp"
 
 namespace llmq::cli {
@@ -27,13 +27,10 @@ struct EvalArgs {
   std::vector<std::string> quantized;
   std::string schemes;
   RecipeFlags flags;  // --recipe (one more candidate), --smooth-alpha, --backoff
-  std::string data;
+  EvalDataArgs data;  // --data, or --samples, --length, --seed
   std::string stats;
   int64_t context = 256;
   int64_t max_tokens = 0;
-  int64_t samples = 80;
-  int64_t length = 128;
-  uint64_t seed = 1;
   bool json = false;
   std::string device = "cpu";
   int gpu = 0;
@@ -79,39 +76,13 @@ int run(const EvalArgs& a) {
 
   // Evaluation data: a token file, or the model's own samples (seeds from --seed).
   std::vector<std::vector<int32_t>> sequences;
-  std::string data_name = a.data;
-  if (a.data.empty()) {
-    SlowStep step("sampling evaluation text from the model");
-    if (Status st = sample_token_sequences(model, a.samples, std::min(a.length, model.config.max_seq_len - 1), a.seed,
-                                           &sequences);
-        !st.ok())
-      return fail(st);
-    step.done();
-    data_name = fmt::format("{} sequences sampled from the model (T=1, top-p 0.9, seeds {}..{})", a.samples, a.seed,
-                            a.seed + static_cast<uint64_t>(a.samples) - 1);
-  } else {
-    std::unique_ptr<Tokenizer> tokenizer;  // text data needs one; token-id files do not
-    if (!is_builtin_model(a.model) && !Tokenizer::find(a.model).empty())
-      if (Status st = Tokenizer::load(a.model, &tokenizer); !st.ok()) return fail(st);
-    if (Status st = read_token_sequences(a.data, model.config.vocab_size, &sequences, tokenizer.get()); !st.ok())
-      return fail(st);
-  }
+  std::string data_name;
+  if (Status st = load_eval_data(a.model, model, a.data, &sequences, &data_name); !st.ok()) return fail(st);
 
+  // Calibration on other samples than the evaluation data (seeds 1000+), as the paper advises.
   CalibrationStats stats;
   bool have_stats = false;
-  if (!a.stats.empty()) {
-    if (Status st = CalibrationStats::load(a.stats, &stats); !st.ok()) return fail(st);
-    have_stats = true;
-  } else if (need_stats) {
-    // Calibrate on other samples than the evaluation data (seeds 1000+), as the paper advises.
-    if (Status st = calibrate_on_samples(model, 32, std::min<int64_t>(128, model.config.max_seq_len - 1),
-                                         std::min(a.context, model.config.max_seq_len), &stats);
-        !st.ok())
-      return fail(st);
-    std::fprintf(stderr, "llmq: no --stats: calibrated on 32 sampled sequences (seeds 1000..1031), %lld tokens\n",
-                 static_cast<long long>(stats.tokens));
-    have_stats = true;
-  }
+  if (Status st = eval_stats(model, a.stats, need_stats, a.context, &stats, &have_stats); !st.ok()) return fail(st);
 
   // --attention: every candidate once per attention variant (empty: the default attention only).
   std::vector<AttentionVariant> attentions;
@@ -284,14 +255,11 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--quantized", args->quantized, "quantized checkpoint directory (repeatable)");
   cmd->add_option("--scheme", args->schemes, "comma-separated schemes, or 'all' (default: fp8-dynamic)");
   add_recipe_flags(cmd, &args->flags, "evaluated instead of --scheme");
-  cmd->add_option("--data", args->data, "token-id file; default: the model's own samples");
+  add_eval_data_options(cmd, &args->data);
   cmd->add_option("--stats", args->stats, "calibration statistics; default: calibrate on other samples");
   cmd->add_option("--context", args->context, "window length (BOS included)")->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--max-tokens", args->max_tokens, "stop after this many scored tokens (0: no limit)")
       ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
-  cmd->add_option("--samples", args->samples, "without --data: sequences to sample")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--length", args->length, "without --data: tokens per sequence")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--seed", args->seed, "without --data: first sampling seed");
   cmd->add_flag("--json", args->json, "machine-readable output (every statistic, in the order given)");
   cmd->add_option("--threads", args->threads, "CPU threads (0: every core); models of a window run side by side")
       ->check(CLI::Range(0, 4096));

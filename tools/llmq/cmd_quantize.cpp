@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "export_source.hpp"
 #include "recipe_flags.hpp"
 #include "llmq/export.hpp"
 #include "llmq/model_io.hpp"
@@ -89,31 +90,13 @@ int run(const QuantizeArgs& a) {
   // with the Hugging Face directory it reads added by itself.
   options.inputs = {a.model, a.stats, Tokenizer::find(a.model), a.flags.recipe};
 
-  namespace fs = std::filesystem;
+  // A Hugging Face directory streams from its memory map; anything else is loaded first.
   std::error_code ec;
   ModelWeights model;
-  std::unique_ptr<WeightSource> source;
-  if (fs::is_directory(a.model, ec)) {
-    if (Status st = checkpoint_weight_source(a.model, &source); !st.ok()) return fail(st);
-  } else {
+  if (!std::filesystem::is_directory(a.model, ec))
     if (Status st = load_model(a.model, &model); !st.ok()) return fail(st);
-    source = memory_weight_source(model);
-    // A llama2.c model keeps its tokenizer (tokenizer.bin / tok<N>.bin beside it), as the
-    // tokenizer.json and tokenizer_config.json that llmq and transformers read.
-    // A tokenizer of another vocabulary size beside it (llama2.c's 32k tokenizer.bin next to a
-    // tok512 model) is not its tokenizer: the output gets none, and says so.
-    if (const std::string tok_path = Tokenizer::find(a.model); !tok_path.empty()) {
-      HfTokenizerFiles tok;
-      if (Status st = llama2c_tokenizer_to_hf(tok_path, &tok); !st.ok()) return fail(st);
-      if (tok.vocab_size != model.config.vocab_size)
-        std::fprintf(stderr, "llmq: warning: %s has %lld tokens, the model %lld: not its tokenizer; the output has none\n",
-                     tok_path.c_str(), static_cast<long long>(tok.vocab_size),
-                     static_cast<long long>(model.config.vocab_size));
-      else
-        options.side_files = {{"tokenizer.json", tok.tokenizer_json},
-                              {"tokenizer_config.json", tok.tokenizer_config_json}};
-    }
-  }
+  std::unique_ptr<WeightSource> source;
+  if (Status st = export_weight_source(a.model, model, &source, &options.side_files); !st.ok()) return fail(st);
   ExportSummary summary;
   {
     Progress progress("quantizing and writing " + a.out);

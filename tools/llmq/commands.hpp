@@ -25,6 +25,7 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands);
 void add_calibrate_command(CLI::App& app, std::vector<Command>* commands);
 void add_quantize_command(CLI::App& app, std::vector<Command>* commands);
 void add_eval_command(CLI::App& app, std::vector<Command>* commands);
+void add_recipe_command(CLI::App& app, std::vector<Command>* commands);  // `llmq recipe`
 void add_schemes_command(CLI::App& app, std::vector<Command>* commands);
 void add_logits_command(CLI::App& app, std::vector<Command>* commands);
 extern const char* const kBuildCommit;  // the commit the binary was built from (build_info.cpp)

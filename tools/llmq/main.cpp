@@ -108,6 +108,7 @@ int run_main(int argc, char** argv) {
   llmq::cli::add_quantize_command(app, &commands);
   llmq::cli::add_attention_command(app, &commands);
   llmq::cli::add_eval_command(app, &commands);
+  llmq::cli::add_recipe_command(app, &commands);
   llmq::cli::add_schemes_command(app, &commands);
   llmq::cli::add_logits_command(app, &commands);
   llmq::cli::add_bench_command(app, &commands);
