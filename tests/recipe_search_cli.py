@@ -70,8 +70,8 @@ def recipe(model, work, tag, bounds, extra):
         return None
     rec = next(c for c in j["candidates"] if c["is_recipe"])
     check(f"{tag}: the recipe meets its budget as searched", meets(rec, bounds), json.dumps(rec))
-    chosen = j["chain"][j["chosen"]]
-    earlier_fail = all(p["evaluated"] and not meets(p["summary"], bounds) for p in j["chain"][: j["chosen"]])
+    chosen = j["points"][j["chosen"]]
+    earlier_fail = all(p["evaluated"] and not meets(p["summary"], bounds) for p in j["points"][: j["chosen"]])
     check(f"{tag}: every earlier point of the chain was evaluated and missed the budget", earlier_fail)
     check(f"{tag}: the chosen point is the recipe", chosen["summary"]["kl_mean"] == rec["kl_mean"])
     # Afresh: the recipe file quantized again by `llmq eval --recipe`, on the same tokens.
@@ -90,17 +90,17 @@ def model_cases(model, work, extra, other_metrics):
     if loose is None:
         return
     rec = next(c for c in loose["candidates"] if c["is_recipe"])
-    check("the loose budget quantizes something", loose["chosen"] < len(loose["chain"]) - 1 and rec["kl_mean"] > 0,
+    check("the loose budget quantizes something", loose["chosen"] < len(loose["points"]) - 1 and rec["kl_mean"] > 0,
           json.dumps(rec))
     # The last chain point before everything kept has one unit quantized: its summary is that unit's
     # alone. Limits no tighter than it leave a quantized assignment that meets them.
-    last = loose["chain"][-2]["assignment"]
+    last = loose["points"][-2]["assignment"]
     u = next(i for i, o in enumerate(last) if o >= 0)
     alone = loose["units"][u]["alone"][loose["schemes"][last[u]]]
     tight = recipe(model, work, "tight", [("kl", max(rec["kl_mean"] / 4, alone["kl_mean"]))], extra)
     if tight is not None:
         trec = next(c for c in tight["candidates"] if c["is_recipe"])
-        same_chain = [p["assignment"] for p in tight["chain"]] == [p["assignment"] for p in loose["chain"]]
+        same_chain = [p["assignment"] for p in tight["points"]] == [p["assignment"] for p in loose["points"]]
         check("tight: the same chain as the loose budget's", same_chain)
         check("tight: chosen at or after the loose choice", tight["chosen"] >= loose["chosen"])
         check("tight: measured no worse than the loose choice", trec["kl_mean"] <= rec["kl_mean"],

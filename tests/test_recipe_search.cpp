@@ -1,10 +1,12 @@
 // The search of `llmq recipe` (llmq/recipe_search.hpp) against a fake evaluator: a deterministic
 // function of the assignment whose KL is the sum of per-unit errors times an interaction factor
 // that makes it non-additive and not monotone along the chain. Properties over random problems:
-// the choice meets its budget when evaluated afresh, a tighter budget never chooses a point that is
-// measured worse or has any unit less accurate, cost never rises when the budget loosens, every
-// point before the choice fails the budget, all-kept is chosen when nothing else meets the budget
-// and an error when even that misses it; the chain's own invariants; batch size changes nothing.
+// the choice meets its budget when evaluated afresh, every point before it in the walked sequence
+// fails the budget, a tighter budget chooses a point of the same sequence no earlier, no cheaper
+// and (when another) measured strictly better on the bound, all-kept is chosen when nothing else
+// meets the budget and an error when even that misses it; the chain's own invariants; the sequence
+// holds the chain and each valid uniform point once, by cost; a uniform point that measures better
+// than the chain's first point at the same cost is chosen; batch size changes nothing.
 // Also: the budget parser and its refusals, the units of a model and the cost model's bytes.
 #include <gtest/gtest.h>
 
@@ -87,10 +89,6 @@ AccuracyBudget budget_of(const std::string& text) {
   return b;
 }
 
-double unit_sensitivity(const RecipeSearchResult& r, size_t u, int option) {
-  return option == kKeptOption ? 0.0 : r.sensitivity[u][static_cast<size_t>(option)];
-}
-
 TEST(RecipeSearch, ChoiceMeetsBudgetAndEveryEarlierPointFails) {
   for (uint64_t seed = 1; seed <= 40; ++seed) {
     FakeModel m = random_model(seed, 2 + seed % 9, 1 + seed % 4);
@@ -101,16 +99,16 @@ TEST(RecipeSearch, ChoiceMeetsBudgetAndEveryEarlierPointFails) {
       RecipeSearchResult r;
       ASSERT_TRUE(search_recipe(m.problem, m.evaluator(), options, &r).ok()) << what;
       ASSERT_GE(r.chosen, 0) << what;
-      const ChainPoint& chosen = r.chain[static_cast<size_t>(r.chosen)];
+      const ChainPoint& chosen = r.points[static_cast<size_t>(r.chosen)];
       EXPECT_TRUE(budget_met(options.budget, m.evaluate(chosen.assignment))) << what;  // afresh
       EXPECT_TRUE(chosen.meets_budget) << what;
       for (int64_t i = 0; i < r.chosen; ++i) {
-        EXPECT_TRUE(r.chain[static_cast<size_t>(i)].evaluated) << what << " point " << i;
-        EXPECT_FALSE(budget_met(options.budget, m.evaluate(r.chain[static_cast<size_t>(i)].assignment)))
+        EXPECT_TRUE(r.points[static_cast<size_t>(i)].evaluated) << what << " point " << i;
+        EXPECT_FALSE(budget_met(options.budget, m.evaluate(r.points[static_cast<size_t>(i)].assignment)))
             << what << " point " << i;
       }
-      for (size_t i = static_cast<size_t>(r.chosen) + 1; i < r.chain.size(); ++i)
-        EXPECT_FALSE(r.chain[i].evaluated) << what << ": the walk went past the choice";
+      for (size_t i = static_cast<size_t>(r.chosen) + 1; i < r.points.size(); ++i)
+        EXPECT_FALSE(r.points[i].evaluated) << what << ": the walk went past the choice";
     }
   }
 }
@@ -134,17 +132,22 @@ TEST(RecipeSearch, TighterBudgetNeverChoosesLessAccurateAndLooserNeverCostsMore)
       const RecipeSearchResult &loose = results[a], &tight = results[a + 1];
       const std::string what = llmq::testing::repro(seed, 0, 0, "limits " + std::to_string(limits[a]) + " -> " +
                                                                     std::to_string(limits[a + 1]));
-      const ChainPoint& pl = loose.chain[static_cast<size_t>(loose.chosen)];
-      const ChainPoint& pt = tight.chain[static_cast<size_t>(tight.chosen)];
+      ASSERT_EQ(tight.points.size(), loose.points.size()) << what;
+      for (size_t i = 0; i < tight.points.size(); ++i)
+        ASSERT_EQ(tight.points[i].assignment, loose.points[i].assignment) << what << ": the sequence moved at " << i;
+      const ChainPoint& pl = loose.points[static_cast<size_t>(loose.chosen)];
+      const ChainPoint& pt = tight.points[static_cast<size_t>(tight.chosen)];
       EXPECT_GE(tight.chosen, loose.chosen) << what;
-      EXPECT_LE(pt.summary.kl.mean, pl.summary.kl.mean) << what;
       EXPECT_GE(pt.cost, pl.cost) << what;
-      for (size_t u = 0; u < pt.assignment.size(); ++u)
-        EXPECT_LE(unit_sensitivity(tight, u, pt.assignment[u]), unit_sensitivity(loose, u, pl.assignment[u]))
-            << what << " unit " << u;
+      if (tight.chosen == loose.chosen) {
+        EXPECT_EQ(pt.summary.kl.mean, pl.summary.kl.mean) << what;
+      } else {
+        EXPECT_LT(pt.summary.kl.mean, pl.summary.kl.mean) << what;  // the one bound, strictly better
+        EXPECT_GT(pl.summary.kl.mean, limits[a + 1]) << what;       // the loose choice missed it
+      }
     }
     EXPECT_EQ(results.front().chosen, 0) << seed;
-    EXPECT_EQ(results.back().chosen, static_cast<int64_t>(results.back().chain.size()) - 1) << seed;
+    EXPECT_EQ(results.back().chosen, static_cast<int64_t>(results.back().points.size()) - 1) << seed;
   }
 }
 
@@ -154,8 +157,8 @@ TEST(RecipeSearch, AllKeptChosenWhenNothingElseMeetsAndAnErrorWhenEvenItMisses) 
   options.budget = budget_of("kl<=0");
   RecipeSearchResult r;
   ASSERT_TRUE(search_recipe(m.problem, m.evaluator(), options, &r).ok());
-  EXPECT_EQ(r.chosen, static_cast<int64_t>(r.chain.size()) - 1);
-  for (int a : r.chain.back().assignment) EXPECT_EQ(a, kKeptOption);
+  EXPECT_EQ(r.chosen, static_cast<int64_t>(r.points.size()) - 1);
+  for (int a : r.points.back().assignment) EXPECT_EQ(a, kKeptOption);
 
   options.budget = budget_of("ppl<=0.999x");  // the base model's ratio to itself is 1
   Status s = search_recipe(m.problem, m.evaluator(), options, &r);
@@ -217,6 +220,120 @@ TEST(RecipeSearch, DominatedSchemeNeverAppearsAndBrokenSensitivityIsSkipped) {
   EXPECT_EQ(chain.size(), 5u);
   // Unit a gains 0.4 / 4 per cost moving to "good", unit b 0.2 / 4: a moves first.
   EXPECT_EQ(chain[1].assignment, (RecipeAssignment{2, 0}));
+}
+
+// Per-unit costs (a scheme may cost more than keeping some unit) and broken sensitivities, so that
+// some schemes have no uniform point and others one beside the chain.
+TEST(RecipeSearch, SequenceHoldsTheChainAndEachValidUniformPointOnceByCost) {
+  int64_t beside_chain = 0, missing = 0;
+  for (uint64_t seed = 300; seed < 340; ++seed) {
+    FakeModel m = random_model(seed, 1 + seed % 6, 1 + seed % 4);
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    std::vector<std::vector<double>> sens = m.error;
+    for (size_t u = 0; u < sens.size(); ++u)
+      for (size_t s = 0; s < sens[u].size(); ++s) {
+        m.problem.cost[u][s] *= 0.8 + 0.45 * unit(rng);
+        if (unit(rng) < 0.05) sens[u][s] = std::nan("");
+      }
+    const std::string what = llmq::testing::repro(seed, 0, 0, "sequence");
+    std::vector<ChainPoint> chain, points;
+    ASSERT_TRUE(build_recipe_chain(m.problem, sens, &chain).ok()) << what;
+    ASSERT_TRUE(build_recipe_sequence(m.problem, sens, &points).ok()) << what;
+    auto count = [&](const RecipeAssignment& a) {
+      return std::count_if(points.begin(), points.end(), [&](const ChainPoint& p) { return p.assignment == a; });
+    };
+    for (const ChainPoint& c : chain) EXPECT_EQ(count(c.assignment), 1) << what;
+    size_t uniform_points = 0;
+    for (size_t s = 0; s < m.problem.scheme_names.size(); ++s) {
+      bool valid = true;
+      for (size_t u = 0; u < sens.size(); ++u)
+        valid = valid && std::isfinite(sens[u][s]) && m.problem.cost[u][s] < m.problem.kept_cost[u];
+      const RecipeAssignment uniform(sens.size(), static_cast<int>(s));
+      const bool in_chain = std::any_of(chain.begin(), chain.end(), [&](const ChainPoint& c) { return c.assignment == uniform; });
+      EXPECT_EQ(count(uniform), valid ? 1 : 0) << what << " scheme " << s;
+      uniform_points += valid ? 1 : 0;
+      beside_chain += valid && !in_chain ? 1 : 0;
+      missing += valid ? 0 : 1;
+    }
+    // Nothing else: the chain's points (distinct) and the uniform ones not already in it.
+    size_t chain_uniform = 0;
+    for (const ChainPoint& c : chain)
+      chain_uniform += std::all_of(c.assignment.begin(), c.assignment.end(), [&](int o) { return o >= 0 && o == c.assignment[0]; });
+    EXPECT_EQ(points.size(), chain.size() + uniform_points - chain_uniform) << what;
+    for (size_t i = 0; i < points.size(); ++i) {
+      const ChainPoint& p = points[i];
+      double cost = 0.0, predicted = 0.0;
+      bool all_one = true;
+      for (size_t u = 0; u < p.assignment.size(); ++u) {
+        const int o = p.assignment[u];
+        cost += o == kKeptOption ? m.problem.kept_cost[u] : m.problem.cost[u][static_cast<size_t>(o)];
+        predicted += o == kKeptOption ? 0.0 : sens[u][static_cast<size_t>(o)];
+        all_one = all_one && o != kKeptOption && o == p.assignment[0];
+      }
+      EXPECT_DOUBLE_EQ(p.cost, cost) << what << " point " << i;
+      EXPECT_DOUBLE_EQ(p.predicted_kl, predicted) << what << " point " << i;
+      EXPECT_EQ(p.uniform_scheme, all_one ? p.assignment[0] : -1) << what << " point " << i;
+      if (i == 0) continue;
+      const ChainPoint& q = points[i - 1];
+      EXPECT_TRUE(q.cost < p.cost || (q.cost == p.cost && q.predicted_kl <= p.predicted_kl)) << what << " point " << i;
+    }
+    for (int o : points.back().assignment) EXPECT_EQ(o, kKeptOption) << what;
+  }
+  EXPECT_GT(beside_chain, 0);  // the cases this test is for did occur
+  EXPECT_GT(missing, 0);
+}
+
+// Two units, two schemes of equal cost. Alone, unit 0 prefers "a" and unit 1 "b", so the chain
+// starts at the mix {a, b}; measured whole, the mix is worse than uniform "a" (the errors interact),
+// which costs the same. The walk evaluates the mix, then uniform "a", and chooses it.
+TEST(RecipeSearch, UniformPointBeatingTheChainsFirstPointAtEqualCostIsChosen) {
+  RecipeSearchProblem p;
+  p.unit_names = {"u0", "u1"};
+  p.scheme_names = {"a", "b"};
+  p.cost = {{10, 10}, {10, 10}};
+  p.kept_cost = {20, 20};
+  auto kl_of = [](const RecipeAssignment& a) {
+    const std::vector<std::pair<RecipeAssignment, double>> table = {
+        {{0, -1}, 0.010}, {{1, -1}, 0.020}, {{-1, 0}, 0.020}, {{-1, 1}, 0.010},  // alone
+        {{0, 1}, 0.050},  {{0, 0}, 0.025},  {{1, 1}, 0.040},  {{1, 0}, 0.060},   // whole
+        {{-1, -1}, 0.0}};
+    for (const auto& [assignment, kl] : table)
+      if (assignment == a) return kl;
+    return 0.03;  // one unit kept and the other moved: any value above the budget below
+  };
+  std::vector<RecipeAssignment> evaluated;
+  EvaluateAssignmentsFn evaluate = [&](const std::vector<RecipeAssignment>& batch, std::vector<Summary>* out) -> Status {
+    for (const RecipeAssignment& a : batch) {
+      evaluated.push_back(a);
+      Summary s;
+      s.kl.mean = kl_of(a);
+      out->push_back(s);
+    }
+    return {};
+  };
+  RecipeSearchOptions options;
+  options.budget = budget_of("kl<=0.03");
+  RecipeSearchResult r;
+  ASSERT_TRUE(search_recipe(p, evaluate, options, &r).ok());
+  ASSERT_GE(r.chosen, 1);
+  EXPECT_EQ(r.points[0].assignment, (RecipeAssignment{0, 1}));  // the chain's first point
+  EXPECT_EQ(r.points[0].uniform_scheme, -1);
+  EXPECT_FALSE(r.points[0].meets_budget);
+  const ChainPoint& chosen = r.points[static_cast<size_t>(r.chosen)];
+  EXPECT_EQ(r.chosen, 1);
+  EXPECT_EQ(chosen.assignment, (RecipeAssignment{0, 0}));
+  EXPECT_EQ(chosen.uniform_scheme, 0);
+  EXPECT_EQ(chosen.cost, r.points[0].cost);
+  EXPECT_EQ(chosen.summary.kl.mean, 0.025);
+  // After the four sensitivities, exactly the mix and then uniform "a" were evaluated.
+  ASSERT_EQ(evaluated.size(), 6u);
+  EXPECT_EQ(evaluated[4], (RecipeAssignment{0, 1}));
+  EXPECT_EQ(evaluated[5], (RecipeAssignment{0, 0}));
+  // Uniform "b" (predicted 0.03, the same as uniform "a") comes after "a" in scheme order.
+  EXPECT_EQ(r.points[2].assignment, (RecipeAssignment{1, 1}));
+  EXPECT_EQ(r.points[2].uniform_scheme, 1);
+  EXPECT_FALSE(r.points[2].evaluated);
 }
 
 TEST(RecipeSearch, BatchSizeChangesNothing) {

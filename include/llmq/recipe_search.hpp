@@ -3,9 +3,10 @@
 // time or bytes). The model is cut into units (per layer its attention and its MLP; lm_head when
 // asked), each unit's sensitivity to each candidate scheme is measured (the KL of the model with
 // only that unit quantized), and a chain of assignments is built from every unit at its cheapest
-// scheme to every unit kept in high precision; the first point of the chain whose full evaluation
-// meets the budget is the recipe. Everything here is pure logic over callbacks: the caller says how
-// an assignment is evaluated (a quantized model in memory, or a fake in tests).
+// scheme to every unit kept in high precision. The chain's points and one uniform point per scheme
+// (every unit under it) are merged by cost into one sequence, and the first point of it whose full
+// evaluation meets the budget is the recipe. Everything here is pure logic over callbacks: the
+// caller says how an assignment is evaluated (a quantized model in memory, or a fake in tests).
 #pragma once
 
 #include <cstdint>
@@ -137,6 +138,9 @@ struct ChainPoint {
   RecipeAssignment assignment;
   double cost = 0.0;              // sum of the units' costs
   double predicted_kl = 0.0;      // sum of the units' sensitivities (what ordered the chain)
+  // The scheme index when every unit is under that one scheme (a uniform point, whether it came from
+  // the chain or was added beside it); -1 for a mix or when a unit is kept.
+  int uniform_scheme = -1;
   bool evaluated = false;
   EvalAccumulator::Summary summary;  // when evaluated
   bool meets_budget = false;         // when evaluated
@@ -146,8 +150,10 @@ struct RecipeSearchResult {
   // sensitivity[u][s]: KL mean of the model with only unit u quantized under scheme s.
   std::vector<std::vector<double>> sensitivity;
   std::vector<std::vector<EvalAccumulator::Summary>> sensitivity_summaries;
-  std::vector<ChainPoint> chain;  // cheapest first, all kept last
-  int64_t chosen = -1;            // index into chain
+  // The sequence the walk evaluates (build_recipe_sequence): the chain's points and the uniform
+  // ones, cheapest first, all kept last.
+  std::vector<ChainPoint> points;
+  int64_t chosen = -1;  // index into points
 };
 
 // The chain from sensitivities and costs (pure; exposed for tests and the report). Each unit's
@@ -160,6 +166,16 @@ struct RecipeSearchResult {
 Status build_recipe_chain(const RecipeSearchProblem& problem, const std::vector<std::vector<double>>& sensitivity,
                           std::vector<ChainPoint>* chain);
 
+// The sequence the search walks (pure; exposed for tests): the chain's points and, for every scheme
+// that is an option for every unit (a finite sensitivity and cheaper than keeping the unit), the
+// uniform point with every unit under it. Sensitivities do not add up, so a uniform point can
+// measure better than the chain's point of the same cost; without it the walk could choose a mix
+// that a uniform scheme beats at no more cost. Sorted by cost, then predicted KL, then the chain's
+// order (uniform points after the chain's, in scheme order); an assignment appears once (a chain
+// point that is uniform is labelled so). Cost never falls along it; all kept is last.
+Status build_recipe_sequence(const RecipeSearchProblem& problem, const std::vector<std::vector<double>>& sensitivity,
+                             std::vector<ChainPoint>* points);
+
 // The recipe of an assignment over `units`: one group per scheme in use, named after the scheme,
 // targeting its units' modules by exact name (every loader matches exact names alike); the modules
 // of kept units listed in `ignore`, so the file says what was kept. Every unit kept gives a recipe
@@ -168,10 +184,12 @@ Status build_recipe_chain(const RecipeSearchProblem& problem, const std::vector<
 Status recipe_from_assignment(const std::vector<RecipeUnit>& units, const std::vector<std::string>& scheme_names,
                               const RecipeAssignment& assignment, QuantRecipe* out);
 
-// Measure every sensitivity (units x schemes evaluations), build the chain, and evaluate its points
-// in order, cheapest first, until one meets the budget: that point is chosen. Its summary is a full
-// evaluation of that assignment. When no point meets it, not even every unit kept, the error says
-// so with the best metric reached.
+// Measure every sensitivity (units x schemes evaluations), build the sequence (the chain and the
+// uniform points), and evaluate its points in order, cheapest first, until one meets the budget:
+// that point is chosen. Its summary is a full evaluation of that assignment. A tighter budget
+// chooses a point no earlier, no cheaper and measured strictly better on a bound the looser choice
+// missed (or the same point); recipe_search.cpp argues why. When no point meets it, not even every
+// unit kept, the error says so with the best metric reached.
 Status search_recipe(const RecipeSearchProblem& problem, const EvaluateAssignmentsFn& evaluate,
                      const RecipeSearchOptions& options, RecipeSearchResult* result);
 

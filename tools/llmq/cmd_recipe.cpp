@@ -1,7 +1,8 @@
 // llmq recipe: the cheapest per-layer mix of schemes that meets an accuracy budget (issue 27). Each
 // layer's attention and MLP is quantized alone under each candidate scheme to measure its
-// sensitivity; a chain of assignments from cheapest to everything kept is walked in order, each
-// point a full evaluation, and the first that meets the budget is written as a mixed checkpoint
+// sensitivity; a chain of assignments from cheapest to everything kept, merged by cost with one
+// uniform assignment per scheme, is walked in order, each point a full evaluation, and the first
+// that meets the budget is written as a mixed checkpoint (just that scheme's when it is uniform)
 // with its recipe.json, then reloaded and evaluated afresh beside every uniform scheme.
 #include <fmt/format.h>
 
@@ -234,7 +235,7 @@ int run(const RecipeArgs& a) {
   };
   if (Status st = search_recipe(problem, evaluate_assignments, search, &run.search); !st.ok()) return fail(st);
   if (progress) progress->finish();
-  const ChainPoint& chosen = run.search.chain[static_cast<size_t>(run.search.chosen)];
+  const ChainPoint& chosen = run.search.points[static_cast<size_t>(run.search.chosen)];
   if (Status st = recipe_from_assignment(run.units, run.scheme_names, chosen.assignment, &run.recipe); !st.ok())
     return fail(st);
   if (run.recipe.groups.empty())
@@ -282,7 +283,7 @@ int run(const RecipeArgs& a) {
     run.candidates.push_back({run.scheme_names[i], sums[i], 0, 0.0, false, false});
     row_assignments.emplace_back(run.units.size(), static_cast<int>(i));
   }
-  run.candidates.push_back({"recipe", chosen.summary, 0, 0.0, true, false});
+  run.candidates.push_back({recipe_row_name(run), chosen.summary, 0, 0.0, true, false});
   run.candidates.push_back({"recipe checkpoint", sums.back(), 0, 0.0, false, true});
   row_assignments.push_back(chosen.assignment);
   row_assignments.push_back(chosen.assignment);
@@ -348,7 +349,7 @@ void add_recipe_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_flag("--quantize-lm-head", args->quantize_lm_head, "let the search quantize lm_head too (kept by default)");
   cmd->add_option("--keep-dtype", args->keep_dtype, "dtype of what the checkpoint keeps: bf16, f16 or f32");
   cmd->add_flag("--force", args->force, "replace previous llmq outputs at --out and --report");
-  cmd->add_flag("--json", args->json, "machine-readable output (sensitivities, the chain, every candidate)");
+  cmd->add_flag("--json", args->json, "machine-readable output (sensitivities, the points walked, every candidate)");
   cmd->add_option("--threads", args->threads, "CPU threads (0: every core); that many models evaluated side by side")
       ->check(CLI::Range(0, 4096));
   commands->push_back({cmd, [args] { return run(*args); }});

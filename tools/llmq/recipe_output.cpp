@@ -14,7 +14,24 @@
 namespace llmq::cli {
 namespace {
 
-const ChainPoint& chosen_point(const RecipeRun& run) { return run.search.chain[static_cast<size_t>(run.search.chosen)]; }
+const ChainPoint& chosen_point(const RecipeRun& run) { return run.search.points[static_cast<size_t>(run.search.chosen)]; }
+
+// "uniform int8-w8a8" for a point with every unit under one scheme, "" for a mix.
+std::string uniform_text(const RecipeRun& run, const ChainPoint& p) {
+  return p.uniform_scheme < 0 ? "" : "uniform " + run.scheme_names[static_cast<size_t>(p.uniform_scheme)];
+}
+
+struct WalkCounts {
+  int64_t evaluated = 0, uniform = 0;
+};
+WalkCounts walk_counts(const RecipeRun& run) {
+  WalkCounts c;
+  for (const ChainPoint& p : run.search.points) {
+    c.evaluated += p.evaluated ? 1 : 0;
+    c.uniform += p.uniform_scheme >= 0 ? 1 : 0;
+  }
+  return c;
+}
 
 std::string bandwidth_text() {
   return fmt::format("{:.0f} GB/s", kDecodeBandwidthBytesPerSecond / 1e9);
@@ -58,17 +75,24 @@ std::string unit_choice(const RecipeRun& run, size_t unit) {
   return option == kKeptOption ? "bf16 (kept)" : run.scheme_names[static_cast<size_t>(option)];
 }
 
+std::string recipe_row_name(const RecipeRun& run) {
+  const std::string uniform = uniform_text(run, chosen_point(run));
+  return uniform.empty() ? "recipe" : "recipe (" + uniform + ")";
+}
+
 std::string recipe_text(const RecipeRun& run) {
   const ChainPoint& chosen = chosen_point(run);
-  int64_t evaluated = 0;
-  for (const ChainPoint& p : run.search.chain) evaluated += p.evaluated ? 1 : 0;
+  const WalkCounts counts = walk_counts(run);
+  const std::string uniform = uniform_text(run, chosen);
   std::string out = fmt::format("model: {}\ndata:  {}\ntokens scored: {}, context {}\n", run.model_description, run.data,
                                 chosen.summary.tokens, run.context);
   out += fmt::format("budget: {} (objective: {})\n", run.budget.text, recipe_objective_name(run.objective));
-  out += fmt::format("search: {} units x {} schemes = {} sensitivity evaluations; a chain of {} assignments, {} "
-                     "evaluated; assignment {} chosen, the first that meets the budget\n\n",
+  out += fmt::format("search: {} units x {} schemes = {} sensitivity evaluations; {} assignments to walk (the chain "
+                     "and the uniform schemes, {} uniform), {} evaluated; assignment {}{} chosen, the first that "
+                     "meets the budget\n\n",
                      run.units.size(), run.scheme_names.size(), run.units.size() * run.scheme_names.size(),
-                     run.search.chain.size(), evaluated, run.search.chosen);
+                     run.search.points.size(), counts.uniform, counts.evaluated, run.search.chosen,
+                     uniform.empty() ? "" : " (" + uniform + ")");
 
   std::vector<EvalRow> rows;
   for (const RecipeCandidate& c : run.candidates)
@@ -130,15 +154,21 @@ nlohmann::ordered_json recipe_json(const RecipeRun& run) {
                           {"alone", sens}});
   }
   j["always_kept"] = run.always_kept;
-  j["chain"] = nlohmann::ordered_json::array();
-  for (const ChainPoint& p : run.search.chain) {
-    nlohmann::ordered_json point = {{"assignment", p.assignment}, {"cost", p.cost}, {"predicted_kl", p.predicted_kl},
+  // The sequence walked: the chain's points and the uniform ones (named), cheapest first.
+  j["points"] = nlohmann::ordered_json::array();
+  for (const ChainPoint& p : run.search.points) {
+    const std::string uniform = uniform_text(run, p);
+    nlohmann::ordered_json point = {{"assignment", p.assignment},
+                                    {"uniform", uniform.empty() ? nlohmann::ordered_json(nullptr)
+                                                                : nlohmann::ordered_json(uniform)},
+                                    {"cost", p.cost},
+                                    {"predicted_kl", p.predicted_kl},
                                     {"evaluated", p.evaluated}};
     if (p.evaluated) {
       point["summary"] = summary_json(p.summary);
       point["meets_budget"] = p.meets_budget;
     }
-    j["chain"].push_back(std::move(point));
+    j["points"].push_back(std::move(point));
   }
   j["chosen"] = run.search.chosen;
   j["candidates"] = nlohmann::ordered_json::array();
@@ -238,12 +268,13 @@ QuantReport recipe_quant_report(const RecipeRun& run, const std::string& date, c
                                 "every linear layer's weights and scales once at {} (H100 SXM HBM3), routed experts "
                                 "counted at k/n; kept layers in BF16.",
                                 bandwidth_text()));
-  int64_t evaluated = 0;
-  for (const ChainPoint& p : run.search.chain) evaluated += p.evaluated ? 1 : 0;
-  r.notes.push_back(fmt::format("Search: {} sensitivity evaluations (each unit alone under each scheme), then {} of the "
-                                "{} assignments of the chain evaluated in order, cheapest first; the first to meet "
-                                "the budget was chosen.",
-                                run.units.size() * run.scheme_names.size(), evaluated, run.search.chain.size()));
+  const WalkCounts counts = walk_counts(run);
+  const std::string uniform = uniform_text(run, chosen_point(run));
+  r.notes.push_back(fmt::format("Search: {} sensitivity evaluations (each unit alone under each scheme), then {} of {} "
+                                "assignments (the chain and {} uniform) evaluated in order, cheapest first; the first "
+                                "to meet the budget was chosen{}.",
+                                run.units.size() * run.scheme_names.size(), counts.evaluated, run.search.points.size(),
+                                counts.uniform, uniform.empty() ? "" : ": " + uniform));
   for (const RecipeCandidate& c : run.candidates)
     if (c.is_checkpoint)
       r.notes.push_back(c.name + ", reloaded and evaluated afresh: " + budget_check_text(run.budget, c.summary) + ".");

@@ -47,6 +47,9 @@ struct RecipeRun {
 
 // The unit's chosen scheme, or "bf16 (kept)".
 std::string unit_choice(const RecipeRun& run, size_t unit);
+// The recipe's row name: "recipe", or "recipe (uniform int8-w8a8)" when the chosen point puts every
+// unit under one scheme (then the checkpoint is just that scheme's).
+std::string recipe_row_name(const RecipeRun& run);
 
 // The summary a person reads: the budget, the table, the assignment, what the costs are.
 std::string recipe_text(const RecipeRun& run);

@@ -1,17 +1,21 @@
 // The search of `llmq recipe` (recipe_search.hpp): sensitivities, the chain of assignments from
-// cheapest to every unit kept, and the walk along it to the first point that meets the budget.
+// cheapest to every unit kept, the sequence of the chain's points and the uniform ones, and the
+// walk along it to the first point that meets the budget.
 //
-// Why a tighter budget never chooses a less accurate assignment. The chain depends on the
-// sensitivities and costs only, never on the budget, so two budgets walk the same chain, and the
-// points are evaluated by the same deterministic evaluator. Let budget B' be tighter than B: every
-// summary that meets B' meets B. The walk returns the first point meeting the budget, i for B and
-// i' for B'. Point i' meets B', hence B, so i <= i'. If i' != i, then i < i' and point i, being
-// before the first point meeting B', fails B': some bound of B' is missed at i and met at i', so
-// the choice under B' is measured better on that bound (strictly), and being later in the chain it
-// has every unit at the same or a more accurate option, at a higher cost. Conversely a looser
-// budget chooses the same point or an earlier, strictly cheaper one. (A bisection over the chain
-// would evaluate fewer points but keeps only the order of the points, not this: where the metric is
-// not monotone along the chain, a tighter budget could land on a point measured worse.)
+// Why a tighter budget never chooses a less accurate assignment. The walk evaluates one fixed
+// sequence in order: the chain's points and the uniform points, sorted by cost, then predicted KL,
+// then chain order. The sequence depends on the sensitivities and costs only, never on the budget,
+// so two budgets walk the same sequence, and its points are evaluated by the same deterministic
+// evaluator. Let budget B' be tighter than B: every summary that meets B' meets B. The walk returns
+// the first point meeting the budget, i for B and i' for B'. Point i' meets B', hence B, so
+// i <= i': the tighter budget chooses a point no earlier. If i' != i, then i < i' and point i, being
+// before the first point meeting B', fails B': some bound of B' is missed at i and met at i', so the
+// choice under B' is measured strictly better on that bound; and since cost never falls along the
+// sequence, it is no cheaper. Conversely a looser budget chooses the same point or an earlier one,
+// no more expensive. Nothing is claimed unit by unit: a uniform point may have some unit at a less
+// accurate option than the chain point before it. (A bisection over the sequence would evaluate
+// fewer points but keeps only the order of the points, not this: where the metric is not monotone
+// along the sequence, a tighter budget could land on a point measured worse.)
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -86,6 +90,21 @@ ChainPoint make_point(const std::vector<std::vector<Rung>>& ladders, const std::
   return point;
 }
 
+// Every unit under scheme s, or nothing when s is no option for some unit (its evaluation broke,
+// or it costs no less than keeping the unit).
+bool uniform_point(const RecipeSearchProblem& p, const std::vector<std::vector<double>>& sensitivity, size_t s,
+                   ChainPoint* point) {
+  *point = ChainPoint{};
+  for (size_t u = 0; u < p.unit_names.size(); ++u) {
+    if (!std::isfinite(sensitivity[u][s]) || !(p.cost[u][s] < p.kept_cost[u])) return false;
+    point->assignment.push_back(static_cast<int>(s));
+    point->cost += p.cost[u][s];
+    point->predicted_kl += sensitivity[u][s];
+  }
+  point->uniform_scheme = static_cast<int>(s);
+  return true;
+}
+
 std::string format_value(double v) {
   std::ostringstream s;
   s.precision(6);
@@ -137,6 +156,30 @@ Status build_recipe_chain(const RecipeSearchProblem& problem, const std::vector<
   return {};
 }
 
+Status build_recipe_sequence(const RecipeSearchProblem& problem, const std::vector<std::vector<double>>& sensitivity,
+                             std::vector<ChainPoint>* points) {
+  std::vector<ChainPoint> sequence;
+  LLMQ_RETURN_IF_ERROR(build_recipe_chain(problem, sensitivity, &sequence));
+  const size_t chain_length = sequence.size();
+  for (size_t s = 0; s < problem.scheme_names.size(); ++s) {
+    ChainPoint uniform;
+    if (!uniform_point(problem, sensitivity, s, &uniform)) continue;
+    auto same = std::find_if(sequence.begin(), sequence.begin() + static_cast<std::ptrdiff_t>(chain_length),
+                             [&](const ChainPoint& c) { return c.assignment == uniform.assignment; });
+    if (same != sequence.begin() + static_cast<std::ptrdiff_t>(chain_length))
+      same->uniform_scheme = uniform.uniform_scheme;  // the chain has it already: once, labelled
+    else
+      sequence.push_back(std::move(uniform));
+  }
+  // Stable: among equal cost and predicted KL the chain's points keep their order, before the
+  // uniform points in scheme order.
+  std::stable_sort(sequence.begin(), sequence.end(), [](const ChainPoint& a, const ChainPoint& b) {
+    return a.cost != b.cost ? a.cost < b.cost : a.predicted_kl < b.predicted_kl;
+  });
+  *points = std::move(sequence);
+  return {};
+}
+
 Status search_recipe(const RecipeSearchProblem& problem, const EvaluateAssignmentsFn& evaluate,
                      const RecipeSearchOptions& options, RecipeSearchResult* result) {
   LLMQ_RETURN_IF_ERROR(check_problem(problem));
@@ -176,19 +219,19 @@ Status search_recipe(const RecipeSearchProblem& problem, const EvaluateAssignmen
     if (options.progress) options.progress("sensitivity", last, total);
   }
 
-  LLMQ_RETURN_IF_ERROR(build_recipe_chain(problem, r.sensitivity, &r.chain));
+  LLMQ_RETURN_IF_ERROR(build_recipe_sequence(problem, r.sensitivity, &r.points));
 
   // The walk: every point in order until the first that meets the budget (see the top of the file
   // for why in order and not by bisection).
-  const int64_t points = static_cast<int64_t>(r.chain.size());
-  for (size_t first = 0; first < r.chain.size() && r.chosen < 0; first += batch_size) {
-    const size_t last = std::min(r.chain.size(), first + batch_size);
+  const int64_t points = static_cast<int64_t>(r.points.size());
+  for (size_t first = 0; first < r.points.size() && r.chosen < 0; first += batch_size) {
+    const size_t last = std::min(r.points.size(), first + batch_size);
     std::vector<RecipeAssignment> batch;
-    for (size_t i = first; i < last; ++i) batch.push_back(r.chain[i].assignment);
+    for (size_t i = first; i < last; ++i) batch.push_back(r.points[i].assignment);
     std::vector<EvalAccumulator::Summary> summaries;
     LLMQ_RETURN_IF_ERROR(run(batch, &summaries));
     for (size_t i = first; i < last; ++i) {
-      ChainPoint& p = r.chain[i];
+      ChainPoint& p = r.points[i];
       p.evaluated = true;
       p.summary = summaries[i - first];
       p.meets_budget = budget_met(options.budget, p.summary);
@@ -199,7 +242,7 @@ Status search_recipe(const RecipeSearchProblem& problem, const EvaluateAssignmen
   if (r.chosen < 0) {
     // Even every unit kept missed it: the budget asks more than the base model gives against
     // itself (a ppl ratio below 1), or the evaluation of the base model is not the base model's.
-    const EvalAccumulator::Summary& kept = r.chain.back().summary;
+    const EvalAccumulator::Summary& kept = r.points.back().summary;
     std::string reached;
     for (const BudgetBound& b : options.budget.bounds)
       reached += std::string(reached.empty() ? "" : ", ") + budget_metric_name(b.metric) + " " +
