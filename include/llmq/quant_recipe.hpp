@@ -36,7 +36,9 @@ struct QuantRecipe {
   // and ignore also matches is a contradiction and refused.
   std::vector<std::string> ignore;
   // Overrides for every group's scheme when set (>= 0): SmoothQuant's alpha for schemes that
-  // smooth, and the scale backoff beta (0, 1] of the weights and activations.
+  // smooth (refused when no quantized module's scheme smooths), and the scale backoff beta (0, 1]
+  // of the weights and of static activation scales. Dynamic activation scales keep theirs: the
+  // engine computes them per batch and no checkpoint format can ask it for a backoff.
   float smooth_alpha = -1.0f;
   float backoff = -1.0f;
 };
@@ -60,8 +62,10 @@ struct ResolvedRecipe {
 // runtime run one scheme per layer's experts); an unknown scheme; a SmoothQuant scheme on only
 // part of the quantized consumers of one RMSNorm; a tied lm_head named by a group (it has no
 // weight of its own); an empty group, a duplicate group name, a target over 4096 characters or a
-// regular expression that does not compile; overrides out of range (smooth_alpha [0, 1], backoff
-// (0, 1]).
+// regular expression that does not compile or that Python's re would read differently (see
+// quant_recipe_targets.hpp); regular expressions too large or too many to match against this
+// model's module names in bounded time; overrides out of range (smooth_alpha [0, 1], backoff
+// (0, 1]) or smooth_alpha when no quantized module's scheme smooths.
 Status resolve_recipe(const QuantRecipe& recipe, const ModelConfig& config, ResolvedRecipe* out);
 
 // What a model or checkpoint quantized under more than one scheme calls its scheme (QuantizedModel::

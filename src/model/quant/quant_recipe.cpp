@@ -21,32 +21,40 @@ struct CompiledList {
   std::vector<bool> used;
 };
 
-Status compile_list(const std::string& where, const std::vector<std::string>& targets, CompiledList* out) {
+Status compile_list(const std::string& where, const std::vector<std::string>& targets, RecipeTargetBudget* budget,
+                    CompiledList* out) {
   out->where = where;
   for (const std::string& t : targets) {
     RecipeTarget c;
-    LLMQ_RETURN_IF_ERROR(compile_recipe_target(where, t, &c));
+    LLMQ_RETURN_IF_ERROR(compile_recipe_target(where, t, TargetAnchor::kWholeName, budget, &c));
     out->targets.push_back(std::move(c));
   }
   out->used.assign(out->targets.size(), false);
   return {};
 }
 
-// The first target of `list` that matches `module` (-1: none); with exact_only, regular
-// expressions are skipped (lm_head and routers are quantized only when named).
-Status match(const CompiledList& list, const std::string& module, bool exact_only, int* found) {
-  *found = -1;
-  for (size_t i = 0; i < list.targets.size(); ++i) {
-    const RecipeTarget& t = list.targets[i];
+// Every target of `list` that matches `module`, in order, each marked used (a redundant target
+// that also matches is used, not "matching nothing"); with exact_only, regular expressions are
+// skipped (lm_head and routers are quantized only when named).
+Status match(CompiledList* list, const std::string& module, bool exact_only, std::vector<int>* found) {
+  found->clear();
+  for (size_t i = 0; i < list->targets.size(); ++i) {
+    const RecipeTarget& t = list->targets[i];
     if (exact_only && t.is_regex) continue;
     bool matched = false;
     LLMQ_RETURN_IF_ERROR(recipe_target_matches(t, module, &matched));
-    if (matched) {
-      *found = static_cast<int>(i);
-      return {};
-    }
+    if (!matched) continue;
+    found->push_back(static_cast<int>(i));
+    list->used[i] = true;
   }
   return {};
+}
+
+// The first exact name among `found` (-1: only regular expressions matched).
+int exact_target(const CompiledList& list, const std::vector<int>& found) {
+  for (const int t : found)
+    if (!list.targets[static_cast<size_t>(t)].is_regex) return t;
+  return -1;
 }
 
 // Modules an engine runs as one GEMM (q/k/v; gate/up of a dense layer or of one expert), which
@@ -109,7 +117,9 @@ Scheme with_overrides(Scheme s, const QuantRecipe& recipe) {
   }
   if (recipe.backoff > 0.0f && recipe.backoff != 1.0f) {
     s.weight.backoff = recipe.backoff;
-    s.activation.backoff = recipe.backoff;
+    // A dynamic activation scale is computed by the engine per batch, and no checkpoint format
+    // can ask it for a backoff: evaluating one would measure a model `quantize` cannot write.
+    if (s.activation.source == ScaleSource::kStatic) s.activation.backoff = recipe.backoff;
     s.description += " (backoff " + std::to_string(recipe.backoff) + ")";
   }
   return s;
@@ -146,6 +156,7 @@ Status resolve_recipe(const QuantRecipe& recipe, const ModelConfig& config, Reso
   if (recipe.groups.empty()) return invalid_argument("recipe: no groups (a recipe quantizes at least one group)");
   std::vector<CompiledList> groups(recipe.groups.size());
   std::vector<Scheme> schemes(recipe.groups.size());
+  RecipeTargetBudget budget;  // every regular expression of the recipe together
   std::set<std::string> names;
   for (size_t g = 0; g < recipe.groups.size(); ++g) {
     const RecipeGroup& group = recipe.groups[g];
@@ -156,39 +167,46 @@ Status resolve_recipe(const QuantRecipe& recipe, const ModelConfig& config, Reso
     if (Status st = find_scheme(group.scheme, &schemes[g]); !st.ok())
       return invalid_argument(where + ": unknown scheme " + quoted(group.scheme));
     schemes[g] = with_overrides(schemes[g], recipe);
-    LLMQ_RETURN_IF_ERROR(compile_list(where, group.targets, &groups[g]));
+    LLMQ_RETURN_IF_ERROR(compile_list(where, group.targets, &budget, &groups[g]));
   }
   CompiledList ignore;
-  LLMQ_RETURN_IF_ERROR(compile_list("recipe ignore", recipe.ignore, &ignore));
+  LLMQ_RETURN_IF_ERROR(compile_list("recipe ignore", recipe.ignore, &budget, &ignore));
+  // Every regular expression runs against every module name: bounded before any is run.
+  const std::vector<LinearId> ids = linear_ids(config);
+  int64_t name_chars = 0;
+  for (const LinearId& id : ids) name_chars += static_cast<int64_t>(id.hf_name(config).size()) + 1;
+  LLMQ_RETURN_IF_ERROR(check_match_work("recipe", budget.states, name_chars));
 
   ResolvedRecipe r;
-  for (const LinearId& id : linear_ids(config)) {
+  for (const LinearId& id : ids) {
     const std::string module = id.hf_name(config);
     // lm_head and routers: quantized only when a group names them exactly.
     const bool named_only = id.role == LinearRole::kLmHead || id.role == LinearRole::kRouter;
-    int owner = -1, owner_target = -1;
+    int owner = -1;
+    std::vector<int> owner_targets, found;
     for (size_t g = 0; g < groups.size(); ++g) {
-      int t = -1;
-      LLMQ_RETURN_IF_ERROR(match(groups[g], module, named_only, &t));
-      if (t < 0) continue;
+      LLMQ_RETURN_IF_ERROR(match(&groups[g], module, named_only, &found));
+      if (found.empty()) continue;
       if (owner >= 0)
         return invalid_argument("recipe: module " + module + " is matched by " + groups[owner].where + " (target " +
-                                quoted(groups[owner].targets[owner_target].text) + ") and by " + groups[g].where +
-                                " (target " + quoted(groups[g].targets[t].text) + "); each module belongs to one group");
+                                quoted(groups[owner].targets[owner_targets[0]].text) + ") and by " + groups[g].where +
+                                " (target " + quoted(groups[g].targets[found[0]].text) + "); each module belongs to one group");
       owner = static_cast<int>(g);
-      owner_target = t;
+      owner_targets = found;
     }
-    int ignored = -1;
-    LLMQ_RETURN_IF_ERROR(match(ignore, module, false, &ignored));
-    if (ignored >= 0) ignore.used[static_cast<size_t>(ignored)] = true;
-    if (owner >= 0) groups[owner].used[static_cast<size_t>(owner_target)] = true;
-    if (owner >= 0 && ignored >= 0 && !groups[owner].targets[owner_target].is_regex)
-      return invalid_argument("recipe: module " + module + " is named by " + groups[owner].where + " and matched by ignore (target " +
-                              quoted(ignore.targets[ignored].text) + "); keep it or quantize it, not both");
+    std::vector<int> ignored_by;
+    LLMQ_RETURN_IF_ERROR(match(&ignore, module, false, &ignored_by));
+    const bool ignored = !ignored_by.empty();
+    // Named exactly by its group (whichever of the group's targets comes first) and ignored too.
+    const int exact = owner >= 0 ? exact_target(groups[owner], owner_targets) : -1;
+    if (exact >= 0 && ignored)
+      return invalid_argument("recipe: module " + module + " is named by " + groups[owner].where + " (target " +
+                              quoted(groups[owner].targets[exact].text) + ") and matched by ignore (target " +
+                              quoted(ignore.targets[ignored_by[0]].text) + "); keep it or quantize it, not both");
     if (owner >= 0 && id.role == LinearRole::kLmHead && config.tie_embeddings)
       return invalid_argument("recipe: " + groups[owner].where + " names lm_head, which is tied to the embeddings "
                               "(tie_word_embeddings): it has no weight of its own to quantize");
-    if (owner < 0 || ignored >= 0) {
+    if (owner < 0 || ignored) {
       r.kept.push_back(module);
       continue;
     }
@@ -202,7 +220,16 @@ Status resolve_recipe(const QuantRecipe& recipe, const ModelConfig& config, Reso
       if (!list->used[t])
         return invalid_argument(list->where + ": target " + quoted(list->targets[t].text) +
                                 " matches no linear layer of this model (lm_head and routers are matched only by "
-                                "their exact names)");
+                                "their exact names" +
+                                (list->targets[t].is_regex ? std::string(")")
+                                                           : "; a target without 're:' is an exact module name, not a "
+                                                             "class name such as Linear: 're:.*' takes every linear)"));
+  // An override that changes nothing is refused, as --smooth-alpha with --scheme is: the user
+  // would believe the model was smoothed with it.
+  if (recipe.smooth_alpha >= 0.0f &&
+      std::none_of(r.scheme_of.begin(), r.scheme_of.end(), [](const auto& m) { return m.second.smooth_alpha >= 0.0f; }))
+    return invalid_argument("recipe smooth_alpha (--smooth-alpha) is set, but no quantized module's scheme smooths "
+                            "(SmoothQuant schemes: fp8-smoothquant, int8-smoothquant); it would change nothing");
 
   for (const auto& set : fused_sets(config)) {
     const std::string first = set[0].hf_name(config), want = scheme_or_kept(r, first);

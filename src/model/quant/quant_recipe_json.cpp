@@ -56,15 +56,17 @@ Status check_keys(const std::string& source, const json& obj, const std::string&
   return {};
 }
 
+// Each target is compiled to check it here, naming its field; `budget` bounds the compiling of
+// the whole file (a megabyte of large patterns would otherwise take minutes).
 Status read_targets(const std::string& source, const json& v, const std::string& where, bool allow_empty,
-                    std::vector<std::string>* out) {
+                    RecipeTargetBudget* budget, std::vector<std::string>* out) {
   if (!v.is_array()) return bad_field(source, where, "expected an array of module names, got " + v.dump());
   if (v.empty() && !allow_empty) return bad_field(source, where, "empty (a group targets at least one module)");
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string at = where + "[" + std::to_string(i) + "]";
     if (!v[i].is_string()) return bad_field(source, at, "expected a string, got " + v[i].dump());
     RecipeTarget t;
-    if (Status st = compile_recipe_target(at, v[i].get<std::string>(), &t); !st.ok())
+    if (Status st = compile_recipe_target(at, v[i].get<std::string>(), TargetAnchor::kWholeName, budget, &t); !st.ok())
       return invalid_argument("--recipe: " + source + ": " + st.message());
     out->push_back(v[i].get<std::string>());
   }
@@ -100,6 +102,7 @@ Status parse_recipe_json(const std::string& text, const std::string& source, Qua
   if (!groups->is_array() || groups->empty())
     return bad_field(source, "groups", "expected a non-empty array of groups, got " + groups->dump());
   std::set<std::string> names;
+  RecipeTargetBudget budget;
   for (size_t i = 0; i < groups->size(); ++i) {
     const json& g = (*groups)[i];
     const std::string where = "groups[" + std::to_string(i) + "].";
@@ -123,11 +126,11 @@ Status parse_recipe_json(const std::string& text, const std::string& source, Qua
     group.scheme = s->get<std::string>();
     const auto t = g.find("targets");
     if (t == g.end()) return bad_field(source, where + "targets", "missing");
-    LLMQ_RETURN_IF_ERROR(read_targets(source, *t, where + "targets", false, &group.targets));
+    LLMQ_RETURN_IF_ERROR(read_targets(source, *t, where + "targets", false, &budget, &group.targets));
     r.groups.push_back(std::move(group));
   }
   if (const auto ig = j.find("ignore"); ig != j.end())
-    LLMQ_RETURN_IF_ERROR(read_targets(source, *ig, "ignore", true, &r.ignore));
+    LLMQ_RETURN_IF_ERROR(read_targets(source, *ig, "ignore", true, &budget, &r.ignore));
   LLMQ_RETURN_IF_ERROR(read_fraction(source, j, "smooth_alpha", true, &r.smooth_alpha));
   LLMQ_RETURN_IF_ERROR(read_fraction(source, j, "backoff", false, &r.backoff));
   *out = std::move(r);
