@@ -4,6 +4,8 @@
 // float) and its export read back to the same logits. Models: the small seeded default models
 // (dense and MoE) of model_quantize_support.hpp and, when present, stories260K.
 #include "llmq/quant_recipe.hpp"
+#include "llmq/atomic_io.hpp"
+#include "llmq/output_dir.hpp"
 #include "model_quantize_support.hpp"
 
 namespace llmq {
@@ -92,9 +94,79 @@ TEST(RecipeResolve, IgnoreWinsOverARegularExpressionAndOverridesApply) {
     EXPECT_TRUE(contains(m, "layers.0.")) << m;
     EXPECT_EQ(s.smooth_alpha, 0.8f);
     EXPECT_EQ(s.weight.backoff, 0.5f);
-    EXPECT_EQ(s.activation.backoff, 0.5f);
+    // Static activation scales take it; dynamic ones cannot (BackoffSkipsDynamicActivationScales).
+    EXPECT_EQ(s.activation.backoff, s.activation.source == ScaleSource::kStatic ? 0.5f : 1.0f);
   }
   EXPECT_EQ(got.scheme_of.size(), 7u);  // q k v o gate up down of layer 0
+}
+
+// --backoff reaches weights and static activation scales only: no checkpoint can ask an engine
+// for a backoff on the scales it computes per batch, so eval and quantize would disagree.
+TEST(RecipeResolve, BackoffSkipsDynamicActivationScales) {
+  for (const char* name : {"fp8-dynamic", "int8-w8a8", "fp8-tensor-static"}) {
+    QuantRecipe r = uniform_recipe(name);
+    r.backoff = 0.8f;
+    ResolvedRecipe got;
+    ASSERT_TRUE(resolve(r, dense_config(), &got).ok()) << name;
+    const Scheme& s = got.scheme_of.begin()->second;
+    EXPECT_EQ(s.weight.backoff, 0.8f) << name;
+    EXPECT_EQ(s.activation.backoff, s.activation.source == ScaleSource::kStatic ? 0.8f : 1.0f) << name;
+    Scheme plain, overridden;
+    ASSERT_TRUE(find_scheme(name, &plain).ok());
+    ASSERT_TRUE(apply_overrides(plain, -1.0f, 0.8f, &overridden).ok());
+    EXPECT_EQ(overridden.activation.backoff, s.activation.backoff) << name << ": --scheme and --recipe agree";
+  }
+  // A scheme given to export directly with such a backoff is refused, not written without it.
+  Scheme s;
+  ASSERT_TRUE(find_scheme("fp8-dynamic", &s).ok());
+  s.activation.backoff = 0.8f;
+  TempDir dir;
+  ExportSummary sum;
+  const Status st = export_quantized(*memory_weight_source(small_model(0).model), s, nullptr, dir.file("x"), {}, &sum);
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(contains(st.message(), "dynamic activation")) << st.message();
+  EXPECT_FALSE(fs::exists(dir.file("x")));
+}
+
+// A smooth_alpha no quantized module's scheme uses would change nothing: refused, as --scheme
+// refuses --smooth-alpha for a scheme that does not smooth.
+TEST(RecipeResolve, SmoothAlphaWithoutASmoothingSchemeIsRefused) {
+  QuantRecipe r = two_group_recipe();
+  r.smooth_alpha = 0.7f;
+  expect_refused(resolve(r, dense_config()), {"smooth_alpha", "smooths"}, "smooth_alpha with int8-w8a8 and fp8-dynamic");
+  // A smoothing scheme whose every module ignore keeps does not count.
+  QuantRecipe kept = two_group_recipe();
+  kept.groups[0].scheme = "fp8-smoothquant";
+  kept.ignore.push_back("re:.*self_attn.*");
+  kept.smooth_alpha = 0.7f;
+  expect_refused(resolve(kept, dense_config()), {"smooth_alpha"}, "smooth_alpha whose only smoothing module is kept");
+  QuantRecipe smooth = two_group_recipe();
+  smooth.groups[1].scheme = "fp8-smoothquant";
+  smooth.smooth_alpha = 0.7f;
+  EXPECT_TRUE(resolve(smooth, dense_config()).ok());
+}
+
+// Every target that matches a module is used: a redundant one is not "matching nothing", and an
+// exact name that ignore contradicts is caught even after a regular expression of its group.
+TEST(RecipeResolve, EveryMatchingTargetCountsAndExactNamesAfterARegexAreChecked) {
+  const ModelConfig& c = dense_config();
+  QuantRecipe redundant = uniform_recipe("fp8-dynamic");
+  redundant.groups[0].targets = {"re:.*", "re:.*q_proj"};
+  redundant.ignore = {"re:.*\\.1\\.mlp\\.down_proj", layer(1, "mlp.down_proj")};
+  ResolvedRecipe got;
+  const Status st = resolve(redundant, c, &got);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(got.scheme_of.count(layer(1, "mlp.down_proj")), 0u);
+
+  QuantRecipe contradiction = uniform_recipe("fp8-dynamic");
+  contradiction.groups[0].targets = {"re:.*", layer(0, "mlp.down_proj")};
+  contradiction.ignore = {layer(0, "mlp.down_proj")};
+  expect_refused(resolve(contradiction, c), {layer(0, "mlp.down_proj"), "not both"}, "named after a regex and ignored");
+
+  // A bare string is an exact name, never a class name: "Linear" matches nothing, and says why.
+  QuantRecipe class_name = uniform_recipe("fp8-dynamic");
+  class_name.groups[0].targets = {"Linear"};
+  expect_refused(resolve(class_name, c), {"'Linear'", "class name"}, "a class name as a recipe target");
 }
 
 TEST(RecipeResolve, RefusalsNameTheModuleAndTheTargets) {
@@ -450,6 +522,94 @@ TEST(RecipeExport, MixedMoeExportIsRefusedAndNothingIsWritten) {
   QuantizedModel loaded;
   ASSERT_TRUE(load_quantized_checkpoint(dir.file("experts"), &loaded).ok());
   for (const auto& [module, ql] : loaded.linears) EXPECT_TRUE(contains(module, "experts")) << module;
+
+  // The reverse, attention quantized and every expert kept, is refused: some vLLM versions take
+  // FusedMoE's scheme from the "Linear" group without reading ignore.
+  QuantRecipe attention_only;
+  attention_only.groups = {group("attn", "fp8-dynamic", {"re:.*self_attn.*"})};
+  const Status kept = export_quantized(*src, attention_only, nullptr, dir.file("attn"), {}, &sum);
+  ASSERT_FALSE(kept.ok());
+  EXPECT_TRUE(contains(kept.message(), "every expert kept")) << kept.message();
+  EXPECT_FALSE(fs::exists(dir.file("attn")));
+}
+
+// What evaluates in memory is what is written: a backoff over a dynamic scheme changes the weights
+// in both, and the activations in neither, so the checkpoint reloads to the same logits.
+TEST(RecipeExport, BackoffOnADynamicSchemeIsWrittenAsEvaluated) {
+  SmallModel& m = small_model(0);
+  QuantRecipe recipe = uniform_recipe("fp8-dynamic");
+  recipe.backoff = 0.8f;
+  QuantizedModel memory;
+  ASSERT_TRUE(quantize_model(m.model, recipe, nullptr, {}, &memory).ok());
+  TempDir dir;
+  ExportOptions options;
+  options.keep_dtype = DType::kF32;
+  ExportSummary sum;
+  const Status ex = export_quantized(*memory_weight_source(m.model), recipe, nullptr, dir.file("q"), options, &sum);
+  ASSERT_TRUE(ex.ok()) << ex.to_string();
+  QuantizedModel loaded;
+  ASSERT_TRUE(load_quantized_checkpoint(dir.file("q"), &loaded).ok());
+  const std::vector<int32_t> tokens = sampled_tokens(m.model, 24, kEvalSeed);
+  QuantizedLinearBackend lb(loaded), mb(memory);
+  const std::vector<float> got = logits_of(loaded.weights, &lb, tokens), want = logits_of(memory.weights, &mb, tokens);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+      << "the checkpoint runs another model than the one evaluated";
+}
+
+// --resume keeps shards only under the same plan, and the plan holds each module's effective
+// scheme: SmoothQuant's alpha and the backoff are in no quantization_config field.
+TEST(RecipeExport, ResumeDoesNotMixShardsOfAnotherAlphaOrBackoff) {
+  SmallModel& m = small_model(0);
+  const auto src = memory_weight_source(m.model);
+  TempDir dir;
+  auto recipe = [](float alpha, float backoff) {
+    QuantRecipe r = uniform_recipe("int8-smoothquant");
+    r.smooth_alpha = alpha;
+    r.backoff = backoff;
+    return r;
+  };
+  ExportOptions options;
+  options.max_shard_bytes = 64 << 10;  // several shards
+  ExportSummary base;
+  ASSERT_TRUE(export_quantized(*src, recipe(0.8f, -1.0f), &m.stats, dir.file("a"), options, &base).ok());
+  ASSERT_GT(base.shards, 1);
+  ASSERT_FALSE(base.plan.empty());
+  // An interrupted run under alpha 0.8 writing `out`: its staging directory holds the first
+  // shard, finished.
+  auto interrupted = [&](const std::string& out) {
+    OutputRules rules;
+    rules.writer = "llmq quantize";
+    std::unique_ptr<OutputDir> staging;
+    ASSERT_TRUE(OutputDir::begin(out, rules, base.plan, false, &staging).ok());
+    for (const std::string& name : dir_entries(dir.file("a"))) {
+      if (name.rfind("model-00001", 0) != 0) continue;
+      fs::copy_file(dir.file("a/" + name), staging->path(name));
+      int64_t size = 0;
+      uint64_t sum = 0;
+      ASSERT_TRUE(checksum_file(staging->path(name), &size, &sum).ok());
+      ASSERT_TRUE(staging->mark_complete(name, size, sum).ok());
+    }
+    ASSERT_EQ(staging->completed_count(), 1);
+  };
+  ExportOptions resume = options;
+  resume.resume = true;
+  // The same options resume it (the setup does what an interrupted run leaves).
+  interrupted(dir.file("same"));
+  ExportSummary same;
+  ASSERT_TRUE(export_quantized(*src, recipe(0.8f, -1.0f), &m.stats, dir.file("same"), resume, &same).ok());
+  EXPECT_EQ(same.reused_shards, 1);
+  EXPECT_EQ(same.plan, base.plan);
+  int index = 0;
+  for (const auto& [alpha, backoff] : std::vector<std::pair<float, float>>{{-1.0f, -1.0f}, {0.8f, 0.9f}, {0.5f, -1.0f}}) {
+    const std::string out = dir.file("other" + std::to_string(index++));
+    interrupted(out);
+    ExportSummary sum;
+    const Status st = export_quantized(*src, recipe(alpha, backoff), &m.stats, out, resume, &sum);
+    EXPECT_FALSE(st.ok() && sum.reused_shards > 0)
+        << "alpha " << alpha << " backoff " << backoff << " reused a shard quantized under alpha 0.8";
+    if (!st.ok()) EXPECT_TRUE(contains(st.message(), "different inputs or options")) << st.message();
+  }
 }
 
 }  // namespace

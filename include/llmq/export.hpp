@@ -90,6 +90,9 @@ struct ExportSummary {
   int64_t reused_shards = 0;        // --resume: shards kept from the interrupted run
   int64_t nonfinite_replaced = 0;   // --nonfinite zero: NaN / Inf values written as 0
   std::string quantization_config;  // JSON text
+  // The fingerprint of everything that decides the bytes written (empty for a dry run): --resume
+  // keeps an interrupted run's shards only under the same plan.
+  std::string plan;
 };
 
 Status export_quantized(const WeightSource& source, const Scheme& scheme, const CalibrationStats* stats,

@@ -52,6 +52,12 @@ Status check_scheme_format(const Scheme& scheme) {
     return unsupported("--scheme " + scheme.name + ": static activation scales are per-tensor only");
   if (!scheme.weight.symmetric || !scheme.activation.symmetric)
     return unsupported("--scheme " + scheme.name + ": asymmetric schemes have no export format yet");
+  // An engine computes dynamic activation scales itself; no format can ask it for a backoff, so
+  // the checkpoint would run another model than the one evaluated.
+  if (scheme.quantize_activations && scheme.activation.source == ScaleSource::kDynamic && scheme.activation.backoff != 1.0f)
+    return unsupported("--scheme " + scheme.name + ": a backoff on dynamic activation scales (" +
+                       std::to_string(scheme.activation.backoff) + ") has no export format: engines compute those "
+                       "scales themselves (--backoff applies to weights and static activation scales)");
   switch (scheme.export_format) {
     case ExportFormat::kVllmFp8:
       if (scheme.weight.format != DType::kE4M3)
@@ -220,7 +226,38 @@ void store_float(const Tensor& t, DType dtype, uint8_t* dst) {
 }
 
 // Bump when the bytes llmq writes for the same inputs change, so --resume never mixes versions.
-constexpr const char* kPlanVersion = "llmq-export-plan-1";
+// 2: the plan holds every quantized module's effective scheme (scheme_fingerprint).
+constexpr const char* kPlanVersion = "llmq-export-plan-2";
+
+// A float exactly (to_string keeps six decimals: 0.8 and 0.8000001 would read alike).
+std::string float_bits(float v) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &v, sizeof bits);
+  return std::to_string(bits);
+}
+
+// Every field of a quantization spec that can change the bytes written. The quantization_config
+// does not say them all (SmoothQuant's alpha, the backoff, the scale search), so --resume under
+// another --smooth-alpha or --backoff would otherwise keep shards quantized under the old one.
+std::string spec_fingerprint(const QuantSpec& q) {
+  std::string t = std::string(dtype_name(q.format)) + " " + granularity_name(q.granularity) + " " +
+                  std::to_string(q.block_rows) + "x" + std::to_string(q.block_cols) + " g" + std::to_string(q.group_size) +
+                  " " + scale_method_name(q.method) + " b" + float_bits(q.backoff) + " m" + float_bits(q.min_scale) +
+                  " r" + std::to_string(static_cast<int>(q.scale_rounding)) + " " + std::to_string(q.pow2_min_exp) + ".." +
+                  std::to_string(q.pow2_max_exp) + " c" + std::to_string(static_cast<int>(q.candidates)) + " " +
+                  std::to_string(q.grid_points) + " " + float_bits(q.grid_min) + " " + std::to_string(q.pow2_search_below) +
+                  " s" + std::to_string(q.symmetric) + " src" + std::to_string(static_cast<int>(q.source)) + " rd" +
+                  std::to_string(static_cast<int>(q.rounding)) + " seed" + std::to_string(q.seed);
+  for (const float h : q.hardware_scales) t += " h" + float_bits(h);
+  for (const float e : q.explicit_candidates) t += " e" + float_bits(e);
+  return t;
+}
+
+std::string scheme_fingerprint(const Scheme& s) {
+  return s.name + " w[" + spec_fingerprint(s.weight) + "] a" + std::to_string(s.quantize_activations) + "[" +
+         spec_fingerprint(s.activation) + "] alpha" + float_bits(s.smooth_alpha) + " f" +
+         std::to_string(static_cast<int>(s.export_format));
+}
 
 // The statistics as text: static scales and SmoothQuant factors are computed from them.
 std::string stats_fingerprint(const CalibrationStats* stats) {
@@ -405,6 +442,13 @@ Status export_quantized(const WeightSource& source, const QuantRecipe& recipe, c
       return unsupported("--recipe: an MoE model is exported with one scheme and every expert quantized (vLLM's "
                          "FusedMoE reads one scheme for all experts of the model and would refuse or misread a "
                          "mixed one); evaluate this recipe in memory (llmq eval --recipe) instead");
+    // Every expert kept while attention is quantized: the config group would target "Linear" and
+    // list each expert in ignore, but some vLLM versions choose FusedMoE's method from the
+    // "Linear" group without consulting ignore, and would run the float experts as 8-bit.
+    if (quantized == 0 && experts > 0)
+      return unsupported("--recipe: an MoE model with every expert kept but other linears quantized is not exported "
+                         "(some vLLM versions quantize FusedMoE from the \"Linear\" group without reading ignore); "
+                         "quantize the experts too, or evaluate this recipe in memory (llmq eval --recipe)");
   }
   Scheme uniform;
   for (auto& [module, s] : r.scheme_of) {
@@ -603,6 +647,7 @@ Status export_plan(const WeightSource& source, const ExportPlan& plan, const Cal
   if (identity.empty()) identity = "unidentified " + std::to_string(::getpid()) + " " + std::to_string(std::random_device{}());
   std::string plan_text = std::string(kPlanVersion) + "\n" + identity + "\n" + config_json.dump() + "\n" +
                           stats_fingerprint(stats) + "\n" + std::to_string(static_cast<int>(options.nonfinite)) + "\n";
+  for (const auto& [module, scheme] : plan.scheme_of) plan_text += module + ": " + scheme_fingerprint(scheme) + "\n";
   for (const auto& shard : shards) {
     plan_text += "shard";
     for (const auto& e : shard) plan_text += " " + e.name + ":" + dtype_name(e.dtype) + ":" + shape_string(e.shape);
@@ -610,6 +655,7 @@ Status export_plan(const WeightSource& source, const ExportPlan& plan, const Cal
   }
   Checksum plan_sum;
   plan_sum.update(plan_text.data(), static_cast<int64_t>(plan_text.size()));
+  sum.plan = checksum_hex(plan_sum.digest());
 
   std::unique_ptr<OutputDir> staging;
   LLMQ_RETURN_IF_ERROR(OutputDir::begin(out_dir, rules, checksum_hex(plan_sum.digest()), options.resume, &staging));
