@@ -129,4 +129,25 @@ std::string quantized_checkpoint_scheme(const Checkpoint& ckpt);
 Status read_quantized_linear(const Checkpoint& ckpt, const std::string& module, bool with_codes, bool* quantized,
                              QuantizedLinear* out);
 
+// read_quantized_linear for many linears of one checkpoint: its quantization_config is parsed and
+// its targets compiled once at open (refusing, naming the field, what no loader reads alike), and
+// the matching of regular-expression targets against module names is bounded over every read, so
+// a hostile config.json cannot make loading take hours. `ckpt` must outlive the reader.
+class QuantizedLinearReader {
+ public:
+  static Status open(const Checkpoint& ckpt, std::unique_ptr<QuantizedLinearReader>* out);
+  ~QuantizedLinearReader();
+  QuantizedLinearReader(const QuantizedLinearReader&) = delete;
+  QuantizedLinearReader& operator=(const QuantizedLinearReader&) = delete;
+  // As read_quantized_linear; also refused: a module stored 8-bit that the ignore list keeps, or
+  // that no config group (or two) targets.
+  Status read(const std::string& module, bool with_codes, bool* quantized, QuantizedLinear* out);
+  const std::string& scheme() const;  // llmq_scheme, else "checkpoint"
+
+ private:
+  QuantizedLinearReader();
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 }  // namespace llmq

@@ -3,7 +3,7 @@
 // mapped file into device memory (the OS pages in what is read; nothing is copied into host
 // buffers for BF16 and F32 tensors). An unquantized checkpoint is quantized there under the
 // scheme; a quantized one (what `llmq quantize` writes) keeps its stored FP8/INT8 codes, read
-// through read_quantized_linear exactly as load_quantized_checkpoint reads them. Host memory holds
+// through QuantizedLinearReader exactly as load_quantized_checkpoint reads them. Host memory holds
 // at most one converted tensor (F16 weights under "bf16") plus one linear's scales.
 #include <cuda_runtime.h>
 
@@ -33,6 +33,7 @@ struct Loader {
   bool bf16 = true;  // linears in BF16, else quantized under `scheme`
   Scheme scheme;
   bool stored_quantized = false;  // the checkpoint's own FP8/INT8 linears, as stored
+  QuantizedLinearReader* reader = nullptr;  // with stored_quantized: its quantization_config, parsed once
 
   // A stored 8-bit weight: codes from the memory map to the device, scales as the runtime keeps
   // them (per-channel, per-tensor expanded, or 128x128 blocks).
@@ -124,7 +125,7 @@ struct Loader {
       QuantizedLinear ql;
       bool quantized = false;
       const std::string module = name.substr(0, name.size() - std::string(".weight").size());
-      if (stored_quantized) LLMQ_RETURN_IF_ERROR(read_quantized_linear(ckpt, module, false, &quantized, &ql));
+      if (stored_quantized) LLMQ_RETURN_IF_ERROR(reader->read(module, false, &quantized, &ql));
       if (quantized) {
         const runtime::ActQuant act_before = out->act;
         const DType act_dtype_before = out->act_dtype;
@@ -211,7 +212,7 @@ Status load_moe(const Loader& load, const ModelConfig& c, int64_t l, runtime::Gp
   if (load.stored_quantized) {
     QuantizedLinear ql;
     bool quantized = false;
-    LLMQ_RETURN_IF_ERROR(read_quantized_linear(load.ckpt, router, false, &quantized, &ql));
+    LLMQ_RETURN_IF_ERROR(load.reader->read(router, false, &quantized, &ql));
     if (quantized) return unsupported(load.ckpt.dir() + ": " + router + " is quantized (the GPU runtime keeps routers BF16)");
   }
   Loader bf16 = load;
@@ -251,6 +252,7 @@ Status GpuModel::from_checkpoint(const std::string& dir, const GpuPrecision& p, 
   LLMQ_RETURN_IF_ERROR(runtime::check_config(c));
   Loader load{*ckpt};
   std::string label = precision;
+  std::unique_ptr<QuantizedLinearReader> reader;  // outlives every copy of `load`
   if (is_quantized_checkpoint(*ckpt)) {
     // 8-bit codes run as stored: quantizing them again under another scheme would add a second
     // rounding on top of the first.
@@ -258,7 +260,9 @@ Status GpuModel::from_checkpoint(const std::string& dir, const GpuPrecision& p, 
     if (p.kind != GpuPrecision::Kind::kAsStored && precision != stored)
       return invalid_argument(dir + " is a quantized checkpoint (" + stored + "): it runs as stored (precision 'checkpoint'), not as '" +
                               precision + "'; quantize the unquantized model to get another scheme");
+    LLMQ_RETURN_IF_ERROR(QuantizedLinearReader::open(*ckpt, &reader));
     load.stored_quantized = true;
+    load.reader = reader.get();
     load.bf16 = true;  // linears the checkpoint keeps in float stay BF16
     label = stored;
   } else if (p.kind == GpuPrecision::Kind::kAsStored || p.kind == GpuPrecision::Kind::kBF16) {

@@ -9,7 +9,7 @@
 #include "llmq/safetensors.hpp"
 #include "model/checkpoint/checkpoint_names.hpp"
 #include "model/checkpoint/input_file.hpp"
-#include "model/quant/quant_recipe_targets.hpp"
+#include "model/checkpoint/quantization_targets.hpp"
 
 namespace llmq {
 namespace {
@@ -20,59 +20,26 @@ bool activation_format(const std::string& f) {
   return f == "naive-quantized" || f == "int-quantized" || f == "float-quantized";
 }
 
-// Does one config-group target take `module`, as vLLM and compressed-tensors match: the exact
-// name, "re:" + a Python re.match (anchored at the start only), or the class name "Linear" (every
-// linear llmq reads is one).
-Status target_takes(const std::string& target, const std::string& module, bool* takes) {
-  if (target == "Linear" || target == module) {
-    *takes = true;
+// A string field of the quantization_config: `fallback` when absent or null (a hand-edited
+// config.json writes null for "not given"); any other type is refused naming the field, where
+// nlohmann's value() would throw.
+Status string_field(const nlohmann::json& q, const char* key, const std::string& fallback, std::string* out) {
+  const auto it = q.find(key);
+  if (it == q.end() || it->is_null()) {
+    *out = fallback;
     return {};
   }
-  *takes = false;
-  if (target.rfind("re:", 0) != 0) return {};
-  RecipeTarget t;
-  LLMQ_RETURN_IF_ERROR(compile_recipe_target("quantization_config target", "re:(?:" + target.substr(3) + ")[\\s\\S]*", &t));
-  return recipe_target_matches(t, module, takes);
-}
-
-// The config group of `module` in a compressed-tensors quantization_config: the only group, or
-// the one group whose targets take it. A module no group or two groups take is refused: loaders
-// would disagree on (or guess) its quantization.
-Status group_of(const nlohmann::json& q, const std::string& module, std::string* name, const nlohmann::json** out) {
-  const auto& groups = q.at("config_groups");
-  if (groups.size() == 1) {
-    *name = groups.begin().key();
-    *out = &groups.begin().value();
-    return {};
-  }
-  *out = nullptr;
-  for (const auto& [key, g] : groups.items()) {
-    const auto targets = g.find("targets");
-    if (targets == g.end() || !targets->is_array()) return invalid_argument("config_groups." + key + ".targets: expected an array");
-    bool takes = false;
-    for (const auto& t : *targets) {
-      if (!t.is_string()) return invalid_argument("config_groups." + key + ".targets: expected strings");
-      LLMQ_RETURN_IF_ERROR(target_takes(t.get<std::string>(), module, &takes));
-      if (takes) break;
-    }
-    if (!takes) continue;
-    if (*out != nullptr)
-      return invalid_argument("quantization_config: " + module + " is a target of config groups " + *name + " and " + key +
-                              "; loaders would disagree on its quantization");
-    *name = key;
-    *out = &g;
-  }
-  if (*out == nullptr)
-    return invalid_argument("quantization_config: " + module + " is stored 8-bit but no config group targets it");
+  if (!it->is_string()) return invalid_argument(std::string("quantization_config.") + key + ": expected a string, got " + it->dump());
+  *out = it->get<std::string>();
   return {};
 }
 
-// The activation quantization a quantization_config asks for `module`; *group_name is its
-// compressed-tensors config group ("" for the fp8 format).
-Status activation_spec(const nlohmann::json& q, const std::string& module, DType format, bool* quantize_input,
-                       QuantSpec* spec, std::string* group_name) {
-  group_name->clear();
-  const std::string method = q.value("quant_method", "");
+// The activation quantization a quantization_config asks for `module`, whose compressed-tensors
+// config group is `group` (named *group_name; nullptr for the fp8 format).
+Status activation_spec(const nlohmann::json& q, const nlohmann::json* group, const std::string& module, DType format,
+                       bool* quantize_input, QuantSpec* spec, const std::string* group_name) {
+  std::string method;
+  LLMQ_RETURN_IF_ERROR(string_field(q, "quant_method", "", &method));
   *quantize_input = true;
   if (method == quant_method_name(ExportFormat::kVllmFp8)) {
     if (q.contains("weight_block_size")) {
@@ -84,8 +51,7 @@ Status activation_spec(const nlohmann::json& q, const std::string& module, DType
     return {};
   }
   if (method == quant_method_name(ExportFormat::kCompressedTensors)) {
-    const nlohmann::json* group = nullptr;
-    LLMQ_RETURN_IF_ERROR(group_of(q, module, group_name, &group));
+    if (group == nullptr) return invalid_argument("quantization_config: " + module + " has no config group");
     const auto& g = *group;
     const std::string group_format = g.contains("format") && g["format"].is_string() ? g["format"].get<std::string>()
                                                                                     : q.value("format", "");
@@ -116,10 +82,41 @@ Status parse_quantization_config(const Checkpoint& ckpt, nlohmann::json* q) {
   return {};
 }
 
-// One linear under a parsed quantization_config (see read_quantized_linear). Which tensors it
+}  // namespace
+
+// A checkpoint's quantization_config, parsed and its targets compiled once.
+struct QuantizedLinearReader::State {
+  const Checkpoint* ckpt = nullptr;
+  nlohmann::json q;
+  QuantizationTargets targets;  // points into q
+  std::string scheme;           // llmq_scheme, or "checkpoint"
+};
+
+QuantizedLinearReader::QuantizedLinearReader() = default;
+QuantizedLinearReader::~QuantizedLinearReader() = default;
+
+Status QuantizedLinearReader::open(const Checkpoint& ckpt, std::unique_ptr<QuantizedLinearReader>* out) {
+  std::unique_ptr<QuantizedLinearReader> r(new QuantizedLinearReader());
+  r->state_ = std::make_unique<State>();
+  State& s = *r->state_;
+  s.ckpt = &ckpt;
+  LLMQ_RETURN_IF_ERROR(parse_quantization_config(ckpt, &s.q));
+  const auto is_module = [&ckpt](const std::string& name) { return ckpt.find(name + kWeightSuffix) != nullptr; };
+  if (Status st = QuantizationTargets::parse(s.q, is_module, &s.targets); !st.ok())
+    return Status(st.code(), ckpt.dir() + ": " + st.message());
+  if (Status st = string_field(s.q, "llmq_scheme", "checkpoint", &s.scheme); !st.ok())
+    return Status(st.code(), ckpt.dir() + ": " + st.message());
+  *out = std::move(r);
+  return {};
+}
+
+const std::string& QuantizedLinearReader::scheme() const { return state_->scheme; }
+
+// One linear under the parsed quantization_config (see read_quantized_linear). Which tensors it
 // has and how their shapes read is checkpoint_names.cpp's, shared with load_hf_model.
-Status read_linear(const Checkpoint& ckpt, const nlohmann::json& q, const std::string& module, bool with_codes,
-                   bool* quantized, QuantizedLinear* out) {
+Status QuantizedLinearReader::read(const std::string& module, bool with_codes, bool* quantized, QuantizedLinear* out) {
+  const Checkpoint& ckpt = *state_->ckpt;
+  const nlohmann::json& q = state_->q;
   *quantized = false;
   const std::string weight_name = module + kWeightSuffix;
   const SafetensorsTensorInfo* info = ckpt.find(weight_name);
@@ -172,14 +169,18 @@ Status read_linear(const Checkpoint& ckpt, const nlohmann::json& q, const std::s
   }
   std::memcpy(w.scales.scales.data(), s.data(), static_cast<size_t>(s.nbytes()));
   std::string group;
+  const nlohmann::json* group_config = nullptr;
+  if (Status st = state_->targets.group_of(module, &group, &group_config); !st.ok())
+    return Status(st.code(), ckpt.dir() + ": " + st.message());
   try {
-    if (Status st = activation_spec(q, module, info->dtype, &ql.quantize_input, &ql.input_spec, &group); !st.ok())
+    if (Status st = activation_spec(q, group_config, module, info->dtype, &ql.quantize_input, &ql.input_spec, &group);
+        !st.ok())
       return Status(st.code(), ckpt.dir() + ": " + st.message());
   } catch (const std::exception& e) {
     return invalid_argument(ckpt.dir() + ": quantization_config: " + e.what());
   }
   // Which llmq scheme: a mixed checkpoint names each group's ("llmq_groups"), others the whole one.
-  ql.scheme = q.value("llmq_scheme", std::string("checkpoint"));
+  ql.scheme = state_->scheme;
   if (const auto names = q.find("llmq_groups"); names != q.end() && names->is_object() && names->contains(group) &&
                                                 (*names)[group].is_string())
     ql.scheme = (*names)[group].get<std::string>();
@@ -195,8 +196,6 @@ Status read_linear(const Checkpoint& ckpt, const nlohmann::json& q, const std::s
   return {};
 }
 
-}  // namespace
-
 // MXFP4 (gpt-oss's published experts) is a storage format the float loader dequantizes exactly,
 // not an 8-bit checkpoint read as stored.
 bool is_quantized_checkpoint(const Checkpoint& ckpt) {
@@ -209,32 +208,35 @@ bool is_quantized_checkpoint(const Checkpoint& ckpt) {
 std::string quantized_checkpoint_scheme(const Checkpoint& ckpt) {
   nlohmann::json q;
   if (!parse_quantization_config(ckpt, &q).ok()) return "";
-  return q.value("llmq_scheme", std::string("checkpoint"));
+  std::string scheme;
+  // Not a string: the linears' reader refuses the field by name; the label is the generic one.
+  if (!string_field(q, "llmq_scheme", "checkpoint", &scheme).ok()) return "checkpoint";
+  return scheme;
 }
 
 Status read_quantized_linear(const Checkpoint& ckpt, const std::string& module, bool with_codes, bool* quantized,
                              QuantizedLinear* out) {
-  nlohmann::json q;
-  LLMQ_RETURN_IF_ERROR(parse_quantization_config(ckpt, &q));
-  return read_linear(ckpt, q, module, with_codes, quantized, out);
+  std::unique_ptr<QuantizedLinearReader> reader;
+  LLMQ_RETURN_IF_ERROR(QuantizedLinearReader::open(ckpt, &reader));
+  return reader->read(module, with_codes, quantized, out);
 }
 
 Status load_quantized_checkpoint(const std::string& dir, QuantizedModel* out) {
   std::unique_ptr<Checkpoint> ckpt;
   LLMQ_RETURN_IF_ERROR(Checkpoint::open(dir, &ckpt));
-  nlohmann::json q;
-  if (Status st = parse_quantization_config(*ckpt, &q); !st.ok()) return invalid_argument("--quantized: " + st.message());
+  std::unique_ptr<QuantizedLinearReader> reader;
+  if (Status st = QuantizedLinearReader::open(*ckpt, &reader); !st.ok()) return invalid_argument("--quantized: " + st.message());
 
   QuantizedModel qm;
   LLMQ_RETURN_IF_ERROR(load_hf_model(dir, &qm.weights));  // float (dequantized) weights for the rest
-  qm.scheme.name = q.value("llmq_scheme", std::string("checkpoint"));
+  qm.scheme.name = reader->scheme();
   qm.scheme.description = "as stored in " + dir;
   const ModelConfig& c = qm.weights.config;
   for (const Linear* l : qm.weights.linears()) {
     const std::string module = l->id.hf_name(c);
     QuantizedLinear ql;
     bool quantized = false;
-    if (Status st = read_linear(*ckpt, q, module, true, &quantized, &ql); !st.ok())
+    if (Status st = reader->read(module, true, &quantized, &ql); !st.ok())
       return invalid_argument("--quantized: " + st.message());
     if (!quantized) continue;  // kept in float
     qm.scheme.weight = ql.weight.spec;
