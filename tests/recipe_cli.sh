@@ -86,6 +86,14 @@ printf '{"groups": [{"scheme": "fp8-dynamic", "targets": ["model.layers.9.mlp.up
 refused "a recipe target matching nothing" "model.layers.9.mlp.up_proj" -- quantize --model default --recipe "$work/typo.json" -o "$work/x"
 printf '{"groups": [{"scheme": "fp8-dynamic", "targets": ["re:.*"]}], "colour": 1}' > "$work/unknown.json"
 refused "an unknown recipe key" "colour" -- eval --model default --recipe "$work/unknown.json"
+# NaN passes CLI11's Range; with --recipe it used to read as "unset" and the run went on.
+refused "--smooth-alpha nan with --recipe" "smooth-alpha" -- quantize --model default --recipe "$work/r.json" --smooth-alpha nan -o "$work/x"
+refused "--backoff nan with --recipe" "backoff" -- eval --model default --recipe "$work/r.json" --backoff nan
+# No scheme of this recipe smooths: the alpha would change nothing, as with --scheme.
+refused "--smooth-alpha with a recipe that does not smooth" "smooths" -- quantize --model default --recipe "$work/r.json" --smooth-alpha 0.7 -o "$work/x"
+refused "eval --smooth-alpha with a recipe that does not smooth" "smooths" -- eval --model default --recipe "$work/r.json" --smooth-alpha 0.7
+printf '{"groups": [{"scheme": "fp8-dynamic", "targets": ["re:.*"]}], "smooth_alpha": 0.6}' > "$work/alpha.json"
+refused "a recipe file's smooth_alpha with no smoothing scheme" "smooth_alpha" -- quantize --model default --recipe "$work/alpha.json" -o "$work/x"
 [ ! -e "$work/x" ]
 check "refused runs write nothing" $?
 
