@@ -40,6 +40,8 @@ constexpr double kTimeScale = 1.0;
 #else
 constexpr double kTimeScale = 1.0;
 #endif
+// The sanitizer build: a few checks that only repeat a path already taken run once there.
+constexpr bool kSanitized = kTimeScale > 1.0;
 constexpr int64_t kMaxFileBytes = int64_t{256} << 20;
 constexpr int64_t kMaxRssBytes = int64_t{1536} << 20;
 

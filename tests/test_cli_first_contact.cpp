@@ -130,9 +130,10 @@ TEST(CliFirstContact, DemoPrintsOneSortedTableAVerdictAndWritesTheBestCheckpoint
   for (const char* next : {"run --model", "eval --model", "quantize --model"})
     EXPECT_NE(r.out.find(next), std::string::npos) << "the next commands name " << next << "\n" << r.out;
   expect_narrow(r.out);
-  // The checkpoint loads and runs; a second demo replaces its own output.
+  // The checkpoint loads and runs; a second demo replaces its own output (the release build checks
+  // that: under the sanitizers a second demo would take a minute to retake the same paths).
   c.succeeds({"run", "--model", "out", "--ids", "-n", "8", "-t", "0"});
-  c.expect(Want::kSucceeds, args, {}, kSlowTimeout);
+  if (!kSanitized) c.expect(Want::kSucceeds, args, {}, kSlowTimeout);
 }
 
 TEST(CliFirstContact, EvalTableIsSortedNarrowExplainedAndTheSameForAnyThreadCount) {
@@ -145,7 +146,12 @@ TEST(CliFirstContact, EvalTableIsSortedNarrowExplainedAndTheSameForAnyThreadCoun
   expect_narrow(r.out);
   for (const char* note : {"mean KL ", "top-1 % ", "PPL ratio ", "one standard error"})
     EXPECT_NE(r.out.find(note), std::string::npos) << "the footer explains " << note << "\n" << r.out;
+  // The thread-count comparison needs the same data on both sides, not much of it: under the
+  // sanitizers (25 s an evaluation) it runs on 2 samples of 12 tokens.
   std::vector<std::string> one = base, three = base;
+  if (kSanitized) {
+    one = three = {"eval", "--scheme", "int8-w8a8,fp8-dynamic,fp8-tensor-dynamic", "--samples", "2", "--length", "12"};
+  }
   one.insert(one.end(), {"--json", "--threads", "1"});
   three.insert(three.end(), {"--json", "--threads", "3"});
   const RunResult j1 = c.expect(Want::kSucceeds, one, {}, kSlowTimeout);
