@@ -1,0 +1,77 @@
+// Per-input-channel absmax on the device (channel_absmax.hpp holds the definition).
+//
+// One thread per column over a chunk of kRowsPerBlock rows: consecutive threads read consecutive
+// columns of a row, so every warp's loads are coalesced for a row-major matrix, and each thread
+// keeps its maximum in a register; one atomicMax per thread and chunk folds it into the running
+// maximum. atomicMax on the int bit pattern is the float maximum because both operands are
+// non-negative finite floats (IEEE-754 orders those like their bits); non-finite values are
+// counted instead, so a NaN's bits (above +Inf's) never reach the compare. Row chunks beyond the
+// grid's height are walked by a grid stride, so any row count runs in one launch.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <climits>
+#include <string>
+
+#include "cuda/cuda_check.cuh"
+#include "runtime/channel_absmax.hpp"
+
+namespace llmq::runtime {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kRowsPerBlock = 64;
+constexpr int64_t kMaxGridY = 4096;  // row chunks launched at once (the rest by the grid stride)
+
+template <bool kF32>
+__global__ void channel_absmax_kernel(const void* __restrict__ x, int64_t rows, int64_t k, int64_t ld,
+                                      float* __restrict__ channel_max, unsigned long long* __restrict__ nonfinite) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (col >= k) return;
+  float m = 0.0f;
+  unsigned long long bad = 0;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock; r0 < rows;
+       r0 += static_cast<int64_t>(gridDim.y) * kRowsPerBlock) {
+    const int64_t r1 = r0 + kRowsPerBlock < rows ? r0 + kRowsPerBlock : rows;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t at = r * ld + col;
+      const float v = kF32 ? static_cast<const float*>(x)[at]
+                           : __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(x)[at]) << 16);
+      const float a = fabsf(v);
+      if (a <= FLT_MAX) {
+        m = fmaxf(m, a);
+      } else {
+        ++bad;  // NaN (every compare false) or +-Inf
+      }
+    }
+  }
+  if (m > 0.0f) atomicMax(reinterpret_cast<int*>(channel_max + col), __float_as_int(m));
+  if (bad != 0) atomicAdd(nonfinite, bad);
+}
+
+}  // namespace
+
+Status channel_absmax(const ChannelAbsmaxArgs& a, CudaStream stream) {
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kF32)
+    return invalid_argument(std::string("channel_absmax: dtype must be bf16 or f32, got ") + dtype_name(a.dtype));
+  if (a.rows < 0) return invalid_argument("channel_absmax: rows = " + std::to_string(a.rows));
+  if (a.k < 1) return invalid_argument("channel_absmax: k = " + std::to_string(a.k));
+  if (a.ld < a.k)
+    return invalid_argument("channel_absmax: ld = " + std::to_string(a.ld) + " < k = " + std::to_string(a.k));
+  if (a.rows == 0) return {};
+  if (a.x == nullptr || a.channel_max == nullptr || a.nonfinite == nullptr)
+    return invalid_argument("channel_absmax: null x, channel_max or nonfinite");
+  const int64_t grid_x = (a.k + kThreads - 1) / kThreads;
+  if (grid_x > INT_MAX) return invalid_argument("channel_absmax: k = " + std::to_string(a.k) + " is too wide");
+  const int64_t chunks = (a.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(std::min(chunks, kMaxGridY)));
+  if (a.dtype == DType::kF32)
+    channel_absmax_kernel<true><<<grid, kThreads, 0, stream>>>(a.x, a.rows, a.k, a.ld, a.channel_max, a.nonfinite);
+  else
+    channel_absmax_kernel<false><<<grid, kThreads, 0, stream>>>(a.x, a.rows, a.k, a.ld, a.channel_max, a.nonfinite);
+  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("channel_absmax_kernel");
+  return {};
+}
+
+}  // namespace llmq::runtime
