@@ -125,5 +125,143 @@ TEST(CudaCalibration, ChannelAbsmaxRefusesBadArguments) {
   EXPECT_NE(runtime::channel_absmax(a, nullptr).message().find("null"), std::string::npos);
 }
 
+// ---- (b) The GPU runtime's statistics against the CPU's.
+//
+// Weights: the BF16 runtime holds BF16-rounded weights, and rounding to nearest is monotone and
+// symmetric, so its absmax is exactly the BF16 rounding of the CPU's float absmax: compared for
+// equality, channel by channel.
+// Inputs: the GPU's activations are BF16 between kernels (each rounding moves a value by up to
+// 2^-9 relative) and its GEMMs sum in another order, so deeper layers drift; the logits of the same
+// models drift by up to 7e-2 relative L2 per row (runtime_compare.hpp, measured on the H100). A max
+// over rows is steadier than a row. The bounds (first guesses, not yet measured on a GPU; the test
+// prints the worst values so they can be re-checked from a log):
+constexpr double kTensorAbsmaxRel = 0.05;      // |r_x gpu - r_x cpu| <= this x r_x cpu
+constexpr double kChannelAbsmaxRel = 0.05;     // per channel: this x channel cpu ...
+constexpr double kChannelAbsmaxSlack = 0.01;   // ... + this x r_x cpu (channels far below the tensor's max)
+
+float bf16_round(float v) { return bf16_bits_to_float(float_to_bf16_bits(v)); }
+
+void compare_stats(const CalibrationStats& gpu, const CalibrationStats& cpu, const std::string& model) {
+  EXPECT_EQ(gpu.tokens, cpu.tokens) << model;
+  for (const auto& [name, c] : cpu.linears)
+    EXPECT_TRUE(gpu.linears.count(name) == 1) << model << ": the GPU did not record " << name;
+  for (const auto& [name, g] : gpu.linears)
+    EXPECT_TRUE(cpu.linears.count(name) == 1) << model << ": the GPU recorded " << name << ", the CPU did not";
+  double worst_tensor = 0, worst_channel = 0;
+  std::string worst_tensor_at, worst_channel_at;
+  for (const auto& [name, c] : cpu.linears) {
+    const auto it = gpu.linears.find(name);
+    if (it == gpu.linears.end()) continue;
+    const LinearStats& g = it->second;
+    const std::string at = model + " " + name;
+    ASSERT_EQ(g.in_features, c.in_features) << at;
+    ASSERT_EQ(g.input_channel_absmax.size(), c.input_channel_absmax.size()) << at;
+    ASSERT_EQ(g.weight_channel_absmax.size(), c.weight_channel_absmax.size()) << at;
+    EXPECT_EQ(g.rows_seen, c.rows_seen) << at << ": rows_seen";
+    EXPECT_EQ(g.weight_absmax, static_cast<double>(bf16_round(static_cast<float>(c.weight_absmax))))
+        << at << ": weight_absmax, CPU " << c.weight_absmax;
+    int64_t weight_differ = 0;
+    for (size_t j = 0; j < c.weight_channel_absmax.size(); ++j)
+      if (g.weight_channel_absmax[j] != bf16_round(c.weight_channel_absmax[j]) && weight_differ++ < 3)
+        ADD_FAILURE() << at << ": weight channel " << j << ": GPU " << g.weight_channel_absmax[j] << ", CPU "
+                      << c.weight_channel_absmax[j] << " (BF16 " << bf16_round(c.weight_channel_absmax[j]) << ")";
+    EXPECT_EQ(weight_differ, 0) << at << ": weight channels that differ from the BF16-rounded CPU values";
+
+    const double tensor_rel = std::fabs(g.input_absmax - c.input_absmax) / c.input_absmax;
+    EXPECT_LE(tensor_rel, kTensorAbsmaxRel) << at << ": input_absmax GPU " << g.input_absmax << ", CPU " << c.input_absmax;
+    if (tensor_rel > worst_tensor) worst_tensor = tensor_rel, worst_tensor_at = name;
+    int64_t channel_over = 0;
+    for (size_t j = 0; j < c.input_channel_absmax.size(); ++j) {
+      const double cj = c.input_channel_absmax[j], gj = g.input_channel_absmax[j];
+      const double bound = kChannelAbsmaxRel * cj + kChannelAbsmaxSlack * c.input_absmax;
+      const double excess = std::fabs(gj - cj) / bound;  // > 1: out of bounds
+      if (excess > worst_channel) worst_channel = excess, worst_channel_at = name + " channel " + std::to_string(j);
+      if (excess > 1.0 && channel_over++ < 3)
+        ADD_FAILURE() << at << ": input channel " << j << ": GPU " << gj << ", CPU " << cj << " (bound " << bound
+                      << ")";
+    }
+    EXPECT_EQ(channel_over, 0) << at << ": input channels out of bounds";
+  }
+  std::printf("  %s: %zu linears; worst input_absmax rel %.3e (%s, bound %.2e); worst channel at %.2f of its bound (%s)\n",
+              model.c_str(), cpu.linears.size(), worst_tensor, worst_tensor_at.c_str(), kTensorAbsmaxRel, worst_channel,
+              worst_channel_at.c_str());
+}
+
+// Two windows of 24 (the second partial) through a runtime whose steps take 16 tokens, so that
+// each window's prefill is two steps and lm_head runs per step: what is observed must not depend
+// on how the runtime splits the work.
+TEST(CudaCalibration, RuntimeMatchesCpuCalibrate) {
+  LLMQ_REQUIRE_GPU();
+  std::vector<std::pair<std::string, ModelWeights>> models;
+  models.emplace_back("default", make_default_model());
+  if (have_stories()) {
+    ModelWeights w;
+    const Status st = load_llama2c(stories_path(), &w);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    models.emplace_back("stories260K", std::move(w));
+  } else {
+    std::printf("  stories260K: %s\n", testing::test_data_absent(stories_path()).c_str());
+  }
+  constexpr int64_t kChunk = 24;
+  for (auto& [name, w] : models) {
+    const std::vector<int32_t> tokens = prompt(40, w.config.vocab_size, 7);
+    CalibrationStats cpu, gpu;
+    const Status cst = calibrate(w, tokens, kChunk, &cpu);
+    ASSERT_TRUE(cst.ok()) << name << ": " << cst.to_string();
+    std::unique_ptr<GpuModel> gm;
+    Status st = GpuModel::from_float(w, DType::kBF16, 0, &gm);
+    ASSERT_TRUE(st.ok()) << name << ": " << st.to_string();
+    GpuRuntimeOptions o;
+    o.max_context = kChunk;
+    o.max_step_tokens = 16;
+    std::unique_ptr<GpuRuntime> rt;
+    st = GpuRuntime::create(*gm, o, &rt);
+    ASSERT_TRUE(st.ok()) << name << ": " << st.to_string();
+    st = calibrate_on_gpu(*rt, tokens, kChunk, &gpu);
+    ASSERT_TRUE(st.ok()) << name << ": " << st.to_string();
+    compare_stats(gpu, cpu, name);
+    // A second pass over the same tokens folds into the same statistics: maxima unchanged
+    // (the same values again), rows doubled, as calibrate() does when called per sequence.
+    CalibrationStats twice = gpu;
+    st = calibrate_on_gpu(*rt, tokens, kChunk, &twice);
+    ASSERT_TRUE(st.ok()) << name << ": " << st.to_string();
+    for (const auto& [m, l] : gpu.linears) {
+      EXPECT_EQ(twice.linears.at(m).rows_seen, 2 * l.rows_seen) << name << " " << m;
+      EXPECT_EQ(twice.linears.at(m).input_channel_absmax, l.input_channel_absmax) << name << " " << m << ": not deterministic";
+    }
+  }
+}
+
+TEST(CudaCalibration, RuntimeRefusesWhatItCannotObserve) {
+  LLMQ_REQUIRE_GPU();
+  const ModelWeights w = make_default_model();
+  std::unique_ptr<GpuModel> gm;
+  ASSERT_TRUE(GpuModel::from_float(w, DType::kBF16, 0, &gm).ok());
+  GpuRuntimeOptions o;
+  o.max_context = 32;
+  std::unique_ptr<GpuRuntime> rt;
+  ASSERT_TRUE(GpuRuntime::create(*gm, o, &rt).ok());
+  CalibrationStats stats;
+  EXPECT_NE(rt->end_calibration(&stats).message().find("not calibrating"), std::string::npos);
+  ASSERT_TRUE(rt->begin_calibration().ok());
+  EXPECT_NE(rt->begin_calibration().message().find("already"), std::string::npos);
+  // generate runs eagerly while calibrating (no graph keeps the observer), and is observed.
+  std::vector<std::vector<int32_t>> out;
+  const Status gen = rt->generate({1}, 3, {}, &out);
+  EXPECT_TRUE(gen.ok()) << gen.to_string();
+  ASSERT_TRUE(rt->end_calibration(&stats).ok());
+  EXPECT_EQ(stats.linears.at("lm_head").rows_seen, 3);  // one row per decode step
+  o.skip_stages = "rope";
+  std::unique_ptr<GpuRuntime> skipping;
+  ASSERT_TRUE(GpuRuntime::create(*gm, o, &skipping).ok());
+  EXPECT_NE(skipping->begin_calibration().message().find("skip_stages"), std::string::npos);
+  std::unique_ptr<GpuModel> fp8;
+  ASSERT_TRUE(GpuModel::synthetic(w.config, "fp8-dynamic", 1, 0, &fp8).ok());
+  std::unique_ptr<GpuRuntime> quantized;
+  ASSERT_TRUE(GpuRuntime::create(*fp8, GpuRuntimeOptions{}, &quantized).ok());
+  const Status q = quantized->begin_calibration();
+  EXPECT_NE(q.message().find("BF16 or F32 linears"), std::string::npos) << q.to_string();
+}
+
 }  // namespace
 }  // namespace llmq

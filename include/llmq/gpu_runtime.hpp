@@ -278,6 +278,20 @@ class GpuRuntime {
   static Status kv_blocks_that_fit(const GpuModel& model, const GpuRuntimeOptions& options, double gpu_memory_utilization,
                                    int64_t* blocks);
 
+  // Calibration (`llmq calibrate --device cuda`; runtime/calibration_observer.hpp): from
+  // begin_calibration on, every forward pass (prefill, decode, generate's steps) folds each linear's
+  // BF16 input into per-input-channel absmax on the device, measured as the CPU CalibrationBackend
+  // measures (calibration.hpp: same module names, rows_seen counting the rows each linear read; the
+  // weights' statistics from the weights this runtime holds, BF16-rounded under precision bf16).
+  // end_calibration waits for the stream and folds the result into *stats (nullptr: discards it)
+  // and detaches the observer; it refuses inputs that held NaN/Inf. Only BF16 / F32 dense models on
+  // one GPU in fixed-slot mode without skip_stages; while calibrating, generate runs without CUDA
+  // graphs and a graph-capturing time_decode is refused (a captured graph would keep the
+  // observer's kernels).
+  // Off (the default), the forward pass does no extra work.
+  Status begin_calibration();
+  Status end_calibration(CalibrationStats* stats);
+
   // FP8 KV cache: per-(layer, kv head) scales, k_scales and v_scales [n_layers * n_kv_heads] (> 0).
   Status set_kv_scales(const std::vector<float>& k_scales, const std::vector<float>& v_scales);
 
@@ -295,6 +309,12 @@ class GpuRuntime {
   GpuRuntime();
   std::unique_ptr<Impl> impl_;
 };
+
+// The GPU counterpart of calibrate() (calibration.hpp): `tokens` in windows of `chunk` positions,
+// each a fresh prefill of sequence 0 with every position's logits (so lm_head reads every row, as on
+// the CPU), observed between begin_calibration and end_calibration; out->tokens grows by the count.
+// chunk in [1, the runtime's max_context]. Leaves the runtime reset and not calibrating.
+Status calibrate_on_gpu(GpuRuntime& runtime, const std::vector<int32_t>& tokens, int64_t chunk, CalibrationStats* out);
 
 // Device-to-device copy bandwidth of `device` (bytes read + written per second, median of several
 // copies of `bytes`): the memory ceiling decode is measured against.

@@ -102,6 +102,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     norm.gain = L.attn_norm.as<float>();
     norm.eps = eps;
     LLMQ_RETURN_IF_ERROR(produce(L.qkv, norm, in_attn, &in, run(kStageNorm)));
+    if (calibration) LLMQ_RETURN_IF_ERROR(calibration->observe(l, runtime::CalibrationInput::kAttention, in.bf16, T, stream));
     if (run(kStageQkv)) LLMQ_RETURN_IF_ERROR(run_linear(L.qkv, plan.layers[l].qkv, in, T, qkv_out.get(), lin));
 
     runtime::RopeKvArgs rope;
@@ -181,6 +182,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     copy.n = q_dim;
     copy.src = attn_out.as<uint16_t>();
     LLMQ_RETURN_IF_ERROR(produce(L.o, copy, in_o, &in, run(kStageOQuant)));
+    if (calibration) LLMQ_RETURN_IF_ERROR(calibration->observe(l, runtime::CalibrationInput::kO, in.bf16, T, stream));
     if (run(kStageO)) LLMQ_RETURN_IF_ERROR(run_linear(L.o, plan.layers[l].o, in, T, o_out.get(), lin));
     if (!fused) LLMQ_RETURN_IF_ERROR(all_reduce(o_out, T));
 
@@ -213,6 +215,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       continue;
     }
     LLMQ_RETURN_IF_ERROR(produce(L.gate_up, norm2, in_mlp, &in, run(kStageNorm)));
+    if (calibration) LLMQ_RETURN_IF_ERROR(calibration->observe(l, runtime::CalibrationInput::kFfn, in.bf16, T, stream));
     if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(run_linear(L.gate_up, plan.layers[l].gate_up, in, T, gu_out.get(), lin));
 
     RowOpArgs silu;
@@ -223,6 +226,7 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     silu.glu_limit = static_cast<float>(c.glu_limit);
     silu.glu_alpha = static_cast<float>(c.glu_alpha);
     LLMQ_RETURN_IF_ERROR(produce(L.down, silu, in_down, &in, run(kStageSilu)));
+    if (calibration) LLMQ_RETURN_IF_ERROR(calibration->observe(l, runtime::CalibrationInput::kDown, in.bf16, T, stream));
     if (run(kStageDown)) LLMQ_RETURN_IF_ERROR(run_linear(L.down, plan.layers[l].down, in, T, down_out.get(), lin));
     // The last layer's sums go to the final norm (lm_head), which all-reduces them first.
     if (!fused || l + 1 == c.n_layers) LLMQ_RETURN_IF_ERROR(all_reduce(down_out, T));
@@ -244,6 +248,7 @@ Status GpuRuntime::Impl::lm_head(const StepMeta& m, int64_t first, int64_t count
   norm.row_index = m.lm_rows != nullptr ? m.lm_rows + first : nullptr;
   LinearInput in;
   LLMQ_RETURN_IF_ERROR(produce(model->lm_head, norm, in_lm, &in));
+  if (calibration) LLMQ_RETURN_IF_ERROR(calibration->observe_lm_head(in.bf16, count, stream));
   if (!run(kStageLmHead)) return {};
   const int64_t vl = model->lm_head.n;
   if (vl == c.vocab_size) return run_linear(model->lm_head, plan.lm_head, in, count, logits.get(), lin);
@@ -449,6 +454,8 @@ Status GpuRuntime::Impl::decode_graph(int64_t batch, const SamplingOptions& s, c
     *exec = it->second;
     return {};
   }
+  if (calibration)  // the graph would keep the observer's launches and buffers past end_calibration
+    return invalid_argument("decode graphs are not captured while calibrating (end_calibration first)");
   cudaGraph_t graph = nullptr;
   LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   const Status body = decode_body(batch, s);
@@ -502,7 +509,7 @@ Status GpuRuntime::generate(const std::vector<int32_t>& first, int64_t steps, co
   for (int64_t s = 0; s < steps; ++s) {
     // The first step of a new graph key runs eagerly: it makes cuBLASLt's plans and the kernels'
     // attributes before capture, so that the captured step only enqueues work.
-    if (s > 0 && exec == nullptr && g.options.cuda_graphs) LLMQ_RETURN_IF_ERROR(g.decode_graph(B, sampling, &exec));
+    if (s > 0 && exec == nullptr && g.options.cuda_graphs && !g.calibration) LLMQ_RETURN_IF_ERROR(g.decode_graph(B, sampling, &exec));
     if (exec != nullptr) LLMQ_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, g.stream));
     else LLMQ_RETURN_IF_ERROR(g.decode_body(B, sampling));
   }

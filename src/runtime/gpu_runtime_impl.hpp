@@ -20,6 +20,7 @@
 #include "llmq/tensor_parallel.hpp"
 #include "parallel/p2p_all_reduce.hpp"
 #include "attention/attention.hpp"
+#include "runtime/calibration_observer.hpp"
 #include "runtime/gpu_model_impl.hpp"
 #include "runtime/model_plan.hpp"
 #include "attention/quant_prefill_attention.hpp"
@@ -231,6 +232,9 @@ struct GpuRuntime::Impl {
   bool fused_sum(int64_t tokens) const {
     return peer.ranks > 1 && (skip & kStageAllReduce) == 0 && runtime::row_op_fuses_peer_sum(tokens, c.dim, peer.slot_elements);
   }
+  // Attached between begin_calibration and end_calibration; null otherwise (then the forward pass
+  // only tests the pointer).
+  std::unique_ptr<runtime::CalibrationObserver> calibration;
   // Profiling aid (GpuRuntimeOptions::skip_stages, parse_skip_stages): stages left out of the
   // forward pass.
   uint32_t skip = 0;

@@ -52,6 +52,8 @@ Status GpuRuntime::step(const std::vector<PagedChunk>&, std::vector<int32_t>*, s
 }
 Status GpuRuntime::kv_blocks_that_fit(const GpuModel&, const GpuRuntimeOptions&, double, int64_t*) { return no_cuda(); }
 Status GpuRuntime::set_kv_scales(const std::vector<float>&, const std::vector<float>&) { return no_cuda(); }
+Status GpuRuntime::begin_calibration() { return no_cuda(); }
+Status GpuRuntime::end_calibration(CalibrationStats*) { return no_cuda(); }
 void GpuRuntime::reset() {}
 int64_t GpuRuntime::length(int64_t) const { return 0; }
 int64_t GpuRuntime::device_bytes() const { return 0; }

@@ -1,0 +1,189 @@
+// The GPU runtime's calibration observer (calibration_observer.hpp): the module table, the weight
+// statistics measured once, and the fold of what was observed into CalibrationStats.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "cuda/cuda_check.cuh"
+#include "runtime/calibration_observer.hpp"
+#include "runtime/channel_absmax.hpp"
+
+namespace llmq::runtime {
+namespace {
+
+std::string module_name(const ModelConfig& c, int64_t layer, LinearRole role) {
+  LinearId id;
+  id.layer = layer;
+  id.role = role;
+  return id.hf_name(c);
+}
+
+// The linears whose inputs the observer reads must take BF16 rows and hold BF16 or F32 weights.
+Status check_observable(const GpuLinear& l, const std::string& precision) {
+  bool float_weights = !l.parts.empty();
+  for (const LinearPart& p : l.parts) float_weights = float_weights && (p.w_dtype == DType::kBF16 || p.w_dtype == DType::kF32);
+  if (l.act != ActQuant::kNone || !float_weights)
+    return unsupported("calibration on the GPU needs BF16 or F32 linears (precision bf16 or f32) whose inputs are BF16; " +
+                       l.name + " of this " + precision + " model is not");
+  return {};
+}
+
+}  // namespace
+
+Status CalibrationObserver::create(const GpuModel::Impl& model, CudaStream stream, std::unique_ptr<CalibrationObserver>* out) {
+  const ModelConfig& c = model.config;
+  if (model.tp.size > 1)
+    return unsupported("calibration on the GPU: a tensor-parallel rank holds a slice of every linear; calibrate on one GPU");
+  if (c.is_moe())
+    return unsupported("calibration on the GPU does not yet observe MoE layers (the router and each expert's routed "
+                       "rows); calibrate MoE models with --device cpu");
+  std::unique_ptr<CalibrationObserver> o(new CalibrationObserver());
+  const int64_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim, hidden = c.hidden_dim;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const GpuLayer& L = model.layers[static_cast<size_t>(l)];
+    for (const GpuLinear* g : {&L.qkv, &L.o, &L.gate_up, &L.down}) LLMQ_RETURN_IF_ERROR(check_observable(*g, model.precision));
+    if (L.qkv.n != q_dim + 2 * kv_dim || L.qkv.k != c.dim || L.o.k != q_dim || L.gate_up.n != 2 * hidden ||
+        L.gate_up.k != c.dim || L.down.k != hidden)
+      return Status(StatusCode::kInternal, "calibration on the GPU: layer " + std::to_string(l) +
+                                               "'s linears do not have the shapes of its config");
+    // The order of CalibrationInput: kAttention, kO, kFfn, kDown.
+    LLMQ_RETURN_IF_ERROR(o->add_slot({{module_name(c, l, LinearRole::kQ), &L.qkv, 0, q_dim},
+                                      {module_name(c, l, LinearRole::kK), &L.qkv, q_dim, q_dim + kv_dim},
+                                      {module_name(c, l, LinearRole::kV), &L.qkv, q_dim + kv_dim, q_dim + 2 * kv_dim}},
+                                     c.dim, stream));
+    LLMQ_RETURN_IF_ERROR(o->add_slot({{module_name(c, l, LinearRole::kO), &L.o, 0, L.o.n}}, q_dim, stream));
+    LLMQ_RETURN_IF_ERROR(o->add_slot({{module_name(c, l, LinearRole::kGate), &L.gate_up, 0, hidden},
+                                      {module_name(c, l, LinearRole::kUp), &L.gate_up, hidden, 2 * hidden}},
+                                     c.dim, stream));
+    LLMQ_RETURN_IF_ERROR(o->add_slot({{module_name(c, l, LinearRole::kDown), &L.down, 0, L.down.n}}, hidden, stream));
+  }
+  LLMQ_RETURN_IF_ERROR(check_observable(model.lm_head, model.precision));
+  if (model.lm_head.n != c.vocab_size || model.lm_head.k != c.dim)
+    return Status(StatusCode::kInternal, "calibration on the GPU: lm_head is not [vocab, dim]");
+  LLMQ_RETURN_IF_ERROR(o->add_slot({{module_name(c, -1, LinearRole::kLmHead), &model.lm_head, 0, c.vocab_size}}, c.dim, stream));
+
+  int64_t floats = 0;
+  for (const Slot& s : o->slots_) floats += s.k;
+  const int64_t n_slots = static_cast<int64_t>(o->slots_.size());
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(floats * 4, "calibration channel absmax", &o->channel_max_));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(n_slots * 8, "calibration non-finite counts", &o->nonfinite_));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o->channel_max_.get(), 0, static_cast<size_t>(floats * 4), stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o->nonfinite_.get(), 0, static_cast<size_t>(n_slots * 8), stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  *out = std::move(o);
+  return {};
+}
+
+// Measures each reader's weight rows (every part of its linear that overlaps them) and appends
+// the slot.
+Status CalibrationObserver::add_slot(const std::vector<Reader>& readers, int64_t k, CudaStream stream) {
+  DeviceAllocation max_d, bad_d;
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(k * 4, "calibration weight absmax", &max_d));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(8, "calibration weight non-finite count", &bad_d));
+  Slot slot;
+  slot.k = k;
+  slot.offset = slots_.empty() ? 0 : slots_.back().offset + slots_.back().k;
+  for (const Reader& r : readers) {
+    if (r.linear->k != k || r.row_begin < 0 || r.row_end > r.linear->n || r.row_begin >= r.row_end)
+      return Status(StatusCode::kInternal, "calibration on the GPU: " + r.name + " is not rows of " + r.linear->name);
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(max_d.get(), 0, static_cast<size_t>(k * 4), stream));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(bad_d.get(), 0, 8, stream));
+    for (const LinearPart& p : r.linear->parts) {
+      const int64_t begin = std::max(r.row_begin, p.n_offset), end = std::min(r.row_end, p.n_offset + p.n);
+      if (begin >= end) continue;
+      const int64_t elem = p.w_dtype == DType::kF32 ? 4 : 2;
+      ChannelAbsmaxArgs a;
+      a.x = p.w.as<char>() + (begin - p.n_offset) * k * elem;  // part rows [n, k], row-major
+      a.dtype = p.w_dtype;
+      a.rows = end - begin;
+      a.k = k;
+      a.ld = k;
+      a.channel_max = max_d.as<float>();
+      a.nonfinite = bad_d.as<unsigned long long>();
+      LLMQ_RETURN_IF_ERROR(channel_absmax(a, stream));
+    }
+    WeightStats w;
+    w.channel_absmax.resize(static_cast<size_t>(k));
+    unsigned long long bad = 0;
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w.channel_absmax.data(), max_d.get(), static_cast<size_t>(k * 4),
+                                              cudaMemcpyDeviceToHost, stream));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&bad, bad_d.get(), 8, cudaMemcpyDeviceToHost, stream));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    if (bad != 0)
+      return invalid_argument("calibration on the GPU: the weight of " + r.name + " holds " + std::to_string(bad) +
+                              " NaN/Inf values");
+    for (float m : w.channel_absmax) w.absmax = std::max(w.absmax, static_cast<double>(m));
+    weights_[r.name] = std::move(w);
+    slot.modules.push_back(r.name);
+  }
+  slots_.push_back(std::move(slot));
+  return {};
+}
+
+Status CalibrationObserver::fold(int64_t slot, const uint16_t* x, int64_t rows, CudaStream stream) {
+  if (slot < 0 || slot >= static_cast<int64_t>(slots_.size()) || (x == nullptr && rows > 0))
+    return Status(StatusCode::kInternal, "calibration observer: no input for slot " + std::to_string(slot));
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  ChannelAbsmaxArgs a;
+  a.x = x;
+  a.dtype = DType::kBF16;
+  a.rows = rows;
+  a.k = s.k;
+  a.ld = s.k;  // every activation buffer the forward pass hands over is [rows, k], packed
+  a.channel_max = channel_max_.as<float>() + s.offset;
+  a.nonfinite = nonfinite_.as<unsigned long long>() + slot;
+  LLMQ_RETURN_IF_ERROR(channel_absmax(a, stream));
+  s.rows_seen += rows;
+  return {};
+}
+
+Status CalibrationObserver::observe(int64_t layer, CalibrationInput which, const uint16_t* x, int64_t rows, CudaStream stream) {
+  return fold(layer * 4 + static_cast<int64_t>(which), x, rows, stream);
+}
+
+Status CalibrationObserver::observe_lm_head(const uint16_t* x, int64_t rows, CudaStream stream) {
+  return fold(static_cast<int64_t>(slots_.size()) - 1, x, rows, stream);
+}
+
+Status CalibrationObserver::finish(CudaStream stream, CalibrationStats* stats) {
+  const int64_t floats = slots_.empty() ? 0 : slots_.back().offset + slots_.back().k;
+  std::vector<float> maxima(static_cast<size_t>(floats));
+  std::vector<unsigned long long> bad(slots_.size());
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(maxima.data(), channel_max_.get(), maxima.size() * 4, cudaMemcpyDeviceToHost, stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bad.data(), nonfinite_.get(), bad.size() * 8, cudaMemcpyDeviceToHost, stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (bad[i] != 0)
+      return invalid_argument("calibration on the GPU: the input of " + slots_[i].modules.front() + " held " +
+                              std::to_string(bad[i]) + " NaN/Inf values over the calibration data (the model overflows "
+                              "in BF16?); no statistics were written");
+    for (const std::string& name : slots_[i].modules) {
+      const auto it = stats->linears.find(name);
+      if (it != stats->linears.end() && it->second.in_features != slots_[i].k)
+        return invalid_argument("calibration on the GPU: the statistics already hold " + name + " with " +
+                                std::to_string(it->second.in_features) + " input channels, this model's has " +
+                                std::to_string(slots_[i].k));
+    }
+  }
+  for (const Slot& s : slots_) {
+    for (const std::string& name : s.modules) {
+      LinearStats& l = stats->linears[name];
+      if (l.in_features == 0) {  // first sighting: the weights' statistics, as CalibrationBackend
+        const WeightStats& w = weights_.at(name);
+        l.in_features = s.k;
+        l.input_channel_absmax.assign(static_cast<size_t>(s.k), 0.0f);
+        l.weight_channel_absmax = w.channel_absmax;
+        l.weight_absmax = w.absmax;
+      }
+      for (int64_t j = 0; j < s.k; ++j) {
+        float& m = l.input_channel_absmax[static_cast<size_t>(j)];
+        m = std::max(m, maxima[static_cast<size_t>(s.offset + j)]);
+      }
+      for (float m : l.input_channel_absmax) l.input_absmax = std::max(l.input_absmax, static_cast<double>(m));
+      l.rows_seen += s.rows_seen;
+    }
+  }
+  return {};
+}
+
+}  // namespace llmq::runtime

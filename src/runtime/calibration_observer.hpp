@@ -1,0 +1,79 @@
+// The GPU runtime's calibration observer (GpuRuntime::begin_calibration): while it is attached,
+// the forward pass hands it every linear's BF16 input rows before the linear reads them, and it
+// folds them into per-input-channel absmax on the device (channel_absmax.hpp), so that
+// `llmq calibrate --device cuda` measures what the CPU CalibrationBackend (calibration.hpp)
+// measures: per module, r_x| [in] and r_x over the rows it saw, rows_seen, and the weights'
+// per-tensor and per-input-channel absmax, under the same Hugging Face module names.
+//
+// One measurement per input the runtime produces, recorded under every module that reads it, as
+// the CPU path records the same x for each of q/k/v and of gate/up: per layer the attention norm's
+// output (q_proj, k_proj, v_proj), o_proj's input, the FFN norm's output (gate_proj, up_proj) and
+// down_proj's input; then lm_head's. The weights are measured once, on the device, from what the
+// runtime holds: BF16 weights give the absmax of the BF16-rounded weights, which is the BF16
+// rounding of the float absmax (rounding to nearest is monotone and symmetric).
+// Not observed (refused when the observer is made, naming why): MoE layers (the router and each
+// expert's routed rows), tensor-parallel ranks (each holds a slice), 8-bit linears (their inputs
+// are codes, not BF16). Internal header; no CUDA headers.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llmq/calibration.hpp"
+#include "llmq/cuda_stream.hpp"
+#include "llmq/status.hpp"
+#include "runtime/gpu_model_impl.hpp"
+
+namespace llmq::runtime {
+
+// The inputs of one layer the forward pass produces.
+enum class CalibrationInput { kAttention = 0, kO = 1, kFfn = 2, kDown = 3 };
+
+class CalibrationObserver {
+ public:
+  // Checks that `model` can be observed, measures its weights (synchronously, on `stream`) and
+  // allocates the running maxima (zeros).
+  static Status create(const GpuModel::Impl& model, CudaStream stream, std::unique_ptr<CalibrationObserver>* out);
+
+  // Folds x (BF16 [rows, k], k the input's width) into layer `layer`'s input `which`; enqueued on
+  // `stream`, no synchronisation.
+  Status observe(int64_t layer, CalibrationInput which, const uint16_t* x, int64_t rows, CudaStream stream);
+  Status observe_lm_head(const uint16_t* x, int64_t rows, CudaStream stream);
+
+  // Waits for `stream`, then folds what was observed into *stats as CalibrationBackend does (a
+  // module seen for the first time gets its weight statistics; channel maxima are maxed, rows
+  // added). Refused, leaving *stats as it was: any NaN/Inf in an observed input (the error names
+  // the first module and the count), or an entry of *stats with another input width.
+  Status finish(CudaStream stream, CalibrationStats* stats);
+
+ private:
+  struct WeightStats {
+    double absmax = 0;
+    std::vector<float> channel_absmax;  // [in]
+  };
+  struct Slot {
+    std::vector<std::string> modules;  // Hugging Face names of the linears that read this input
+    int64_t k = 0;                     // its width
+    int64_t offset = 0;                // its first float in channel_max_
+    int64_t rows_seen = 0;
+  };
+  // A module that reads a slot's input: its name and its rows [row_begin, row_end) of `linear`
+  // (q, k and v are row ranges of the merged QKV linear; gate and up of gate/up).
+  struct Reader {
+    std::string name;
+    const GpuLinear* linear = nullptr;
+    int64_t row_begin = 0, row_end = 0;
+  };
+  Status add_slot(const std::vector<Reader>& readers, int64_t k, CudaStream stream);
+  Status fold(int64_t slot, const uint16_t* x, int64_t rows, CudaStream stream);
+
+  std::vector<Slot> slots_;  // 4 per layer (CalibrationInput order), then lm_head's
+  std::map<std::string, WeightStats> weights_;
+  DeviceAllocation channel_max_;  // f32 [sum of the slots' k]
+  DeviceAllocation nonfinite_;    // u64 [slots]
+};
+
+}  // namespace llmq::runtime
