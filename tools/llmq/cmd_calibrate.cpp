@@ -4,6 +4,7 @@
 
 #include "commands.hpp"
 #include "llmq/calibration.hpp"
+#include "llmq/gpu_runtime.hpp"
 #include "llmq/model_io.hpp"
 #include "llmq/output_dir.hpp"
 #include "llmq/tokenizer.hpp"
@@ -19,9 +20,13 @@ struct CalibrateArgs {
   int64_t samples = 64;  // without --data: sequences sampled from the model itself
   int64_t length = 128;
   uint64_t seed = 1000;
+  std::string device = "cpu";  // cpu: the float32 reference; cuda: the BF16 GPU runtime
+  int gpu = 0;
+  bool gpu_given = false;
 };
 
 int run(const CalibrateArgs& a) {
+  if (a.gpu_given && a.device != "cuda") return fail(invalid_argument("--gpu: only with --device cuda"));
   // The output rules before any work (output_dir.hpp; save() decides again as it writes): never the
   // model, its tokenizer or the data, nor a file inside them; an existing file only when it is
   // llmq statistics.
@@ -35,6 +40,28 @@ int run(const CalibrateArgs& a) {
   {
     SlowStep step("loading " + a.model);
     if (Status st = load_model(a.model, &model, &description); !st.ok()) return fail(st);
+    step.done();
+  }
+  const int64_t chunk = std::min(a.context, model.config.max_seq_len);
+  // --device cuda, set up before any sampling so that a machine without a GPU fails at once: the
+  // model's linears in BF16 on the GPU runtime, observed as the CPU path is (calibrate_on_gpu).
+  std::unique_ptr<GpuModel> gpu_model;
+  std::unique_ptr<GpuRuntime> runtime;
+  if (a.device == "cuda" && model.config.is_moe())  // calibrate_on_gpu would refuse it too, after sampling
+    return fail(unsupported("--device cuda: MoE models are not yet calibrated on the GPU (the router and each "
+                            "expert's routed rows); use --device cpu"));
+  if (a.device == "cuda") {
+    SlowStep step("loading " + a.model + " onto GPU " + std::to_string(a.gpu) + " (bf16)");
+    GpuModelSource source;
+    source.kind = GpuModelSource::Kind::kHost;
+    source.weights = &model;
+    if (Status st = GpuModel::load(source, gpu_precision(GpuPrecision::Kind::kBF16), a.gpu, &gpu_model); !st.ok())
+      return fail(st);
+    GpuRuntimeOptions o;
+    o.max_context = chunk;
+    o.max_step_tokens = chunk;
+    o.cuda_graphs = false;  // prefill only
+    if (Status st = GpuRuntime::create(*gpu_model, o, &runtime); !st.ok()) return fail(st);
     step.done();
   }
   std::vector<std::vector<int32_t>> sequences;
@@ -63,15 +90,16 @@ int run(const CalibrateArgs& a) {
   for (const auto& s : sequences) {
     std::vector<int32_t> tokens = {model.config.bos_token};
     tokens.insert(tokens.end(), s.begin(), s.end());
-    if (Status st = calibrate(model, tokens, std::min(a.context, model.config.max_seq_len), &stats); !st.ok())
-      return fail(st);
+    const Status st = runtime ? calibrate_on_gpu(*runtime, tokens, chunk, &stats) : calibrate(model, tokens, chunk, &stats);
+    if (!st.ok()) return fail(st);
     done += static_cast<int64_t>(tokens.size());
     progress.update(done, total);
   }
   progress.finish();
   if (Status st = stats.save(a.out); !st.ok()) return fail(st);
-  std::printf("calibrated %s on %lld tokens (%s): %zu linear layers -> %s\n", description.c_str(),
-              static_cast<long long>(stats.tokens), data_name.c_str(), stats.linears.size(), a.out.c_str());
+  std::printf("calibrated %s on %lld tokens (%s, %s): %zu linear layers -> %s\n", description.c_str(),
+              static_cast<long long>(stats.tokens), data_name.c_str(),
+              runtime ? "GPU runtime, bf16" : "CPU reference, f32", stats.linears.size(), a.out.c_str());
   return 0;
 }
 
@@ -89,6 +117,13 @@ void add_calibrate_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--samples", args->samples, "without --data: sequences to sample")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--length", args->length, "without --data: tokens per sampled sequence")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--seed", args->seed, "without --data: first sampling seed");
+  cmd->add_option("--device", args->device,
+                  "cpu: the float32 reference (default); cuda: the GPU runtime with BF16 weights and activations\n"
+                  "(dense models; statistics within BF16 rounding of the CPU's)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--gpu", args->gpu, "with --device cuda: CUDA device ordinal")
+      ->check(CLI::Range(0, 1023))
+      ->each([args](const std::string&) { args->gpu_given = true; });
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 
