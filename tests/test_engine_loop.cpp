@@ -124,6 +124,43 @@ TEST(EngineLoop, ConcurrentSubmittersStreamTheReferenceTokens) {
   EXPECT_TRUE(h.pool.all_free());
 }
 
+// Callbacks run on the delivery thread: one that submits (each of the first request's tokens starts
+// a follow-up) waits for the loop like any submitter, and every request still streams exactly its
+// reference tokens.
+TEST(EngineLoop, ACallbackSubmitsFollowUpsThatStreamTheReferenceTokens) {
+  Harness h;
+  std::mt19937 rng(21);
+  RequestSpec first = random_request(rng, h.w.config.vocab_size);
+  first.max_new_tokens = 6;
+  std::vector<RequestSpec> follow;
+  for (int i = 0; i < 6; ++i) follow.push_back(random_request(rng, h.w.config.vocab_size));
+  std::vector<Seen> seen(follow.size() + 1);
+  std::atomic<int> submitted{0}, answered{0};
+  EngineLoop* loop = h.loop.get();
+  StreamFn on_first = [&](const TokenEvent& e) {
+    seen[0].add(e);
+    if (e.token < 0) return;
+    const int i = submitted++;
+    if (i >= static_cast<int>(follow.size())) return;
+    int64_t id = 0;
+    const Status st = loop->submit(follow[static_cast<size_t>(i)], {},
+                                   [&seen, i](const TokenEvent& ev) { seen[static_cast<size_t>(i) + 1].add(ev); }, &id);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    ++answered;
+  };
+  int64_t id = 0;
+  ASSERT_TRUE(h.loop->submit(first, {}, on_first, &id).ok());
+  for (int spin = 0; spin < 5000 && answered.load() < 6; ++spin) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  h.loop->stop(/*drain=*/true);
+  EXPECT_EQ(answered.load(), 6);
+  EXPECT_EQ(seen[0].tokens, alone(h.w, first));
+  for (size_t i = 0; i < follow.size(); ++i) {
+    EXPECT_EQ(seen[i + 1].finals, 1) << "follow-up " << i;
+    EXPECT_EQ(seen[i + 1].tokens, alone(h.w, follow[i])) << "follow-up " << i;
+  }
+  EXPECT_TRUE(h.pool.all_free());
+}
+
 TEST(EngineLoop, CancellationFromOutsideAndFromACallbackAndAThrowingCallbackFreeEverything) {
   Harness h;
   std::mt19937 rng(9);
@@ -206,28 +243,30 @@ TEST(EngineLoop, AFullQueueIsRefusedAtOnceAndAHardStopEndsEveryRequest) {
   EXPECT_EQ(h.loop->submit({}, {}, nullptr, &id).code(), StatusCode::kInvalidArgument);
 }
 
-// The CPU backend until its `fail_at`-th step, then a device error on every step.
+// The CPU backend, each step slowed down, until `fail` is set: then a device error on every step.
 class FailingBackend : public EngineBackend {
  public:
-  FailingBackend(EngineBackend* inner, int fail_at) : inner_(inner), fail_at_(fail_at) {}
+  FailingBackend(EngineBackend* inner, const std::atomic<bool>* fail) : inner_(inner), fail_(fail) {}
   int64_t vocab_size() const override { return inner_->vocab_size(); }
   int64_t max_context() const override { return inner_->max_context(); }
   int64_t blocks() const override { return inner_->blocks(); }
   int64_t block_size() const override { return inner_->block_size(); }
   Status forward(const StepPlan& plan, std::vector<float>* logits) override {
-    if (++steps_ >= fail_at_) return Status(StatusCode::kCudaError, "an illegal memory access was encountered");
+    if (fail_->load()) return Status(StatusCode::kCudaError, "an illegal memory access was encountered");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
     return inner_->forward(plan, logits);
   }
 
  private:
   EngineBackend* inner_;
-  int fail_at_, steps_ = 0;
+  const std::atomic<bool>* fail_;
 };
 
 TEST(EngineLoop, AFailedStepEndsEveryRequestOnceAndRefusesNewOnesWithTheError) {
   Harness h;
   h.loop->stop(true);  // this test drives its own engine over a failing backend
-  FailingBackend failing(h.backend.get(), 4);
+  std::atomic<bool> fail{false};
+  FailingBackend failing(h.backend.get(), &fail);
   SchedulerOptions o;
   o.max_batched_tokens = 16;
   o.max_running = 6;
@@ -238,12 +277,15 @@ TEST(EngineLoop, AFailedStepEndsEveryRequestOnceAndRefusesNewOnesWithTheError) {
   ASSERT_TRUE(EngineLoop::start(engine.get(), &loop).ok());
   std::mt19937 rng(17);
   std::vector<Seen> seen(8);
+  // Each submit waits for at most the step in progress (5 ms here): the 8 requests are in long before
+  // any of them could have ended (30 tokens, 150 ms), and the failure comes after all of them.
   for (int i = 0; i < 8; ++i) {
     RequestSpec r = random_request(rng, h.w.config.vocab_size);
     r.max_new_tokens = 30;
     int64_t id = 0;
     ASSERT_TRUE(loop->submit(r, {}, [&seen, i](const TokenEvent& e) { seen[static_cast<size_t>(i)].add(e); }, &id).ok());
   }
+  fail.store(true);
   for (int spin = 0; spin < 5000 && loop->error().ok(); ++spin) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   loop->stop(false);
   EXPECT_EQ(loop->error().code(), StatusCode::kCudaError);

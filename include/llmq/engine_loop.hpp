@@ -5,16 +5,26 @@
 // disconnects cancelling its request (and so freeing its KV blocks) at any point, and a shutdown that
 // either drains what is running or cancels it.
 //
-// Callbacks run on the loop's thread, outside its locks: a callback may call cancel() or submit().
-// A callback that throws has its request cancelled (the exception goes no further). submit() and
-// cancel() wait for a step in progress to end (the loop holds its lock while the engine steps).
+// Two threads: the loop's, which alone calls into the Engine, and a delivery thread, which runs the
+// callbacks (outside every lock: a callback may call cancel() or submit()) in the order the events
+// were produced. The loop hands each step's events over and goes on to the next step at once, so
+// callbacks (a server's pushes to 256 connections) are not on the step's path. A callback that
+// throws has its request cancelled (the exception goes no further).
+// The engine steps without the loop's lock held: submit() hands its request to the loop, which adds
+// it between two steps (a submitter waits at most for the step in progress, however many others are
+// submitting), and cancel() ends the request at once for its reader (its final event is queued, and
+// its tokens still queued are dropped) and in the engine before the next step, which frees its
+// blocks. Holding one lock across each step instead let the loop's thread take it back step after
+// step while submitters waited: seconds before a first token at 16 concurrent clients (H100,
+// 2026-11-27).
 // After a failed step the engine is left as the failure left it: every request ends, and the loop
 // refuses new ones with the error.
-// Every submitted request gets exactly one final event (finish != kNone): its last token's, or a
-// cancellation's (token -1), or an error's (the step failed; token -1, kCancelled, and the error is
-// what error() returns). No callback runs after stop() returns.
+// Every submitted request gets exactly one final event (finish != kNone), and no event after it: its
+// last token's, or a cancellation's (token -1), or an error's (the step failed; token -1,
+// kCancelled, and the error is what error() returns). No callback runs after stop() returns.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -46,16 +56,18 @@ class EngineLoop {
   // kResourceExhausted: the caller answers "busy", it never blocks), and so does every call after
   // stop() or a failed step. `on_event` must not be empty.
   Status submit(RequestSpec spec, const SamplingParams& sampling, StreamFn on_event, int64_t* id);
-  // Cancels a live request (its blocks are freed at once, between steps; its callback gets the
-  // final kCancelled event from the loop's thread). Unknown or ended ids are refused.
+  // Cancels a live request (its blocks are freed before the next step; its callback gets the final
+  // kCancelled event, and no token after cancel() returns). Unknown or ended ids are refused.
   Status cancel(int64_t id);
   // drain: finish every queued and running request, then stop; else cancel them all. Idempotent.
   void stop(bool drain);
 
-  // Requests submitted and not yet ended; the first error a step returned (ok while none).
+  // Requests submitted whose final event has not been delivered; the first error a step returned
+  // (ok while none).
   int64_t live() const;
   Status error() const;
-  // The scheduler's counters and the pool, read under the loop's lock (for metrics).
+  // The scheduler's counters and the pool as the loop last saw them (after its last add, cancel or
+  // step), for metrics.
   SchedulerStats stats() const;
   int64_t waiting() const;
   int64_t running() const;
@@ -68,22 +80,54 @@ class EngineLoop {
   Snapshot snapshot() const;
 
  private:
-  using Stream = std::shared_ptr<StreamFn>;
+  // A live request's callback and where it stands. A request stays in streams_ until its final event
+  // has been delivered, so that a reader who cancels after the engine ended it (its tokens still
+  // queued) gets no more tokens and a kCancelled end, as one who cancels earlier does.
+  struct StreamState {
+    StreamFn fn;
+    std::atomic<bool> cancelled{false};  // by cancel(): only its kCancelled end is delivered
+    bool ended = false;                  // its final event is queued (guarded by mu_)
+    bool final_delivered = false;        // the delivery thread's own
+  };
+  using Stream = std::shared_ptr<StreamState>;
   using Delivery = std::vector<std::pair<Stream, TokenEvent>>;
+  // A request handed to the loop by submit(); the loop adds it and answers through `done`.
+  struct Submission {
+    RequestSpec spec;
+    SamplingParams sampling;
+    Stream stream;
+    Status status;
+    int64_t id = -1;
+    bool done = false;
+  };
   EngineLoop() = default;
-  void run();
-  void end_all(Delivery* out);  // every live request cancelled in the engine, its final event queued
+  void run();      // the loop's thread
+  void deliver();  // the delivery thread
+  // Loop thread, the lock not held: adds one request to the engine (or refuses it with the loop's
+  // error or its shutdown); a request added is live (in streams_) before `done` is set.
+  void add(Submission* s);
+  void end_all();  // every live request cancelled in the engine, its final event queued; lock held
+  void publish();  // the engine's counters into snapshot_; lock held, the engine not stepping
+  void queue(Delivery* d);  // hands events to the delivery thread (in order)
 
-  Engine* engine_ = nullptr;
-  mutable std::mutex mu_;           // guards everything below and every call into engine_
+  Engine* engine_ = nullptr;  // called from the loop's thread only
+
+  mutable std::mutex mu_;           // guards everything below up to delivery_mu_
   std::condition_variable wake_;    // work arrived, or stop
-  void deliver(Delivery* d);  // calls each callback, the lock not held
-  std::map<int64_t, Stream> streams_;  // live requests
-  Delivery pending_;                   // final events of cancels, delivered by the loop
-  bool stopping_ = false, draining_ = false, stopped_ = false;
+  std::condition_variable added_;   // a submission was answered
+  std::vector<Submission*> inbox_;  // submitted, not yet added (each owned by its waiting submitter)
+  std::vector<int64_t> cancels_;    // cancelled by cancel(), not yet in the engine
+  std::map<int64_t, Stream> streams_;  // requests whose final event is not delivered yet
+  bool stopping_ = false, draining_ = false;
   Status error_;
-  std::thread thread_;
-  std::mutex stop_mu_;  // serialises stop() callers (the join)
+  Snapshot snapshot_;
+
+  std::mutex delivery_mu_;  // taken after mu_ when both are
+  std::condition_variable delivery_wake_;
+  Delivery delivery_;          // events not yet delivered, in order
+  bool loop_done_ = false;     // the loop has ended: deliver what is queued, then end
+  std::thread thread_, delivery_thread_;
+  std::mutex stop_mu_;  // serialises stop() callers (the joins)
 };
 
 }  // namespace llmq::engine

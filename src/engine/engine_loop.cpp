@@ -1,4 +1,5 @@
-// EngineLoop (engine_loop.hpp): the engine's thread and the queue in front of it.
+// EngineLoop (engine_loop.hpp): the engine's thread, the queue in front of it and the delivery
+// thread behind it.
 #include "llmq/engine_loop.hpp"
 
 #include <exception>
@@ -13,8 +14,19 @@ Status EngineLoop::start(Engine* engine, std::unique_ptr<EngineLoop>* out) {
   std::unique_ptr<EngineLoop> loop(new EngineLoop());
   loop->engine_ = engine;
   try {
+    loop->delivery_thread_ = std::thread([l = loop.get()] { l->deliver(); });
+  } catch (const std::system_error& e) {
+    return Status(StatusCode::kResourceExhausted, std::string("EngineLoop::start: no thread for the callbacks: ") + e.what());
+  }
+  try {
     loop->thread_ = std::thread([l = loop.get()] { l->run(); });
   } catch (const std::system_error& e) {
+    {
+      std::lock_guard<std::mutex> lock(loop->delivery_mu_);
+      loop->loop_done_ = true;
+      loop->delivery_wake_.notify_all();
+    }
+    loop->delivery_thread_.join();
     return Status(StatusCode::kResourceExhausted, std::string("EngineLoop::start: no thread for the engine: ") + e.what());
   }
   *out = std::move(loop);
@@ -25,25 +37,56 @@ EngineLoop::~EngineLoop() { stop(false); }
 
 Status EngineLoop::submit(RequestSpec spec, const SamplingParams& sampling, StreamFn on_event, int64_t* id) {
   if (!on_event || id == nullptr) return invalid_argument("submit: on_event and id must be set");
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!error_.ok()) return error_;
-  if (stopping_) return Status(StatusCode::kResourceExhausted, "the engine is shutting down");
-  int64_t rid = 0;
-  LLMQ_RETURN_IF_ERROR(engine_->add(std::move(spec), sampling, &rid));
-  streams_[rid] = std::make_shared<StreamFn>(std::move(on_event));
-  *id = rid;
-  wake_.notify_one();
+  Submission sub;
+  sub.spec = std::move(spec);
+  sub.sampling = sampling;
+  sub.stream = std::make_shared<StreamState>();
+  sub.stream->fn = std::move(on_event);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!error_.ok()) return error_;
+    if (stopping_) return Status(StatusCode::kResourceExhausted, "the engine is shutting down");
+    inbox_.push_back(&sub);
+    wake_.notify_one();
+    added_.wait(lock, [&sub] { return sub.done; });
+  }
+  if (!sub.status.ok()) return sub.status;
+  *id = sub.id;
   return {};
+}
+
+void EngineLoop::add(Submission* s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.ok()) s->status = error_;
+    else if (stopping_ && !draining_) s->status = Status(StatusCode::kResourceExhausted, "the engine is shutting down");
+  }
+  int64_t rid = -1;
+  if (s->status.ok()) s->status = engine_->add(std::move(s->spec), s->sampling, &rid);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (s->status.ok()) {
+    streams_[rid] = std::move(s->stream);
+    s->id = rid;
+    publish();
+  }
+  s->done = true;
 }
 
 Status EngineLoop::cancel(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = streams_.find(id);
-  if (it == streams_.end()) return invalid_argument("cancel: request " + std::to_string(id) + " is not live");
-  LLMQ_RETURN_IF_ERROR(engine_->cancel(id));
-  pending_.emplace_back(std::move(it->second), TokenEvent{id, -1, FinishReason::kCancelled, nullptr});
-  streams_.erase(it);
-  wake_.notify_one();
+  if (it == streams_.end() || it->second->cancelled.load())
+    return invalid_argument("cancel: request " + std::to_string(id) + " is not live");
+  const Stream& stream = it->second;
+  stream->cancelled.store(true);
+  if (!stream->ended) {
+    cancels_.push_back(id);  // still in the engine
+    wake_.notify_one();
+  }
+  stream->ended = true;
+  Delivery final_event;
+  final_event.emplace_back(stream, TokenEvent{id, -1, FinishReason::kCancelled, nullptr});
+  queue(&final_event);
   return {};
 }
 
@@ -58,6 +101,12 @@ void EngineLoop::stop(bool drain) {
   }
   std::lock_guard<std::mutex> serial(stop_mu_);
   if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(delivery_mu_);
+    loop_done_ = true;
+    delivery_wake_.notify_all();
+  }
+  if (delivery_thread_.joinable()) delivery_thread_.join();
 }
 
 int64_t EngineLoop::live() const {
@@ -70,91 +119,135 @@ Status EngineLoop::error() const {
 }
 SchedulerStats EngineLoop::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return engine_->scheduler().stats();
+  return snapshot_.stats;
 }
 int64_t EngineLoop::waiting() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return engine_->scheduler().waiting();
+  return snapshot_.waiting;
 }
 int64_t EngineLoop::running() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return engine_->scheduler().running();
+  return snapshot_.running;
 }
 EngineLoop::Snapshot EngineLoop::snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
+}
+
+void EngineLoop::publish() {
   const Scheduler& s = engine_->scheduler();
-  Snapshot out;
-  out.running = s.running();
-  out.waiting = s.waiting();
-  out.kv_blocks_total = s.pool().usable_blocks();
-  out.kv_blocks_used = out.kv_blocks_total - s.pool().free_blocks();
-  out.stats = s.stats();
-  return out;
+  snapshot_.running = s.running();
+  snapshot_.waiting = s.waiting();
+  snapshot_.kv_blocks_total = s.pool().usable_blocks();
+  snapshot_.kv_blocks_used = snapshot_.kv_blocks_total - s.pool().free_blocks();
+  snapshot_.stats = s.stats();
 }
 
-void EngineLoop::end_all(Delivery* out) {
+void EngineLoop::end_all() {
+  Delivery finals;
   for (auto& [rid, stream] : streams_) {
-    (void)engine_->cancel(rid);  // after a failed step the engine may refuse; the request ends here anyway
-    out->emplace_back(std::move(stream), TokenEvent{rid, -1, FinishReason::kCancelled, nullptr});
+    if (stream->ended) continue;  // its final event is queued already
+    (void)engine_->cancel(rid);   // after a failed step the engine may refuse; the request ends here anyway
+    stream->ended = true;
+    finals.emplace_back(stream, TokenEvent{rid, -1, FinishReason::kCancelled, nullptr});
   }
-  streams_.clear();
+  queue(&finals);
 }
 
-void EngineLoop::deliver(Delivery* d) {
-  for (auto& [stream, event] : *d) {
-    try {
-      (*stream)(event);
-    } catch (...) {
-      // The request's reader is gone: end it (its final event goes to the same callback, which
-      // may throw again; that is caught here too).
-      if (event.finish == FinishReason::kNone) (void)cancel(event.request);
-    }
-  }
+void EngineLoop::queue(Delivery* d) {
+  if (d->empty()) return;
+  std::lock_guard<std::mutex> lock(delivery_mu_);
+  if (delivery_.empty()) delivery_.swap(*d);
+  else delivery_.insert(delivery_.end(), std::make_move_iterator(d->begin()), std::make_move_iterator(d->end()));
   d->clear();
+  delivery_wake_.notify_one();
+}
+
+void EngineLoop::deliver() {
+  Delivery batch;
+  std::unique_lock<std::mutex> lock(delivery_mu_);
+  for (;;) {
+    delivery_wake_.wait(lock, [this] { return !delivery_.empty() || loop_done_; });
+    if (delivery_.empty()) break;  // loop_done_, and everything delivered
+    batch.swap(delivery_);
+    lock.unlock();
+    for (auto& [stream, event] : batch) {
+      // After the final event nothing; after cancel() only its kCancelled end (a token or an end
+      // queued before the reader cancelled is dropped).
+      if (stream->final_delivered) continue;
+      if (stream->cancelled.load() && event.finish != FinishReason::kCancelled) continue;
+      try {
+        stream->fn(event);
+      } catch (...) {
+        // The request's reader is gone: end it (its final event goes to the same callback, which
+        // may throw again; that is caught here too).
+        if (event.finish == FinishReason::kNone) (void)cancel(event.request);
+      }
+      if (event.finish != FinishReason::kNone) {
+        stream->final_delivered = true;
+        std::lock_guard<std::mutex> live_lock(mu_);
+        streams_.erase(event.request);
+      }
+    }
+    batch.clear();
+    lock.lock();
+  }
 }
 
 void EngineLoop::run() {
   std::unique_lock<std::mutex> lock(mu_);
+  publish();
   Delivery out;
+  std::vector<Submission*> inbox;
   for (;;) {
-    if (!pending_.empty()) {
-      out.swap(pending_);
+    // Between steps: what other threads handed over since the last step, the lock released while
+    // the engine takes it (a submitter waits for this, not for the lock).
+    if (!inbox_.empty() || !cancels_.empty()) {
+      inbox.swap(inbox_);
+      std::vector<int64_t> cancels;
+      cancels.swap(cancels_);
+      for (const int64_t rid : cancels) (void)engine_->cancel(rid);  // refused when it ended in the last step
+      if (!cancels.empty()) publish();
       lock.unlock();
-      deliver(&out);
+      for (Submission* s : inbox) add(s);
       lock.lock();
+      inbox.clear();
+      added_.notify_all();
       continue;
     }
-    if (stopping_ && !draining_) end_all(&out);
-    if (engine_->idle() || !error_.ok()) {
-      if (out.empty() && stopping_) break;
-      if (out.empty()) {
-        wake_.wait(lock);
-        continue;
-      }
-    } else {
-      std::vector<TokenEvent> events;
-      Status st;
-      try {
-        st = engine_->step(&events);
-      } catch (const std::exception& e) {  // nothing leaves the loop's thread (std::terminate)
-        st = Status(StatusCode::kInternal, std::string("engine step: ") + e.what());
-      }
-      if (!st.ok()) {
-        error_ = st;
-        stopping_ = true;
-        draining_ = false;
-        end_all(&out);
-      }
-      for (const TokenEvent& e : events) {
-        auto it = streams_.find(e.request);
-        if (it == streams_.end()) continue;
-        out.emplace_back(it->second, e);
-        if (e.finish != FinishReason::kNone) streams_.erase(it);
-      }
+    if (stopping_ && !draining_ && !engine_->idle()) {
+      end_all();
+      publish();
     }
+    if (engine_->idle() || !error_.ok()) {
+      if (stopping_) break;
+      wake_.wait(lock);
+      continue;
+    }
+    std::vector<TokenEvent> events;
+    Status st;
     lock.unlock();
-    deliver(&out);
+    try {
+      st = engine_->step(&events);
+    } catch (const std::exception& e) {  // nothing leaves the loop's thread (std::terminate)
+      st = Status(StatusCode::kInternal, std::string("engine step: ") + e.what());
+    }
     lock.lock();
+    if (!st.ok()) {
+      error_ = st;
+      stopping_ = true;
+      draining_ = false;
+    }
+    // A request cancelled during the step has its final event queued already: its events go nowhere.
+    for (const TokenEvent& e : events) {
+      auto it = streams_.find(e.request);
+      if (it == streams_.end() || it->second->cancelled.load()) continue;
+      out.emplace_back(it->second, e);
+      if (e.finish != FinishReason::kNone) it->second->ended = true;
+    }
+    if (!st.ok()) end_all();  // after this step's tokens, so that each final event comes last
+    publish();
+    queue(&out);
   }
 }
 

@@ -43,6 +43,7 @@ std::unique_ptr<httplib::Client> make_client(const ClientOptions& c) {
   cli->set_read_timeout(t);   // a server silent this long ends the request
   cli->set_write_timeout(t);
   cli->set_keep_alive(true);  // the thread's next request reuses the connection, as a benchmark client does
+  cli->set_tcp_nodelay(true);  // the body is a second write after the headers: Nagle would hold it for the server's ACK
   return cli;
 }
 
