@@ -208,6 +208,52 @@ TEST(EngineLoop, CancellationFromOutsideAndFromACallbackAndAThrowingCallbackFree
   EXPECT_FALSE(h.loop->cancel(ids[0]).ok());
 }
 
+// A slow reader leaves tokens queued behind the engine: once cancel() has returned ok, the callback
+// gets only the kCancelled end, however many tokens were queued or being delivered meanwhile.
+TEST(EngineLoop, NoTokenReachesACallbackAfterCancelReturns) {
+  Harness h;
+  std::mt19937 rng(31);
+  constexpr int kRequests = 8;
+  std::vector<Seen> seen(kRequests);
+  std::vector<std::atomic<bool>> returned(kRequests);
+  std::atomic<int> late{0};
+  std::vector<int64_t> ids(kRequests, -1);
+  for (int i = 0; i < kRequests; ++i) {
+    RequestSpec r = random_request(rng, h.w.config.vocab_size);
+    r.max_new_tokens = 40;
+    StreamFn fn = [&, i](const TokenEvent& e) {
+      if (e.finish == FinishReason::kNone && returned[static_cast<size_t>(i)].load()) ++late;
+      seen[static_cast<size_t>(i)].add(e);
+      std::this_thread::sleep_for(std::chrono::microseconds(300));  // slower than the engine
+    };
+    ASSERT_TRUE(h.loop->submit(r, {}, fn, &ids[static_cast<size_t>(i)]).ok());
+  }
+  int cancelled = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    for (int spin = 0; spin < 2000; ++spin) {
+      {
+        std::lock_guard<std::mutex> lock(seen[static_cast<size_t>(i)].mu);
+        if (seen[static_cast<size_t>(i)].tokens.size() >= 2 || seen[static_cast<size_t>(i)].finals > 0) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (h.loop->cancel(ids[static_cast<size_t>(i)]).ok()) {
+      returned[static_cast<size_t>(i)].store(true);
+      ++cancelled;
+    }
+  }
+  h.loop->stop(/*drain=*/true);
+  EXPECT_EQ(late.load(), 0) << "tokens delivered after cancel() returned";
+  EXPECT_GT(cancelled, 0);
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(seen[static_cast<size_t>(i)].finals, 1) << "request " << i;
+    if (returned[static_cast<size_t>(i)].load())
+      EXPECT_EQ(seen[static_cast<size_t>(i)].finish, FinishReason::kCancelled) << "request " << i;
+  }
+  EXPECT_EQ(h.loop->live(), 0);
+  EXPECT_TRUE(h.pool.all_free());
+}
+
 TEST(EngineLoop, AFullQueueIsRefusedAtOnceAndAHardStopEndsEveryRequest) {
   Harness h(/*max_waiting=*/3);
   std::mt19937 rng(13);

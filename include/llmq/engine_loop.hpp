@@ -45,21 +45,24 @@ using StreamFn = std::function<void(const TokenEvent& event)>;
 
 class EngineLoop {
  public:
-  // Starts the loop's thread over `engine` (which must outlive the loop and is used by nothing else
-  // from now on).
+  // Starts the loop's and the delivery thread over `engine` (which must outlive the loop and is used
+  // by nothing else from now on).
   static Status start(Engine* engine, std::unique_ptr<EngineLoop>* out);
-  ~EngineLoop();  // stop(false)
+  ~EngineLoop();  // stop(false); like stop(), never from a callback
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
 
-  // Queues a request; Engine::add's refusals come back here, at once (a full waiting queue is
-  // kResourceExhausted: the caller answers "busy", it never blocks), and so does every call after
-  // stop() or a failed step. `on_event` must not be empty.
+  // Hands a request to the loop and returns once the loop has added it, at most one step later;
+  // Engine::add's refusals come back here (a full waiting queue is kResourceExhausted: the caller
+  // answers "busy", it never waits for room), and so does every call after stop() or a failed step.
+  // `on_event` must not be empty; it may run before submit() returns (the event names the request).
   Status submit(RequestSpec spec, const SamplingParams& sampling, StreamFn on_event, int64_t* id);
-  // Cancels a live request (its blocks are freed before the next step; its callback gets the final
-  // kCancelled event, and no token after cancel() returns). Unknown or ended ids are refused.
+  // Cancels a live request: once cancel() returns ok its callback is called once more, with the
+  // final kCancelled event (a callback running meanwhile is waited for), and its blocks are freed
+  // before the next step. Refused for unknown ids and for requests whose final event was delivered.
   Status cancel(int64_t id);
   // drain: finish every queued and running request, then stop; else cancel them all. Idempotent.
+  // Never from a callback (it waits for the delivery thread, which runs them).
   void stop(bool drain);
 
   // Requests submitted whose final event has not been delivered; the first error a step returned
@@ -85,9 +88,10 @@ class EngineLoop {
   // queued) gets no more tokens and a kCancelled end, as one who cancels earlier does.
   struct StreamState {
     StreamFn fn;
+    std::mutex mu;  // held by the delivery thread around each call of fn, and by cancel(); before mu_
     std::atomic<bool> cancelled{false};  // by cancel(): only its kCancelled end is delivered
     bool ended = false;                  // its final event is queued (guarded by mu_)
-    bool final_delivered = false;        // the delivery thread's own
+    bool final_delivered = false;        // guarded by mu (set by the delivery thread)
   };
   using Stream = std::shared_ptr<StreamState>;
   using Delivery = std::vector<std::pair<Stream, TokenEvent>>;
@@ -110,7 +114,8 @@ class EngineLoop {
   void publish();  // the engine's counters into snapshot_; lock held, the engine not stepping
   void queue(Delivery* d);  // hands events to the delivery thread (in order)
 
-  Engine* engine_ = nullptr;  // called from the loop's thread only
+  Engine* engine_ = nullptr;  // called from the loop's thread only (and by start() before it)
+  std::thread::id delivery_id_;
 
   mutable std::mutex mu_;           // guards everything below up to delivery_mu_
   std::condition_variable wake_;    // work arrived, or stop

@@ -13,8 +13,10 @@ Status EngineLoop::start(Engine* engine, std::unique_ptr<EngineLoop>* out) {
   if (engine == nullptr || out == nullptr) return invalid_argument("EngineLoop::start: engine and out must not be null");
   std::unique_ptr<EngineLoop> loop(new EngineLoop());
   loop->engine_ = engine;
+  loop->publish();  // the counters are right before the first step
   try {
     loop->delivery_thread_ = std::thread([l = loop.get()] { l->deliver(); });
+    loop->delivery_id_ = loop->delivery_thread_.get_id();
   } catch (const std::system_error& e) {
     return Status(StatusCode::kResourceExhausted, std::string("EngineLoop::start: no thread for the callbacks: ") + e.what());
   }
@@ -56,28 +58,52 @@ Status EngineLoop::submit(RequestSpec spec, const SamplingParams& sampling, Stre
 }
 
 void EngineLoop::add(Submission* s) {
+  Status st;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!error_.ok()) s->status = error_;
-    else if (stopping_ && !draining_) s->status = Status(StatusCode::kResourceExhausted, "the engine is shutting down");
+    if (!error_.ok()) st = error_;
+    else if (stopping_ && !draining_) st = Status(StatusCode::kResourceExhausted, "the engine is shutting down");
   }
   int64_t rid = -1;
-  if (s->status.ok()) s->status = engine_->add(std::move(s->spec), s->sampling, &rid);
+  // Nothing leaves the loop's thread (that would be std::terminate): the submitter gets the error.
+  if (st.ok()) {
+    try {
+      st = engine_->add(std::move(s->spec), s->sampling, &rid);
+    } catch (const std::exception& e) {
+      st = Status(StatusCode::kInternal, std::string("adding the request: ") + e.what());
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  if (s->status.ok()) {
-    streams_[rid] = std::move(s->stream);
-    s->id = rid;
+  if (st.ok()) {
+    try {
+      streams_[rid] = s->stream;
+      s->id = rid;
+    } catch (const std::exception& e) {
+      (void)engine_->cancel(rid);
+      st = Status(StatusCode::kInternal, std::string("adding the request: ") + e.what());
+    }
     publish();
   }
+  s->status = st;
   s->done = true;
 }
 
 Status EngineLoop::cancel(int64_t id) {
+  const auto not_live = [id] { return invalid_argument("cancel: request " + std::to_string(id) + " is not live"); };
+  Stream stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = streams_.find(id);
+    if (it == streams_.end() || it->second->cancelled.load()) return not_live();
+    stream = it->second;
+  }
+  // A callback of this request running on the delivery thread is waited for (so none runs after
+  // this returns but the kCancelled end); from a callback, the delivery thread is already between
+  // two calls of every other request's callback, and inside this one's.
+  std::unique_lock<std::mutex> stream_lock(stream->mu, std::defer_lock);
+  if (std::this_thread::get_id() != delivery_id_) stream_lock.lock();
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = streams_.find(id);
-  if (it == streams_.end() || it->second->cancelled.load())
-    return invalid_argument("cancel: request " + std::to_string(id) + " is not live");
-  const Stream& stream = it->second;
+  if (stream->final_delivered || stream->cancelled.load()) return not_live();
   stream->cancelled.store(true);
   if (!stream->ended) {
     cancels_.push_back(id);  // still in the engine
@@ -172,6 +198,7 @@ void EngineLoop::deliver() {
     batch.swap(delivery_);
     lock.unlock();
     for (auto& [stream, event] : batch) {
+      std::lock_guard<std::mutex> stream_lock(stream->mu);
       // After the final event nothing; after cancel() only its kCancelled end (a token or an end
       // queued before the reader cancelled is dropped).
       if (stream->final_delivered) continue;
@@ -196,12 +223,12 @@ void EngineLoop::deliver() {
 
 void EngineLoop::run() {
   std::unique_lock<std::mutex> lock(mu_);
-  publish();
   Delivery out;
   std::vector<Submission*> inbox;
   for (;;) {
-    // Between steps: what other threads handed over since the last step, the lock released while
-    // the engine takes it (a submitter waits for this, not for the lock).
+    // Between steps: what other threads handed over since the last step (once per step, so that
+    // a stream of submissions cannot hold the steps back), the lock released while the engine takes
+    // it (a submitter waits for this, not for the lock).
     if (!inbox_.empty() || !cancels_.empty()) {
       inbox.swap(inbox_);
       std::vector<int64_t> cancels;
@@ -213,13 +240,14 @@ void EngineLoop::run() {
       lock.lock();
       inbox.clear();
       added_.notify_all();
-      continue;
     }
     if (stopping_ && !draining_ && !engine_->idle()) {
       end_all();
       publish();
     }
     if (engine_->idle() || !error_.ok()) {
+      // Whatever came in while the lock was released is taken before waiting or ending.
+      if (!inbox_.empty() || !cancels_.empty()) continue;
       if (stopping_) break;
       wake_.wait(lock);
       continue;
@@ -231,6 +259,8 @@ void EngineLoop::run() {
       st = engine_->step(&events);
     } catch (const std::exception& e) {  // nothing leaves the loop's thread (std::terminate)
       st = Status(StatusCode::kInternal, std::string("engine step: ") + e.what());
+    } catch (...) {
+      st = Status(StatusCode::kInternal, "engine step: an unknown exception");
     }
     lock.lock();
     if (!st.ok()) {

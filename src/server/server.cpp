@@ -261,7 +261,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   auto ended = std::make_shared<bool>(false);
   auto last_write = std::make_shared<SteadyTime>(std::chrono::steady_clock::now());
   // The response is over: a request that did not end (the client went away) is cancelled, which
-  // frees its blocks; one that ended is no longer live and the cancel is refused. The slot (an
+  // frees its blocks before the engine's next step; one that ended is not cancelled. The slot (an
   // HTTP thread's share of the in-flight count) is held until then.
   const auto release = [=](bool) {
     if (!*ended) (void)loop_ptr->cancel(id);
@@ -271,7 +271,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
 
   if (!r.stream) {
     // Answered through a content provider too, so that a client that goes away is noticed while
-    // it waits (sink.is_writable) and its request cancelled: its blocks are freed at once.
+    // it waits (sink.is_writable) and its request cancelled: its blocks are freed before the next step.
     auto out = std::make_shared<std::string>();
     auto ids = std::make_shared<std::vector<int32_t>>();
     res.set_chunked_content_provider(
