@@ -133,8 +133,9 @@ TEST(CudaCalibration, ChannelAbsmaxRefusesBadArguments) {
 // Inputs: the GPU's activations are BF16 between kernels (each rounding moves a value by up to
 // 2^-9 relative) and its GEMMs sum in another order, so deeper layers drift; the logits of the same
 // models drift by up to 7e-2 relative L2 per row (runtime_compare.hpp, measured on the H100). A max
-// over rows is steadier than a row. The bounds (first guesses, not yet measured on a GPU; the test
-// prints the worst values so they can be re-checked from a log):
+// over rows is steadier than a row. The bounds (the test prints the worst values; on an H100,
+// 2026-11-27: worst tensor 2.7e-2 on the default model, worst channel at 0.85 of its bound on
+// stories260K):
 constexpr double kTensorAbsmaxRel = 0.05;      // |r_x gpu - r_x cpu| <= this x r_x cpu
 constexpr double kChannelAbsmaxRel = 0.05;     // per channel: this x channel cpu ...
 constexpr double kChannelAbsmaxSlack = 0.01;   // ... + this x r_x cpu (channels far below the tensor's max)

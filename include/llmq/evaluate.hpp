@@ -37,5 +37,10 @@ using WindowLogitsFn = std::function<Status(const std::vector<int32_t>& tokens, 
 Status evaluate_windows(Transformer* base, const std::vector<WindowLogitsFn>& candidates,
                         const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
                         std::vector<EvalAccumulator>* results);
+// The same with a base that is not a CPU Transformer either (the unquantized model on the GPU
+// runtime): `config` is the model's (BOS, vocabulary, context), `base` gives its window logits.
+Status evaluate_windows(const ModelConfig& config, const WindowLogitsFn& base, const std::vector<WindowLogitsFn>& candidates,
+                        const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
+                        std::vector<EvalAccumulator>* results);
 
 }  // namespace llmq

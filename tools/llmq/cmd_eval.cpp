@@ -33,12 +33,25 @@ struct EvalArgs {
   int64_t max_tokens = 0;
   bool json = false;
   std::string device = "cpu";
+  std::string reference = "cpu";  // cpu: the float32 CPU reference; f32 / bf16: the GPU runtime
   int gpu = 0;
   std::string attention;  // comma-separated attention variants; each candidate runs once per variant
   int threads = 0;        // 0: every core
 };
 
+// A model on the GPU runtime as the evaluator calls it: every position's logits of one window,
+// from an empty cache.
+WindowLogitsFn runtime_window_logits(std::shared_ptr<GpuRuntime> rt) {
+  return [rt](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
+    rt->reset();
+    return rt->prefill({tokens}, true, logits);
+  };
+}
+
 int run(const EvalArgs& a) {
+  if (a.reference != "cpu" && a.device != "cuda")
+    return fail(invalid_argument("--reference " + a.reference +
+                                 ": the unquantized model runs on the GPU runtime then, beside the candidates (--device cuda)"));
   ModelWeights model;
   std::string description;
   {
@@ -163,10 +176,7 @@ int run(const EvalArgs& a) {
       std::shared_ptr<GpuRuntime> shared = std::move(rt);
       runtimes.push_back(shared);
       gpu_models.push_back(std::move(gm));
-      candidates.push_back([shared](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
-        shared->reset();
-        return shared->prefill({tokens}, true, logits);
-      });
+      candidates.push_back(runtime_window_logits(shared));
       continue;
     }
     backends.push_back(std::make_unique<QuantizedLinearBackend>(*qm));
@@ -180,14 +190,37 @@ int run(const EvalArgs& a) {
       return t->forward(tokens.data(), n, 0, logits->data());
     });
     }
+  // The base: the float32 CPU reference, or the unquantized model on the GPU runtime (issue 27:
+  // a reference that a large model's host cannot compute in float32 in reasonable time).
   Transformer base(model);
+  WindowLogitsFn base_fn;
+  std::string reference_name = "the CPU reference, float32";
+  if (a.reference != "cpu") {
+    std::unique_ptr<GpuModel> gm;
+    const DType dt = a.reference == "f32" ? DType::kF32 : DType::kBF16;
+    if (Status st = GpuModel::from_float(model, dt, a.gpu, &gm); !st.ok())
+      return fail(Status(st.code(), "--reference " + a.reference + ": " + st.message()));
+    GpuRuntimeOptions o;
+    o.max_context = options.context;
+    o.max_step_tokens = options.context;
+    std::unique_ptr<GpuRuntime> rt;
+    if (Status st = GpuRuntime::create(*gm, o, &rt); !st.ok())
+      return fail(Status(st.code(), "--reference " + a.reference + ": " + st.message()));
+    std::shared_ptr<GpuRuntime> shared = std::move(rt);
+    runtimes.push_back(shared);
+    gpu_models.push_back(std::move(gm));
+    base_fn = runtime_window_logits(shared);
+    reference_name = "the GPU runtime, " + a.reference + " weights";
+  }
   options.max_tokens = a.max_tokens;
   // GPU candidates stay on this thread (a runtime is bound to the device this thread selected).
   options.threads = a.device == "cuda" ? 1 : cpu_threads(a.threads);
   Progress progress(fmt::format("evaluating {} candidate(s) against the unquantized model", candidates.size()));
   options.progress = [&progress](int64_t done, int64_t total) { progress.update(done, total); };
   std::vector<EvalAccumulator> results;
-  if (Status st = evaluate_windows(&base, candidates, sequences, options, &results); !st.ok()) return fail(st);
+  const Status evaluated = base_fn ? evaluate_windows(model.config, base_fn, candidates, sequences, options, &results)
+                                   : evaluate_windows(&base, candidates, sequences, options, &results);
+  if (!evaluated.ok()) return fail(evaluated);
   progress.finish();
 
   std::vector<EvalAccumulator::Summary> sums;
@@ -196,6 +229,7 @@ int run(const EvalArgs& a) {
     nlohmann::ordered_json j;
     j["model"] = description;
     j["data"] = data_name;
+    j["reference"] = reference_name;
     j["tokens"] = sums.empty() ? 0 : sums[0].tokens;
     j["ppl_base"] = sums.empty() ? 0 : sums[0].ppl_base;
     j["results"] = nlohmann::ordered_json::array();
@@ -225,7 +259,8 @@ int run(const EvalArgs& a) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("model: %s\ndata:  %s\ntokens scored: %lld, context %lld\n", description.c_str(), data_name.c_str(),
+  std::printf("model: %s\ndata:  %s\nreference: %s\ntokens scored: %lld, context %lld\n", description.c_str(),
+              data_name.c_str(), reference_name.c_str(),
               static_cast<long long>(sums.empty() ? 0 : sums[0].tokens), static_cast<long long>(options.context));
   if (!sums.empty())
     std::printf("unquantized perplexity: %.4f +- %.4f\n", sums[0].ppl_base, sums[0].ppl_base_err);
@@ -265,6 +300,9 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--device", args->device, "where the quantized candidates run: cpu (reference) or cuda (GPU runtime)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--reference", args->reference,
+                  "the unquantized model: cpu (float32 reference) or, with --device cuda, f32 / bf16 on the GPU runtime")
+      ->check(CLI::IsMember({"cpu", "f32", "bf16"}));
   cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
   cmd->add_option("--attention", args->attention,
                   "comma-separated attention variants, each candidate run once per variant: float (CPU), bf16, "

@@ -62,7 +62,19 @@ Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,
 Status evaluate_windows(Transformer* base, const std::vector<WindowLogitsFn>& candidates,
                         const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
                         std::vector<EvalAccumulator>* results) {
-  const ModelConfig& c = base->config();
+  const int64_t vocab = base->config().vocab_size;
+  const WindowLogitsFn base_fn = [base, vocab](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    logits->resize(static_cast<size_t>(n * vocab));
+    base->reset();
+    return base->forward(tokens.data(), n, 0, logits->data());
+  };
+  return evaluate_windows(base->config(), base_fn, candidates, sequences, options, results);
+}
+
+Status evaluate_windows(const ModelConfig& c, const WindowLogitsFn& base, const std::vector<WindowLogitsFn>& candidates,
+                        const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
+                        std::vector<EvalAccumulator>* results) {
   if (options.context < 2 || options.context > c.max_seq_len)
     return invalid_argument("--context: must be in [2, " + std::to_string(c.max_seq_len) + "], got " +
                             std::to_string(options.context));
@@ -101,9 +113,11 @@ Status evaluate_windows(Transformer* base, const std::vector<WindowLogitsFn>& ca
     const int64_t n = static_cast<int64_t>(w.tokens.size());
     const int64_t score_n = std::min(n - 1, total - scored);  // positions 0 .. n-2 predict tokens 1 .. n-1
     auto run_base = [&]() -> Status {
-      base_logits.resize(static_cast<size_t>(n * vocab));
-      base->reset();
-      return base->forward(w.tokens.data(), n, 0, base_logits.data());
+      LLMQ_RETURN_IF_ERROR(base(w.tokens, &base_logits));
+      if (static_cast<int64_t>(base_logits.size()) != n * vocab)
+        return Status(StatusCode::kInternal, "the base model: " + std::to_string(base_logits.size()) +
+                                                 " logits for a window of " + std::to_string(n) + " tokens");
+      return {};
     };
     auto run_candidate = [&](size_t m, std::vector<float>* logits) -> Status {
       LLMQ_RETURN_IF_ERROR(candidates[m](w.tokens, logits));
