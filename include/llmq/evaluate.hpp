@@ -34,6 +34,8 @@ Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,
 // A candidate that is not a CPU Transformer (the GPU runtime): given one window's tokens, fill
 // `logits` with [tokens.size(), vocab] next-token logits, every position, from an empty cache.
 using WindowLogitsFn = std::function<Status(const std::vector<int32_t>& tokens, std::vector<float>* logits)>;
+// A CPU Transformer as a WindowLogitsFn (`t` must outlive it; one caller at a time).
+WindowLogitsFn transformer_window_logits(Transformer* t);
 Status evaluate_windows(Transformer* base, const std::vector<WindowLogitsFn>& candidates,
                         const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
                         std::vector<EvalAccumulator>* results);

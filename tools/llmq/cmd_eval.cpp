@@ -39,14 +39,28 @@ struct EvalArgs {
   int threads = 0;        // 0: every core
 };
 
-// A model on the GPU runtime as the evaluator calls it: every position's logits of one window,
-// from an empty cache.
-WindowLogitsFn runtime_window_logits(std::shared_ptr<GpuRuntime> rt) {
-  return [rt](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
-    rt->reset();
-    return rt->prefill({tokens}, true, logits);
-  };
-}
+// The models the evaluator runs on the GPU (candidates, and the reference with --reference): each
+// on its own runtime sized for one window, called as every position's logits from an empty cache.
+struct GpuWindowModels {
+  std::vector<std::unique_ptr<GpuModel>> models;
+  std::vector<std::shared_ptr<GpuRuntime>> runtimes;
+  Status add(std::unique_ptr<GpuModel> gm, int64_t context, AttentionVariant attention, WindowLogitsFn* out) {
+    GpuRuntimeOptions o;
+    o.max_context = context;
+    o.max_step_tokens = context;
+    o.prefill_attention = attention;
+    std::unique_ptr<GpuRuntime> rt;
+    LLMQ_RETURN_IF_ERROR(GpuRuntime::create(*gm, o, &rt));
+    std::shared_ptr<GpuRuntime> shared = std::move(rt);
+    runtimes.push_back(shared);
+    models.push_back(std::move(gm));
+    *out = [shared](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
+      shared->reset();
+      return shared->prefill({tokens}, true, logits);
+    };
+    return {};
+  }
+};
 
 int run(const EvalArgs& a) {
   if (a.reference != "cpu" && a.device != "cuda")
@@ -142,8 +156,7 @@ int run(const EvalArgs& a) {
   std::vector<std::unique_ptr<QuantizedLinearBackend>> backends;
   std::vector<std::unique_ptr<Transformer>> transformers;
   std::vector<WindowLogitsFn> candidates;
-  std::vector<std::unique_ptr<GpuModel>> gpu_models;
-  std::vector<std::shared_ptr<GpuRuntime>> runtimes;
+  GpuWindowModels on_gpu;
   EvalOptions options;
   options.context = std::min(a.context, model.config.max_seq_len);
   std::vector<std::string> candidate_labels;
@@ -167,28 +180,15 @@ int run(const EvalArgs& a) {
       }
       const Status loaded = GpuModel::load(source, gpu_precision(GpuPrecision::Kind::kAsStored), a.gpu, &gm);
       if (!loaded.ok()) return fail(loaded);
-      GpuRuntimeOptions o;
-      o.max_context = options.context;
-      o.max_step_tokens = options.context;
-      o.prefill_attention = attention;
-      std::unique_ptr<GpuRuntime> rt;
-      if (Status st = GpuRuntime::create(*gm, o, &rt); !st.ok()) return fail(st);
-      std::shared_ptr<GpuRuntime> shared = std::move(rt);
-      runtimes.push_back(shared);
-      gpu_models.push_back(std::move(gm));
-      candidates.push_back(runtime_window_logits(shared));
+      candidates.emplace_back();
+      if (Status st = on_gpu.add(std::move(gm), options.context, attention, &candidates.back()); !st.ok()) return fail(st);
       continue;
     }
     backends.push_back(std::make_unique<QuantizedLinearBackend>(*qm));
     transformers.push_back(std::make_unique<Transformer>(qm->weights, backends.back().get()));
     Transformer* t = transformers.back().get();
     t->set_attention_options(kernel_attention_options(attention));
-    candidates.push_back([t, vocab = model.config.vocab_size](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
-      const int64_t n = static_cast<int64_t>(tokens.size());
-      logits->resize(static_cast<size_t>(n * vocab));
-      t->reset();
-      return t->forward(tokens.data(), n, 0, logits->data());
-    });
+    candidates.push_back(transformer_window_logits(t));
     }
   // The base: the float32 CPU reference, or the unquantized model on the GPU runtime (issue 27:
   // a reference that a large model's host cannot compute in float32 in reasonable time).
@@ -200,16 +200,8 @@ int run(const EvalArgs& a) {
     const DType dt = a.reference == "f32" ? DType::kF32 : DType::kBF16;
     if (Status st = GpuModel::from_float(model, dt, a.gpu, &gm); !st.ok())
       return fail(Status(st.code(), "--reference " + a.reference + ": " + st.message()));
-    GpuRuntimeOptions o;
-    o.max_context = options.context;
-    o.max_step_tokens = options.context;
-    std::unique_ptr<GpuRuntime> rt;
-    if (Status st = GpuRuntime::create(*gm, o, &rt); !st.ok())
+    if (Status st = on_gpu.add(std::move(gm), options.context, AttentionVariant::kBf16, &base_fn); !st.ok())
       return fail(Status(st.code(), "--reference " + a.reference + ": " + st.message()));
-    std::shared_ptr<GpuRuntime> shared = std::move(rt);
-    runtimes.push_back(shared);
-    gpu_models.push_back(std::move(gm));
-    base_fn = runtime_window_logits(shared);
     reference_name = "the GPU runtime, " + a.reference + " weights";
   }
   options.max_tokens = a.max_tokens;

@@ -40,6 +40,15 @@ void run_in_parallel(size_t n, const std::function<void(size_t)>& task, std::vec
 
 }  // namespace
 
+WindowLogitsFn transformer_window_logits(Transformer* t) {
+  return [t, vocab = t->config().vocab_size](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    logits->resize(static_cast<size_t>(n * vocab));
+    t->reset();
+    return t->forward(tokens.data(), n, 0, logits->data());
+  };
+}
+
 Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,
                 const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
                 std::vector<EvalAccumulator>* results) {
@@ -49,12 +58,7 @@ Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,
     if (t->config().vocab_size != c.vocab_size)
       return invalid_argument("candidate model: vocabulary " + std::to_string(t->config().vocab_size) +
                               " differs from the base model's " + std::to_string(c.vocab_size));
-    fns.push_back([t, vocab = c.vocab_size](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
-      const int64_t n = static_cast<int64_t>(tokens.size());
-      logits->resize(static_cast<size_t>(n * vocab));
-      t->reset();
-      return t->forward(tokens.data(), n, 0, logits->data());
-    });
+    fns.push_back(transformer_window_logits(t));
   }
   return evaluate_windows(base, fns, sequences, options, results);
 }
@@ -62,14 +66,7 @@ Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,
 Status evaluate_windows(Transformer* base, const std::vector<WindowLogitsFn>& candidates,
                         const std::vector<std::vector<int32_t>>& sequences, const EvalOptions& options,
                         std::vector<EvalAccumulator>* results) {
-  const int64_t vocab = base->config().vocab_size;
-  const WindowLogitsFn base_fn = [base, vocab](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    logits->resize(static_cast<size_t>(n * vocab));
-    base->reset();
-    return base->forward(tokens.data(), n, 0, logits->data());
-  };
-  return evaluate_windows(base->config(), base_fn, candidates, sequences, options, results);
+  return evaluate_windows(base->config(), transformer_window_logits(base), candidates, sequences, options, results);
 }
 
 Status evaluate_windows(const ModelConfig& c, const WindowLogitsFn& base, const std::vector<WindowLogitsFn>& candidates,
