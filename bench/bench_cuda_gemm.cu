@@ -34,6 +34,7 @@
 //
 // Usage: bench_cuda_gemm [--json PATH] [--iters N>=30] [--warmup N] [--quick]
 //                        [--modes bf16,fp8_tensor,fp8_outer,fp8_block] [--shapes MxNxK[,...]]
+//                        [--autotune N]   (CudaGemmOptions: the fastest of the heuristic's first N)
 // Prints a table and, with --json, writes one JSON object per line per (shape, mode): bench, device,
 // m, n, k, m_run, mode, out, status (ok / unsupported / skipped / error), reason, note, us_median,
 // us_min, tflops, speedup_vs_bf16, speedup_vs_fp8_tensor, sets, iters, warmup.
@@ -93,6 +94,7 @@ struct Options {
   std::string json_path;
   int iters = 50;
   int warmup = 5;
+  int autotune = 1;  // CudaGemmOptions::autotune_candidates
   std::vector<Mode> modes = {Mode::kBf16, Mode::kFp8Tensor, Mode::kFp8Outer, Mode::kFp8Block};
   std::vector<Shape> shapes;
 };
@@ -126,6 +128,9 @@ void parse(int argc, char** argv, Options* o) {
       ->capture_default_str()
       ->check(llmq::bench::at_least(30, "the median needs at least 30 runs"));
   app.add_option("--warmup", o->warmup, "untimed runs after one per operand set")->capture_default_str();
+  app.add_option("--autotune", o->autotune, "time cuBLASLt's first N algorithms per shape and keep the fastest")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 32));
   app.add_flag("--quick", quick, "fewer shapes (K 4096, M in 1, 128, 8192)");
   app.add_option_function<std::string>(
       "--modes",
@@ -372,7 +377,9 @@ int main(int argc, char** argv) {
   Options opt;
   parse(argc, argv, &opt);
   std::unique_ptr<CudaGemmRunner> runner;
-  BENCH_CHECK(CudaGemmRunner::create(0, &runner));
+  llmq::CudaGemmOptions gemm_options;
+  gemm_options.autotune_candidates = opt.autotune;
+  BENCH_CHECK(CudaGemmRunner::create(0, gemm_options, &runner));
   BENCH_CHECK(cudaSetDevice(0));
   cudaDeviceProp prop{};
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -445,7 +452,7 @@ int main(int argc, char** argv) {
                             {"speedup_vs_fp8_tensor", speedup_tensor},
                             {"sets", r.sets},
                             {"iters", opt.iters},
-                            {"warmup", opt.warmup}};
+                            {"warmup", opt.warmup}, {"autotune", opt.autotune}};
         if (!r.reason.empty()) j["reason"] = r.reason;
         if (!note.empty()) j["note"] = note;
         json << j.dump() << "\n";

@@ -2,6 +2,7 @@
 // the CPU reference quantized_gemm on the very same operands. Strided batch with gaps between
 // entries, per-batch bias, strided output rows, NaN-poisoned outputs (every element written,
 // padding untouched), determinism, the plan cache (a second call does not query the heuristic),
+// autotuning per M class,
 // both scale layouts, BF16 x BF16, can_implement naming why a problem cannot run, and the table
 // of scale-mode pairs this device runs. The numerics are tested in test_cuda_fp8_gemm.cu.
 // Every test SKIPs (visibly) without an FP8 GPU.
@@ -186,6 +187,69 @@ TEST_F(CudaGemmTest, PlanCacheQueriesTheHeuristicOncePerShape) {
   EXPECT_EQ(runner->cached_plans(), 2);
   ASSERT_TRUE(run(problem(a16, d2, 16), runner.get()).ok());
   EXPECT_EQ(runner->heuristic_queries(), 2);
+}
+
+// Autotuning (CudaGemmOptions): every candidate the runner may keep computes the same product, one
+// timing per M class (100 and 120 share the class 128), none while the stream is being captured.
+TEST_F(CudaGemmTest, AutotunedRunnerTunesOncePerMClassAndMatchesReference) {
+  std::unique_ptr<CudaGemmRunner> refused;
+  CudaGemmOptions bad;
+  bad.autotune_candidates = 0;
+  EXPECT_EQ(CudaGemmRunner::create(0, bad, &refused).code(), StatusCode::kInvalidArgument);
+  CudaGemmOptions tune;
+  tune.autotune_candidates = 8;
+  std::unique_ptr<CudaGemmRunner> runner;
+  ASSERT_TRUE(CudaGemmRunner::create(0, tune, &runner).ok());
+  const int64_t n = 384, k = 1024;
+  const std::vector<float> w = testing::normal_vector(n * k, 61, 0.05f);
+  QuantizedTensor qb;
+  ASSERT_TRUE(quantize(matrix_view(w.data(), n, k), QuantSpec::per_channel(DType::kE4M3), &qb).ok());
+  const DeviceOperand db = upload_operand(qb);
+  auto check = [&](int64_t m, uint64_t seed, bool capture) {
+    const std::vector<float> x = testing::outlier_matrix(m, k, seed);
+    QuantizedTensor qa;
+    ASSERT_TRUE(quantize(matrix_view(x.data(), m, k), QuantSpec::per_token(DType::kE4M3), &qa).ok());
+    const DeviceOperand da = upload_operand(qa);
+    const DeviceBuffer d = poisoned(static_cast<size_t>(m * n * 2));
+    CudaGemmProblem p;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.a = input_of(da, DType::kE4M3, GemmScaleMode::kOuterVector);
+    p.b = input_of(db, DType::kE4M3, GemmScaleMode::kOuterVector);
+    p.d = d.get();
+    if (capture) {
+      ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      const Status st = runner->run(p, workspace_.get(), kWorkspaceBytes, stream_);
+      cudaGraph_t graph = nullptr;
+      ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+      ASSERT_TRUE(st.ok()) << st.message();
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      (void)cudaGraphExecDestroy(exec);
+      (void)cudaGraphDestroy(graph);
+    } else {
+      ASSERT_TRUE(run(p, runner.get()).ok());
+    }
+    int64_t nans = 0;
+    const std::vector<float> got = read_output(download(d), DType::kBF16, m, n, n, 0, &nans);
+    EXPECT_EQ(nans, 0) << "M=" << m;
+    EXPECT_LT(rel_frobenius(got, reference(qa, qb, DType::kBF16, nullptr)), kRelFrobError) << "M=" << m;
+  };
+  check(100, 62, false);
+  const int64_t after_first = runner->tuned_shapes();
+  EXPECT_LE(after_first, 1);
+  check(120, 63, false);  // the same M class: remembered, not timed again
+  EXPECT_EQ(runner->tuned_shapes(), after_first);
+  check(1000, 64, true);  // a new class while capturing: the heuristic's first answer, not remembered
+  EXPECT_EQ(runner->tuned_shapes(), after_first);
+  check(1000, 65, false);  // the same plan, cached from the capture
+  EXPECT_EQ(runner->cached_plans(), 3);
+  check(300, 66, false);
+  EXPECT_LE(runner->tuned_shapes(), after_first + 1);
+  EXPECT_EQ(runner->heuristic_queries(), 4);
 }
 
 TEST_F(CudaGemmTest, StridedOutputRowsLeavePaddingUntouchedAndRunsAreDeterministic) {

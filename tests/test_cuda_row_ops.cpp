@@ -7,8 +7,9 @@
 //   * the paged KV-cache write: tokens of three sequences through a SHUFFLED block table (block
 //     sizes 1, 16, 64; garbage entries past each sequence's blocks; BF16 and E4M3 caches) land
 //     exactly, byte for byte, as they do in the identity layout, and no other cache byte changes.
-// Every kernel form is run: the decode-size register kernel (<= 64 rows), the shared-memory kernel
-// with 8-wide and with scalar accesses (n % 8 != 0). Outputs are BF16: within 1 BF16 ulp of the host
+// Every kernel form is run: the register kernel (8-aligned rows up to 16384 wide; the GLU only up to
+// 64 rows), the shared-memory kernel with 8-wide (wider rows, the GLU of more rows) and with scalar
+// accesses (n % 8 != 0); both rope_kv kernels, against each other. Outputs are BF16: within 1 BF16 ulp of the host
 // (device expf and summation order move the float value by a few float ulps); the residual exactly.
 // Skips visibly without a GPU.
 #include <cuda_runtime.h>
@@ -63,7 +64,8 @@ struct GluCase {
 TEST(CudaRowOps, GluWithClampAndGroupBiasesMatchesTheHost) {
   LLMQ_REQUIRE_GPU();
   const GluCase cases[] = {{5, 256, true, true, true},   {100, 256, true, true, true}, {7, 13, true, true, true},
-                           {3, 64, true, true, false},   {9, 40, false, false, false}, {70, 24, false, true, true}};
+                           {3, 64, true, true, false},   {9, 40, false, false, false}, {70, 24, false, true, true},
+                           {2, 16392, false, true, false}};
   const int64_t kGroups = 3, kBegin = 2;  // this rank's experts 2..4 of 0..5
   const float limit = 7.0f, alpha = 1.702f;
   for (const GluCase& c : cases) {
@@ -120,7 +122,7 @@ TEST(CudaRowOps, GluWithClampAndGroupBiasesMatchesTheHost) {
 
 TEST(CudaRowOps, AddRmsNormAddsTheDeltaBiasOnce) {
   LLMQ_REQUIRE_GPU();
-  const int64_t shapes[][2] = {{3, 256}, {80, 256}, {3, 100}};
+  const int64_t shapes[][2] = {{3, 256}, {80, 256}, {3, 100}, {2, 16392}};
   for (const auto& s : shapes) {
     const int64_t R = s[0], n = s[1];
     SCOPED_TRACE(testing::repro(5, R, n, "add + rmsnorm + delta bias"));
@@ -254,10 +256,13 @@ struct RopeKvRun {
 void run_paged_rope_kv(const std::vector<uint16_t>& qkv, const std::vector<int32_t>& pos, const std::vector<int32_t>& slot,
                        const std::vector<float>& cs, const std::vector<float>& scales, const attention::KvPages& shape,
                        const std::vector<int32_t>& table, bool fp8, int fill, int64_t H, int64_t KVH, int64_t hd,
-                       RopeKvRun* out) {
+                       RopeKvRun* out, bool scalar_form = false) {
   const int64_t R = static_cast<int64_t>(pos.size()), kv_dim = KVH * hd;
   const size_t cache = static_cast<size_t>(shape.num_blocks * shape.block_size * kv_dim);
-  DeviceBuffer<uint16_t> d_qkv(qkv.size()), d_q(static_cast<size_t>(R * H * hd)), d_k(fp8 ? 0 : cache), d_v(fp8 ? 0 : cache);
+  // scalar_form: q_out one element into its buffer (2-byte aligned), which the vectorized kernel
+  // does not take.
+  const int64_t q_at = scalar_form ? 1 : 0;
+  DeviceBuffer<uint16_t> d_qkv(qkv.size()), d_q(static_cast<size_t>(R * H * hd + q_at)), d_k(fp8 ? 0 : cache), d_v(fp8 ? 0 : cache);
   DeviceBuffer<uint8_t> d_k8(fp8 ? cache : 0), d_v8(fp8 ? cache : 0);
   DeviceBuffer<float> d_cs(cs.size()), d_scales(scales.size());
   DeviceBuffer<int32_t> d_pos(pos.size()), d_slot(slot.size()), d_table(table.size());
@@ -276,7 +281,7 @@ void run_paged_rope_kv(const std::vector<uint16_t>& qkv, const std::vector<int32
   }
   runtime::RopeKvArgs a;
   a.qkv = d_qkv.get();
-  a.q_out = d_q.get();
+  a.q_out = d_q.get() + q_at;
   a.k_cache = d_k.get();
   a.v_cache = d_v.get();
   if (fp8) {
@@ -295,6 +300,7 @@ void run_paged_rope_kv(const std::vector<uint16_t>& qkv, const std::vector<int32
   ASSERT_TRUE(st.ok()) << st.to_string();
   CUDA_ASSERT(cudaDeviceSynchronize());
   CUDA_ASSERT(d_q.download(&out->q));
+  out->q.erase(out->q.begin(), out->q.begin() + q_at);
   if (fp8) {
     CUDA_ASSERT(d_k8.download(&out->k8));
     CUDA_ASSERT(d_v8.download(&out->v8));
@@ -302,6 +308,42 @@ void run_paged_rope_kv(const std::vector<uint16_t>& qkv, const std::vector<int32
     CUDA_ASSERT(d_k.download(&out->k));
     CUDA_ASSERT(d_v.download(&out->v));
   }
+}
+
+// rope_kv's two kernels (rope_kv.cu): the vectorized one (head_dim % 16 == 0, aligned rows) and
+// the general one compute the same bits, at decode (<= 64 rows) and prefill CTA shapes, for both
+// cache formats.
+TEST(CudaRowOps, RopeKvVectorizedAndGeneralKernelsAgree) {
+  LLMQ_REQUIRE_GPU();
+  const int64_t H = 8, KVH = 2, hd = 128, cap = 256, width = (H + 2 * KVH) * hd;
+  ModelConfig c;
+  c.head_dim = hd;
+  c.rope_theta = 5e5;
+  const std::vector<float> cs = runtime::rope_cos_sin(c, cap);
+  std::vector<float> scales = normal(static_cast<size_t>(2 * KVH), 0.3f, 31);
+  for (float& x : scales) x = std::fabs(x) + 0.05f;
+  for (int64_t R : {5, 70})
+    for (bool fp8 : {false, true}) {
+      SCOPED_TRACE(testing::repro(32, R, width, std::string(fp8 ? "e4m3" : "bf16") + " rope_kv forms"));
+      std::vector<float> x = normal(static_cast<size_t>(R * width), 2.0f, 32 + static_cast<uint64_t>(R));
+      for (size_t i = 0; i < x.size(); i += 97) x[i] *= 40.0f;  // outliers (E4M3 saturates some)
+      const std::vector<uint16_t> qkv = to_bf16(x);
+      std::vector<int32_t> pos(static_cast<size_t>(R)), slot(static_cast<size_t>(R), 0);
+      for (int64_t r = 0; r < R; ++r) pos[r] = static_cast<int32_t>((r * 29) % cap);  // distinct: R < cap, 29 odd
+      attention::KvPages shape{nullptr, cap / 16, 16, cap / 16};
+      std::vector<int32_t> table(static_cast<size_t>(cap / 16));
+      for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(table.size() - 1 - i);
+      RopeKvRun vec, general;
+      run_paged_rope_kv(qkv, pos, slot, cs, scales, shape, table, fp8, 0x5A, H, KVH, hd, &vec);
+      if (HasFatalFailure()) return;
+      run_paged_rope_kv(qkv, pos, slot, cs, scales, shape, table, fp8, 0x5A, H, KVH, hd, &general, /*scalar_form=*/true);
+      if (HasFatalFailure()) return;
+      EXPECT_EQ(vec.q, general.q);
+      EXPECT_EQ(vec.k, general.k);
+      EXPECT_EQ(vec.v, general.v);
+      EXPECT_EQ(vec.k8, general.k8);
+      EXPECT_EQ(vec.v8, general.v8);
+    }
 }
 
 TEST(CudaRowOps, RopeKvWritesEachTokenToItsPagedRowOnly) {

@@ -104,12 +104,26 @@ Status pack_scales_for_cublaslt(GemmScaleMode mode, int64_t rows, int64_t k, con
 // Workspace cuBLASLt gets by default: NVIDIA recommends 32 MiB on Hopper (cublasSetWorkspace).
 inline constexpr int64_t kCublasLtWorkspaceBytes = int64_t{32} << 20;
 
+// How the runner picks cuBLASLt's algorithm for a new problem shape.
+struct CudaGemmOptions {
+  // 1: the heuristic's first answer. N > 1: the heuristic's first N answers are each timed on the
+  // problem itself (one untimed run, then `timed_runs`), and the fastest is kept for the shape's M
+  // class (M rounded up to 16, a power of two up to 256, a multiple of 256 up to 2048, then of 1024),
+  // so that an engine whose M changes every step tunes about twenty classes, not every M. Tuning
+  // synchronizes the stream, and is skipped while the stream is being captured into a graph (the
+  // heuristic's first answer then, not remembered). Results may differ in the last bits between
+  // algorithms, so a tuned run is reproducible within a process, not across processes.
+  int autotune_candidates = 1;
+  int timed_runs = 3;
+};
+
 // Owns a cuBLASLt handle and the plan cache for one device. Not thread-safe: use one runner per
 // thread (the plan descriptors carry the per-call scale and bias pointers).
 class CudaGemmRunner {
  public:
   // Fails with kUnsupported without CUDA or without a device at `device_ordinal`.
   static Status create(int device_ordinal, std::unique_ptr<CudaGemmRunner>* out);
+  static Status create(int device_ordinal, const CudaGemmOptions& options, std::unique_ptr<CudaGemmRunner>* out);
   ~CudaGemmRunner();
   CudaGemmRunner(const CudaGemmRunner&) = delete;
   CudaGemmRunner& operator=(const CudaGemmRunner&) = delete;
@@ -127,6 +141,7 @@ class CudaGemmRunner {
   int device_ordinal() const;
   int64_t heuristic_queries() const;  // cublasLtMatmulAlgoGetHeuristic calls so far
   int64_t cached_plans() const;
+  int64_t tuned_shapes() const;  // M classes whose algorithm was chosen by timing
 
  private:
   CudaGemmRunner();

@@ -188,6 +188,10 @@ struct GpuRuntimeOptions {
   // rope, attention, oquant, o, gateup, silu, down, lmhead, allreduce), so a stage's share of a
   // step is measured by difference. The outputs are meaningless then. Empty: every stage runs.
   std::string skip_stages;
+  // cuBLASLt's algorithm per GEMM shape: 1 takes its heuristic's first answer; N > 1 times its first
+  // N answers on first use of each M class and keeps the fastest (CudaGemmOptions: tuning adds a
+  // few milliseconds per new shape class, and results may differ across processes in the last bits).
+  int gemm_autotune = 1;
 };
 
 struct SamplingOptions {

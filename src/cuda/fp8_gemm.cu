@@ -232,20 +232,92 @@ Status repack_scales(const CudaGemmInput& x, int64_t rows, int64_t k, float* dst
   return {};
 }
 
+// The M class a tuned algorithm is remembered for (CudaGemmOptions): kernels change their tiling
+// at powers of two for small M and by whole waves of tiles for large M.
+int64_t m_class(int64_t m) {
+  if (m <= 16) return 16;
+  if (m <= 256) {
+    int64_t c = 32;
+    while (c < m) c *= 2;
+    return c;
+  }
+  if (m <= 2048) return round_up(m, 256);
+  return round_up(m, 1024);
+}
+
+// Two events for timing candidate algorithms, made on first use.
+struct TimingEvents {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TimingEvents() = default;
+  TimingEvents(const TimingEvents&) = delete;
+  TimingEvents& operator=(const TimingEvents&) = delete;
+  ~TimingEvents() {
+    if (start != nullptr) (void)cudaEventDestroy(start);
+    if (stop != nullptr) (void)cudaEventDestroy(stop);
+  }
+  Status ensure() {
+    if (start == nullptr) LLMQ_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+    if (stop == nullptr) LLMQ_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+    return {};
+  }
+};
+
 }  // namespace
 
 struct CudaGemmRunner::Impl {
   int ordinal = 0;
   int sm_major = 0;
   int sm_minor = 0;
+  CudaGemmOptions options;
   LtHandle handle;
   std::map<PlanKey, Plan> plans;
+  std::map<PlanKey, cublasLtMatmulAlgo_t> tuned;  // keyed by the problem with M replaced by its class
+  TimingEvents events;
   int64_t heuristic_queries = 0;
 
-  // Finds the plan for `key`, building it (and asking the heuristic) on a miss.
+  // One GEMM with `algo` on the plan's descriptors and the problem's pointers.
+  cublasStatus_t matmul(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const CudaGemmProblem& p,
+                        void* lt_workspace, int64_t lt_workspace_bytes, cudaStream_t stream) {
+    const float alpha = 1.0f, beta = 0.0f;  // the scales are in the descriptor; C is unused
+    return cublasLtMatmul(handle.get(), plan.desc.get(), &alpha, p.b.data, plan.lt_a.get(), p.a.data,
+                          plan.lt_b.get(), &beta, p.d, plan.lt_d.get(), p.d, plan.lt_d.get(), &algo,
+                          lt_workspace, static_cast<size_t>(lt_workspace_bytes), stream);
+  }
+
+  // Times each candidate on the problem itself (it writes D, which the caller's run overwrites)
+  // and returns the index of the fastest; candidates cuBLASLt fails to run are passed over.
+  Status fastest(const Plan& plan, const cublasLtMatmulHeuristicResult_t* results, int count,
+                 const CudaGemmProblem& p, void* lt_workspace, int64_t lt_workspace_bytes,
+                 cudaStream_t stream, int* best) {
+    LLMQ_RETURN_IF_ERROR(events.ensure());
+    float best_ms = 0.0f;
+    bool have = false;
+    *best = 0;
+    for (int i = 0; i < count; ++i) {
+      if (matmul(plan, results[i].algo, p, lt_workspace, lt_workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS)
+        continue;
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.start, stream));
+      bool ran = true;
+      for (int r = 0; r < options.timed_runs && ran; ++r)
+        ran = matmul(plan, results[i].algo, p, lt_workspace, lt_workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.stop, stream));
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events.stop));
+      float ms = 0.0f;
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events.start, events.stop));
+      if (ran && (!have || ms < best_ms)) {
+        have = true;
+        best_ms = ms;
+        *best = i;
+      }
+    }
+    return {};
+  }
+
+  // Finds the plan for `key`, building it (and asking the heuristic, and with autotuning timing its
+  // answers) on a miss.
   Status plan_for(const PlanKey& key, const CudaGemmProblem& p, const Resolved& r,
-                  const float* a_scales, const float* b_scales, int64_t lt_workspace_bytes,
-                  Plan** out) {
+                  const float* a_scales, const float* b_scales, void* lt_workspace,
+                  int64_t lt_workspace_bytes, cudaStream_t stream, Plan** out) {
     auto it = plans.find(key);
     if (it != plans.end()) {
       *out = &it->second;
@@ -272,12 +344,14 @@ struct CudaGemmRunner::Impl {
     LLMQ_RETURN_IF_ERROR(detail::set_preference_attribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d));
 
-    cublasLtMatmulHeuristicResult_t result{};
+    constexpr int kMaxCandidates = 32;
+    std::array<cublasLtMatmulHeuristicResult_t, kMaxCandidates> results{};
+    const int wanted = std::clamp(options.autotune_candidates, 1, kMaxCandidates);
     int returned = 0;
     ++heuristic_queries;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
         handle.get(), plan.desc.get(), plan.lt_a.get(), plan.lt_b.get(), plan.lt_d.get(),
-        plan.lt_d.get(), pref.get(), 1, &result, &returned);
+        plan.lt_d.get(), pref.get(), wanted, results.data(), &returned);
     // can_implement has vetted our side, so INVALID_VALUE here is cuBLASLt refusing the combination
     // (e.g. an epilogue it does not offer with these scale modes), like NOT_SUPPORTED.
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
@@ -285,9 +359,38 @@ struct CudaGemmRunner::Impl {
       return unsupported("cuBLASLt has no algorithm for " + describe(p) + " (heuristic: " +
                          cublasLtGetStatusName(st) + ", " + std::to_string(returned) + " results)");
     LLMQ_RETURN_IF_ERROR(detail::cublas_status(st, "cublasLtMatmulAlgoGetHeuristic"));
-    plan.algo = result.algo;
+    plan.algo = results[0].algo;
+    if (returned > 1) LLMQ_RETURN_IF_ERROR(choose_tuned(p, a_scales, b_scales, lt_workspace, lt_workspace_bytes,
+                                                         stream, results.data(), returned, &plan));
     auto inserted = plans.emplace(key, std::move(plan));
     *out = &inserted.first->second;
+    return {};
+  }
+
+  // Autotuning (CudaGemmOptions): the algorithm remembered for this M class if cuBLASLt accepts it
+  // for this M, else the fastest candidate timed now (not while the stream is being captured).
+  Status choose_tuned(const CudaGemmProblem& p, const float* a_scales, const float* b_scales, void* lt_workspace,
+                      int64_t lt_workspace_bytes, cudaStream_t stream, const cublasLtMatmulHeuristicResult_t* results,
+                      int count, Plan* plan) {
+    CudaGemmProblem cls = p;
+    cls.m = m_class(p.m);
+    const PlanKey class_key = make_key(cls, resolve(cls), a_scales, b_scales, lt_workspace_bytes);
+    auto known = tuned.find(class_key);
+    if (known != tuned.end()) {
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(handle.get(), plan->desc.get(), plan->lt_a.get(), plan->lt_b.get(),
+                                  plan->lt_d.get(), plan->lt_d.get(), &known->second, &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= static_cast<size_t>(lt_workspace_bytes))
+        plan->algo = known->second;
+      return {};
+    }
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return {};
+    int best = 0;
+    LLMQ_RETURN_IF_ERROR(fastest(*plan, results, count, p, lt_workspace, lt_workspace_bytes, stream, &best));
+    plan->algo = results[best].algo;
+    tuned.emplace(class_key, plan->algo);
     return {};
   }
 };
@@ -296,6 +399,13 @@ CudaGemmRunner::CudaGemmRunner() : impl_(std::make_unique<Impl>()) {}
 CudaGemmRunner::~CudaGemmRunner() = default;
 
 Status CudaGemmRunner::create(int device_ordinal, std::unique_ptr<CudaGemmRunner>* out) {
+  return create(device_ordinal, CudaGemmOptions{}, out);
+}
+
+Status CudaGemmRunner::create(int device_ordinal, const CudaGemmOptions& options, std::unique_ptr<CudaGemmRunner>* out) {
+  if (options.autotune_candidates < 1 || options.timed_runs < 1)
+    return invalid_argument("CudaGemmOptions: autotune_candidates = " + std::to_string(options.autotune_candidates) +
+                            " and timed_runs = " + std::to_string(options.timed_runs) + " must be >= 1");
   if (out == nullptr) return invalid_argument("out: null");
   std::unique_ptr<CudaGemmRunner> runner(new CudaGemmRunner());
   // The compute capability from the device facts (query_cuda_device checks the ordinal).
@@ -304,6 +414,7 @@ Status CudaGemmRunner::create(int device_ordinal, std::unique_ptr<CudaGemmRunner
   runner->impl_->sm_major = info.major;
   runner->impl_->sm_minor = info.minor;
   runner->impl_->ordinal = device_ordinal;
+  runner->impl_->options = options;
   LLMQ_RETURN_IF_ERROR(detail::create_lt_handle(&runner->impl_->handle));
   *out = std::move(runner);
   return {};
@@ -355,14 +466,10 @@ Status CudaGemmRunner::run(const CudaGemmProblem& p, void* workspace, int64_t wo
   const Resolved r = resolve(p);
   const PlanKey key = make_key(p, r, a_scales, b_scales, lt_workspace_bytes);
   Plan* plan = nullptr;
-  LLMQ_RETURN_IF_ERROR(impl_->plan_for(key, p, r, a_scales, b_scales, lt_workspace_bytes, &plan));
+  LLMQ_RETURN_IF_ERROR(impl_->plan_for(key, p, r, a_scales, b_scales, lt_workspace, lt_workspace_bytes, stream, &plan));
   LLMQ_RETURN_IF_ERROR(bind_pointers(p, a_scales, b_scales, *plan));
 
-  const float alpha = 1.0f, beta = 0.0f;  // the scales are in the descriptor; C is unused
-  const cublasStatus_t st = cublasLtMatmul(
-      impl_->handle.get(), plan->desc.get(), &alpha, p.b.data, plan->lt_a.get(), p.a.data,
-      plan->lt_b.get(), &beta, p.d, plan->lt_d.get(), p.d, plan->lt_d.get(), &plan->algo,
-      lt_workspace, static_cast<size_t>(lt_workspace_bytes), stream);
+  const cublasStatus_t st = impl_->matmul(*plan, plan->algo, p, lt_workspace, lt_workspace_bytes, stream);
   if (st != CUBLAS_STATUS_SUCCESS) {
     const Status failed = detail::cublas_status(st, "cublasLtMatmul");
     return {failed.code(), describe(p) + ": " + failed.message()};
@@ -373,5 +480,6 @@ Status CudaGemmRunner::run(const CudaGemmProblem& p, void* workspace, int64_t wo
 int CudaGemmRunner::device_ordinal() const { return impl_->ordinal; }
 int64_t CudaGemmRunner::heuristic_queries() const { return impl_->heuristic_queries; }
 int64_t CudaGemmRunner::cached_plans() const { return static_cast<int64_t>(impl_->plans.size()); }
+int64_t CudaGemmRunner::tuned_shapes() const { return static_cast<int64_t>(impl_->tuned.size()); }
 
 }  // namespace llmq

@@ -20,6 +20,10 @@ CudaGemmRunner::~CudaGemmRunner() = default;
 Status CudaGemmRunner::create(int /*device_ordinal*/, std::unique_ptr<CudaGemmRunner>* /*out*/) {
   return unsupported("this llmq was built without CUDA");
 }
+Status CudaGemmRunner::create(int /*device_ordinal*/, const CudaGemmOptions& /*options*/,
+                              std::unique_ptr<CudaGemmRunner>* /*out*/) {
+  return unsupported("this llmq was built without CUDA");
+}
 Status CudaGemmRunner::can_implement(const CudaGemmProblem& /*p*/) const {
   return unsupported("this llmq was built without CUDA");
 }
@@ -31,5 +35,6 @@ Status CudaGemmRunner::run(const CudaGemmProblem& /*p*/, void* /*workspace*/,
 int CudaGemmRunner::device_ordinal() const { return -1; }
 int64_t CudaGemmRunner::heuristic_queries() const { return 0; }
 int64_t CudaGemmRunner::cached_plans() const { return 0; }
+int64_t CudaGemmRunner::tuned_shapes() const { return 0; }
 
 }  // namespace llmq

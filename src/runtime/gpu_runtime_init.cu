@@ -153,7 +153,9 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
     return invalid_argument("KV cache: " + std::to_string(pages.num_blocks) + " blocks of " + std::to_string(pages.block_size) +
                             " positions exceed 2^31 cache rows");
   LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  LLMQ_RETURN_IF_ERROR(CudaGemmRunner::create(model->device, &gemm));
+  CudaGemmOptions gemm_options;
+  gemm_options.autotune_candidates = o.gemm_autotune;
+  LLMQ_RETURN_IF_ERROR(CudaGemmRunner::create(model->device, gemm_options, &gemm));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kCublasLtWorkspaceBytes * 2, "cuBLASLt workspace", &gemm_workspace));
   lin.gemm = gemm.get();
   lin.workspace = gemm_workspace.get();

@@ -47,15 +47,7 @@ struct Vec<1> {
 };
 template <>
 struct Vec<8> {
-  static __device__ __forceinline__ void load_bf16(const uint16_t* p, float (&v)[8]) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[2 * i] = __uint_as_float(w[i] << 16);
-      v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-    }
-  }
+  static __device__ __forceinline__ void load_bf16(const uint16_t* p, float (&v)[8]) { load_bf16x8(p, v); }
   static __device__ __forceinline__ void load_f32(const float* p, float (&v)[8]) {
     const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
@@ -64,12 +56,7 @@ struct Vec<8> {
     reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
     reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
   }
-  static __device__ __forceinline__ void store_bf16(uint16_t* p, const float (&v)[8]) {
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = static_cast<uint32_t>(to_bf16(v[2 * i])) | (static_cast<uint32_t>(to_bf16(v[2 * i + 1])) << 16);
-    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
+  static __device__ __forceinline__ void store_bf16(uint16_t* p, const float (&v)[8]) { store_bf16x8(p, v); }
   static __device__ __forceinline__ void store_codes(uint8_t* p, const uint8_t (&c)[8]) {
     uint32_t lo = 0, hi = 0;
 #pragma unroll
@@ -88,13 +75,13 @@ __host__ __device__ constexpr bool is_glu(RowFn f) { return f == RowFn::kSiluMul
 template <RowFn F>
 __device__ __forceinline__ float glu(float g, float u, const RowOpArgs& a) {
   if constexpr (F == RowFn::kSiluMul) {
-    return g * __fdiv_rn(1.0f, 1.0f + expf(-g)) * u;
+    return g * __frcp_rn(1.0f + expf(-g)) * u;  // __frcp_rn(x) = __fdiv_rn(1, x), fewer instructions
   } else {
     const float limit = a.glu_limit;
     const float gc = limit < g ? limit : g;
     const float ul = u < -limit ? -limit : u;
     const float uc = limit < ul ? limit : ul;
-    const float gated = gc * __fdiv_rn(1.0f, 1.0f + expf(-(gc * a.glu_alpha)));
+    const float gated = gc * __frcp_rn(1.0f + expf(-(gc * a.glu_alpha)));
     return (uc + 1.0f) * gated;
   }
 }
@@ -364,8 +351,12 @@ Status launch_row_op(const RowKernelArgs& args, CudaStream stream) {
   int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (a.n / per_thread + 31) / 32 * 32)));
   const bool vec = a.n % 8 == 0 && aligned16(a.x) && aligned16(a.delta) && aligned16(a.gain) && aligned16(a.src) &&
                    aligned16(a.out_bf16) && aligned16(a.codes) && aligned16(a.delta_bias) && aligned16(a.glu_bias);
-  if (vec && a.rows <= 64) {
-    // Registers: 8 elements per thread, once (n <= 8192) or twice (n <= 16384).
+  // Registers: 8 elements per thread, once (n <= 8192) or twice (n <= 16384): every decode step, and
+  // the norms and copies of prefill steps too (ncu, H100, 8192 rows of add + RMSNorm + quantize, 4096
+  // wide: 129 us, 85% of the memory bandwidth). Not the GLU of many rows: its 896-thread CTAs (14336
+  // wide) fit one per SM, each row's load, reduction and store then run one after another (337 us
+  // at 8192 rows, where the shared-memory form's narrower CTAs overlap them).
+  if (vec && (a.rows <= 64 || !is_glu(F))) {
     const int64_t vecs = a.n / 8;
     const int chunks = vecs <= 1024 ? 1 : (vecs <= 2048 ? 2 : 0);
     if (chunks > 0) {
@@ -404,80 +395,6 @@ __global__ void broadcast_scale_kernel(float* scales, int64_t rows) {
   detail::pdl_launch_dependents();
   const float s = scales[0];
   for (int64_t i = 1 + blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += gridDim.x * blockDim.x) scales[i] = s;
-}
-
-__global__ void rope_kv_kernel(RopeKvArgs a) {
-  detail::pdl_wait();
-  detail::pdl_launch_dependents();
-  const int64_t r = blockIdx.x;
-  const int64_t hd = a.head_dim, half = hd / 2;
-  const int64_t q_dim = a.n_heads * hd, kv_dim = a.n_kv_heads * hd;
-  const int64_t width = q_dim + 2 * kv_dim;
-  const uint16_t* row = a.qkv + r * width;
-  const int64_t pos = a.position[r];
-  const int64_t slot = a.slot[r];
-  const float* cs = a.cos_sin + pos * hd;  // (half, 2)
-  // The paged row of (table row slot, position pos): block_size is a power of two (a shift and a
-  // mask, as the attention kernels split positions).
-  const int shift = __ffs(static_cast<int>(a.pages.block_size)) - 1;
-  const int64_t block = a.pages.block_table[slot * a.pages.table_stride + (pos >> shift)];
-  const int64_t cache_row = ((block << shift) | (pos & ((int64_t{1} << shift) - 1))) * kv_dim;
-  auto value = [&](int64_t c) { return bf16_at(row, c) + (a.bias != nullptr ? a.bias[c] : 0.0f); };
-  // Qwen3's q/k norm: 1 / rms of each q head, then each k head, a warp per head (dynamic shared
-  // memory, n_heads + n_kv_heads floats), in the CPU rmsnorm's order: mean of squares, + eps,
-  // 1 / sqrt, then gain * (inv * x) below.
-  extern __shared__ float head_inv[];
-  if (a.q_norm != nullptr) {
-    const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-    for (int64_t h = warp; h < a.n_heads + a.n_kv_heads; h += blockDim.x / 32) {
-      const int64_t base = h < a.n_heads ? h * hd : q_dim + (h - a.n_heads) * hd;
-      float ss = 0.0f;
-      for (int64_t d = lane; d < hd; d += 32) {
-        const float v = value(base + d);
-        ss += v * v;
-      }
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
-      if (lane == 0) head_inv[h] = __fdiv_rn(1.0f, __fsqrt_rn(__fdiv_rn(ss, static_cast<float>(hd)) + a.norm_eps));
-    }
-    __syncthreads();
-  }
-  // Rotated pairs of q (n_heads * half) and k (n_kv_heads * half).
-  const int64_t pairs = (a.n_heads + a.n_kv_heads) * half;
-  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const int64_t head = p / half, j = p % half;
-    const int64_t i0 = a.interleaved ? 2 * j : j;
-    const int64_t i1 = a.interleaved ? 2 * j + 1 : j + half;
-    const bool is_q = head < a.n_heads;
-    const int64_t base = is_q ? head * hd : q_dim + (head - a.n_heads) * hd;
-    float v0 = value(base + i0), v1 = value(base + i1);
-    if (a.q_norm != nullptr) {
-      const float* gain = is_q ? a.q_norm : a.k_norm;
-      const float inv = head_inv[head];
-      v0 = gain[i0] * (inv * v0);
-      v1 = gain[i1] * (inv * v1);
-    }
-    const float fcr = cs[2 * j], fci = cs[2 * j + 1];
-    const float o0 = v0 * fcr - v1 * fci;
-    const float o1 = v0 * fci + v1 * fcr;
-    if (is_q) {
-      a.q_out[r * q_dim + head * hd + i0] = to_bf16(o0);
-      a.q_out[r * q_dim + head * hd + i1] = to_bf16(o1);
-    } else if (a.k_cache8 != nullptr) {
-      const int64_t kh = head - a.n_heads;
-      const float inv = __fdiv_rn(1.0f, a.k_scale[kh]);
-      a.k_cache8[cache_row + kh * hd + i0] = encode(__fmul_rn(o0, inv), false);
-      a.k_cache8[cache_row + kh * hd + i1] = encode(__fmul_rn(o1, inv), false);
-    } else {
-      const int64_t kh = head - a.n_heads;
-      a.k_cache[cache_row + kh * hd + i0] = to_bf16(o0);
-      a.k_cache[cache_row + kh * hd + i1] = to_bf16(o1);
-    }
-  }
-  for (int64_t c = threadIdx.x; c < kv_dim; c += blockDim.x) {
-    const float v = value(q_dim + kv_dim + c);
-    if (a.v_cache8 != nullptr) a.v_cache8[cache_row + c] = encode(__fmul_rn(v, __fdiv_rn(1.0f, a.v_scale[c / hd])), false);
-    else a.v_cache[cache_row + c] = to_bf16(v);
-  }
 }
 
 }  // namespace
@@ -521,20 +438,6 @@ Status broadcast_scale(float* scales, int64_t rows, CudaStream stream) {
   if (rows <= 1) return {};
   LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(broadcast_scale_kernel, dim3(grid_for(rows)), dim3(256), 0, stream, scales, rows));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("broadcast_scale_kernel");
-  return {};
-}
-
-Status rope_kv(const RopeKvArgs& a, CudaStream stream) {
-  if (a.rows == 0) return {};
-  if (a.head_dim % 2 != 0) return invalid_argument("rope_kv: odd head_dim " + std::to_string(a.head_dim));
-  if ((a.q_norm == nullptr) != (a.k_norm == nullptr)) return invalid_argument("rope_kv: q_norm and k_norm go together");
-  LLMQ_RETURN_IF_ERROR(attention::validate_kv_pages(a.pages, "rope_kv: "));
-  const size_t smem = a.q_norm != nullptr ? static_cast<size_t>(a.n_heads + a.n_kv_heads) * sizeof(float) : 0;
-  if (smem > 48 * 1024) return invalid_argument("rope_kv: " + std::to_string(a.n_heads + a.n_kv_heads) + " heads");
-  // A decode step has one row per sequence: a wide CTA keeps the row from being a chain of loads.
-  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(rope_kv_kernel, dim3(static_cast<unsigned>(a.rows)), dim3(a.rows <= 64 ? 1024 : 256),
-                                                smem, stream, a));
-  LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("rope_kv_kernel");
   return {};
 }
 

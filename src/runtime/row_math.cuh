@@ -15,6 +15,23 @@ __device__ __forceinline__ float bf16_at(const uint16_t* p, int64_t i) {
 }
 __device__ __forceinline__ uint16_t to_bf16(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
+// 8 BF16 in one 16-byte word (16-byte aligned), the lower index in the low half of each 32-bit word.
+__device__ __forceinline__ void load_bf16x8(const uint16_t* p, float (&v)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = __uint_as_float(w[i] << 16);
+    v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+  }
+}
+__device__ __forceinline__ void store_bf16x8(uint16_t* p, const float (&v)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = static_cast<uint32_t>(to_bf16(v[2 * i])) | (static_cast<uint32_t>(to_bf16(v[2 * i + 1])) << 16);
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Sum / max over the CTA, returned to every thread. `red` is 32 floats of shared memory; the
 // barriers before and after keep consecutive calls from overwriting slots still being read.
 __device__ inline float cta_sum(float v, float* red) {

@@ -59,7 +59,10 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
 
 // *flag = 1 when a row of logits holds a NaN or Inf or is constant (vocab > 1): what check_logits
 // refuses on the host, for the rows sampled on the device (argmax would return token 0 for both).
-constexpr int kFlagThreads = 256;
+// kVec4 (vocab % 4 == 0, 16-byte aligned rows): 16-byte loads, four in flight per thread; the
+// scalar form read 256 rows of a 128k vocabulary at 0.7 TB/s (ncu, H200: 188 us a decode step).
+constexpr int kFlagThreads = 1024;
+template <bool kVec4>
 __global__ void __launch_bounds__(kFlagThreads) flag_unusable_rows_kernel(const float* logits, int64_t vocab,
                                                                            int32_t* flag, const int32_t* valid_rows) {
   detail::pdl_wait();
@@ -68,10 +71,21 @@ __global__ void __launch_bounds__(kFlagThreads) flag_unusable_rows_kernel(const 
   const float* row = logits + blockIdx.x * vocab;
   const float first = row[0];
   int bad = 0, differs = 0;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = row[i];
-    bad |= !isfinite(v);
-    differs |= v != first;
+  if constexpr (kVec4) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    const int64_t n4 = vocab / 4;
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+      const float4 v = row4[i];
+      bad |= !isfinite(v.x) | !isfinite(v.y) | !isfinite(v.z) | !isfinite(v.w);
+      differs |= (v.x != first) | (v.y != first) | (v.z != first) | (v.w != first);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float v = row[i];
+      bad |= !isfinite(v);
+      differs |= v != first;
+    }
   }
   bad = __syncthreads_or(bad);
   differs = __syncthreads_or(differs);
@@ -275,8 +289,10 @@ Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* to
 Status flag_unusable_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* flag, CudaStream stream,
                           const int32_t* valid_rows) {
   if (rows == 0) return {};
-  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(flag_unusable_rows_kernel, dim3(static_cast<unsigned>(rows)),
-                                                dim3(kFlagThreads), 0, stream, logits, vocab, flag, valid_rows));
+  const bool vec4 = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(vec4 ? flag_unusable_rows_kernel<true> : flag_unusable_rows_kernel<false>,
+                                                dim3(static_cast<unsigned>(rows)), dim3(kFlagThreads), 0, stream, logits,
+                                                vocab, flag, valid_rows));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("flag_unusable_rows_kernel");
   return {};
 }

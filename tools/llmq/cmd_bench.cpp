@@ -48,6 +48,7 @@ struct BenchArgs {
   bool allreduce_share = false;     // time TP decode steps again without their all-reduces
   bool ep = false;                  // MoE: whole experts per rank (expert parallelism)
   std::string skip_stages;          // stages left out of every step (timing by difference)
+  int gemm_autotune = 1;            // cuBLASLt candidates timed per GEMM shape class (1: heuristic's first)
   GpuLaunchFlags launch;
 };
 
@@ -107,6 +108,7 @@ void fit_row(const BenchArgs& a, TensorParallelRuntime& tpr, const std::string& 
     o.max_step_tokens = batch;
     o.cuda_graphs = !a.no_graphs;
     o.skip_stages = a.skip_stages;
+    o.gemm_autotune = a.gemm_autotune;
     o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
     return o;
   };
@@ -222,6 +224,7 @@ int run_e2e(const BenchArgs& a) {
           o.max_step_tokens = batch;
           o.cuda_graphs = !a.no_graphs;
           o.skip_stages = a.skip_stages;
+    o.gemm_autotune = a.gemm_autotune;
           o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
           Status st = tpr->start(o);
           std::vector<double> ms;
@@ -256,7 +259,7 @@ int run_e2e(const BenchArgs& a) {
                 {"tpot_ms_median", med}, {"tpot_ms_p90", p90}, {"tokens_per_s", static_cast<double>(batch) / med * 1e3},
                 {"active_expert_fraction", active_experts},
                 {"floor_ms", floor_ms}, {"weight_bytes", step_weight_bytes}, {"kv_bytes", kv_bytes},
-                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"kv_cache", kv_cache}, {"step_ms", ms}, {"tp", tp},
+                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"kv_cache", kv_cache}, {"step_ms", ms}, {"tp", tp},
                 {"allreduce", allreduce}, {"expert_parallel", tp > 1 && a.ep}};
           if (without > 0) {
             row["tpot_ms_without_allreduce"] = without;
@@ -281,6 +284,7 @@ int run_e2e(const BenchArgs& a) {
       o.max_context = n;
       o.max_step_tokens = n;
       o.skip_stages = a.skip_stages;
+    o.gemm_autotune = a.gemm_autotune;
       AttentionVariant attention = AttentionVariant::kBf16;
       Status parsed = parse_attention_variant(attention_name, &attention);
       o.prefill_attention = attention;
@@ -356,6 +360,9 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
   e2e->add_option("--skip-stages", args->skip_stages,
                   "leave these stages out of every step (norm,qkv,rope,attention,oquant,o,gateup,silu,down,lmhead,"
                   "allreduce): a stage's time by difference; outputs meaningless");
+  e2e->add_option("--gemm-autotune", args->gemm_autotune,
+                  "cuBLASLt GEMMs: time the heuristic's first N algorithms per shape class and keep the fastest (1: its first)")
+      ->check(CLI::Range(1, 32));
   add_gpu_launch_flags(e2e, &args->launch);
   e2e->add_flag("--fit", args->fit,
                 "per --batch and KV-cache format: the longest context that fits in free memory, and a decode at it");

@@ -57,6 +57,7 @@ struct ServeArgs {
   double gpu_memory_utilization = 0.9;
   int64_t max_model_len = 0;
   bool no_graphs = false;
+  int gemm_autotune = 1;
   GpuLaunchFlags launch;
   BenchServeUrlArgs url;  // --url: a server measured over HTTP instead
 };
@@ -113,6 +114,7 @@ int run_serve(const ServeArgs& a) {
     f.block_size = a.block_size;
     f.kv_blocks = a.kv_blocks;
     f.no_graphs = a.no_graphs;
+    f.gemm_autotune = a.gemm_autotune;
     f.launch = a.launch;
     if (Status st = start_gpu_engine(f, source, max_model_len, &g); !st.ok()) return fail(st);
     description = g.description;
@@ -185,7 +187,7 @@ int run_serve(const ServeArgs& a) {
     }
     json j = {{"kind", "serve"}, {"device", device}, {"date", today()}, {"commit", kBuildCommit},
               {"model", a.model}, {"precision", gpu ? a.precision : "f32"}, {"kv_cache", gpu ? a.kv_cache : "f32"},
-              {"tp", a.tp}, {"graphs", gpu && !a.no_graphs}, {"max_model_len", max_model_len}, {"dataset", a.dataset}, {"rate", a.rate},
+              {"tp", a.tp}, {"graphs", gpu && !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"max_model_len", max_model_len}, {"dataset", a.dataset}, {"rate", a.rate},
               {"kv_blocks_peak", peak_blocks}, {"kv_blocks", pool.usable_blocks()}, {"block_size", a.block_size},
               {"preemptions", stats.preemptions}, {"prefix_hit_rate", hit_rate}, {"max_batched_tokens", a.max_batched_tokens},
               {"max_running", a.max_running}};
@@ -216,6 +218,9 @@ void add_bench_serve_command(CLI::App* bench, std::vector<Command>* commands) {
                 "positions per sequence (0: the model's context; on cuda the workload's longest request)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   s->add_flag("--no-graphs", args->no_graphs, "cuda: decode steps without CUDA graphs");
+  s->add_option("--gemm-autotune", args->gemm_autotune,
+                "cuda: time cuBLASLt's first N algorithms per GEMM shape class and keep the fastest (1: its first)")
+      ->check(CLI::Range(1, 32));
   add_gpu_launch_flags(s, &args->launch);
   s->add_option("--dataset", args->dataset, "fixed:INPUT/OUTPUT or sharegpt-like (docs/engine.md states its lengths)");
   s->add_option("--requests", args->requests, "requests to send")->check(CLI::Range(int64_t{1}, int64_t{1000000}));

@@ -27,7 +27,8 @@ using json = nlohmann::json;
 constexpr const char* kEngineOptions[] = {"--device",   "--precision",  "--kv-cache", "--tp",  "--gpu",
                                           "--gpu-memory-utilization", "--max-model-len", "--no-graphs",
                                           "--nccl-library", "--allreduce", "--pdl", "--max-batched-tokens",
-                                          "--max-running", "--block-size", "--kv-blocks", "--no-prefix-cache"};
+                                          "--max-running", "--block-size", "--kv-blocks", "--no-prefix-cache",
+                                          "--gemm-autotune"};
 constexpr const char* kUrlOptions[] = {"--api-key", "--timeout", "--max-concurrency", "--vocab-size", "--per-request"};
 
 // Distinct failure reasons, most frequent first (ties in the order first seen).

@@ -46,6 +46,7 @@ Status start_gpu_engine(const GpuEngineFlags& f, const GpuModelSource& source, i
   o.max_context = max_model_len;
   o.max_step_tokens = f.max_batched_tokens;
   o.cuda_graphs = !f.no_graphs;
+  o.gemm_autotune = f.gemm_autotune;
   o.kv_block_size = f.block_size;
   o.kv_cache_dtype = f.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
   o.kv_blocks = f.kv_blocks > 0 ? f.kv_blocks + 1 : 0;
@@ -88,6 +89,9 @@ void add_serving_engine_options(CLI::App* s, ServingFlags* f, bool one_sequence)
   s->add_option("--gpu-memory-utilization", f->gpu.gpu_memory_utilization, "cuda: share of GPU memory to use")
       ->check(CLI::Range(0.01, 1.0));
   s->add_flag("--no-graphs", f->gpu.no_graphs, "cuda: decode steps without CUDA graphs");
+  s->add_option("--gemm-autotune", f->gpu.gemm_autotune,
+                "cuda: time cuBLASLt's first N algorithms per GEMM shape class and keep the fastest (1: its first)")
+      ->check(CLI::Range(1, 32));
   add_gpu_launch_flags(s, &f->gpu.launch);
 }
 
