@@ -1,5 +1,6 @@
 // Decode attention (see attention.hpp): flash-decoding over the paged KV cache, one query token per
-// sequence.
+// sequence. head_dim 128 with GQA runs the tensor-core kernel of attention_decode_mma.cu (the same
+// plan, ring and outputs); this file's CUDA-core kernel takes every other shape.
 //  * Split: the keys 0..max_kv_len-1 are cut into n_chunks chunks of chunk_keys keys (both fixed on
 //    the host from max_kv_len, the batch, the heads and the SM count, so a captured graph stays
 //    valid while kv_len grows on the device). Grid (chunk, head group, sequence); a chunk at or
@@ -48,16 +49,18 @@
 #include "cuda/pdl.cuh"
 #include "attention/attention.hpp"
 #include "attention/attention_validate.hpp"
+#include "attention/decode_merge.cuh"
+#include "attention/decode_plan.hpp"
 #include "attention/kv_pages.cuh"
 #include "core/int_math.hpp"
 
 namespace llmq::attention {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kTileBytes = 8192;                      // K (or V) bytes of one BF16 tile
-constexpr int kSmemBytes = 3 * 2 * kTileBytes;        // 48 KiB for either cache type: no opt-in needed
-constexpr int kMaxHeadsPerCta = 8;
+constexpr int kThreads = kDecodeThreads;
+constexpr int kTileBytes = kDecodeTileBytes;          // K (or V) bytes of one BF16 tile
+constexpr int kSmemBytes = kDecodeSmemBytes;          // 48 KiB for either cache type: no opt-in needed
+constexpr int kMaxHeadsPerCta = kDecodeMaxHeadsPerCta;
 constexpr int kMinChunkKeys = 64;    // shorter chunks cost more in combine than they win in parallelism (H100: 256 -> 64 took batch-1 decode over 1k keys from 16.3 to 12.9 us)
 constexpr int64_t kMaxPlanSms = 256; // the plan assumes at most this many SMs (workspace bound)
 constexpr int kCtasPerSmTarget = 2;
@@ -117,19 +120,7 @@ __device__ __forceinline__ int window_begin(int kv_len, int64_t window) {
   return window > 0 ? max(0, kv_len - static_cast<int>(window)) : 0;
 }
 
-// The split, identical on the host (grid, workspace offsets) and the device.
-struct DecodePlan {
-  int n_chunks = 1;
-  int chunk_keys = 0;      // multiple of the tile's key count
-  int heads_per_cta = 1;   // divides the GQA group, <= kMaxHeadsPerCta
-};
-
-// Workspace: partial outputs [batch, n_heads, n_chunks, head_dim] FP32, then log2-sum-exp
-// [batch, n_heads, n_chunks] FP32.
-struct Workspace {
-  float* partial_out;
-  float* partial_lse;
-};
+using Workspace = DecodeWorkspace;
 
 // kFp8: the cache holds E4M3 codes (k_cache8 / v_cache8) with per-kv-head scales.
 template <int kHeadDim, int kHeads, bool kFp8>
@@ -155,21 +146,10 @@ __global__ void __launch_bounds__(kThreads)
 
   llmq::detail::pdl_wait();  // q, the cache and kv_len come from the kernels before this one
   llmq::detail::pdl_launch_dependents();
-  const int chunk = blockIdx.x, b = blockIdx.z;
-  const int head0 = blockIdx.y * plan.heads_per_cta;
-  const int group = static_cast<int>(a.n_heads / a.n_kv_heads);
-  const int kv_head = head0 / group;
-  const int kv_len = min(max(a.kv_len[b], 0), min(pages_capacity(a.pages), static_cast<int>(a.max_kv_len)));
-  // The window (host-clamped below min(capacity, max_kv_len), or 0) moves every chunk up.
-  const int key_begin = window_begin(kv_len, a.window) + chunk * plan.chunk_keys;
-  const int key_end = min(kv_len, key_begin + plan.chunk_keys);
-  if (key_begin >= key_end) {
-    // Chunk 0 of an empty sequence still owes the output: zeros, never NaN.
-    if (chunk == 0 && plan.n_chunks == 1)
-      for (int i = threadIdx.x; i < plan.heads_per_cta * kHeadDim; i += kThreads)
-        a.out[(static_cast<int64_t>(b) * a.n_heads + head0) * kHeadDim + i] = 0;
-    return;
-  }
+  const DecodeCta cta = decode_cta(a, plan);
+  if (decode_cta_has_no_keys<kHeadDim>(a, plan, cta)) return;
+  const int chunk = cta.chunk, b = cta.b, head0 = cta.head0, kv_head = cta.kv_head;
+  const int key_begin = cta.key_begin, key_end = cta.key_end;
   const int n_heads_here = plan.heads_per_cta;  // <= kHeads
 
   // Byte addresses: key p of this kv head is at rows.row(p) * kv_stride_bytes from k_base / v_base
@@ -337,29 +317,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-  const bool single_chunk = plan.n_chunks == 1;
-  for (int idx = threadIdx.x; idx < n_heads_here * kHeadDim; idx += kThreads) {
-    const int h = idx / kHeadDim, d = idx % kHeadDim;
-    float m_max = -INFINITY;
-    for (int kl = 0; kl < kKeyLanes; ++kl) m_max = fmaxf(m_max, red_m[kl * kHeads + h]);
-    float sum = 0.f, o = 0.f;  // m_max is finite: the chunk has at least one key
-    for (int kl = 0; kl < kKeyLanes; ++kl) {
-      const float w = fast_exp2(red_m[kl * kHeads + h] - m_max);
-      sum = __fmaf_rn(red_l[kl * kHeads + h], w, sum);
-      o = __fmaf_rn(red_acc[(kl * kHeads + h) * kHeadDim + d], w, o);
-    }
-    const int64_t bh = static_cast<int64_t>(b) * a.n_heads + head0 + h;
-    // A single chunk owns the whole denominator, sink included (log2 units, as m_max).
-    const float denom =
-        single_chunk && a.sinks != nullptr ? sum + fast_exp2(__fmaf_rn(a.sinks[head0 + h], kLog2e, -m_max)) : sum;
-    const float out = kFp8 ? o / denom * v_scale : o / denom;
-    if (single_chunk) {
-      a.out[bh * kHeadDim + d] = to_bf16_bits(out);
-    } else {
-      ws.partial_out[(bh * plan.n_chunks + chunk) * kHeadDim + d] = out;
-      if (d == 0) ws.partial_lse[bh * plan.n_chunks + chunk] = m_max + __log2f(sum);
-    }
-  }
+  decode_merge_and_store<kHeadDim, kKeyLanes, kHeads, kFp8>(a, plan, ws, red_acc, red_m, red_l, b, head0, chunk, v_scale);
 }
 
 // One CTA per (head, sequence), head_dim threads: merges the live chunks in chunk order.
@@ -469,6 +427,7 @@ Status launch_chunks(const DecodeAttentionArgs& a, const DecodePlan& plan, Works
 
 template <int kHeadDim>
 Status launch_for_dim(const DecodeAttentionArgs& a, const DecodePlan& plan, Workspace ws, cudaStream_t stream) {
+  if (decode_mma_applies(a, plan)) return launch_decode_mma(a, plan, ws, a.softmax_scale * kLog2e, stream);
   // Register arrays are sized by kHeads: the smallest power of two that holds the CTA's heads.
   if (plan.heads_per_cta == 1) return launch_chunks<kHeadDim, 1>(a, plan, ws, stream);
   if (plan.heads_per_cta == 2) return launch_chunks<kHeadDim, 2>(a, plan, ws, stream);
