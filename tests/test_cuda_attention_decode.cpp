@@ -1,7 +1,8 @@
 // GPU tests of the runtime's decode attention kernel (src/attention/attention.hpp) against a
 // float64 CPU reference computed from the same inputs: kv_len 1, 17, 1000, 8192 in one batch with
 // max_kv_len above all of them; batch 1 with 32 q / 8 kv heads at 8192 (the split over many chunks);
-// a single-chunk plan with no workspace; odd kv head counts (3, 5, 7) and groups (1, 3, 5); a CUDA
+// a single-chunk plan with no workspace; 64 sequences at once (one chunk each); odd kv head counts
+// (3, 5, 7) and groups (1, 3, 5, 6, 7); a CUDA
 // graph captured once and replayed after kv_len grew on the device (E4M3: before the scales were
 // written). Sliding windows (1 key to past max_kv_len) with kv_len inside and past them, and
 // attention sinks (random, +8, -30), over one chunk and many, and in a replayed graph whose
@@ -284,6 +285,37 @@ void decode_head_dims_gqa_and_lengths(bool fp8) {
       c.seed = ++seed;
       check_decode(c);
     }
+  // head_dim 128 (the tensor-core kernel) with 6 and 7 heads per CTA (rows of the 16-row tile past
+  // them padding), and at a serving batch: 64 sequences of up to 900 keys, one chunk per sequence
+  // (every CTA runs all of its sequence's tiles).
+  for (int64_t group : {6, 7}) {
+    DecodeCase c;
+    c.fp8 = fp8;
+    c.n_kv_heads = 2;
+    c.n_heads = 2 * group;
+    c.kv_len = {33, 700};
+    c.slot = {1, 0};
+    c.slots = 2;
+    c.capacity = 1024;
+    c.max_kv_len = 1024;
+    c.seed = ++seed;
+    check_decode(c);
+  }
+  {
+    DecodeCase c;
+    c.fp8 = fp8;
+    c.n_heads = 32;
+    c.n_kv_heads = 8;
+    for (int32_t b = 0; b < 64; ++b) {
+      c.kv_len.push_back(1 + (b * 131) % 900);
+      c.slot.push_back((b * 17) % 64);
+    }
+    c.slots = 64;
+    c.capacity = 1024;
+    c.max_kv_len = 1024;
+    c.seed = ++seed;
+    check_decode(c);
+  }
   for (int64_t d : {16, 256}) {
     DecodeCase c;
     c.fp8 = fp8;

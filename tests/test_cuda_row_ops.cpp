@@ -256,7 +256,8 @@ struct RopeKvRun {
 void run_paged_rope_kv(const std::vector<uint16_t>& qkv, const std::vector<int32_t>& pos, const std::vector<int32_t>& slot,
                        const std::vector<float>& cs, const std::vector<float>& scales, const attention::KvPages& shape,
                        const std::vector<int32_t>& table, bool fp8, int fill, int64_t H, int64_t KVH, int64_t hd,
-                       RopeKvRun* out, bool scalar_form = false) {
+                       RopeKvRun* out, bool scalar_form = false, const std::vector<float>* bias = nullptr,
+                       const std::vector<float>* q_norm = nullptr, const std::vector<float>* k_norm = nullptr) {
   const int64_t R = static_cast<int64_t>(pos.size()), kv_dim = KVH * hd;
   const size_t cache = static_cast<size_t>(shape.num_blocks * shape.block_size * kv_dim);
   // scalar_form: q_out one element into its buffer (2-byte aligned), which the vectorized kernel
@@ -265,6 +266,10 @@ void run_paged_rope_kv(const std::vector<uint16_t>& qkv, const std::vector<int32
   DeviceBuffer<uint16_t> d_qkv(qkv.size()), d_q(static_cast<size_t>(R * H * hd + q_at)), d_k(fp8 ? 0 : cache), d_v(fp8 ? 0 : cache);
   DeviceBuffer<uint8_t> d_k8(fp8 ? cache : 0), d_v8(fp8 ? cache : 0);
   DeviceBuffer<float> d_cs(cs.size()), d_scales(scales.size());
+  DeviceBuffer<float> d_bias(bias ? bias->size() : 0), d_qn(q_norm ? q_norm->size() : 0), d_kn(k_norm ? k_norm->size() : 0);
+  if (bias != nullptr) CUDA_ASSERT(d_bias.upload(*bias));
+  if (q_norm != nullptr) CUDA_ASSERT(d_qn.upload(*q_norm));
+  if (k_norm != nullptr) CUDA_ASSERT(d_kn.upload(*k_norm));
   DeviceBuffer<int32_t> d_pos(pos.size()), d_slot(slot.size()), d_table(table.size());
   CUDA_ASSERT(d_qkv.upload(qkv));
   CUDA_ASSERT(d_cs.upload(cs));
@@ -282,6 +287,9 @@ void run_paged_rope_kv(const std::vector<uint16_t>& qkv, const std::vector<int32
   runtime::RopeKvArgs a;
   a.qkv = d_qkv.get();
   a.q_out = d_q.get() + q_at;
+  a.bias = bias != nullptr ? d_bias.get() : nullptr;
+  a.q_norm = q_norm != nullptr ? d_qn.get() : nullptr;
+  a.k_norm = k_norm != nullptr ? d_kn.get() : nullptr;
   a.k_cache = d_k.get();
   a.v_cache = d_v.get();
   if (fp8) {
@@ -312,7 +320,7 @@ void run_paged_rope_kv(const std::vector<uint16_t>& qkv, const std::vector<int32
 
 // rope_kv's two kernels (rope_kv.cu): the vectorized one (head_dim % 16 == 0, aligned rows) and
 // the general one compute the same bits, at decode (<= 64 rows) and prefill CTA shapes, for both
-// cache formats.
+// cache formats, with and without a bias and Qwen3's q/k norm, on inputs with outliers and -0.
 TEST(CudaRowOps, RopeKvVectorizedAndGeneralKernelsAgree) {
   LLMQ_REQUIRE_GPU();
   const int64_t H = 8, KVH = 2, hd = 128, cap = 256, width = (H + 2 * KVH) * hd;
@@ -322,28 +330,39 @@ TEST(CudaRowOps, RopeKvVectorizedAndGeneralKernelsAgree) {
   const std::vector<float> cs = runtime::rope_cos_sin(c, cap);
   std::vector<float> scales = normal(static_cast<size_t>(2 * KVH), 0.3f, 31);
   for (float& x : scales) x = std::fabs(x) + 0.05f;
+  const std::vector<float> bias = normal(static_cast<size_t>(width), 0.5f, 33);
+  std::vector<float> q_norm = normal(static_cast<size_t>(hd), 0.2f, 34), k_norm = normal(static_cast<size_t>(hd), 0.2f, 35);
+  for (float& g : q_norm) g += 1.0f;
+  for (float& g : k_norm) g += 1.0f;
   for (int64_t R : {5, 70})
-    for (bool fp8 : {false, true}) {
-      SCOPED_TRACE(testing::repro(32, R, width, std::string(fp8 ? "e4m3" : "bf16") + " rope_kv forms"));
-      std::vector<float> x = normal(static_cast<size_t>(R * width), 2.0f, 32 + static_cast<uint64_t>(R));
-      for (size_t i = 0; i < x.size(); i += 97) x[i] *= 40.0f;  // outliers (E4M3 saturates some)
-      const std::vector<uint16_t> qkv = to_bf16(x);
-      std::vector<int32_t> pos(static_cast<size_t>(R)), slot(static_cast<size_t>(R), 0);
-      for (int64_t r = 0; r < R; ++r) pos[r] = static_cast<int32_t>((r * 29) % cap);  // distinct: R < cap, 29 odd
-      attention::KvPages shape{nullptr, cap / 16, 16, cap / 16};
-      std::vector<int32_t> table(static_cast<size_t>(cap / 16));
-      for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(table.size() - 1 - i);
-      RopeKvRun vec, general;
-      run_paged_rope_kv(qkv, pos, slot, cs, scales, shape, table, fp8, 0x5A, H, KVH, hd, &vec);
-      if (HasFatalFailure()) return;
-      run_paged_rope_kv(qkv, pos, slot, cs, scales, shape, table, fp8, 0x5A, H, KVH, hd, &general, /*scalar_form=*/true);
-      if (HasFatalFailure()) return;
-      EXPECT_EQ(vec.q, general.q);
-      EXPECT_EQ(vec.k, general.k);
-      EXPECT_EQ(vec.v, general.v);
-      EXPECT_EQ(vec.k8, general.k8);
-      EXPECT_EQ(vec.v8, general.v8);
-    }
+    for (bool fp8 : {false, true})
+      for (int extras = 0; extras < 3; ++extras) {  // none, the bias, the bias and the q/k norm
+        SCOPED_TRACE(testing::repro(32, R, width, std::string(fp8 ? "e4m3" : "bf16") + " rope_kv forms, extras " +
+                                                      std::to_string(extras)));
+        std::vector<float> x = normal(static_cast<size_t>(R * width), 2.0f, 32 + static_cast<uint64_t>(R));
+        for (size_t i = 0; i < x.size(); i += 97) x[i] *= 40.0f;  // outliers (E4M3 saturates some)
+        for (size_t i = 5; i < x.size(); i += 89) x[i] = -0.0f;   // signed zeros keep their sign
+        const std::vector<uint16_t> qkv = to_bf16(x);
+        std::vector<int32_t> pos(static_cast<size_t>(R)), slot(static_cast<size_t>(R), 0);
+        for (int64_t r = 0; r < R; ++r) pos[r] = static_cast<int32_t>((r * 29) % cap);  // distinct: R < cap, 29 odd
+        attention::KvPages shape{nullptr, cap / 16, 16, cap / 16};
+        std::vector<int32_t> table(static_cast<size_t>(cap / 16));
+        for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(table.size() - 1 - i);
+        RopeKvRun vec, general;
+        const std::vector<float>* b = extras >= 1 ? &bias : nullptr;
+        const std::vector<float>* qn = extras >= 2 ? &q_norm : nullptr;
+        const std::vector<float>* kn = extras >= 2 ? &k_norm : nullptr;
+        run_paged_rope_kv(qkv, pos, slot, cs, scales, shape, table, fp8, 0x5A, H, KVH, hd, &vec, false, b, qn, kn);
+        if (HasFatalFailure()) return;
+        run_paged_rope_kv(qkv, pos, slot, cs, scales, shape, table, fp8, 0x5A, H, KVH, hd, &general, /*scalar_form=*/true, b,
+                          qn, kn);
+        if (HasFatalFailure()) return;
+        EXPECT_EQ(vec.q, general.q);
+        EXPECT_EQ(vec.k, general.k);
+        EXPECT_EQ(vec.v, general.v);
+        EXPECT_EQ(vec.k8, general.k8);
+        EXPECT_EQ(vec.v8, general.v8);
+      }
 }
 
 TEST(CudaRowOps, RopeKvWritesEachTokenToItsPagedRowOnly) {

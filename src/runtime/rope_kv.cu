@@ -43,7 +43,7 @@ __device__ void head_inverse_rms(const RopeKvArgs& a, const uint16_t* row, float
     const int64_t base = h < a.n_heads ? h * hd : q_dim + (h - a.n_heads) * hd;
     float ss = 0.0f;
     for (int64_t d = lane; d < hd; d += 32) {
-      const float v = bf16_at(row, base + d) + (a.bias != nullptr ? a.bias[base + d] : 0.0f);
+      const float v = a.bias != nullptr ? bf16_at(row, base + d) + a.bias[base + d] : bf16_at(row, base + d);
       ss += v * v;
     }
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
@@ -63,7 +63,9 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   const int64_t pos = a.position[r];
   const float* cs = a.cos_sin + pos * hd;  // (half, 2)
   const int64_t cache_row = cache_row_of(a, a.slot[r], pos) * kv_dim;
-  auto value = [&](int64_t c) { return bf16_at(row, c) + (a.bias != nullptr ? a.bias[c] : 0.0f); };
+  // The bias only where there is one: + 0.0f would turn a -0 input into +0 (the CPU reference and
+  // the vectorized kernel keep it).
+  auto value = [&](int64_t c) { return a.bias != nullptr ? bf16_at(row, c) + a.bias[c] : bf16_at(row, c); };
   extern __shared__ float head_inv[];
   if (a.q_norm != nullptr) head_inverse_rms(a, row, head_inv);
   // Rotated pairs of q (n_heads * half) and k (n_kv_heads * half).
@@ -209,7 +211,7 @@ Status rope_kv(const RopeKvArgs& a, CudaStream stream) {
   // Every 8-element group starts 16 bytes into a 16-byte aligned row (8 for E4M3 cache rows) when
   // head_dim % 16 == 0; the widths fit int for every model (checked, with the vector count).
   const int64_t units = (a.n_heads + a.n_kv_heads) * (a.head_dim / 16) + a.n_kv_heads * a.head_dim / 8;
-  const bool vec = !a.interleaved && a.head_dim % 16 == 0 && (a.n_heads + 2 * a.n_kv_heads) * a.head_dim < (int64_t{1} << 30) &&
+  const bool vec = units > 0 && !a.interleaved && a.head_dim % 16 == 0 && (a.n_heads + 2 * a.n_kv_heads) * a.head_dim < (int64_t{1} << 30) &&
                    aligned(a.qkv, 16) && aligned(a.q_out, 16) && aligned(a.k_cache, 16) && aligned(a.v_cache, 16) &&
                    aligned(a.k_cache8, 8) && aligned(a.v_cache8, 8) && aligned(a.cos_sin, 16);
   if (vec) {
