@@ -206,6 +206,27 @@ TEST(CliFirstContact, APromptLongerThanTheStepsIsRefused) {
   EXPECT_NE(r.err.find("--steps: 4 positions do not hold the 6-token prompt"), std::string::npos) << r.err;
 }
 
+// A Hugging Face config without bos_token_id says the model has no BOS: `llmq run --prompt-ids`
+// prepends nothing (the same context as the model that has BOS 1 given "1 5 6"), generation does not
+// stop on token 1, and a prompt with no token at all is refused instead of run from token 1.
+TEST(CliFirstContact, AModelWithoutBosGetsNoTokenOnePrepended) {
+  Case c;
+  const std::string with = c.add(Base::kHf, "with");
+  const std::string without = c.add(Base::kHf, "without");
+  edit_config(c.path(with), [](json& j) { j["bos_token_id"] = 1; });
+  edit_config(c.path(without), [](json& j) { j.erase("bos_token_id"); });
+  const RunResult a = c.succeeds({"run", "--model", with, "--prompt-ids", "5 6", "-n", "10", "-t", "0", "--ids"});
+  const RunResult b = c.succeeds({"run", "--model", without, "--prompt-ids", "1 5 6", "-n", "10", "-t", "0", "--ids"});
+  const std::vector<int32_t> ia = ids_of(a.out), ib = ids_of(b.out);
+  ASSERT_FALSE(ia.empty()) << a.out << a.err;
+  // The same greedy tokens, up to where the model with BOS stops at token 1 (run.c's rule).
+  ASSERT_LE(ia.size(), ib.size());
+  EXPECT_TRUE(std::equal(ia.begin(), ia.end(), ib.begin())) << a.out << "\n" << b.out;
+  const RunResult r = c.run({"run", "--model", without, "--prompt-ids", "", "-n", "4", "-t", "0"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("no BOS"), std::string::npos) << r.err;
+}
+
 // On a GPU machine: the demo's speed column, and EOS past the first 64-token chunk of greedy
 // decoding on the device.
 TEST(CliFirstContact, OnTheGpuTheDemoTimesDecodeAndRunStopsAtEos) {

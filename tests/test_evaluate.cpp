@@ -77,6 +77,39 @@ TEST(Evaluate, WindowsStartWithBosAndEveryTokenIsScoredOnce) {
   EXPECT_EQ(results[0].count(), 5);
 }
 
+// A model without BOS (bos_token -1): windows of up to context tokens with nothing prepended, the
+// first token of each window context only, so a sequence of n tokens scores n - (windows) tokens.
+TEST(Evaluate, WithoutBosWindowsAreThePlainTokens) {
+  ModelWeights model = make_default_model(small_options(0));
+  model.config.bos_token = -1;
+  Transformer base(model), same(model);
+  const std::vector<std::vector<int32_t>> seqs = {{1, 10, 11, 12, 13, 14, 15, 16}, {20, 21, 22}, {5}};
+  EvalOptions options;
+  options.context = 4;
+  std::vector<int64_t> progress;
+  options.progress = [&](int64_t scored, int64_t total) {
+    progress.push_back(scored);
+    EXPECT_EQ(total, 8);  // windows {1 10 11 12} {13 14 15 16} {20 21 22} {5}: 3 + 3 + 2 + 0
+  };
+  std::vector<EvalAccumulator> results;
+  ASSERT_TRUE(evaluate(&base, {&same}, seqs, options, &results).ok());
+  EXPECT_EQ(results[0].summarize().tokens, 8);
+  EXPECT_EQ(progress, (std::vector<int64_t>{3, 6, 8}));  // the last window ({5}) has nothing to score
+  // The base model's perplexity over those windows, by hand: token 1 is a token like any other.
+  const int64_t v = model.config.vocab_size;
+  double nll = 0;
+  for (const std::vector<int32_t>& w : std::vector<std::vector<int32_t>>{{1, 10, 11, 12}, {13, 14, 15, 16}, {20, 21, 22}}) {
+    const std::vector<float> l = logits_of(model, nullptr, w);
+    for (size_t p = 0; p + 1 < w.size(); ++p) {
+      double m = -1e30, z = 0;
+      for (int64_t t = 0; t < v; ++t) m = std::max(m, static_cast<double>(l[p * v + t]));
+      for (int64_t t = 0; t < v; ++t) z += std::exp(static_cast<double>(l[p * v + t]) - m);
+      nll -= static_cast<double>(l[p * v + w[p + 1]]) - m - std::log(z);
+    }
+  }
+  EXPECT_NEAR(results[0].summarize().ppl_base, std::exp(nll / 8), 1e-4 * std::exp(nll / 8));
+}
+
 TEST(Evaluate, BadContextAndVocabularyMismatchAreErrors) {
   const ModelWeights model = make_default_model(small_options(0));
   DefaultModelOptions other_options = small_options(0);

@@ -606,6 +606,34 @@ TEST(HfConfigSlidingWindow, Qwen2FollowsUseSlidingWindowAndItsLayers) {
   EXPECT_NE(st.message().find("layer_types"), std::string::npos) << st.to_string();
 }
 
+// A config without bos_token_id / eos_token_id, or with null, says the model has none: -1, never
+// llama2.c's 1 / 2 (token 1 of a byte-level vocabulary is '"': a prompt would start with it and
+// generation would stop on it). The writer writes null back.
+TEST(HfConfigAccepts, MissingOrNullTokenIdsMeanNone) {
+  json j = json::parse(kHubConfigs[4]);  // Mistral 7B v0.1: bos 1, eos 2
+  EXPECT_EQ(parsed(j).bos_token, 1);
+  EXPECT_EQ(parsed(j).eos_token, 2);
+  j.erase("bos_token_id");
+  j["eos_token_id"] = nullptr;
+  const ModelConfig c = parsed(j);
+  EXPECT_EQ(c.bos_token, -1);
+  EXPECT_EQ(c.eos_token, -1);
+  EXPECT_EQ(c.text_start_token(), -1);
+  const json written = json::parse(hf_config_json(c));
+  EXPECT_TRUE(written.at("bos_token_id").is_null());
+  EXPECT_TRUE(written.at("eos_token_id").is_null());
+  ModelConfig back;
+  ASSERT_TRUE(parse_hf_config(hf_config_json(c), &back).ok());
+  EXPECT_EQ(back.bos_token, -1);
+  EXPECT_EQ(back.eos_token, -1);
+  j["eos_token_id"] = json::array({7, 9});
+  EXPECT_EQ(parsed(j).eos_token, 7);
+  EXPECT_EQ(parsed(j).text_start_token(), 7);  // sampled text starts after the EOS between documents
+  ModelConfig bad = c;
+  bad.bos_token = -2;
+  EXPECT_NE(bad.validate().message().find("bos_token"), std::string::npos);
+}
+
 TEST(HfConfigSlidingWindow, WriterKeepsTheWindow) {
   for (const char* type : {"mistral", "llama", "qwen2", "mixtral"}) {
     SCOPED_TRACE(type);

@@ -107,9 +107,15 @@ struct ModelConfig {
   // Storage, not arithmetic: the checkpoint keeps gpt-oss's expert weights as MXFP4 blocks and
   // E8M0 scales (quantization_config.quant_method "mxfp4"); the loader dequantizes them exactly.
   bool experts_mxfp4 = false;
+  // -1: the model has none (a Hugging Face config without bos_token_id / eos_token_id, or null): no
+  // BOS is prepended to token-id prompts or evaluation windows, and generation does not stop on
+  // token 1. llama2.c models have 1 and 2 (run.c's).
   int32_t bos_token = 1;
   int32_t eos_token = 2;
   bool is_moe() const { return n_experts > 0; }
+  // The token a text sampled from the model starts after: BOS, or for a model without one the EOS
+  // that separates its documents; -1: neither.
+  int32_t text_start_token() const { return bos_token >= 0 ? bos_token : eos_token; }
   Status validate() const;  // errors name the field
 };
 

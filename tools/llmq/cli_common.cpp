@@ -173,7 +173,7 @@ Status calibrate_on_samples(const ModelWeights& model, int64_t count, int64_t le
   LLMQ_RETURN_IF_ERROR(sample_token_sequences(model, count, length, 1000, &samples));
   Progress progress("calibrating");
   for (size_t i = 0; i < samples.size(); ++i) {
-    std::vector<int32_t> tokens = {model.config.bos_token};
+    std::vector<int32_t> tokens = {model.config.text_start_token()};  // what the sample continued
     tokens.insert(tokens.end(), samples[i].begin(), samples[i].end());
     LLMQ_RETURN_IF_ERROR(calibrate(model, tokens, context, stats));
     progress.update(static_cast<int64_t>(i + 1), static_cast<int64_t>(samples.size()));

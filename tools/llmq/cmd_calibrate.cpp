@@ -86,10 +86,14 @@ int run(const CalibrateArgs& a) {
   stats.data = data_name;
   Progress progress("calibrating");
   int64_t total = 0, done = 0;
-  for (const auto& s : sequences) total += static_cast<int64_t>(s.size()) + 1;
+  // Each sequence after BOS (a model without BOS: as it is).
+  const bool bos = model.config.bos_token >= 0;
+  for (const auto& s : sequences) total += static_cast<int64_t>(s.size()) + (bos ? 1 : 0);
   for (const auto& s : sequences) {
-    std::vector<int32_t> tokens = {model.config.bos_token};
+    std::vector<int32_t> tokens;
+    if (bos) tokens.push_back(model.config.bos_token);
     tokens.insert(tokens.end(), s.begin(), s.end());
+    if (tokens.empty()) continue;
     const Status st = runtime ? calibrate_on_gpu(*runtime, tokens, chunk, &stats) : calibrate(model, tokens, chunk, &stats);
     if (!st.ok()) return fail(st);
     done += static_cast<int64_t>(tokens.size());

@@ -119,8 +119,8 @@ Status run_on_gpu(const RunArgs& a, uint64_t seed, TensorParallelRuntime& rt, co
   return {};
 }
 
-// The prompt as token ids: --prompt through the tokenizer (its BOS when it has one), else BOS and
-// --prompt-ids.
+// The prompt as token ids: --prompt through the tokenizer (its BOS when it has one), else BOS (when
+// the model has one) and --prompt-ids.
 Status prompt_tokens(const RunArgs& a, const ModelConfig& config, const Tokenizer* tokenizer, std::vector<int32_t>* out) {
   if (!a.prompt.empty() && !a.prompt_ids.empty()) return invalid_argument("--prompt and --prompt-ids: give one of them");
   if (!a.prompt.empty()) {
@@ -135,10 +135,13 @@ Status prompt_tokens(const RunArgs& a, const ModelConfig& config, const Tokenize
                                 std::to_string(config.vocab_size) + "-token vocabulary (" + tokenizer->description() + ")");
     return {};
   }
-  *out = {config.bos_token};
+  out->clear();
+  if (config.bos_token >= 0) out->push_back(config.bos_token);
   std::vector<int32_t> ids;
   LLMQ_RETURN_IF_ERROR(parse_token_ids("--prompt-ids", a.prompt_ids, config.vocab_size, &ids));
   out->insert(out->end(), ids.begin(), ids.end());
+  if (out->empty())
+    return invalid_argument("--prompt-ids: the model has no BOS (its config names no bos_token_id), so the prompt needs a token");
   return {};
 }
 
@@ -171,7 +174,8 @@ int run(const RunArgs& a) {
                  static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
   }
   // BOS ends generation as in run.c (a new text would begin); EOS unless --ignore-eos.
-  std::vector<int32_t> stop = {config.bos_token};
+  std::vector<int32_t> stop;
+  if (config.bos_token >= 0) stop.push_back(config.bos_token);
   if (!a.ignore_eos) {
     if (config.eos_token >= 0) stop.push_back(config.eos_token);
     // The tokenizer's end tokens: EOS and the others config.json / generation_config.json name.

@@ -443,6 +443,10 @@ Status parse_hf_config(const std::string& json_text, ModelConfig* out) {
     c.moe_renormalize = false;
     LLMQ_RETURN_IF_ERROR(read_bool(j, "norm_topk_prob", &c.moe_renormalize));
   }
+  // Absent or null: the model has none (ModelConfig's 1 / 2 are llama2.c's, which no Hugging Face
+  // config implies: in a byte-level vocabulary such as GPT-2's or o200k's, token 1 is '"').
+  c.bos_token = -1;
+  c.eos_token = -1;
   LLMQ_RETURN_IF_ERROR(read_token_id(j, "bos_token_id", &c.bos_token));
   LLMQ_RETURN_IF_ERROR(read_token_id(j, "eos_token_id", &c.eos_token));
   // validate() names the ModelConfig field; the prefix names the file it came from.

@@ -66,8 +66,9 @@ std::string hf_config_json(const ModelConfig& c) {
   j["hidden_act"] = "silu";
   // Qwen2 biases q/k/v by its type; Mistral and Mixtral never.
   if (type == "llama" || type == "qwen3" || type == "qwen3_moe" || type == "gpt_oss") j["attention_bias"] = c.attention_bias;
-  j["bos_token_id"] = c.bos_token;
-  j["eos_token_id"] = c.eos_token;
+  // -1 (none) as transformers writes it: null.
+  j["bos_token_id"] = c.bos_token >= 0 ? nlohmann::ordered_json(c.bos_token) : nlohmann::ordered_json(nullptr);
+  j["eos_token_id"] = c.eos_token >= 0 ? nlohmann::ordered_json(c.eos_token) : nlohmann::ordered_json(nullptr);
   j["torch_dtype"] = "bfloat16";
   // Which layers attend through the window: layer_types (5.x; gpt-oss's class would alternate
   // without it); for 4.x Qwen readers also max_window_layers, exact when the windowed layers are a

@@ -42,6 +42,10 @@ Status sample_token_sequences(const ModelWeights& model, int64_t count, int64_t 
   if (length > model.config.max_seq_len)
     return invalid_argument("length: " + std::to_string(length) + " tokens do not fit max_seq_len " +
                             std::to_string(model.config.max_seq_len));
+  const int32_t start = model.config.text_start_token();
+  if (start < 0)
+    return invalid_argument("sampling text from the model: its config names neither bos_token_id nor eos_token_id to start "
+                            "from; give the text (--data)");
   Transformer transformer(model);
   out->clear();
   for (int64_t i = 0; i < count; ++i) {
@@ -52,7 +56,7 @@ Status sample_token_sequences(const ModelWeights& model, int64_t count, int64_t 
     g.topp = 0.9f;
     g.seed = seed + static_cast<uint64_t>(i);
     std::vector<int32_t> seq;
-    LLMQ_RETURN_IF_ERROR(generate(&transformer, {model.config.bos_token}, g, &seq));
+    LLMQ_RETURN_IF_ERROR(generate(&transformer, {start}, g, &seq));
     out->push_back(std::move(seq));
   }
   return {};

@@ -75,21 +75,24 @@ Status evaluate_windows(const ModelConfig& c, const WindowLogitsFn& base, const 
   if (options.context < 2 || options.context > c.max_seq_len)
     return invalid_argument("--context: must be in [2, " + std::to_string(c.max_seq_len) + "], got " +
                             std::to_string(options.context));
-  // Windows: [BOS] + up to context - 1 tokens of a sequence.
+  // Windows: [BOS] + up to context - 1 tokens of a sequence, every one of them scored. A model
+  // without BOS (bos_token -1): up to context tokens, the first of each window context only.
   struct Window {
     std::vector<int32_t> tokens;
   };
   std::vector<Window> windows;
   int64_t total = 0;
+  const bool bos = c.bos_token >= 0;
+  const size_t per_window = static_cast<size_t>(bos ? options.context - 1 : options.context);
   for (const auto& seq : sequences) {
-    size_t start = (!seq.empty() && seq[0] == c.bos_token) ? 1 : 0;
+    size_t start = (bos && !seq.empty() && seq[0] == c.bos_token) ? 1 : 0;
     while (start < seq.size()) {
-      const size_t n = std::min(seq.size() - start, static_cast<size_t>(options.context - 1));
+      const size_t n = std::min(seq.size() - start, per_window);
       Window w;
-      w.tokens.push_back(c.bos_token);
+      if (bos) w.tokens.push_back(c.bos_token);
       w.tokens.insert(w.tokens.end(), seq.begin() + static_cast<std::ptrdiff_t>(start),
                       seq.begin() + static_cast<std::ptrdiff_t>(start + n));
-      total += static_cast<int64_t>(n);
+      total += static_cast<int64_t>(bos ? n : n - 1);
       windows.push_back(std::move(w));
       start += n;
     }

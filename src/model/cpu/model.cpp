@@ -88,16 +88,16 @@ Status ModelConfig::validate() const {
     if (c.value > c.cap)
       return invalid_argument(std::string("config.") + c.field + ": " + std::to_string(c.value) +
                               " is beyond what any real model has (at most " + std::to_string(c.cap) + ")");
-  // Every generation starts from BOS and stops at EOS: an id outside the vocabulary would index
-  // past the embedding (BOS) or never match a sampled token (EOS).
+  // An id outside the vocabulary would index past the embedding (BOS) or never match a sampled
+  // token (EOS); -1 says the model has none.
   const struct {
     const char* field;
     int32_t id;
   } tokens[] = {{"bos_token (bos_token_id)", bos_token}, {"eos_token (eos_token_id)", eos_token}};
   for (const auto& t : tokens)
-    if (t.id < 0 || t.id >= vocab_size)
+    if (t.id < -1 || t.id >= vocab_size)
       return invalid_argument(std::string("config.") + t.field + ": " + std::to_string(t.id) +
-                              " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+                              " is outside the vocabulary [0, " + std::to_string(vocab_size) + ") and not -1 (none)");
   // Negated comparisons so that NaN fails too.
   if (!(norm_eps > 0 && norm_eps <= 0.1))
     return invalid_argument("config.norm_eps (rms_norm_eps): must be in (0, 0.1], got " + num(norm_eps));
