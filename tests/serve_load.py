@@ -93,8 +93,10 @@ def stream(port, index, barrier, outcomes):
     disconnect = index % 10 == 9
     max_tokens = DISCONNECT_MAX_TOKENS if disconnect else 8 + index % 41
     prompt = [1] + [2 + (index * 7 + k) % 400 for k in range(1 + index % 13)]
+    # ignore_eos: the random default model may sample its EOS, which ends a reply (generation_end_ids);
+    # every stream here is to run to max_tokens.
     body = json.dumps({"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0 if index % 2 else 0.8,
-                       "seed": index + 1, "stream": True, "stream_options": {"include_usage": True}})
+                       "seed": index + 1, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True})
     outcome = {"index": index, "disconnect": disconnect, "max_tokens": max_tokens, "prompt": len(prompt)}
     barrier.wait()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)

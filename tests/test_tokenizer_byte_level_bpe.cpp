@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "llmq/model.hpp"
 #include "llmq/tokenizer.hpp"
 #include "model/tokenizer/tokenizer_bpe.hpp"
 #include "support.hpp"
@@ -238,6 +239,24 @@ TEST(ByteLevelBpe, EndIdsComeFromEosAndBothConfigFiles) {
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad.dump();
     EXPECT_NE(st.message().find("generation_config.json: eos_token_id"), std::string::npos) << st.message();
   }
+}
+
+// generation_end_ids (what `llmq run`, `serve` and `chat` stop on): config.json's EOS first (the
+// model's, even with no tokenizer to read), then the tokenizer's end ids, each once.
+TEST(ByteLevelBpe, GenerationEndIdsJoinTheModelsEosAndTheTokenizers) {
+  TempDir dir;
+  write_llama3_dir(dir);
+  const auto tok = load_ok(dir.file("tokenizer.json"));
+  ASSERT_TRUE(tok);
+  ModelConfig c;
+  c.eos_token = kXyz;
+  EXPECT_EQ(generation_end_ids(c, tok.get()), (Ids{kXyz, kEndOfText}));
+  EXPECT_EQ(generation_end_ids(c, nullptr), (Ids{kXyz})) << "token-id prompts still stop at EOS";
+  c.eos_token = kEndOfText;
+  EXPECT_EQ(generation_end_ids(c, tok.get()), (Ids{kEndOfText})) << "once";
+  c.eos_token = -1;
+  EXPECT_EQ(generation_end_ids(c, tok.get()), (Ids{kEndOfText}));
+  EXPECT_TRUE(generation_end_ids(c, nullptr).empty());
 }
 
 TEST(ByteLevelBpe, O200kSplitsCamelCaseAndKeepsContractions) {

@@ -28,8 +28,8 @@ struct ServerOptions {
   int64_t max_model_len = 0;         // positions per request, prompt and completion (required)
   int64_t max_body_bytes = 16 << 20;
   int64_t http_threads = 64;         // connections served at once (a streaming request holds one)
-  // The tokens that end a completion unless ignore_eos (Tokenizer::end_ids: EOS and the model's
-  // other eos_token_id entries); empty: none.
+  // The tokens that end a completion unless ignore_eos (generation_end_ids: config.json's EOS, the
+  // tokenizer's end ids); empty: none.
   std::vector<int32_t> end_ids;
   // POST /v1/chat/completions: the model's chat template (chat_template.hpp; empty: chat refused)
   // with its BOS / EOS text, and the day strftime_now gives (YYYY-MM-DD; empty: today).

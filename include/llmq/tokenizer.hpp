@@ -56,6 +56,14 @@ class Tokenizer {
   std::string description_;
 };
 
+struct ModelConfig;
+// The tokens that end a generation of this model, decided here for `llmq run`, `serve` and `chat`:
+// config.json's EOS (when it names one), then the tokenizer's end ids (EOS and the other ids
+// config.json and generation_config.json name), without repeats. A model served without a
+// tokenizer (token-id prompts) still stops at its EOS. BOS is not among them: `llmq run` also stops
+// on it, as run.c does.
+std::vector<int32_t> generation_end_ids(const ModelConfig& config, const Tokenizer* tokenizer);
+
 // A llama2.c tokenizer as the Hugging Face files that stand for it beside a converted model, so
 // llmq and transformers both read the model's text. tokenizer.json is sentencepiece-style BPE as
 // transformers writes Llama 2's: "▁" prepended and for spaces, <0xNN> byte fallback, and merges

@@ -60,7 +60,7 @@ Status reply(const ChatCmdArgs& a, ServingEngine& e, const nlohmann::ordered_jso
   if (n >= e.max_model_len)
     return invalid_argument(fmt::format("the conversation is {} tokens, the context {}: /reset to start again", n, e.max_model_len));
   spec.max_new_tokens = std::min(a.max_tokens, e.max_model_len - n);
-  spec.stop_ids = e.tokenizer->end_ids();
+  spec.stop_ids = e.end_ids;
   engine::SamplingParams sp;
   sp.temperature = a.temperature;
   sp.top_p = a.top_p;

@@ -176,13 +176,9 @@ int run(const RunArgs& a) {
   // BOS ends generation as in run.c (a new text would begin); EOS unless --ignore-eos.
   std::vector<int32_t> stop;
   if (config.bos_token >= 0) stop.push_back(config.bos_token);
-  if (!a.ignore_eos) {
-    if (config.eos_token >= 0) stop.push_back(config.eos_token);
-    // The tokenizer's end tokens: EOS and the others config.json / generation_config.json name.
-    if (tokenizer != nullptr)
-      for (int32_t id : tokenizer->end_ids())
-        if (std::find(stop.begin(), stop.end(), id) == stop.end()) stop.push_back(id);
-  }
+  if (!a.ignore_eos)
+    for (int32_t id : generation_end_ids(config, tokenizer.get()))
+      if (std::find(stop.begin(), stop.end(), id) == stop.end()) stop.push_back(id);
   QuantizedModel qm;
   std::unique_ptr<LinearBackend> backend;
   const ModelWeights* weights = &model;

@@ -50,7 +50,7 @@ int run_serve_cmd(const ServeCmdArgs& a) {
   o.served_model_name = a.served_model_name.empty() ? a.engine.model : a.served_model_name;
   o.max_model_len = e.max_model_len;
   o.http_threads = a.http_threads > 0 ? a.http_threads : std::min<int64_t>(4096, a.engine.max_num_seqs + 16);
-  if (e.tokenizer) o.end_ids = e.tokenizer->end_ids();
+  o.end_ids = e.end_ids;
   o.chat_template = e.chat.source;
   o.bos_token = e.chat.bos_token;
   o.eos_token = e.chat.eos_token;

@@ -108,6 +108,7 @@ Status build_serving_engine(ServingFlags a, ServingEngine* e) {
                             std::to_string(config.max_seq_len));
   e->max_model_len = a.max_model_len > 0 ? a.max_model_len : config.max_seq_len;
   if (!Tokenizer::find(a.model).empty()) LLMQ_RETURN_IF_ERROR(Tokenizer::load(a.model, &e->tokenizer));
+  e->end_ids = generation_end_ids(config, e->tokenizer.get());
   // The chat template: --chat-template, else the model directory's (none: chat is refused, and
   // chat_status says why). BOS / EOS text comes from the directory's tokenizer_config.json either
   // way (read_model_chat_template fills them before it looks for the template).

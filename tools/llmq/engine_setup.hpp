@@ -73,6 +73,7 @@ struct ServingEngine {
   ModelWeights weights;  // the host model (CPU backend)
   GpuModelSource source;
   std::unique_ptr<Tokenizer> tokenizer;  // null: the model has none (token-id prompts only)
+  std::vector<int32_t> end_ids;          // generation_end_ids: what ends a reply unless ignore_eos
   ModelChatTemplate chat;                // source empty: no chat template
   Status chat_status;                    // why there is none (ok when there is one)
   int64_t max_model_len = 0;

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "llmq/model.hpp"
 #include "llmq/model_io.hpp"
 #include "model/checkpoint/input_file.hpp"
 #include "model/tokenizer/tokenizer_bpe.hpp"
@@ -77,6 +78,15 @@ Status Tokenizer::load(const std::string& model_dir_or_file, std::unique_ptr<Tok
   if (ends_with(name, ".json")) return tokenizer_detail::load_tokenizer_json(file, out);
   if (ends_with(name, ".model")) return tokenizer_detail::load_sentencepiece_model(file, out);
   return tokenizer_detail::load_llama2c_tokenizer(file, out);
+}
+
+std::vector<int32_t> generation_end_ids(const ModelConfig& config, const Tokenizer* tokenizer) {
+  std::vector<int32_t> ids;
+  if (config.eos_token >= 0) ids.push_back(config.eos_token);
+  if (tokenizer != nullptr)
+    for (int32_t id : tokenizer->end_ids())
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  return ids;
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& tokens) const {
