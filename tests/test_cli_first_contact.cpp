@@ -207,8 +207,8 @@ TEST(CliFirstContact, APromptLongerThanTheStepsIsRefused) {
 }
 
 // A Hugging Face config without bos_token_id says the model has no BOS: `llmq run --prompt-ids`
-// prepends nothing (the same context as the model that has BOS 1 given "1 5 6"), generation does not
-// stop on token 1, and a prompt with no token at all is refused instead of run from token 1.
+// prepends nothing (the same context as the model that has BOS 1 given "1 5 6") and generation does
+// not stop on token 1.
 TEST(CliFirstContact, AModelWithoutBosGetsNoTokenOnePrepended) {
   Case c;
   const std::string with = c.add(Base::kHf, "with");
@@ -222,9 +222,22 @@ TEST(CliFirstContact, AModelWithoutBosGetsNoTokenOnePrepended) {
   // The same greedy tokens, up to where the model with BOS stops at token 1 (run.c's rule).
   ASSERT_LE(ia.size(), ib.size());
   EXPECT_TRUE(std::equal(ia.begin(), ia.end(), ib.begin())) << a.out << "\n" << b.out;
-  const RunResult r = c.run({"run", "--model", without, "--prompt-ids", "", "-n", "4", "-t", "0"});
+  // No prompt: a text starts after the model's EOS (its documents' separator); a model with neither
+  // BOS nor EOS is refused, naming what to give.
+  c.succeeds({"run", "--model", without, "-n", "4", "-t", "0", "--ids"});
+  // eval samples its text after EOS too, and scores every sampled token.
+  const RunResult ev =
+      c.succeeds({"eval", "--model", without, "--scheme", "fp8-dynamic", "--samples", "2", "--length", "8", "--json"});
+  EXPECT_EQ(json::parse(ev.out).at("tokens").get<int64_t>(), 16) << ev.out;
+  edit_config(c.path(without), [](json& j) { j.erase("eos_token_id"); });
+  const RunResult r = c.run({"run", "--model", without, "-n", "4", "-t", "0"});
   EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_NE(r.err.find("no BOS"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("give --prompt or --prompt-ids"), std::string::npos) << r.err;
+  // calibrate --data: a sequence that begins with BOS is not given a second one.
+  write_bytes(c.path("ids.txt"), "1 5 6 7\n5 6\n");
+  c.allow_change("s.json");
+  c.succeeds({"calibrate", "--model", with, "--data", c.path("ids.txt"), "-o", c.path("s.json")});
+  EXPECT_EQ(json::parse(read_bytes(c.path("s.json"))).at("tokens").get<int64_t>(), 4 + 3);
 }
 
 // On a GPU machine: the demo's speed column, and EOS past the first 64-token chunk of greedy

@@ -1,5 +1,6 @@
 // Evaluation of quantized models against the unquantized one over token sequences: each sequence
-// is cut into windows of `context` tokens, each window starts with BOS and an empty KV cache, and
+// is cut into windows of `context` tokens, each window starts with BOS (a model without one: with
+// its first token, context only) and an empty KV cache, and
 // every position's next-token distribution is compared (see eval_metrics.hpp). The base model runs
 // once per window and every candidate after it, so memory holds one window of logits per model.
 #pragma once
@@ -16,7 +17,7 @@
 namespace llmq {
 
 struct EvalOptions {
-  int64_t context = 256;    // window length in tokens (BOS included)
+  int64_t context = 256;    // window length in tokens (BOS included, when the model has one)
   int64_t max_tokens = 0;   // stop after this many scored tokens (0: all)
   std::function<void(int64_t scored, int64_t total)> progress;  // called after each window
   // Threads that run the base model and the candidates of a window at the same time (each model

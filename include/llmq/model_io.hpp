@@ -43,8 +43,8 @@ Status parse_token_sequences(const std::string& source, const std::string& text,
 Status parse_text_sequences(const std::string& source, const std::string& text, const Tokenizer& tok,
                             std::vector<std::vector<int32_t>>* out);
 
-// Deterministic token data from a model's own samples: `count` sequences of `length` tokens from
-// BOS at temperature 1 / top-p 0.9 with seeds seed, seed+1, ... (llama2.c sampling).
+// Deterministic token data from a model's own samples: `count` sequences of `length` tokens after
+// ModelConfig::text_start_token (BOS, else EOS; refused when neither) at temperature 1 / top-p 0.9 with seeds seed, seed+1, ... (llama2.c sampling).
 Status sample_token_sequences(const ModelWeights& model, int64_t count, int64_t length, uint64_t seed,
                               std::vector<std::vector<int32_t>>* out);
 

@@ -47,8 +47,8 @@ struct GenerateStats {
   int32_t stop_token = -1;       // the BOS / stop token that ended generation, -1 when steps ran out
 };
 
-// run.c's generate loop: feed the prompt (BOS first), then sample until `steps` positions or BOS
-// (or a stop token). Returns the generated token ids (not the prompt).
+// run.c's generate loop: feed the prompt (BOS first when the model has one), then sample until
+// `steps` positions or BOS (or a stop token). Returns the generated token ids (not the prompt).
 Status generate(Transformer* model, const std::vector<int32_t>& prompt, const GenerateOptions& options,
                 std::vector<int32_t>* out, GenerateStats* stats = nullptr);
 

@@ -86,13 +86,21 @@ int run(const CalibrateArgs& a) {
   stats.data = data_name;
   Progress progress("calibrating");
   int64_t total = 0, done = 0;
-  // Each sequence after BOS (a model without BOS: as it is).
-  const bool bos = model.config.bos_token >= 0;
-  for (const auto& s : sequences) total += static_cast<int64_t>(s.size()) + (bos ? 1 : 0);
+  // Each sequence from where its text starts: a sampled one after the token it was sampled from
+  // (text_start_token: BOS, or EOS for a model without one, as calibrate_on_samples feeds it); data
+  // after BOS unless it begins with it already (text is encoded with the tokenizer's BOS), or as it
+  // is for a model without BOS.
+  const bool sampled = a.data.empty();
+  auto with_start = [&](const std::vector<int32_t>& s) {
+    const int32_t start = sampled ? model.config.text_start_token() : model.config.bos_token;
+    std::vector<int32_t> t;
+    if (start >= 0 && (sampled || s.empty() || s[0] != start)) t.push_back(start);
+    t.insert(t.end(), s.begin(), s.end());
+    return t;
+  };
+  for (const auto& s : sequences) total += static_cast<int64_t>(with_start(s).size());
   for (const auto& s : sequences) {
-    std::vector<int32_t> tokens;
-    if (bos) tokens.push_back(model.config.bos_token);
-    tokens.insert(tokens.end(), s.begin(), s.end());
+    const std::vector<int32_t> tokens = with_start(s);
     if (tokens.empty()) continue;
     const Status st = runtime ? calibrate_on_gpu(*runtime, tokens, chunk, &stats) : calibrate(model, tokens, chunk, &stats);
     if (!st.ok()) return fail(st);

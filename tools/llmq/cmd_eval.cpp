@@ -284,7 +284,7 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
   add_recipe_flags(cmd, &args->flags, "evaluated instead of --scheme");
   add_eval_data_options(cmd, &args->data);
   cmd->add_option("--stats", args->stats, "calibration statistics; default: calibrate on other samples");
-  cmd->add_option("--context", args->context, "window length (BOS included)")->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--context", args->context, "window length (BOS included, when the model has one)")->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--max-tokens", args->max_tokens, "stop after this many scored tokens (0: no limit)")
       ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   cmd->add_flag("--json", args->json, "machine-readable output (every statistic, in the order given)");

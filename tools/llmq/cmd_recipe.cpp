@@ -336,7 +336,7 @@ void add_recipe_command(CLI::App& app, std::vector<Command>* commands) {
                   "calibration statistics (static schemes, SmoothQuant, the report's outliers); default: calibrate "
                   "on other samples when needed");
   add_eval_data_options(cmd, &args->data);
-  cmd->add_option("--context", args->context, "evaluation window length (BOS included)")->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--context", args->context, "evaluation window length (BOS included, when the model has one)")->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--max-tokens", args->max_tokens, "score at most this many tokens per evaluation (0: no limit)")
       ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   cmd->add_option("-o,--out", args->out,

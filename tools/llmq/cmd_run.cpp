@@ -120,7 +120,7 @@ Status run_on_gpu(const RunArgs& a, uint64_t seed, TensorParallelRuntime& rt, co
 }
 
 // The prompt as token ids: --prompt through the tokenizer (its BOS when it has one), else BOS (when
-// the model has one) and --prompt-ids.
+// the model has one) and --prompt-ids; no prompt at all starts from the model's text_start_token.
 Status prompt_tokens(const RunArgs& a, const ModelConfig& config, const Tokenizer* tokenizer, std::vector<int32_t>* out) {
   if (!a.prompt.empty() && !a.prompt_ids.empty()) return invalid_argument("--prompt and --prompt-ids: give one of them");
   if (!a.prompt.empty()) {
@@ -136,12 +136,18 @@ Status prompt_tokens(const RunArgs& a, const ModelConfig& config, const Tokenize
     return {};
   }
   out->clear();
-  if (config.bos_token >= 0) out->push_back(config.bos_token);
   std::vector<int32_t> ids;
   LLMQ_RETURN_IF_ERROR(parse_token_ids("--prompt-ids", a.prompt_ids, config.vocab_size, &ids));
+  if (ids.empty()) {
+    // No prompt: a new text, after BOS (or the EOS between documents of a model without BOS).
+    if (config.text_start_token() < 0)
+      return invalid_argument("the model has no BOS and no EOS to start a text from (its config names neither): give "
+                              "--prompt or --prompt-ids");
+    out->push_back(config.text_start_token());
+    return {};
+  }
+  if (config.bos_token >= 0) out->push_back(config.bos_token);
   out->insert(out->end(), ids.begin(), ids.end());
-  if (out->empty())
-    return invalid_argument("--prompt-ids: the model has no BOS (its config names no bos_token_id), so the prompt needs a token");
   return {};
 }
 
@@ -254,9 +260,9 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands) {
   CLI::App* cmd = app.add_subcommand("run", "generate text from a model: the CPU reference (llama2.c's run.c token for token) or --device cuda");
   cmd->add_option("--model", args->model, "llama2.c .bin, Hugging Face directory, or 'default'");
   cmd->add_option("--prompt", args->prompt, "prompt text, encoded with the model's tokenizer");
-  cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as space-separated token ids (BOS is added)");
+  cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as space-separated token ids (after BOS, when the model has one)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating past EOS (to --steps)");
-  cmd->add_option("-n,--steps", args->steps, "positions to run, BOS included (run.c's -n)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("-n,--steps", args->steps, "positions to run, the prompt included (run.c's -n)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("-t,--temperature", args->temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
   cmd->add_option("-p,--topp", args->topp, "nucleus sampling threshold")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("-s,--seed", args->seed, "sampler seed (0: a random one, printed)");

@@ -97,7 +97,8 @@ class SlowStep {
 std::vector<std::string> split_commas(const std::string& s);
 
 // Calibration statistics from `count` sequences the model samples itself (seeds 1000.., other
-// samples than an evaluation's, as the FP8 paper advises), BOS first, in windows of `context`;
+// samples than an evaluation's, as the FP8 paper advises), after the token they were sampled from
+// (BOS, else EOS), in windows of `context`;
 // with a progress line.
 Status calibrate_on_samples(const ModelWeights& model, int64_t count, int64_t length, int64_t context,
                             CalibrationStats* stats);

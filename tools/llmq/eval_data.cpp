@@ -26,6 +26,10 @@ Status load_eval_data(const std::string& model_path, const ModelWeights& model, 
     SlowStep step("sampling evaluation text from the model");
     LLMQ_RETURN_IF_ERROR(sample_token_sequences(model, args.samples, std::min(args.length, model.config.max_seq_len - 1),
                                                 args.seed, sequences));
+    // A model without BOS sampled after its EOS: the windows keep that token first (context, not
+    // scored), as a BOS model's windows get BOS back.
+    if (model.config.bos_token < 0)
+      for (auto& s : *sequences) s.insert(s.begin(), model.config.text_start_token());
     step.done();
     *name = fmt::format("{} sequences sampled from the model (T=1, top-p 0.9, seeds {}..{})", args.samples, args.seed,
                         args.seed + static_cast<uint64_t>(args.samples) - 1);
@@ -45,6 +49,9 @@ Status eval_stats(const ModelWeights& model, const std::string& stats_path, bool
   if (!stats_path.empty()) {
     LLMQ_RETURN_IF_ERROR(CalibrationStats::load(stats_path, out));
   } else if (needed) {
+    if (model.config.text_start_token() < 0)
+      return invalid_argument("--stats: the scheme needs calibration statistics, and the model's config names neither BOS "
+                              "nor EOS to sample calibration text after; run llmq calibrate --data FILE and give --stats");
     LLMQ_RETURN_IF_ERROR(calibrate_on_samples(model, 32, std::min<int64_t>(128, model.config.max_seq_len - 1),
                                               std::min(context, model.config.max_seq_len), out));
     std::fprintf(stderr, "llmq: no --stats: calibrated on 32 sampled sequences (seeds 1000..1031), %lld tokens\n",

@@ -101,7 +101,7 @@ int32_t Sampler::sample(float* logits) {
 Status generate(Transformer* model, const std::vector<int32_t>& prompt, const GenerateOptions& options,
                 std::vector<int32_t>* out, GenerateStats* stats) {
   if (model == nullptr || out == nullptr) return invalid_argument("generate: model or out is null");
-  if (prompt.empty()) return invalid_argument("generate: prompt is empty (it must start with BOS)");
+  if (prompt.empty()) return invalid_argument("generate: prompt is empty (it starts with BOS, or the token a text starts after)");
   if (!(options.temperature >= 0.0f)) return invalid_argument("generate: temperature must be >= 0");
   if (!(options.topp >= 0.0f && options.topp <= 1.0f)) return invalid_argument("generate: topp must be in [0, 1]");
   if (options.temperature > 0.0f && options.seed == 0)
