@@ -91,16 +91,15 @@ int run(const CalibrateArgs& a) {
   // after BOS unless it begins with it already (text is encoded with the tokenizer's BOS), or as it
   // is for a model without BOS.
   const bool sampled = a.data.empty();
-  auto with_start = [&](const std::vector<int32_t>& s) {
-    const int32_t start = sampled ? model.config.text_start_token() : model.config.bos_token;
-    std::vector<int32_t> t;
-    if (start >= 0 && (sampled || s.empty() || s[0] != start)) t.push_back(start);
-    t.insert(t.end(), s.begin(), s.end());
-    return t;
+  const int32_t start = sampled ? model.config.text_start_token() : model.config.bos_token;
+  auto needs_start = [&](const std::vector<int32_t>& s) {
+    return start >= 0 && (sampled || s.empty() || s[0] != start);
   };
-  for (const auto& s : sequences) total += static_cast<int64_t>(with_start(s).size());
+  for (const auto& s : sequences) total += static_cast<int64_t>(s.size()) + (needs_start(s) ? 1 : 0);
   for (const auto& s : sequences) {
-    const std::vector<int32_t> tokens = with_start(s);
+    std::vector<int32_t> tokens;
+    if (needs_start(s)) tokens.push_back(start);
+    tokens.insert(tokens.end(), s.begin(), s.end());
     if (tokens.empty()) continue;
     const Status st = runtime ? calibrate_on_gpu(*runtime, tokens, chunk, &stats) : calibrate(model, tokens, chunk, &stats);
     if (!st.ok()) return fail(st);
