@@ -199,6 +199,18 @@ inline CudaGemmInput input_of(const DeviceOperand& d, DType format, GemmScaleMod
   return x;
 }
 
+// An m x n x k problem over two uploaded operands into d (the other fields at their defaults).
+inline CudaGemmProblem problem_of(int64_t m, int64_t n, int64_t k, const CudaGemmInput& a, const CudaGemmInput& b, void* d) {
+  CudaGemmProblem p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.a = a;
+  p.b = b;
+  p.d = d;
+  return p;
+}
+
 // CPU reference into an output of `dtype`, read back as float.
 inline std::vector<float> reference(const QuantizedTensor& a, const QuantizedTensor& b, DType dtype,
                                     const std::vector<float>* bias) {

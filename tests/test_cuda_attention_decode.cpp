@@ -1,7 +1,8 @@
 // GPU tests of the runtime's decode attention kernel (src/attention/attention.hpp) against a
 // float64 CPU reference computed from the same inputs: kv_len 1, 17, 1000, 8192 in one batch with
 // max_kv_len above all of them; batch 1 with 32 q / 8 kv heads at 8192 (the split over many chunks);
-// a single-chunk plan with no workspace; 64 sequences at once (one chunk each); odd kv head counts
+// a single-chunk plan with no workspace; 64 sequences at once (one chunk each); serving batches
+// (the warp-per-group kernel: groups alone fill the GPU); odd kv head counts
 // (3, 5, 7) and groups (1, 3, 5, 6, 7); a CUDA
 // graph captured once and replayed after kv_len grew on the device (E4M3: before the scales were
 // written). Sliding windows (1 key to past max_kv_len) with kv_len inside and past them, and
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "attention/attention.hpp"
+#include "attention/decode_plan.hpp"
 #include "cuda_attention_support.hpp"
 #include "cuda_support.hpp"
 #include "llmq/format.hpp"
@@ -332,6 +334,44 @@ void decode_head_dims_gqa_and_lengths(bool fp8) {
   }
 }
 
+// Serving batches: enough sequences that the GQA groups alone give every SM
+// kDecodeWarpGroupsPerSm warps, so the warp-per-group kernel runs (one chunk per sequence). Lengths
+// from 1 key to 700 with a tile's edges (16, 17, 32, 33) among them; a window with sinks; groups 4
+// and 6 (rows of the tile past 6 padding); the 6-group case also in shuffled paged layouts.
+void decode_serving_batches(bool fp8) {
+  int sms = 0;
+  CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  uint64_t seed = kSeed + 1200 + (fp8 ? 10000 : 0);
+  struct Shape {
+    int64_t n_heads, n_kv_heads, max_len, window;
+    bool sinks, paged;
+  };
+  for (const Shape& s : {Shape{32, 8, 700, 0, false, false}, Shape{32, 8, 700, 100, true, false}, Shape{12, 2, 80, 0, true, true}}) {
+    DecodeCase c;
+    c.fp8 = fp8;
+    c.n_heads = s.n_heads;
+    c.n_kv_heads = s.n_kv_heads;
+    // Groups of the whole GQA group (<= 8 heads): n_kv_heads of them per sequence.
+    const int64_t batch = (attention::kDecodeWarpGroupsPerSm * sms + s.n_kv_heads - 1) / s.n_kv_heads + 3;
+    const int32_t edges[] = {1, 16, 17, 32, 33};
+    for (int64_t b = 0; b < batch; ++b) {
+      const int32_t len = b < 5 ? std::min<int32_t>(edges[b], static_cast<int32_t>(s.max_len))
+                                : static_cast<int32_t>(1 + (b * 131) % s.max_len);
+      c.kv_len.push_back(b == batch - 1 ? static_cast<int32_t>(s.max_len) : len);
+      c.slot.push_back(static_cast<int32_t>(batch - 1 - b));
+    }
+    c.slots = batch;
+    c.capacity = (s.max_len + 63) / 64 * 64;  // whole blocks of the paged layouts' 64
+    c.max_kv_len = c.capacity;
+    c.window = s.window;
+    c.sinks = s.sinks;
+    c.seed = ++seed;
+    if (s.paged) check_paged_decode(c);
+    else check_decode(c);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
 void decode_long_context_batch_one(bool fp8) {
   const uint64_t seed = kSeed + (fp8 ? 10000 : 0);
   // Llama-3-8B-like heads: few CTAs per chunk, so the plan splits the 8192 keys into many chunks.
@@ -487,6 +527,14 @@ TEST(CudaDecodeAttentionE4m3, WindowAndSinks) {
 TEST(CudaDecodeAttention, HeadDimsGqaAndLengths) {
   LLMQ_REQUIRE_GPU();
   decode_head_dims_gqa_and_lengths(false);
+}
+TEST(CudaDecodeAttention, ServingBatchesOfManySequences) {
+  LLMQ_REQUIRE_GPU();
+  decode_serving_batches(false);
+}
+TEST(CudaDecodeAttentionE4m3, ServingBatchesOfManySequences) {
+  LLMQ_REQUIRE_GPU();
+  decode_serving_batches(true);
 }
 TEST(CudaDecodeAttention, LongContextBatchOne) {
   LLMQ_REQUIRE_GPU();

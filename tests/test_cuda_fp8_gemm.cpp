@@ -54,13 +54,9 @@ TEST_F(CudaGemmTest, ExactOnGridEveryScaleModeAndOutput) {
           const DeviceBuffer dbias = upload(to_bf16_bits(bias));
           const size_t out_bytes = static_cast<size_t>(s.m * s.n * (out == DType::kBF16 ? 2 : 4));
           const DeviceBuffer dd = poisoned(out_bytes);
-          CudaGemmProblem p;
-          p.m = s.m;
-          p.n = s.n;
-          p.k = s.k;
-          p.a = input_of(da, DType::kE4M3, modes.a);
-          p.b = input_of(db, DType::kE4M3, modes.b);
-          p.d = dd.get();
+          CudaGemmProblem p = problem_of(s.m, s.n, s.k,
+                                         input_of(da, DType::kE4M3, modes.a),
+                                         input_of(db, DType::kE4M3, modes.b), dd.get());
           p.d_dtype = out;
           if (with_bias) p.bias = dbias.get();
           const std::string what = describe(p) + " seed=" + std::to_string(seed);
@@ -101,15 +97,11 @@ TEST_F(CudaGemmTest, NullTensorScalesMeanOne) {
   const std::vector<float> want = reference(qa, qb, DType::kF32, nullptr);
   const DeviceOperand da = upload_operand(qa), db = upload_operand(qb);
   const DeviceBuffer dd = poisoned(static_cast<size_t>(m * n * 4));
-  CudaGemmProblem p;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.a = input_of(da, DType::kE4M3, GemmScaleMode::kTensor);
-  p.b = input_of(db, DType::kE4M3, GemmScaleMode::kTensor);
+  CudaGemmProblem p = problem_of(m, n, k,
+                                 input_of(da, DType::kE4M3, GemmScaleMode::kTensor),
+                                 input_of(db, DType::kE4M3, GemmScaleMode::kTensor), dd.get());
   p.a.scales = nullptr;
   p.b.scales = nullptr;
-  p.d = dd.get();
   p.d_dtype = DType::kF32;
   const Status st = run(p);
   ASSERT_TRUE(st.ok()) << st.to_string();
@@ -145,13 +137,7 @@ double check_realistic(CudaGemmRunner* runner, void* workspace, cudaStream_t str
   const DeviceOperand da = upload_operand(qa), db = upload_operand(qb);
   const DeviceBuffer dbias = upload(to_bf16_bits(bias));
   const DeviceBuffer dd = poisoned(static_cast<size_t>(c.m * c.n * (c.out == DType::kBF16 ? 2 : 4)));
-  CudaGemmProblem p;
-  p.m = c.m;
-  p.n = c.n;
-  p.k = c.k;
-  p.a = input_of(da, c.format_a, c.mode_a);
-  p.b = input_of(db, c.format_b, c.mode_b);
-  p.d = dd.get();
+  CudaGemmProblem p = problem_of(c.m, c.n, c.k, input_of(da, c.format_a, c.mode_a), input_of(db, c.format_b, c.mode_b), dd.get());
   p.d_dtype = c.out;
   if (c.bias) p.bias = dbias.get();
   const std::string what = describe(p) + " " + testing::repro(c.seed, c.m, c.k, "outlier x normal");

@@ -49,13 +49,9 @@ TEST_F(CudaGemmTest, RowMajorAndCublasLtScaleLayoutsAgree) {
 
   const DeviceBuffer d_row_major = poisoned(static_cast<size_t>(m * n * 2));
   const DeviceBuffer d_native = poisoned(static_cast<size_t>(m * n * 2));
-  CudaGemmProblem p;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.a = input_of(da, DType::kE4M3, GemmScaleMode::kBlock1x128);
-  p.b = input_of(db, DType::kE4M3, GemmScaleMode::kBlock128x128);
-  p.d = d_row_major.get();
+  CudaGemmProblem p = problem_of(m, n, k,
+                                 input_of(da, DType::kE4M3, GemmScaleMode::kBlock1x128),
+                                 input_of(db, DType::kE4M3, GemmScaleMode::kBlock128x128), d_row_major.get());
   // Each run gets exactly workspace_size(): cuBLASLt then sees the same 32 MiB both times, so
   // both runs use one plan (one algorithm) and must agree bit for bit.
   const int64_t converting = runner_->workspace_size(p);
@@ -160,13 +156,9 @@ TEST_F(CudaGemmTest, PlanCacheQueriesTheHeuristicOncePerShape) {
   const QuantizedTensor qb = grid_operand(DType::kE4M3, GemmScaleMode::kTensor, n, k, 7);
   const DeviceOperand db = upload_operand(qb);
   auto problem = [&](const DeviceOperand& da, const DeviceBuffer& dd, int64_t m) {
-    CudaGemmProblem p;
-    p.m = m;
-    p.n = n;
-    p.k = k;
-    p.a = input_of(da, DType::kE4M3, GemmScaleMode::kTensor);
-    p.b = input_of(db, DType::kE4M3, GemmScaleMode::kTensor);
-    p.d = dd.get();
+    CudaGemmProblem p = problem_of(m, n, k,
+                                   input_of(da, DType::kE4M3, GemmScaleMode::kTensor),
+                                   input_of(db, DType::kE4M3, GemmScaleMode::kTensor), dd.get());
     return p;
   };
   const DeviceOperand a16 = upload_operand(grid_operand(DType::kE4M3, GemmScaleMode::kTensor, 16, k, 8));
@@ -211,13 +203,9 @@ TEST_F(CudaGemmTest, AutotunedRunnerTunesOncePerMClassAndMatchesReference) {
     ASSERT_TRUE(quantize(matrix_view(x.data(), m, k), QuantSpec::per_token(DType::kE4M3), &qa).ok());
     const DeviceOperand da = upload_operand(qa);
     const DeviceBuffer d = poisoned(static_cast<size_t>(m * n * 2));
-    CudaGemmProblem p;
-    p.m = m;
-    p.n = n;
-    p.k = k;
-    p.a = input_of(da, DType::kE4M3, GemmScaleMode::kOuterVector);
-    p.b = input_of(db, DType::kE4M3, GemmScaleMode::kOuterVector);
-    p.d = d.get();
+    CudaGemmProblem p = problem_of(m, n, k,
+                                   input_of(da, DType::kE4M3, GemmScaleMode::kOuterVector),
+                                   input_of(db, DType::kE4M3, GemmScaleMode::kOuterVector), d.get());
     if (capture) {
       ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
       const Status st = runner->run(p, workspace_.get(), kWorkspaceBytes, stream_);
@@ -252,6 +240,40 @@ TEST_F(CudaGemmTest, AutotunedRunnerTunesOncePerMClassAndMatchesReference) {
   EXPECT_EQ(runner->heuristic_queries(), 4);
 }
 
+// FP8 fast accumulation (CudaGemmOptions::fp8_fast_accumulation) at the longest K of Llama-3-8B
+// (the down projection, 14336): the tensor core's own accumulator over all of K stays within the
+// suite's bound of the exact product, like the promoting default, and both error sizes are
+// recorded (the fast one is the larger in practice; docs/kernels.md).
+TEST_F(CudaGemmTest, FastAccumulationStaysWithinTheBoundAtLongK) {
+  const int64_t m = 256, n = 512, k = 14336;
+  const std::vector<float> x = testing::outlier_matrix(m, k, 71);
+  const std::vector<float> w = testing::normal_vector(n * k, 72, 0.02f);
+  QuantizedTensor qa, qb;
+  ASSERT_TRUE(quantize(matrix_view(x.data(), m, k), QuantSpec::per_token(DType::kE4M3), &qa).ok());
+  ASSERT_TRUE(quantize(matrix_view(w.data(), n, k), QuantSpec::per_channel(DType::kE4M3), &qb).ok());
+  const std::vector<float> want = reference(qa, qb, DType::kBF16, nullptr);
+  const DeviceOperand da = upload_operand(qa), db = upload_operand(qb);
+  double err[2] = {0, 0};
+  for (int fast = 0; fast < 2; ++fast) {
+    CudaGemmOptions options;
+    options.fp8_fast_accumulation = fast == 1;
+    std::unique_ptr<CudaGemmRunner> runner;
+    ASSERT_TRUE(CudaGemmRunner::create(0, options, &runner).ok());
+    const DeviceBuffer d = poisoned(static_cast<size_t>(m * n * 2));
+    CudaGemmProblem p = problem_of(m, n, k,
+                                   input_of(da, DType::kE4M3, GemmScaleMode::kOuterVector),
+                                   input_of(db, DType::kE4M3, GemmScaleMode::kOuterVector), d.get());
+    ASSERT_TRUE(run(p, runner.get()).ok());
+    int64_t nans = 0;
+    const std::vector<float> got = read_output(download(d), DType::kBF16, m, n, n, 0, &nans);
+    EXPECT_EQ(nans, 0) << "fast accumulation " << fast;
+    err[fast] = rel_frobenius(got, want);
+    EXPECT_LT(err[fast], kRelFrobError) << "fast accumulation " << fast;
+  }
+  RecordProperty("rel_frobenius_promoting", std::to_string(err[0]));
+  RecordProperty("rel_frobenius_fast", std::to_string(err[1]));
+}
+
 TEST_F(CudaGemmTest, StridedOutputRowsLeavePaddingUntouchedAndRunsAreDeterministic) {
   const int64_t m = 128, n = 208, k = 1024, ldd = n + 16;
   const std::vector<float> x = testing::outlier_matrix(m, k, 51);
@@ -263,13 +285,9 @@ TEST_F(CudaGemmTest, StridedOutputRowsLeavePaddingUntouchedAndRunsAreDeterminist
   const DeviceOperand da = upload_operand(qa), db = upload_operand(qb);
   const DeviceBuffer d1 = poisoned(static_cast<size_t>(m * ldd * 2));
   const DeviceBuffer d2 = poisoned(static_cast<size_t>(m * ldd * 2));
-  CudaGemmProblem p;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.a = input_of(da, DType::kE4M3, GemmScaleMode::kOuterVector);
-  p.b = input_of(db, DType::kE4M3, GemmScaleMode::kOuterVector);
-  p.d = d1.get();
+  CudaGemmProblem p = problem_of(m, n, k,
+                                 input_of(da, DType::kE4M3, GemmScaleMode::kOuterVector),
+                                 input_of(db, DType::kE4M3, GemmScaleMode::kOuterVector), d1.get());
   p.d_row_stride = ldd;
   ASSERT_TRUE(run(p).ok());
   p.d = d2.get();
@@ -428,13 +446,7 @@ TEST_F(CudaGemmTest, ScaleModeSupportTable) {
           const DeviceOperand da = upload_operand(qa), db = upload_operand(qb);
           const DeviceBuffer dbias = upload(to_bf16_bits(bias));
           const DeviceBuffer dd = poisoned(static_cast<size_t>(m * n * 4));
-          CudaGemmProblem p;
-          p.m = m;
-          p.n = n;
-          p.k = k;
-          p.a = input_of(da, DType::kE4M3, ma);
-          p.b = input_of(db, DType::kE4M3, mb);
-          p.d = dd.get();
+          CudaGemmProblem p = problem_of(m, n, k, input_of(da, DType::kE4M3, ma), input_of(db, DType::kE4M3, mb), dd.get());
           p.d_dtype = out;
           if (with_bias) p.bias = dbias.get();
           std::string result;

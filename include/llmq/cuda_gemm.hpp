@@ -115,6 +115,12 @@ struct CudaGemmOptions {
   // algorithms, so a tuned run is reproducible within a process, not across processes.
   int autotune_candidates = 1;
   int timed_runs = 3;
+  // FP8 GEMMs accumulate in the tensor core's own accumulator over all of K (cuBLASLt's FAST_ACCUM),
+  // instead of promoting partial sums to FP32 as they go. Faster (H100, Llama-3-8B shapes: 5% off a
+  // decode step of 512 rows and off a prefill of 8192; vLLM's and TensorRT-LLM's FP8 GEMMs accumulate
+  // this way), but that accumulator keeps fewer bits than FP32 (DeepSeek-V3's report: about 14), so
+  // results drift further from the CPU reference; docs/kernels.md has the measured effect.
+  bool fp8_fast_accumulation = false;
 };
 
 // Owns a cuBLASLt handle and the plan cache for one device. Not thread-safe: use one runner per

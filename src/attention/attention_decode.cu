@@ -1,6 +1,7 @@
 // Decode attention (see attention.hpp): flash-decoding over the paged KV cache, one query token per
-// sequence. head_dim 128 with GQA runs the tensor-core kernel of attention_decode_mma.cu (the same
-// plan, ring and outputs); this file's CUDA-core kernel takes every other shape.
+// sequence. head_dim 128 with GQA runs on tensor cores: attention_decode_warp.cu (a warp per GQA
+// group) when one chunk per sequence and the groups alone fill the GPU, else attention_decode_mma.cu
+// (the same plan, ring and outputs as here); this file's CUDA-core kernel takes every other shape.
 //  * Split: the keys 0..max_kv_len-1 are cut into n_chunks chunks of chunk_keys keys (both fixed on
 //    the host from max_kv_len, the batch, the heads and the SM count, so a captured graph stays
 //    valid while kv_len grows on the device). Grid (chunk, head group, sequence); a chunk at or
@@ -152,23 +153,13 @@ __global__ void __launch_bounds__(kThreads)
   const int key_begin = cta.key_begin, key_end = cta.key_end;
   const int n_heads_here = plan.heads_per_cta;  // <= kHeads
 
-  // Byte addresses: key p of this kv head is at rows.row(p) * kv_stride_bytes from k_base / v_base
-  // (the kv head's bytes of cache row 0).
   const PagedRows rows = paged_rows(a.pages, a.slot[b]);
-  const int64_t kv_stride_bytes = a.n_kv_heads * kRowBytes;
-  const int64_t kv_base_bytes = static_cast<int64_t>(kv_head) * kRowBytes;
-  const unsigned char* k_base;
-  const unsigned char* v_base;
-  float v_scale = 1.f;
-  if constexpr (kFp8) {
-    k_base = a.k_cache8 + kv_base_bytes;
-    v_base = a.v_cache8 + kv_base_bytes;
-    scale_log2 *= a.k_scale[kv_head];  // scores of the dequantized keys: q . (code * k_scale)
-    v_scale = a.v_scale[kv_head];
-  } else {
-    k_base = reinterpret_cast<const unsigned char*>(a.k_cache) + kv_base_bytes;
-    v_base = reinterpret_cast<const unsigned char*>(a.v_cache) + kv_base_bytes;
-  }
+  const DecodeKvBases kv = decode_kv_bases<kFp8>(a, kv_head, kRowBytes);
+  const unsigned char* k_base = kv.k;
+  const unsigned char* v_base = kv.v;
+  const int64_t kv_stride_bytes = kv.stride_bytes;
+  scale_log2 *= kv.k_scale;
+  const float v_scale = kv.v_scale;
   const int n_tiles = (key_end - key_begin + kTileKeys - 1) / kTileKeys;
   const uint32_t ring = smem_addr(smem);
 
@@ -426,7 +417,8 @@ Status launch_chunks(const DecodeAttentionArgs& a, const DecodePlan& plan, Works
 }
 
 template <int kHeadDim>
-Status launch_for_dim(const DecodeAttentionArgs& a, const DecodePlan& plan, Workspace ws, cudaStream_t stream) {
+Status launch_for_dim(const DecodeAttentionArgs& a, const DecodePlan& plan, int64_t sms, Workspace ws, cudaStream_t stream) {
+  if (decode_warp_applies(a, plan, sms)) return launch_decode_warp(a, plan, a.softmax_scale * kLog2e, stream);
   if (decode_mma_applies(a, plan)) return launch_decode_mma(a, plan, ws, a.softmax_scale * kLog2e, stream);
   // Register arrays are sized by kHeads: the smallest power of two that holds the CTA's heads.
   if (plan.heads_per_cta == 1) return launch_chunks<kHeadDim, 1>(a, plan, ws, stream);
@@ -458,12 +450,12 @@ Status decode_attention(const DecodeAttentionArgs& args, CudaStream stream) {
   if (plan.n_chunks > 1)
     ws.partial_lse = ws.partial_out + a.batch * a.n_heads * static_cast<int64_t>(plan.n_chunks) * a.head_dim;
   switch (a.head_dim) {
-    case 8: LLMQ_RETURN_IF_ERROR(launch_for_dim<8>(a, plan, ws, stream)); break;
-    case 16: LLMQ_RETURN_IF_ERROR(launch_for_dim<16>(a, plan, ws, stream)); break;
-    case 32: LLMQ_RETURN_IF_ERROR(launch_for_dim<32>(a, plan, ws, stream)); break;
-    case 64: LLMQ_RETURN_IF_ERROR(launch_for_dim<64>(a, plan, ws, stream)); break;
-    case 128: LLMQ_RETURN_IF_ERROR(launch_for_dim<128>(a, plan, ws, stream)); break;
-    default: LLMQ_RETURN_IF_ERROR(launch_for_dim<256>(a, plan, ws, stream)); break;
+    case 8: LLMQ_RETURN_IF_ERROR(launch_for_dim<8>(a, plan, sms, ws, stream)); break;
+    case 16: LLMQ_RETURN_IF_ERROR(launch_for_dim<16>(a, plan, sms, ws, stream)); break;
+    case 32: LLMQ_RETURN_IF_ERROR(launch_for_dim<32>(a, plan, sms, ws, stream)); break;
+    case 64: LLMQ_RETURN_IF_ERROR(launch_for_dim<64>(a, plan, sms, ws, stream)); break;
+    case 128: LLMQ_RETURN_IF_ERROR(launch_for_dim<128>(a, plan, sms, ws, stream)); break;
+    default: LLMQ_RETURN_IF_ERROR(launch_for_dim<256>(a, plan, sms, ws, stream)); break;
   }
   if (plan.n_chunks > 1) {
     LLMQ_CUDA_RETURN_IF_ERROR(llmq::detail::launch_pdl(decode_attention_combine_kernel,

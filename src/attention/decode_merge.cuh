@@ -21,11 +21,14 @@ namespace llmq::attention {
 struct DecodeCta {
   int chunk, b, head0, kv_head, key_begin, key_end;
 };
-__device__ __forceinline__ DecodeCta decode_cta(const DecodeAttentionArgs& a, const DecodePlan& plan) {
+// The keys of (chunk, sequence b, head group): the group's q heads are heads_per_cta from
+// group * heads_per_cta.
+__device__ __forceinline__ DecodeCta decode_item(const DecodeAttentionArgs& a, const DecodePlan& plan, int chunk, int b,
+                                                 int group) {
   DecodeCta c;
-  c.chunk = blockIdx.x;
-  c.b = blockIdx.z;
-  c.head0 = blockIdx.y * plan.heads_per_cta;
+  c.chunk = chunk;
+  c.b = b;
+  c.head0 = group * plan.heads_per_cta;
   c.kv_head = c.head0 / static_cast<int>(a.n_heads / a.n_kv_heads);
   const int kv_len = min(max(a.kv_len[c.b], 0), min(pages_capacity(a.pages), static_cast<int>(a.max_kv_len)));
   const int first = a.window > 0 ? max(0, kv_len - static_cast<int>(a.window)) : 0;
@@ -33,6 +36,36 @@ __device__ __forceinline__ DecodeCta decode_cta(const DecodeAttentionArgs& a, co
   c.key_end = min(kv_len, c.key_begin + plan.chunk_keys);
   return c;
 }
+// A CTA per item: grid (chunk, group, sequence).
+__device__ __forceinline__ DecodeCta decode_cta(const DecodeAttentionArgs& a, const DecodePlan& plan) {
+  return decode_item(a, plan, blockIdx.x, blockIdx.z, blockIdx.y);
+}
+// Where kv head kv_head's keys and values start (cache row 0) and the bytes between cache rows; for
+// an E4M3 cache also its scales (1 for BF16: exact factors). Key p is at rows.row(p) * stride_bytes.
+struct DecodeKvBases {
+  const unsigned char* k;
+  const unsigned char* v;
+  int64_t stride_bytes;
+  float k_scale, v_scale;
+};
+template <bool kFp8>
+__device__ __forceinline__ DecodeKvBases decode_kv_bases(const DecodeAttentionArgs& a, int kv_head, int row_bytes) {
+  const int64_t base = static_cast<int64_t>(kv_head) * row_bytes;
+  DecodeKvBases kv;
+  kv.stride_bytes = a.n_kv_heads * row_bytes;
+  if constexpr (kFp8) {
+    kv.k = a.k_cache8 + base;
+    kv.v = a.v_cache8 + base;
+    kv.k_scale = a.k_scale[kv_head];  // scores of the dequantized keys: q . (code * k_scale)
+    kv.v_scale = a.v_scale[kv_head];
+  } else {
+    kv.k = reinterpret_cast<const unsigned char*>(a.k_cache) + base;
+    kv.v = reinterpret_cast<const unsigned char*>(a.v_cache) + base;
+    kv.k_scale = kv.v_scale = 1.f;
+  }
+  return kv;
+}
+
 // A CTA without keys exits; chunk 0 of an empty sequence still owes the output: zeros, never NaN.
 template <int kHeadDim>
 __device__ __forceinline__ bool decode_cta_has_no_keys(const DecodeAttentionArgs& a, const DecodePlan& plan,
@@ -50,9 +83,16 @@ __device__ __forceinline__ float decode_exp2(float x) {  // the SFU's 2^x (-inf 
   return y;
 }
 
-// red_acc [kLanes][kHeadStride][kHeadDim], red_m and red_l [kLanes][kHeadStride]; every thread of
-// the CTA takes part (no barrier inside: the caller's __syncthreads made the arrays visible).
-template <int kHeadDim, int kLanes, int kHeadStride, bool kFp8>
+// Where lane k's accumulator of head h, dim d sits in red_acc: [kLanes][kHeadStride][kHeadDim] unless
+// a kernel lays it out otherwise (AccAt::at(k, h, d)).
+template <int kHeadDim, int kHeadStride>
+struct LaneHeadDimAt {
+  static __device__ __forceinline__ int at(int k, int h, int d) { return (k * kHeadStride + h) * kHeadDim + d; }
+};
+
+// red_acc at AccAt, red_m and red_l [kLanes][kHeadStride]; every thread of the CTA takes part (no
+// barrier inside: the caller's __syncthreads made the arrays visible).
+template <int kHeadDim, int kLanes, int kHeadStride, bool kFp8, class AccAt = LaneHeadDimAt<kHeadDim, kHeadStride>>
 __device__ __forceinline__ void decode_merge_and_store(const DecodeAttentionArgs& a, const DecodePlan& plan,
                                                        const DecodeWorkspace& ws, const float* red_acc,
                                                        const float* red_m, const float* red_l, int b, int head0,
@@ -68,7 +108,7 @@ __device__ __forceinline__ void decode_merge_and_store(const DecodeAttentionArgs
     for (int k = 0; k < kLanes; ++k) {
       const float w = decode_exp2(red_m[k * kHeadStride + h] - m_max);
       sum = __fmaf_rn(red_l[k * kHeadStride + h], w, sum);
-      o = __fmaf_rn(red_acc[(k * kHeadStride + h) * kHeadDim + d], w, o);
+      o = __fmaf_rn(red_acc[AccAt::at(k, h, d)], w, o);
     }
     const int64_t bh = static_cast<int64_t>(b) * a.n_heads + head0 + h;
     const float denom =

@@ -37,4 +37,10 @@ bool decode_mma_applies(const DecodeAttentionArgs& a, const DecodePlan& plan);
 Status launch_decode_mma(const DecodeAttentionArgs& a, const DecodePlan& plan, DecodeWorkspace ws, float scale_log2,
                          cudaStream_t stream);
 
+// The warp kernel (attention_decode_warp.cu): a warp per GQA group, for one chunk (large batches)
+// when the groups alone give every SM kDecodeWarpGroupsPerSm warps; head_dim 128, 2..8 q heads a group.
+constexpr int64_t kDecodeWarpGroupsPerSm = 8;
+bool decode_warp_applies(const DecodeAttentionArgs& a, const DecodePlan& plan, int64_t sms);
+Status launch_decode_warp(const DecodeAttentionArgs& a, const DecodePlan& plan, float scale_log2, cudaStream_t stream);
+
 }  // namespace llmq::attention

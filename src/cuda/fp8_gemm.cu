@@ -127,7 +127,7 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-Status build_descriptors(const CudaGemmProblem& p, const Resolved& r, Plan* plan) {
+Status build_descriptors(const CudaGemmProblem& p, const Resolved& r, bool fp8_fast_accumulation, Plan* plan) {
   LLMQ_RETURN_IF_ERROR(detail::create_matmul_desc(CUBLAS_COMPUTE_32F, CUDA_R_32F, &plan->desc));
   const int32_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
   LLMQ_RETURN_IF_ERROR(detail::set_desc_attribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, op_t));
@@ -138,6 +138,10 @@ Status build_descriptors(const CudaGemmProblem& p, const Resolved& r, Plan* plan
                                                     lt_scale_mode(p.b.scale_mode)));
     LLMQ_RETURN_IF_ERROR(detail::set_desc_attribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
                                                     lt_scale_mode(p.a.scale_mode)));
+    if (fp8_fast_accumulation) {
+      const int8_t fast = 1;
+      LLMQ_RETURN_IF_ERROR(detail::set_desc_attribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast));
+    }
   }
   if (p.bias != nullptr) {
     const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
@@ -324,7 +328,7 @@ struct CudaGemmRunner::Impl {
       return {};
     }
     Plan plan;
-    LLMQ_RETURN_IF_ERROR(build_descriptors(p, r, &plan));
+    LLMQ_RETURN_IF_ERROR(build_descriptors(p, r, options.fp8_fast_accumulation, &plan));
     LLMQ_RETURN_IF_ERROR(bind_pointers(p, a_scales, b_scales, plan));
     LtPreference pref;
     LLMQ_RETURN_IF_ERROR(detail::create_preference(&pref));

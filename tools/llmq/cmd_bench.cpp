@@ -49,6 +49,7 @@ struct BenchArgs {
   bool ep = false;                  // MoE: whole experts per rank (expert parallelism)
   std::string skip_stages;          // stages left out of every step (timing by difference)
   int gemm_autotune = 1;            // cuBLASLt candidates timed per GEMM shape class (1: heuristic's first)
+  bool fp8_fast_accum = false;      // CudaGemmOptions::fp8_fast_accumulation
   GpuLaunchFlags launch;
 };
 
@@ -109,6 +110,7 @@ void fit_row(const BenchArgs& a, TensorParallelRuntime& tpr, const std::string& 
     o.cuda_graphs = !a.no_graphs;
     o.skip_stages = a.skip_stages;
     o.gemm_autotune = a.gemm_autotune;
+    o.fp8_fast_accumulation = a.fp8_fast_accum;
     o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
     return o;
   };
@@ -225,6 +227,7 @@ int run_e2e(const BenchArgs& a) {
           o.cuda_graphs = !a.no_graphs;
           o.skip_stages = a.skip_stages;
     o.gemm_autotune = a.gemm_autotune;
+    o.fp8_fast_accumulation = a.fp8_fast_accum;
           o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
           Status st = tpr->start(o);
           std::vector<double> ms;
@@ -259,7 +262,7 @@ int run_e2e(const BenchArgs& a) {
                 {"tpot_ms_median", med}, {"tpot_ms_p90", p90}, {"tokens_per_s", static_cast<double>(batch) / med * 1e3},
                 {"active_expert_fraction", active_experts},
                 {"floor_ms", floor_ms}, {"weight_bytes", step_weight_bytes}, {"kv_bytes", kv_bytes},
-                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"kv_cache", kv_cache}, {"step_ms", ms}, {"tp", tp},
+                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"fp8_fast_accumulation", a.fp8_fast_accum}, {"kv_cache", kv_cache}, {"step_ms", ms}, {"tp", tp},
                 {"allreduce", allreduce}, {"expert_parallel", tp > 1 && a.ep}};
           if (without > 0) {
             row["tpot_ms_without_allreduce"] = without;
@@ -285,6 +288,7 @@ int run_e2e(const BenchArgs& a) {
       o.max_step_tokens = n;
       o.skip_stages = a.skip_stages;
     o.gemm_autotune = a.gemm_autotune;
+    o.fp8_fast_accumulation = a.fp8_fast_accum;
       AttentionVariant attention = AttentionVariant::kBf16;
       Status parsed = parse_attention_variant(attention_name, &attention);
       o.prefill_attention = attention;
@@ -363,6 +367,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
   e2e->add_option("--gemm-autotune", args->gemm_autotune,
                   "cuBLASLt GEMMs: time the heuristic's first N algorithms per shape class and keep the fastest (1: its first)")
       ->check(CLI::Range(1, 32));
+  e2e->add_flag("--fp8-fast-accum", args->fp8_fast_accum, "cuda: FP8 GEMMs accumulate in the tensor core's own accumulator (cuBLASLt FAST_ACCUM): faster, further from the CPU reference");
   add_gpu_launch_flags(e2e, &args->launch);
   e2e->add_flag("--fit", args->fit,
                 "per --batch and KV-cache format: the longest context that fits in free memory, and a decode at it");

@@ -58,6 +58,7 @@ struct ServeArgs {
   int64_t max_model_len = 0;
   bool no_graphs = false;
   int gemm_autotune = 1;
+  bool fp8_fast_accum = false;
   GpuLaunchFlags launch;
   BenchServeUrlArgs url;  // --url: a server measured over HTTP instead
 };
@@ -115,6 +116,7 @@ int run_serve(const ServeArgs& a) {
     f.kv_blocks = a.kv_blocks;
     f.no_graphs = a.no_graphs;
     f.gemm_autotune = a.gemm_autotune;
+    f.fp8_fast_accum = a.fp8_fast_accum;
     f.launch = a.launch;
     if (Status st = start_gpu_engine(f, source, max_model_len, &g); !st.ok()) return fail(st);
     description = g.description;
@@ -187,7 +189,7 @@ int run_serve(const ServeArgs& a) {
     }
     json j = {{"kind", "serve"}, {"device", device}, {"date", today()}, {"commit", kBuildCommit},
               {"model", a.model}, {"precision", gpu ? a.precision : "f32"}, {"kv_cache", gpu ? a.kv_cache : "f32"},
-              {"tp", a.tp}, {"graphs", gpu && !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"max_model_len", max_model_len}, {"dataset", a.dataset}, {"rate", a.rate},
+              {"tp", a.tp}, {"graphs", gpu && !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"fp8_fast_accumulation", gpu && a.fp8_fast_accum}, {"max_model_len", max_model_len}, {"dataset", a.dataset}, {"rate", a.rate},
               {"kv_blocks_peak", peak_blocks}, {"kv_blocks", pool.usable_blocks()}, {"block_size", a.block_size},
               {"preemptions", stats.preemptions}, {"prefix_hit_rate", hit_rate}, {"max_batched_tokens", a.max_batched_tokens},
               {"max_running", a.max_running}};
@@ -221,6 +223,7 @@ void add_bench_serve_command(CLI::App* bench, std::vector<Command>* commands) {
   s->add_option("--gemm-autotune", args->gemm_autotune,
                 "cuda: time cuBLASLt's first N algorithms per GEMM shape class and keep the fastest (1: its first)")
       ->check(CLI::Range(1, 32));
+  s->add_flag("--fp8-fast-accum", args->fp8_fast_accum, "cuda: FP8 GEMMs accumulate in the tensor core's own accumulator (cuBLASLt FAST_ACCUM): faster, further from the CPU reference");
   add_gpu_launch_flags(s, &args->launch);
   s->add_option("--dataset", args->dataset, "fixed:INPUT/OUTPUT or sharegpt-like (docs/engine.md states its lengths)");
   s->add_option("--requests", args->requests, "requests to send")->check(CLI::Range(int64_t{1}, int64_t{1000000}));

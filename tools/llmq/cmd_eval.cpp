@@ -36,6 +36,7 @@ struct EvalArgs {
   std::string reference = "cpu";  // cpu: the float32 CPU reference; f32 / bf16: the GPU runtime
   int gpu = 0;
   std::string attention;  // comma-separated attention variants; each candidate runs once per variant
+  bool fp8_fast_accum = false;  // --device cuda: CudaGemmOptions::fp8_fast_accumulation for the candidates
   int threads = 0;        // 0: every core
 };
 
@@ -44,8 +45,9 @@ struct EvalArgs {
 struct GpuWindowModels {
   std::vector<std::unique_ptr<GpuModel>> models;
   std::vector<std::shared_ptr<GpuRuntime>> runtimes;
-  Status add(std::unique_ptr<GpuModel> gm, int64_t context, AttentionVariant attention, WindowLogitsFn* out) {
+  Status add(std::unique_ptr<GpuModel> gm, int64_t context, AttentionVariant attention, bool fp8_fast_accum, WindowLogitsFn* out) {
     GpuRuntimeOptions o;
+    o.fp8_fast_accumulation = fp8_fast_accum;
     o.max_context = context;
     o.max_step_tokens = context;
     o.prefill_attention = attention;
@@ -63,6 +65,8 @@ struct GpuWindowModels {
 };
 
 int run(const EvalArgs& a) {
+  if (a.fp8_fast_accum && a.device != "cuda")
+    return fail(invalid_argument("--fp8-fast-accum: a GPU GEMM option (--device cuda)"));
   if (a.reference != "cpu" && a.device != "cuda")
     return fail(invalid_argument("--reference " + a.reference +
                                  ": the unquantized model runs on the GPU runtime then, beside the candidates (--device cuda)"));
@@ -181,7 +185,7 @@ int run(const EvalArgs& a) {
       const Status loaded = GpuModel::load(source, gpu_precision(GpuPrecision::Kind::kAsStored), a.gpu, &gm);
       if (!loaded.ok()) return fail(loaded);
       candidates.emplace_back();
-      if (Status st = on_gpu.add(std::move(gm), options.context, attention, &candidates.back()); !st.ok()) return fail(st);
+      if (Status st = on_gpu.add(std::move(gm), options.context, attention, a.fp8_fast_accum, &candidates.back()); !st.ok()) return fail(st);
       continue;
     }
     backends.push_back(std::make_unique<QuantizedLinearBackend>(*qm));
@@ -200,7 +204,7 @@ int run(const EvalArgs& a) {
     const DType dt = a.reference == "f32" ? DType::kF32 : DType::kBF16;
     if (Status st = GpuModel::from_float(model, dt, a.gpu, &gm); !st.ok())
       return fail(Status(st.code(), "--reference " + a.reference + ": " + st.message()));
-    if (Status st = on_gpu.add(std::move(gm), options.context, AttentionVariant::kBf16, &base_fn); !st.ok())
+    if (Status st = on_gpu.add(std::move(gm), options.context, AttentionVariant::kBf16, false, &base_fn); !st.ok())
       return fail(Status(st.code(), "--reference " + a.reference + ": " + st.message()));
     reference_name = "the GPU runtime, " + a.reference + " weights";
   }
@@ -222,6 +226,7 @@ int run(const EvalArgs& a) {
     j["model"] = description;
     j["data"] = data_name;
     j["reference"] = reference_name;
+    j["fp8_fast_accumulation"] = a.device == "cuda" && a.fp8_fast_accum;
     j["tokens"] = sums.empty() ? 0 : sums[0].tokens;
     j["ppl_base"] = sums.empty() ? 0 : sums[0].ppl_base;
     j["results"] = nlohmann::ordered_json::array();
@@ -296,6 +301,8 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
                   "the unquantized model: cpu (float32 reference) or, with --device cuda, f32 / bf16 on the GPU runtime")
       ->check(CLI::IsMember({"cpu", "f32", "bf16"}));
   cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
+  cmd->add_flag("--fp8-fast-accum", args->fp8_fast_accum,
+                "--device cuda: the candidates' FP8 GEMMs accumulate in the tensor core's own accumulator (cuBLASLt FAST_ACCUM)");
   cmd->add_option("--attention", args->attention,
                   "comma-separated attention variants, each candidate run once per variant: float (CPU), bf16, "
                   "half-int8, int8, fp8 (the 8-bit kernels' arithmetic; on cuda the kernels themselves)");

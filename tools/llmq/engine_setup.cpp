@@ -47,6 +47,7 @@ Status start_gpu_engine(const GpuEngineFlags& f, const GpuModelSource& source, i
   o.max_step_tokens = f.max_batched_tokens;
   o.cuda_graphs = !f.no_graphs;
   o.gemm_autotune = f.gemm_autotune;
+  o.fp8_fast_accumulation = f.fp8_fast_accum;
   o.kv_block_size = f.block_size;
   o.kv_cache_dtype = f.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
   o.kv_blocks = f.kv_blocks > 0 ? f.kv_blocks + 1 : 0;
@@ -92,6 +93,7 @@ void add_serving_engine_options(CLI::App* s, ServingFlags* f, bool one_sequence)
   s->add_option("--gemm-autotune", f->gpu.gemm_autotune,
                 "cuda: time cuBLASLt's first N algorithms per GEMM shape class and keep the fastest (1: its first)")
       ->check(CLI::Range(1, 32));
+  s->add_flag("--fp8-fast-accum", f->gpu.fp8_fast_accum, "cuda: FP8 GEMMs accumulate in the tensor core's own accumulator (cuBLASLt FAST_ACCUM): faster, further from the CPU reference");
   add_gpu_launch_flags(s, &f->gpu.launch);
 }
 

@@ -34,6 +34,7 @@ struct GpuEngineFlags {
   int64_t kv_blocks = 0;             // usable blocks; 0: what fits
   bool no_graphs = false;
   int gemm_autotune = 1;             // cuBLASLt candidates timed per GEMM shape class
+  bool fp8_fast_accum = false;       // CudaGemmOptions::fp8_fast_accumulation
   GpuLaunchFlags launch;
   std::string max_running_flag = "--max-running";
 };
