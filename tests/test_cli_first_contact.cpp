@@ -206,6 +206,19 @@ TEST(CliFirstContact, APromptLongerThanTheStepsIsRefused) {
   EXPECT_NE(r.err.find("--steps: 4 positions do not hold the 6-token prompt"), std::string::npos) << r.err;
 }
 
+// --fp8-fast-accum is a GPU GEMM option: on the CPU it is refused by name, never ignored.
+TEST(CliFirstContact, FastAccumulationOnTheCpuIsRefusedByName) {
+  Case c;
+  const std::vector<std::vector<std::string>> commands = {
+      {"eval", "--model", "default", "--samples", "1", "--length", "8", "--fp8-fast-accum"},
+      {"bench", "serve", "--model", "default", "--device", "cpu", "--requests", "1", "--fp8-fast-accum"}};
+  for (const auto& args : commands) {
+    const RunResult r = c.run(args);
+    EXPECT_EQ(r.code, 2) << args[0] << ": " << r.err;
+    EXPECT_NE(r.err.find("--fp8-fast-accum: a GPU GEMM option (--device cuda)"), std::string::npos) << args[0] << ": " << r.err;
+  }
+}
+
 // A Hugging Face config without bos_token_id says the model has no BOS: `llmq run --prompt-ids`
 // prepends nothing (the same context as the model that has BOS 1 given "1 5 6") and generation does
 // not stop on token 1.

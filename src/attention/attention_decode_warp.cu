@@ -1,15 +1,15 @@
 // Decode attention with a warp per GQA group (decode_plan.hpp): for large batches, where every
 // sequence's keys fit one chunk and the groups alone fill the GPU. Each warp streams its own keys
 // through its own ring of shared memory, with the per-warp arithmetic of decode_fragments.cuh, and
-// writes its heads' outputs straight from registers: no barrier across warps, no merge through
-// shared memory, and the set-up of a sequence (its block-table lookups) is shared by a CTA's four
-// groups. The CTA kernel (attention_decode_mma.cu) splits one group's keys four ways instead, which
+// writes its heads' outputs straight from registers: no barrier across warps and no merge through
+// shared memory (a CTA's four groups are of one sequence, so their block-table lookups hit the same
+// L1 lines). The CTA kernel (attention_decode_mma.cu) splits one group's keys four ways instead, which
 // at 512 sequences of 256 keys spent as many instructions on its set-up and merge as on the keys
 // (ncu, H100, E4M3: 14.3 k instructions a CTA, 47% of them in the key loop).
 //
 //  * Grid (1, ceil(groups / 4), batch); warp w of CTA (y, b) owns group 4y + w of sequence b.
 //  * A tile is 16 keys (two m16n8 score tiles), 3 stages per warp: 12 KiB a warp for E4M3 (4 CTAs
-//    an SM), 24 KiB for BF16 (2 CTAs an SM). Lanes 0-15 look up a key's cache row each and pass it
+//    an SM on sm_90), 24 KiB for BF16 (2 CTAs an SM on sm_90; fewer where shared memory is smaller). Lanes 0-15 look up a key's cache row each and pass it
 //    by shuffle to the lanes that copy its 16-byte chunks (cp.async; keys past the end are zeros).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -22,6 +22,7 @@
 #include "attention/decode_plan.hpp"
 #include "attention/kv_pages.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/device_facts.cuh"
 #include "cuda/pdl.cuh"
 
 namespace llmq::attention {
@@ -173,7 +174,11 @@ Status launch_decode_warp(const DecodeAttentionArgs& a, const DecodePlan& plan, 
   const bool fp8 = a.kv_dtype == KvCacheDType::kE4M3;
   const auto kernel = fp8 ? decode_attention_warp_kernel<true> : decode_attention_warp_kernel<false>;
   const int smem = fp8 ? WarpRing<true>::kCtaBytes : WarpRing<false>::kCtaBytes;
-  if (smem > 48 * 1024) LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  if (smem > 48 * 1024) {
+    int device = 0;
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, device));
+  }
   LLMQ_CUDA_RETURN_IF_ERROR(llmq::detail::launch_pdl(kernel, grid, dim3(kThreads), smem, stream, a, plan, scale_log2));
   return {};
 }

@@ -8,7 +8,7 @@
 
 namespace llmq::attention {
 
-// Both decode kernels: 128 threads, a 48 KiB ring of key tiles (tile: 8 KiB of BF16 K and as much V
+// The CUDA-core and the CTA tensor-core kernels: 128 threads, a 48 KiB ring of key tiles (tile: 8 KiB of BF16 K and as much V
 // whatever head_dim is; an E4M3 tile holds the same keys in half the bytes), and the q heads of one
 // GQA group per CTA, at most 8.
 constexpr int kDecodeThreads = 128;

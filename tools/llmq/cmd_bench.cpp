@@ -180,6 +180,7 @@ int run_e2e(const BenchArgs& a) {
     j["date"] = today();
     j["commit"] = commit;
     j["model"] = a.model;
+    j["fp8_fast_accumulation"] = a.fp8_fast_accum;
     if (json_out) json_out << j.dump() << "\n" << std::flush;
   };
   double copy_bw = 0.0;
@@ -226,8 +227,8 @@ int run_e2e(const BenchArgs& a) {
           o.max_step_tokens = batch;
           o.cuda_graphs = !a.no_graphs;
           o.skip_stages = a.skip_stages;
-    o.gemm_autotune = a.gemm_autotune;
-    o.fp8_fast_accumulation = a.fp8_fast_accum;
+          o.gemm_autotune = a.gemm_autotune;
+          o.fp8_fast_accumulation = a.fp8_fast_accum;
           o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
           Status st = tpr->start(o);
           std::vector<double> ms;
@@ -262,7 +263,7 @@ int run_e2e(const BenchArgs& a) {
                 {"tpot_ms_median", med}, {"tpot_ms_p90", p90}, {"tokens_per_s", static_cast<double>(batch) / med * 1e3},
                 {"active_expert_fraction", active_experts},
                 {"floor_ms", floor_ms}, {"weight_bytes", step_weight_bytes}, {"kv_bytes", kv_bytes},
-                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"fp8_fast_accumulation", a.fp8_fast_accum}, {"kv_cache", kv_cache}, {"step_ms", ms}, {"tp", tp},
+                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"kv_cache", kv_cache}, {"step_ms", ms}, {"tp", tp},
                 {"allreduce", allreduce}, {"expert_parallel", tp > 1 && a.ep}};
           if (without > 0) {
             row["tpot_ms_without_allreduce"] = without;
@@ -287,8 +288,8 @@ int run_e2e(const BenchArgs& a) {
       o.max_context = n;
       o.max_step_tokens = n;
       o.skip_stages = a.skip_stages;
-    o.gemm_autotune = a.gemm_autotune;
-    o.fp8_fast_accumulation = a.fp8_fast_accum;
+      o.gemm_autotune = a.gemm_autotune;
+      o.fp8_fast_accumulation = a.fp8_fast_accum;
       AttentionVariant attention = AttentionVariant::kBf16;
       Status parsed = parse_attention_variant(attention_name, &attention);
       o.prefill_attention = attention;

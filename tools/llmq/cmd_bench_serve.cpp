@@ -66,6 +66,7 @@ struct ServeArgs {
 int run_serve(const ServeArgs& a) {
   if (a.device != "cpu" && a.device != "cuda") return fail(invalid_argument("--device: cpu or cuda, got " + a.device));
   const bool gpu = a.device == "cuda";
+  if (a.fp8_fast_accum && !gpu) return fail(invalid_argument("--fp8-fast-accum: a GPU GEMM option (--device cuda)"));
   ModelWeights w;
   std::string description;
   ModelConfig config;

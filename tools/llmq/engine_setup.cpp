@@ -99,6 +99,8 @@ void add_serving_engine_options(CLI::App* s, ServingFlags* f, bool one_sequence)
 
 Status build_serving_engine(ServingFlags a, ServingEngine* e) {
   if (a.device != "cpu" && a.device != "cuda") return invalid_argument("--device: cpu or cuda, got " + a.device);
+  if (a.gpu.fp8_fast_accum && a.device != "cuda")
+    return invalid_argument("--fp8-fast-accum: a GPU GEMM option (--device cuda)");
   ModelConfig config;
   LLMQ_RETURN_IF_ERROR(model_shape(a.model, /*seed=*/1, &e->source, &e->weights, &config));
   const bool checkpoint = e->source.kind == GpuModelSource::Kind::kCheckpoint;
