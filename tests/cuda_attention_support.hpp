@@ -295,6 +295,10 @@ struct DeviceCache {
 inline void reference_row(const KvProblem& p, int64_t b, int64_t h, const uint16_t* q, int64_t key_end,
                           double scale, double* out, int64_t key_begin = 0, const float* sink = nullptr) {
   const int64_t d = p.head_dim, kvh = h / (p.n_heads / p.n_kv_heads);
+  if (key_begin >= key_end) {  // no key (kv_len 0): zeros, as the kernels write
+    std::fill(out, out + d, 0.0);
+    return;
+  }
   std::vector<double> s(static_cast<size_t>(key_end));
   double m = sink != nullptr ? double(*sink) : -INFINITY;
   for (int64_t j = key_begin; j < key_end; ++j) {

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -50,6 +51,7 @@ struct DecodeCase {
   bool sinks = false;  // random_sinks per q head
   KvLayout layout;     // the identity table unless set
   uint64_t seed = kSeed;
+  std::optional<attention::DecodeKernel> kernel;  // the kernel this case must run, where it matters
   std::string describe() const {
     std::ostringstream os;
     os << "REPRO seed=" << seed << " decode d=" << head_dim << " heads=" << n_heads << "/" << n_kv_heads
@@ -147,6 +149,12 @@ void check_decode(const DecodeCase& c, std::vector<uint16_t>* output = nullptr, 
   ASSERT_TRUE(dev.ok()) << "device allocation failed";
   CUDA_ASSERT(dev.upload(run));
   const attention::DecodeAttentionArgs& a = dev.args;
+  if (c.kernel.has_value()) {
+    attention::DecodeKernel chosen = attention::DecodeKernel::kCudaCore;
+    const Status st = attention::decode_kernel_choice(a, &chosen);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_EQ(static_cast<int>(chosen), static_cast<int>(*c.kernel)) << "not the kernel this case is about";
+  }
   DeviceBuffer<uint16_t>& d_out = dev.out;
   DeviceBuffer<uint8_t>& d_ws = dev.ws;
   const int64_t ws_bytes = a.workspace_bytes;
@@ -316,6 +324,9 @@ void decode_head_dims_gqa_and_lengths(bool fp8) {
     c.capacity = 1024;
     c.max_kv_len = 1024;
     c.seed = ++seed;
+    int sms = 0;
+    CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (64 * 8 < attention::kDecodeWarpGroupsPerSm * sms) c.kernel = attention::DecodeKernel::kCtaMma;  // too few groups
     check_decode(c);
   }
   for (int64_t d : {16, 256}) {
@@ -336,8 +347,9 @@ void decode_head_dims_gqa_and_lengths(bool fp8) {
 
 // Serving batches: enough sequences that the GQA groups alone give every SM
 // kDecodeWarpGroupsPerSm warps, so the warp-per-group kernel runs (one chunk per sequence). Lengths
-// from 1 key to 700 with a tile's edges (16, 17, 32, 33) among them; a window with sinks; groups 4
-// and 6 (rows of the tile past 6 padding); the 6-group case also in shuffled paged layouts.
+// from none (zeros) and 1 key to 700 with a tile's edges (16, 17, 32, 33) among them; a window with
+// sinks; groups 2, 4, 6 and 8 (rows of the tile past 6 padding); the 6-group case also in shuffled
+// paged layouts.
 void decode_serving_batches(bool fp8) {
   int sms = 0;
   CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -346,7 +358,8 @@ void decode_serving_batches(bool fp8) {
     int64_t n_heads, n_kv_heads, max_len, window;
     bool sinks, paged;
   };
-  for (const Shape& s : {Shape{32, 8, 700, 0, false, false}, Shape{32, 8, 700, 100, true, false}, Shape{12, 2, 80, 0, true, true}}) {
+  for (const Shape& s : {Shape{32, 8, 700, 0, false, false}, Shape{32, 8, 700, 100, true, false}, Shape{12, 2, 80, 0, true, true},
+                         Shape{16, 8, 300, 0, false, false}, Shape{16, 2, 80, 0, true, false}}) {
     DecodeCase c;
     c.fp8 = fp8;
     c.n_heads = s.n_heads;
@@ -357,7 +370,7 @@ void decode_serving_batches(bool fp8) {
     for (int64_t b = 0; b < batch; ++b) {
       const int32_t len = b < 5 ? std::min<int32_t>(edges[b], static_cast<int32_t>(s.max_len))
                                 : static_cast<int32_t>(1 + (b * 131) % s.max_len);
-      c.kv_len.push_back(b == batch - 1 ? static_cast<int32_t>(s.max_len) : len);
+      c.kv_len.push_back(b == batch - 1 ? static_cast<int32_t>(s.max_len) : (b == 5 ? 0 : len));
       c.slot.push_back(static_cast<int32_t>(batch - 1 - b));
     }
     c.slots = batch;
@@ -366,6 +379,7 @@ void decode_serving_batches(bool fp8) {
     c.window = s.window;
     c.sinks = s.sinks;
     c.seed = ++seed;
+    c.kernel = attention::DecodeKernel::kWarpMma;
     if (s.paged) check_paged_decode(c);
     else check_decode(c);
     if (::testing::Test::HasFatalFailure()) return;

@@ -416,10 +416,27 @@ Status launch_chunks(const DecodeAttentionArgs& a, const DecodePlan& plan, Works
   return {};
 }
 
+DecodeKernel choose_kernel(const DecodeAttentionArgs& a, const DecodePlan& plan, int64_t sms) {
+  if (decode_warp_applies(a, plan, sms)) return DecodeKernel::kWarpMma;
+  if (decode_mma_applies(a, plan)) return DecodeKernel::kCtaMma;
+  return DecodeKernel::kCudaCore;
+}
+
+// a.window as decode_attention leaves it: a window at least min(capacity, max_kv_len) masks nothing,
+// and runs the plain path (the kernels' window arithmetic then stays in int).
+DecodeAttentionArgs with_window_clamped(const DecodeAttentionArgs& args) {
+  DecodeAttentionArgs a = args;
+  if (a.window >= std::min(a.pages.capacity(), a.max_kv_len)) a.window = 0;
+  return a;
+}
+
 template <int kHeadDim>
 Status launch_for_dim(const DecodeAttentionArgs& a, const DecodePlan& plan, int64_t sms, Workspace ws, cudaStream_t stream) {
-  if (decode_warp_applies(a, plan, sms)) return launch_decode_warp(a, plan, a.softmax_scale * kLog2e, stream);
-  if (decode_mma_applies(a, plan)) return launch_decode_mma(a, plan, ws, a.softmax_scale * kLog2e, stream);
+  switch (choose_kernel(a, plan, sms)) {
+    case DecodeKernel::kWarpMma: return launch_decode_warp(a, plan, a.softmax_scale * kLog2e, stream);
+    case DecodeKernel::kCtaMma: return launch_decode_mma(a, plan, ws, a.softmax_scale * kLog2e, stream);
+    case DecodeKernel::kCudaCore: break;
+  }
   // Register arrays are sized by kHeads: the smallest power of two that holds the CTA's heads.
   if (plan.heads_per_cta == 1) return launch_chunks<kHeadDim, 1>(a, plan, ws, stream);
   if (plan.heads_per_cta == 2) return launch_chunks<kHeadDim, 2>(a, plan, ws, stream);
@@ -436,13 +453,20 @@ int64_t decode_attention_workspace_bytes(int64_t batch, int64_t n_heads, int64_t
   return batch * n_heads * chunks * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
 }
 
+Status decode_kernel_choice(const DecodeAttentionArgs& args, DecodeKernel* out) {
+  LLMQ_RETURN_IF_ERROR(validate(args));
+  const DecodeAttentionArgs a = with_window_clamped(args);
+  int64_t sms = 0;
+  LLMQ_RETURN_IF_ERROR(query_sm_count(&sms));
+  *out = choose_kernel(a, make_plan(a, sms), sms);
+  return {};
+}
+
 Status decode_attention(const DecodeAttentionArgs& args, CudaStream stream) {
   LLMQ_RETURN_IF_ERROR(validate(args));
   if (args.batch == 0) return {};
-  // kv_len is clamped to min(capacity, max_kv_len) on the device: a window at least that long
-  // masks nothing, and runs the plain path (the kernels' window arithmetic then stays in int).
-  DecodeAttentionArgs a = args;
-  if (a.window >= std::min(a.pages.capacity(), a.max_kv_len)) a.window = 0;
+  // kv_len is clamped to min(capacity, max_kv_len) on the device.
+  const DecodeAttentionArgs a = with_window_clamped(args);
   int64_t sms = 0;
   LLMQ_RETURN_IF_ERROR(query_sm_count(&sms));
   const DecodePlan plan = make_plan(a, sms);

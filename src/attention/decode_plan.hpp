@@ -37,6 +37,11 @@ bool decode_mma_applies(const DecodeAttentionArgs& a, const DecodePlan& plan);
 Status launch_decode_mma(const DecodeAttentionArgs& a, const DecodePlan& plan, DecodeWorkspace ws, float scale_log2,
                          cudaStream_t stream);
 
+// Which kernel decode_attention runs for these arguments on the current device (one rule: tests
+// assert it, launches follow it).
+enum class DecodeKernel { kCudaCore, kCtaMma, kWarpMma };
+Status decode_kernel_choice(const DecodeAttentionArgs& a, DecodeKernel* out);
+
 // The warp kernel (attention_decode_warp.cu): a warp per GQA group, for one chunk (large batches)
 // when the groups alone give every SM kDecodeWarpGroupsPerSm warps; head_dim 128, 2..8 q heads a group.
 constexpr int64_t kDecodeWarpGroupsPerSm = 8;
