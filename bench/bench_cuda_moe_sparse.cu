@@ -8,7 +8,8 @@
 // bytes between two uses of one set exceed 2x L2. Per row: time, the active experts' weight bytes
 // over time and as a fraction of the measured copy bandwidth (bytes read + written per second,
 // cudaMemcpy device to device), TFLOPS over the routed rows.
-// Usage: bench_cuda_moe_sparse [--shape mixtral-8x7b|gpt-oss-20b|all] [--tokens 1,4,...]
+// Usage: bench_cuda_moe_sparse [--shape mixtral-8x7b|gpt-oss-20b|llama3-8b[-qkv|-o|-gateup|-down]|all]
+//                              [--tokens 1,4,...]
 //                              [--json FILE] [--quick] [--decode-tiles N] [--commit C]
 #include <cstring>
 #include <fstream>
@@ -30,7 +31,13 @@ struct MoeShape {
   const char* name;
   int64_t experts, top_k, k, n;
 };
-const MoeShape kShapes[] = {{"mixtral-8x7b", 8, 2, 4096, 14336}, {"gpt-oss-20b", 32, 4, 2880, 2880}};
+// The llama3-8b-* shapes are dense: one expert that every token takes, so "grouped" is llmq's
+// persistent TMA + wgmma FP8 kernel and "dense" a single cuBLASLt FP8 GEMM at the dense model's
+// projection shapes: the yardstick for an FP8 GEMM of llmq's own (docs/engine.md: the GEMMs are
+// about half of a serving step).
+const MoeShape kShapes[] = {{"mixtral-8x7b", 8, 2, 4096, 14336},    {"gpt-oss-20b", 32, 4, 2880, 2880},
+                            {"llama3-8b-qkv", 1, 1, 4096, 6144},     {"llama3-8b-o", 1, 1, 4096, 4096},
+                            {"llama3-8b-gateup", 1, 1, 4096, 28672}, {"llama3-8b-down", 1, 1, 14336, 4096}};
 
 }  // namespace
 
@@ -43,7 +50,8 @@ int main(int argc, char** argv) {
   CLI::App app{"bench_cuda_moe_sparse: the sparse MoE expert GEMM (cuda_moe_grouped_gemm) with the dense path"};
   last_value_wins(app);
   app.add_option("--shape", shape_name, "the MoE shape")
-      ->check(CLI::IsMember({"mixtral-8x7b", "gpt-oss-20b", "all"}))
+      ->check(CLI::IsMember({"mixtral-8x7b", "gpt-oss-20b", "llama3-8b-qkv", "llama3-8b-o", "llama3-8b-gateup",
+                             "llama3-8b-down", "llama3-8b", "all"}))
       ->capture_default_str();
   comma_list(app.add_option("--tokens", tokens_list, "token counts, comma-separated")->capture_default_str())
       ->check(at_least(1, "a token at least"));
@@ -70,7 +78,8 @@ int main(int argc, char** argv) {
   DeviceMem lt_workspace(static_cast<size_t>(lt_bytes));
 
   for (const MoeShape& s : kShapes) {
-    if (shape_name != "all" && shape_name != s.name) continue;
+    const bool dense = std::strncmp(s.name, "llama3-8b", 9) == 0;
+    if (shape_name != s.name && !(shape_name == "llama3-8b" && dense) && !(shape_name == "all" && !dense)) continue;
     const int64_t E = s.experts, K = s.k, N = s.n;
     const int64_t max_t = *std::max_element(tokens_list.begin(), tokens_list.end());
     const int64_t max_p = max_t * s.top_k;
