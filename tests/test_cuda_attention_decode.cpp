@@ -1,5 +1,5 @@
 // GPU tests of the runtime's decode attention kernel (src/attention/attention.hpp) against a
-// float64 CPU reference computed from the same inputs: kv_len 1, 17, 1000, 8192 in one batch with
+// float64 CPU reference computed from the same inputs: kv_len 1, 17, 1000, 8192 and 0 in one batch with
 // max_kv_len above all of them; batch 1 with 32 q / 8 kv heads at 8192 (the split over many chunks);
 // a single-chunk plan with no workspace; 64 sequences at once (one chunk each); serving batches
 // (the warp-per-group kernel: groups alone fill the GPU); odd kv head counts
@@ -287,9 +287,9 @@ void decode_head_dims_gqa_and_lengths(bool fp8) {
       c.head_dim = d;
       c.n_kv_heads = 2;
       c.n_heads = 2 * group;
-      c.kv_len = {1, 17, 1000, 8192};
-      c.slot = {2, 0, 3, 1};
-      c.slots = 4;
+      c.kv_len = {1, 17, 1000, 8192, 0};  // 0: an empty sequence gives zeros (every chunk empty)
+      c.slot = {2, 0, 3, 1, 4};
+      c.slots = 5;
       c.capacity = 9000;
       c.max_kv_len = 9000;  // above every kv_len: the tail chunks have nothing to do
       c.seed = ++seed;

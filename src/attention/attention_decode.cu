@@ -455,6 +455,7 @@ int64_t decode_attention_workspace_bytes(int64_t batch, int64_t n_heads, int64_t
 
 Status decode_kernel_choice(const DecodeAttentionArgs& args, DecodeKernel* out) {
   LLMQ_RETURN_IF_ERROR(validate(args));
+  if (args.batch == 0) return invalid_argument("decode_kernel_choice: batch 0 launches no kernel");
   const DecodeAttentionArgs a = with_window_clamped(args);
   int64_t sms = 0;
   LLMQ_RETURN_IF_ERROR(query_sm_count(&sms));
