@@ -211,7 +211,9 @@ TEST(CliFirstContact, FastAccumulationOnTheCpuIsRefusedByName) {
   Case c;
   const std::vector<std::vector<std::string>> commands = {
       {"eval", "--model", "default", "--samples", "1", "--length", "8", "--fp8-fast-accum"},
-      {"bench", "serve", "--model", "default", "--device", "cpu", "--requests", "1", "--fp8-fast-accum"}};
+      {"bench", "serve", "--model", "default", "--device", "cpu", "--requests", "1", "--fp8-fast-accum"},
+      {"run", "--model", "default", "-n", "4", "--fp8-fast-accum"},
+      {"serve", "--model", "default", "--port", "0", "--fp8-fast-accum"}};
   for (const auto& args : commands) {
     const RunResult r = c.run(args);
     EXPECT_EQ(r.code, 2) << args[0] << ": " << r.err;

@@ -39,6 +39,7 @@ struct RunArgs {
   std::string attention = "bf16";
   int tp = 1;  // GPUs --gpu .. --gpu + tp - 1, tensor parallel
   bool ep = false;  // MoE: whole experts per GPU
+  bool fp8_fast_accum = false;  // CudaGemmOptions::fp8_fast_accumulation (as llmq serve --fp8-fast-accum)
   GpuLaunchFlags launch;
 };
 
@@ -83,6 +84,7 @@ Status run_on_gpu(const RunArgs& a, uint64_t seed, TensorParallelRuntime& rt, co
   o.max_context = a.steps;
   o.max_step_tokens = std::max<int64_t>(1, static_cast<int64_t>(prompt.size()));
   o.kv_cache_dtype = a.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
+  o.fp8_fast_accumulation = a.fp8_fast_accum;
   LLMQ_RETURN_IF_ERROR(parse_attention_variant(a.attention, &o.prefill_attention));
   LLMQ_RETURN_IF_ERROR(rt.start(o));
   using Clock = std::chrono::steady_clock;
@@ -153,6 +155,7 @@ Status prompt_tokens(const RunArgs& a, const ModelConfig& config, const Tokenize
 
 int run(const RunArgs& a) {
   if (a.tp > 1 && a.device != "cuda") return fail(invalid_argument("--tp: tensor parallelism runs on the GPU (--device cuda)"));
+  if (a.fp8_fast_accum && a.device != "cuda") return fail(invalid_argument("--fp8-fast-accum: a GPU GEMM option (--device cuda)"));
   std::unique_ptr<Tokenizer> tokenizer;
   if ((!a.ids || !a.prompt.empty()) && !is_builtin_model(a.model) && !Tokenizer::find(a.model).empty())
     if (Status st = Tokenizer::load(a.model, &tokenizer); !st.ok()) return fail(st);
@@ -281,6 +284,9 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_flag("--ep", args->ep, "--tp > 1 on an MoE model: whole experts per GPU (expert parallelism)");
   cmd->add_option("--kv-cache", args->kv_cache, "--device cuda: KV cache elements, bf16 or e4m3")
       ->check(CLI::IsMember({"bf16", "e4m3"}));
+  cmd->add_flag("--fp8-fast-accum", args->fp8_fast_accum,
+                "--device cuda: FP8 GEMMs accumulate in the tensor core's own accumulator (cuBLASLt FAST_ACCUM), as llmq serve "
+                "--fp8-fast-accum: the same tokens as such a server");
   add_gpu_launch_flags(cmd, &args->launch);
   commands->push_back({cmd, [args] { return run(*args); }});
 }
