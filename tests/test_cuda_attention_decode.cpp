@@ -278,6 +278,22 @@ TEST(CudaDecodeAttentionE4m3, PagedLayoutsMatchTheIdentityLayout) {
   decode_paged_layouts(true);
 }
 
+// Two sequences of first_len and 700 keys in swapped slots, 2 kv heads, one chunk each (1024 positions).
+DecodeCase two_sequences(bool fp8, int64_t head_dim, int64_t n_heads, int32_t first_len, uint64_t seed) {
+  DecodeCase c;
+  c.fp8 = fp8;
+  c.head_dim = head_dim;
+  c.n_kv_heads = 2;
+  c.n_heads = n_heads;
+  c.kv_len = {first_len, 700};
+  c.slot = {1, 0};
+  c.slots = 2;
+  c.capacity = 1024;
+  c.max_kv_len = 1024;
+  c.seed = seed;
+  return c;
+}
+
 void decode_head_dims_gqa_and_lengths(bool fp8) {
   uint64_t seed = kSeed + 300 + (fp8 ? 10000 : 0);
   for (int64_t d : {8, 32, 64, 128})
@@ -298,19 +314,7 @@ void decode_head_dims_gqa_and_lengths(bool fp8) {
   // head_dim 128 (the tensor-core kernel) with 6 and 7 heads per CTA (rows of the 16-row tile past
   // them padding), and at a serving batch: 64 sequences of up to 900 keys, one chunk per sequence
   // (every CTA runs all of its sequence's tiles).
-  for (int64_t group : {6, 7}) {
-    DecodeCase c;
-    c.fp8 = fp8;
-    c.n_kv_heads = 2;
-    c.n_heads = 2 * group;
-    c.kv_len = {33, 700};
-    c.slot = {1, 0};
-    c.slots = 2;
-    c.capacity = 1024;
-    c.max_kv_len = 1024;
-    c.seed = ++seed;
-    check_decode(c);
-  }
+  for (int64_t group : {6, 7}) check_decode(two_sequences(fp8, 128, 2 * group, 33, ++seed));
   {
     DecodeCase c;
     c.fp8 = fp8;
@@ -329,20 +333,8 @@ void decode_head_dims_gqa_and_lengths(bool fp8) {
     if (64 * 8 < attention::kDecodeWarpGroupsPerSm * sms) c.kernel = attention::DecodeKernel::kCtaMma;  // too few groups
     check_decode(c);
   }
-  for (int64_t d : {16, 256}) {
-    DecodeCase c;
-    c.fp8 = fp8;
-    c.head_dim = d;
-    c.n_kv_heads = 2;
-    c.n_heads = 12;  // group 6: heads_per_cta 6 in an 8-head register tile
-    c.kv_len = {5, 700};
-    c.slot = {1, 0};
-    c.slots = 2;
-    c.capacity = 1024;
-    c.max_kv_len = 1024;
-    c.seed = ++seed;
-    check_decode(c);
-  }
+  // group 6: heads_per_cta 6 in an 8-head register tile
+  for (int64_t d : {16, 256}) check_decode(two_sequences(fp8, d, 12, 5, ++seed));
 }
 
 // Serving batches: enough sequences that the GQA groups alone give every SM

@@ -35,13 +35,13 @@ using mma::cp_async_16;
 using mma::cp_async_commit;
 using mma::cp_async_wait;
 using mma::fast_exp2;
+using mma::kLog2e;
 using mma::smem_addr;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileKeys = 16;
 constexpr int kStages = 3;
-constexpr float kLog2e = 1.4426950408889634f;
 
 template <bool kFp8>
 struct WarpRing {

@@ -36,6 +36,17 @@ void add_gpu_launch_flags(CLI::App* app, GpuLaunchFlags* flags) {
       ->check(CLI::IsMember({"on", "off"}));
 }
 
+void add_fp8_fast_accum_flag(CLI::App* app, bool* flag) {
+  app->add_flag("--fp8-fast-accum", *flag,
+                "cuda: FP8 GEMMs accumulate in the tensor core's own accumulator (cuBLASLt FAST_ACCUM, as vLLM's and "
+                "TensorRT-LLM's do): faster, further from the CPU reference");
+}
+
+Status check_fp8_fast_accum(bool flag, const std::string& device) {
+  if (flag && device != "cuda") return invalid_argument("--fp8-fast-accum: a GPU GEMM option (--device cuda)");
+  return {};
+}
+
 TensorParallelGroupOptions apply_gpu_launch_flags(const GpuLaunchFlags& flags) {
   set_programmatic_dependent_launch(flags.pdl == "on");
   TensorParallelGroupOptions o;

@@ -368,7 +368,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>* commands) {
   e2e->add_option("--gemm-autotune", args->gemm_autotune,
                   "cuBLASLt GEMMs: time the heuristic's first N algorithms per shape class and keep the fastest (1: its first)")
       ->check(CLI::Range(1, 32));
-  e2e->add_flag("--fp8-fast-accum", args->fp8_fast_accum, "cuda: FP8 GEMMs accumulate in the tensor core's own accumulator (cuBLASLt FAST_ACCUM): faster, further from the CPU reference");
+  add_fp8_fast_accum_flag(e2e, &args->fp8_fast_accum);
   add_gpu_launch_flags(e2e, &args->launch);
   e2e->add_flag("--fit", args->fit,
                 "per --batch and KV-cache format: the longest context that fits in free memory, and a decode at it");

@@ -66,7 +66,7 @@ struct ServeArgs {
 int run_serve(const ServeArgs& a) {
   if (a.device != "cpu" && a.device != "cuda") return fail(invalid_argument("--device: cpu or cuda, got " + a.device));
   const bool gpu = a.device == "cuda";
-  if (a.fp8_fast_accum && !gpu) return fail(invalid_argument("--fp8-fast-accum: a GPU GEMM option (--device cuda)"));
+  if (Status st = check_fp8_fast_accum(a.fp8_fast_accum, a.device); !st.ok()) return fail(st);
   ModelWeights w;
   std::string description;
   ModelConfig config;
@@ -224,7 +224,7 @@ void add_bench_serve_command(CLI::App* bench, std::vector<Command>* commands) {
   s->add_option("--gemm-autotune", args->gemm_autotune,
                 "cuda: time cuBLASLt's first N algorithms per GEMM shape class and keep the fastest (1: its first)")
       ->check(CLI::Range(1, 32));
-  s->add_flag("--fp8-fast-accum", args->fp8_fast_accum, "cuda: FP8 GEMMs accumulate in the tensor core's own accumulator (cuBLASLt FAST_ACCUM): faster, further from the CPU reference");
+  add_fp8_fast_accum_flag(s, &args->fp8_fast_accum);
   add_gpu_launch_flags(s, &args->launch);
   s->add_option("--dataset", args->dataset, "fixed:INPUT/OUTPUT or sharegpt-like (docs/engine.md states its lengths)");
   s->add_option("--requests", args->requests, "requests to send")->check(CLI::Range(int64_t{1}, int64_t{1000000}));

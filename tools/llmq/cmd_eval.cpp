@@ -65,8 +65,7 @@ struct GpuWindowModels {
 };
 
 int run(const EvalArgs& a) {
-  if (a.fp8_fast_accum && a.device != "cuda")
-    return fail(invalid_argument("--fp8-fast-accum: a GPU GEMM option (--device cuda)"));
+  if (Status st = check_fp8_fast_accum(a.fp8_fast_accum, a.device); !st.ok()) return fail(st);
   if (a.reference != "cpu" && a.device != "cuda")
     return fail(invalid_argument("--reference " + a.reference +
                                  ": the unquantized model runs on the GPU runtime then, beside the candidates (--device cuda)"));
@@ -301,8 +300,7 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
                   "the unquantized model: cpu (float32 reference) or, with --device cuda, f32 / bf16 on the GPU runtime")
       ->check(CLI::IsMember({"cpu", "f32", "bf16"}));
   cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
-  cmd->add_flag("--fp8-fast-accum", args->fp8_fast_accum,
-                "--device cuda: the candidates' FP8 GEMMs accumulate in the tensor core's own accumulator (cuBLASLt FAST_ACCUM)");
+  add_fp8_fast_accum_flag(cmd, &args->fp8_fast_accum);
   cmd->add_option("--attention", args->attention,
                   "comma-separated attention variants, each candidate run once per variant: float (CPU), bf16, "
                   "half-int8, int8, fp8 (the 8-bit kernels' arithmetic; on cuda the kernels themselves)");

@@ -155,7 +155,7 @@ Status prompt_tokens(const RunArgs& a, const ModelConfig& config, const Tokenize
 
 int run(const RunArgs& a) {
   if (a.tp > 1 && a.device != "cuda") return fail(invalid_argument("--tp: tensor parallelism runs on the GPU (--device cuda)"));
-  if (a.fp8_fast_accum && a.device != "cuda") return fail(invalid_argument("--fp8-fast-accum: a GPU GEMM option (--device cuda)"));
+  if (Status st = check_fp8_fast_accum(a.fp8_fast_accum, a.device); !st.ok()) return fail(st);
   std::unique_ptr<Tokenizer> tokenizer;
   if ((!a.ids || !a.prompt.empty()) && !is_builtin_model(a.model) && !Tokenizer::find(a.model).empty())
     if (Status st = Tokenizer::load(a.model, &tokenizer); !st.ok()) return fail(st);
@@ -284,9 +284,7 @@ void add_run_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_flag("--ep", args->ep, "--tp > 1 on an MoE model: whole experts per GPU (expert parallelism)");
   cmd->add_option("--kv-cache", args->kv_cache, "--device cuda: KV cache elements, bf16 or e4m3")
       ->check(CLI::IsMember({"bf16", "e4m3"}));
-  cmd->add_flag("--fp8-fast-accum", args->fp8_fast_accum,
-                "--device cuda: FP8 GEMMs accumulate in the tensor core's own accumulator (cuBLASLt FAST_ACCUM), as llmq serve "
-                "--fp8-fast-accum: the same tokens as such a server");
+  add_fp8_fast_accum_flag(cmd, &args->fp8_fast_accum);
   add_gpu_launch_flags(cmd, &args->launch);
   commands->push_back({cmd, [args] { return run(*args); }});
 }

@@ -49,6 +49,11 @@ void add_gpu_launch_flags(CLI::App* app, GpuLaunchFlags* flags);
 // Applies --pdl (process-wide) and returns the group options --tp > 1 uses.
 TensorParallelGroupOptions apply_gpu_launch_flags(const GpuLaunchFlags& flags);
 
+// --fp8-fast-accum (CudaGemmOptions::fp8_fast_accumulation), the one flag of every command that runs
+// a model on the GPU, and its refusal by name off the GPU (device: the command's --device).
+void add_fp8_fast_accum_flag(CLI::App* app, bool* flag);
+Status check_fp8_fast_accum(bool flag, const std::string& device);
+
 // Where --model's weights come from: "synthetic:NAME" (seeded, generated on the device), a Hugging
 // Face directory (streamed from its memory map), else a model loaded on the host into *host.
 Status gpu_model_source(const std::string& model, uint64_t seed, GpuModelSource* out, ModelWeights* host);

@@ -93,14 +93,13 @@ void add_serving_engine_options(CLI::App* s, ServingFlags* f, bool one_sequence)
   s->add_option("--gemm-autotune", f->gpu.gemm_autotune,
                 "cuda: time cuBLASLt's first N algorithms per GEMM shape class and keep the fastest (1: its first)")
       ->check(CLI::Range(1, 32));
-  s->add_flag("--fp8-fast-accum", f->gpu.fp8_fast_accum, "cuda: FP8 GEMMs accumulate in the tensor core's own accumulator (cuBLASLt FAST_ACCUM): faster, further from the CPU reference");
+  add_fp8_fast_accum_flag(s, &f->gpu.fp8_fast_accum);
   add_gpu_launch_flags(s, &f->gpu.launch);
 }
 
 Status build_serving_engine(ServingFlags a, ServingEngine* e) {
   if (a.device != "cpu" && a.device != "cuda") return invalid_argument("--device: cpu or cuda, got " + a.device);
-  if (a.gpu.fp8_fast_accum && a.device != "cuda")
-    return invalid_argument("--fp8-fast-accum: a GPU GEMM option (--device cuda)");
+  LLMQ_RETURN_IF_ERROR(check_fp8_fast_accum(a.gpu.fp8_fast_accum, a.device));
   ModelConfig config;
   LLMQ_RETURN_IF_ERROR(model_shape(a.model, /*seed=*/1, &e->source, &e->weights, &config));
   const bool checkpoint = e->source.kind == GpuModelSource::Kind::kCheckpoint;
