@@ -101,8 +101,14 @@ __device__ __forceinline__ void add_f32(const float* p, float (&v)[V]) {
   for (int i = 0; i < V; ++i) v[i] += b[i];
 }
 
+// The GLU of many rows keeps a whole row of FP32 in shared memory (57 KiB at 14336 wide): at most
+// 3 CTAs an SM fit, and only with the largest shared-memory carveout and at most 48 registers a
+// thread (49 gave 2: ncu, H100, 512 rows of 14336, 1.94 waves where 1.29 would do).
+template <RowFn F>
+constexpr int kRowOpMaxRegisters = is_glu(F) ? 48 : 64;
+
 template <RowFn F, RowOut O, int V>
-__global__ void __launch_bounds__(1024) row_op_kernel(RowKernelArgs args) {
+__global__ void __launch_bounds__(1024) __maxnreg__(kRowOpMaxRegisters<F>) row_op_kernel(RowKernelArgs args) {
   detail::pdl_wait();
   detail::pdl_launch_dependents();
   extern __shared__ float vals[];
@@ -333,6 +339,8 @@ Status launch_row_op_v(const RowKernelArgs& args, int threads, CudaStream stream
   if (smem > 48 * 1024) {
     LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(row_op_kernel<F, O, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(kMaxRowElems * sizeof(float))));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(row_op_kernel<F, O, V>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                   static_cast<int>(cudaSharedmemCarveoutMaxShared)));
   }
   LLMQ_CUDA_RETURN_IF_ERROR(detail::launch_pdl(row_op_kernel<F, O, V>, dim3(static_cast<unsigned>(args.a.rows)),
                                                 dim3(static_cast<unsigned>(threads)), smem, stream, args));
