@@ -35,6 +35,7 @@
 // Usage: bench_cuda_gemm [--json PATH] [--iters N>=30] [--warmup N] [--quick]
 //                        [--modes bf16,fp8_tensor,fp8_outer,fp8_block] [--shapes MxNxK[,...]]
 //                        [--autotune N]   (CudaGemmOptions: the fastest of the heuristic's first N)
+//                        [--fp8-fast-accum]  (CudaGemmOptions::fp8_fast_accumulation)
 // Prints a table and, with --json, writes one JSON object per line per (shape, mode): bench, device,
 // m, n, k, m_run, mode, out, status (ok / unsupported / skipped / error), reason, note, us_median,
 // us_min, tflops, speedup_vs_bf16, speedup_vs_fp8_tensor, sets, iters, warmup.
@@ -95,6 +96,7 @@ struct Options {
   int iters = 50;
   int warmup = 5;
   int autotune = 1;  // CudaGemmOptions::autotune_candidates
+  bool fp8_fast_accum = false;  // CudaGemmOptions::fp8_fast_accumulation
   std::vector<Mode> modes = {Mode::kBf16, Mode::kFp8Tensor, Mode::kFp8Outer, Mode::kFp8Block};
   std::vector<Shape> shapes;
 };
@@ -131,6 +133,7 @@ void parse(int argc, char** argv, Options* o) {
   app.add_option("--autotune", o->autotune, "time cuBLASLt's first N algorithms per shape and keep the fastest")
       ->capture_default_str()
       ->check(CLI::Range(1, 32));
+  app.add_flag("--fp8-fast-accum", o->fp8_fast_accum, "FP8 GEMMs with cuBLASLt's FAST_ACCUM (CudaGemmOptions)");
   app.add_flag("--quick", quick, "fewer shapes (K 4096, M in 1, 128, 8192)");
   app.add_option_function<std::string>(
       "--modes",
@@ -379,6 +382,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<CudaGemmRunner> runner;
   llmq::CudaGemmOptions gemm_options;
   gemm_options.autotune_candidates = opt.autotune;
+  gemm_options.fp8_fast_accumulation = opt.fp8_fast_accum;
   BENCH_CHECK(CudaGemmRunner::create(0, gemm_options, &runner));
   BENCH_CHECK(cudaSetDevice(0));
   cudaDeviceProp prop{};
@@ -452,7 +456,7 @@ int main(int argc, char** argv) {
                             {"speedup_vs_fp8_tensor", speedup_tensor},
                             {"sets", r.sets},
                             {"iters", opt.iters},
-                            {"warmup", opt.warmup}, {"autotune", opt.autotune}};
+                            {"warmup", opt.warmup}, {"autotune", opt.autotune}, {"fp8_fast_accum", opt.fp8_fast_accum}};
         if (!r.reason.empty()) j["reason"] = r.reason;
         if (!note.empty()) j["note"] = note;
         json << j.dump() << "\n";

@@ -329,5 +329,75 @@ TEST(GpuEngine, StepRefusesBadTablesAndFixedSlotCallsOnAPagedRuntime) {
   EXPECT_NE(st.message().find("kv_blocks: 1"), std::string::npos) << st.to_string();
 }
 
+// A mixed step packs its one-query chunks first (their attention runs in the decode kernel) and
+// must hand every sampled row back in the caller's order: here the decodes sit between prefill
+// chunks. Each row of the mixed step is compared with the same chunk stepped alone on a second
+// runtime in the same state: it must be nearest to its own chunk's row (a row handed to the wrong
+// chunk is another sequence's distribution), within the GPU's rounding of it, with the same argmax,
+// and the sampled (greedy) token must be that argmax.
+TEST(GpuEngine, MixedStepHandsRowsBackInTheCallersOrder) {
+  LLMQ_REQUIRE_GPU();
+  const ModelWeights w = small_model();
+  const int64_t vocab = w.config.vocab_size;
+  const std::vector<int32_t> seq_a = {5, 9, 13, 2, 40}, seq_b = {1, 7, 3, 88, 21, 6, 17}, seq_c = {60, 4, 33},
+                             seq_d = {2, 2, 50, 71, 9, 30, 44};
+  std::vector<int32_t> tab_a = {1, 2}, tab_b = {3, 4}, tab_c = {5}, tab_d = {6, 7};
+  auto chunk = [](const std::vector<int32_t>& t, const std::vector<int32_t>& table, int64_t start, int64_t count) {
+    PagedChunk c;
+    c.tokens = t.data();
+    c.start = start;
+    c.count = count;
+    c.table = table.data();
+    c.table_blocks = static_cast<int64_t>(table.size());
+    c.sample = true;
+    return c;
+  };
+  // Both runtimes first prefill b and d up to their last token.
+  auto ready = [&](Gpu* g) {
+    std::vector<int32_t> sampled;
+    const Status st = g->tpr->step({chunk(seq_b, tab_b, 0, 6), chunk(seq_d, tab_d, 0, 6)}, &sampled);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  };
+  const std::vector<PagedChunk> mixed = {chunk(seq_a, tab_a, 0, 5), chunk(seq_b, tab_b, 6, 1), chunk(seq_c, tab_c, 0, 3),
+                                         chunk(seq_d, tab_d, 6, 1)};
+  Gpu g, ref;
+  ASSERT_TRUE(start(w, gpu_precision(GpuPrecision::Kind::kF32), 16, 4, 4, 32, false, &g).ok());
+  ASSERT_TRUE(start(w, gpu_precision(GpuPrecision::Kind::kF32), 16, 4, 4, 32, false, &ref).ok());
+  ready(&g);
+  ready(&ref);
+  std::vector<int32_t> sampled;
+  std::vector<float> logits;
+  Status st = g.tpr->step(mixed, &sampled, &logits);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_EQ(sampled.size(), mixed.size());
+  ASSERT_EQ(logits.size(), mixed.size() * static_cast<size_t>(vocab));
+  std::vector<std::vector<float>> alone;
+  for (const PagedChunk& c : mixed) {
+    std::vector<int32_t> s1;
+    std::vector<float> row;
+    st = ref.tpr->step({c}, &s1, &row);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_EQ(row.size(), static_cast<size_t>(vocab));
+    alone.push_back(row);
+  }
+  for (size_t r = 0; r < mixed.size(); ++r) {
+    const float* got = logits.data() + r * static_cast<size_t>(vocab);
+    auto distance = [&](const std::vector<float>& other) {
+      double d = 0.0;
+      for (int64_t v = 0; v < vocab; ++v) d = std::max(d, static_cast<double>(std::fabs(got[v] - other[static_cast<size_t>(v)])));
+      return d;
+    };
+    double scale = 0.0;
+    for (float x : alone[r]) scale = std::max(scale, static_cast<double>(std::fabs(x)));
+    const double own = distance(alone[r]);
+    EXPECT_LE(own, 2e-2 * scale) << "row " << r;
+    for (size_t o = 0; o < mixed.size(); ++o)
+      if (o != r) EXPECT_LT(own, distance(alone[o])) << "row " << r << " is nearer chunk " << o << "'s";
+    const int64_t top = std::max_element(got, got + vocab) - got;
+    EXPECT_EQ(top, std::max_element(alone[r].begin(), alone[r].end()) - alone[r].begin()) << "row " << r;
+    EXPECT_EQ(sampled[r], top) << "row " << r;
+  }
+}
+
 }  // namespace
 }  // namespace llmq::engine

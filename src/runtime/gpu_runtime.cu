@@ -130,34 +130,41 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     if (run(kStageRope)) LLMQ_RETURN_IF_ERROR(runtime::rope_kv(rope, stream));
 
     const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    if (m.decode) {
+    // One query per sequence, rows = sequences: the whole batch of a decode step, the first
+    // decode_rows sequences of a mixed one (a decode row then runs the kernel it runs in a decode step).
+    const auto decode_rows_attention = [&](int64_t batch, int64_t max_kv_len) -> Status {
       attention::DecodeAttentionArgs a;
       a.q = q_rot.as<uint16_t>();
       set_cache(l, &a);
       a.out = attn_out.as<uint16_t>();
       a.kv_len = m.kv_len;
       a.slot = m.seq_slot;
-      a.batch = m.batch;
+      a.batch = batch;
       a.n_heads = c.n_heads;
       a.n_kv_heads = c.n_kv_heads;
       a.head_dim = c.head_dim;
       a.pages = pages;
-      a.max_kv_len = m.max_kv_len;
+      a.max_kv_len = max_kv_len;
       a.softmax_scale = softmax_scale;
       a.window = c.layer_window(l);  // each layer's own: gpt-oss alternates windowed and full layers
       a.sinks = L.sinks.bytes() > 0 ? L.sinks.as<float>() : nullptr;
       a.workspace = attn_workspace.get();
       a.workspace_bytes = attn_workspace.bytes();
-      if (run(kStageAttention)) LLMQ_RETURN_IF_ERROR(attention::decode_attention(a, stream));
+      return attention::decode_attention(a, stream);
+    };
+    if (m.decode) {
+      if (run(kStageAttention)) LLMQ_RETURN_IF_ERROR(decode_rows_attention(m.batch, m.max_kv_len));
     } else {
+      const int64_t d = m.decode_rows;
+      if (d > 0) LLMQ_RETURN_IF_ERROR(decode_rows_attention(d, m.decode_max_kv_len));
       attention::PrefillAttentionArgs a;
       a.q = q_rot.as<uint16_t>();
       set_cache(l, &a);
       a.out = attn_out.as<uint16_t>();
-      a.q_start = m.q_start;
-      a.kv_len = m.kv_len;
-      a.slot = m.seq_slot;
-      a.batch = m.batch;
+      a.q_start = m.q_start + d;  // absolute row offsets: the prefill sequences' rows follow the decode rows
+      a.kv_len = m.kv_len + d;
+      a.slot = m.seq_slot + d;
+      a.batch = m.batch - d;
       a.max_q_len = m.max_q_len;
       a.n_heads = c.n_heads;
       a.n_kv_heads = c.n_kv_heads;
@@ -167,11 +174,11 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       a.causal = true;
       a.window = c.layer_window(l);
       a.sinks = L.sinks.bytes() > 0 ? L.sinks.as<float>() : nullptr;
-      if (quant_attention.active()) {
+      if (a.batch > 0 && quant_attention.active()) {  // m.seqs: the prefill sequences alone
         if (run(kStageAttention))
           LLMQ_RETURN_IF_ERROR(quant_attention.run(a.q, k_cache(l), v_cache(l), pages, m.seqs, a.out,
                                                    softmax_scale, stream, a.window, a.sinks));
-      } else {
+      } else if (a.batch > 0) {
         LLMQ_RETURN_IF_ERROR(attention::prefill_attention(a, stream));
       }
     }

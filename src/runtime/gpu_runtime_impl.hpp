@@ -57,6 +57,11 @@ struct StepMeta {
   int64_t max_kv_len = 0;
   int64_t lm_count = 0;
   bool decode = false;  // one token per sequence, in slot order
+  // A mixed step (prefill chunks beside decodes): its first decode_rows sequences have one query
+  // each and come first, so their attention runs in the decode kernel (rows = sequences); the
+  // rest in the prefill kernel. decode_max_kv_len: the host bound of those rows' kv_len.
+  int64_t decode_rows = 0;
+  int64_t decode_max_kv_len = 0;
   std::vector<attention::PrefillSequence> seqs;  // prefill: the same sequences, on the host (8-bit attention)
 };
 

@@ -16,7 +16,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <vector>
 
 #include "runtime/gpu_runtime_impl.hpp"
 #include "runtime/row_logprobs.hpp"
@@ -156,6 +158,24 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
   const bool graph = decode_only && g.options.cuda_graphs && logits == nullptr;
   const int64_t rows_b = graph ? capture_size(B, g.options.max_batch) : B;  // padded for the graph
 
+  // The chunks of one query go first (stable), so that in a mixed step the decode rows' attention
+  // runs in the decode kernel, rows = sequences, as in a decode step (a decode row of a mixed step
+  // then costs what it costs there: the prefill kernel would give it a query tile of its own per
+  // head); the others follow. Sampled rows are packed in that order and handed back in the caller's.
+  std::vector<int64_t> order;
+  order.reserve(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b)
+    if (chunks[static_cast<size_t>(b)].count == 1) order.push_back(b);
+  const int64_t decode_rows = static_cast<int64_t>(order.size());
+  for (int64_t b = 0; b < B; ++b)
+    if (chunks[static_cast<size_t>(b)].count != 1) order.push_back(b);
+  std::vector<int64_t> sample_of(static_cast<size_t>(B), -1);  // a chunk's sampled row, in the caller's order
+  for (int64_t b = 0, r = 0; b < B; ++b)
+    if (chunks[static_cast<size_t>(b)].sample) sample_of[static_cast<size_t>(b)] = r++;
+  std::vector<int64_t> unpack;  // packed sampled row -> the caller's
+  unpack.reserve(static_cast<size_t>(samples));
+  int64_t decode_max_kv = 0;
+
   // Pack the metadata into the pinned block. Table rows: only the first `width` columns go up
   // (entries past a sequence's positions are never read).
   char* host = static_cast<char*>(g.paged_meta_host.ptr);
@@ -188,8 +208,10 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
       std::fill(row, row + width, 0);
       continue;
     }
-    const PagedChunk& ch = chunks[static_cast<size_t>(b)];
-    if (!graph) seqs.push_back({t, ch.count, ch.start + ch.count, b});
+    const size_t c = static_cast<size_t>(order[static_cast<size_t>(b)]);
+    const PagedChunk& ch = chunks[c];
+    if (b < decode_rows) decode_max_kv = std::max(decode_max_kv, ch.start + 1);
+    else if (!graph) seqs.push_back({t, ch.count, ch.start + ch.count, b});
     for (int64_t i = ch.start; i < ch.start + ch.count; ++i) {
       tok[t] = ch.tokens[i];
       pos[t] = static_cast<int32_t>(i);
@@ -200,6 +222,7 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
     kvlen[b] = static_cast<int32_t>(ch.start + ch.count);
     sslot[b] = static_cast<int32_t>(b);
     if (ch.sample) {
+      unpack.push_back(sample_of[c]);
       lmrows[s] = static_cast<int32_t>(t - 1);
       logprobs_k[s] = ch.sampling.logprobs;
       params[s++] = device_params(ch.sampling);
@@ -230,6 +253,8 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
   m.max_kv_len = graph ? pages.capacity() : max_kv;
   m.lm_count = s;
   m.decode = decode_only;
+  m.decode_rows = decode_only ? 0 : decode_rows;
+  m.decode_max_kv_len = decode_max_kv;
   m.seqs = std::move(seqs);
 
   if (graph) {
@@ -287,12 +312,25 @@ Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32
     return invalid_argument("step: the model's logits held NaN/Inf or were all equal in a sampled row: the weights "
                             "overflow or are degenerate, and the tokens are no answer");
   }
-  sampled->assign(out, out + samples);
+  sampled->assign(static_cast<size_t>(samples), 0);
+  for (int64_t r = 0; r < samples; ++r) (*sampled)[static_cast<size_t>(unpack[static_cast<size_t>(r)])] = out[r];
   if (logprobs != nullptr) {
     logprobs->assign(static_cast<size_t>(samples), RowLogprobs{});
     const auto* got = static_cast<const RowLogprobs*>(g.logprobs_host.ptr);
     for (int64_t r = 0; want_logprobs && r < samples; ++r)
-      if (logprobs_k[r] >= 0) (*logprobs)[static_cast<size_t>(r)] = got[r];
+      if (logprobs_k[r] >= 0) (*logprobs)[static_cast<size_t>(unpack[static_cast<size_t>(r)])] = got[r];
+  }
+  if (logits != nullptr) {  // rows back into the caller's order
+    bool moved = false;
+    for (int64_t r = 0; r < samples; ++r) moved = moved || unpack[static_cast<size_t>(r)] != r;
+    if (moved) {
+      const std::vector<float> packed = *logits;
+      const size_t v = static_cast<size_t>(g.c.vocab_size);
+      for (int64_t r = 0; r < samples; ++r)
+        std::copy(packed.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(r) * v),
+                  packed.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(r + 1) * v),
+                  logits->begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(unpack[static_cast<size_t>(r)]) * v));
+    }
   }
   return {};
 }

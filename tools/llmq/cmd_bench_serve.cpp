@@ -148,6 +148,17 @@ int run_serve(const ServeArgs& a) {
   std::vector<engine::RequestTimeline> timeline(work.size());
   std::map<int64_t, size_t> index;  // engine id -> request
   int64_t peak_blocks = 0;
+  // Where the wall time goes, step by step: a step that computed one position per sampled token is
+  // decode-only (a CUDA graph on the GPU); any other carries prefill chunks (run eagerly).
+  struct StepKind {
+    int64_t steps = 0, positions = 0;
+    double seconds = 0.0;
+    json to_json() const {
+      return {{"steps", steps}, {"ms_mean", steps > 0 ? 1e3 * seconds / static_cast<double>(steps) : 0.0},
+              {"positions_mean", steps > 0 ? static_cast<double>(positions) / static_cast<double>(steps) : 0.0},
+              {"seconds", seconds}};
+    }
+  } decode_steps, prefill_steps;
   const Clock::time_point t0 = Clock::now();
   const auto now_s = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   size_t next = 0;
@@ -165,7 +176,14 @@ int run_serve(const ServeArgs& a) {
       timeline[next].prompt_tokens = static_cast<int64_t>(work[next].prompt.size());
     }
     std::vector<engine::TokenEvent> events;
+    const int64_t computed_before = eng->scheduler().stats().computed_tokens;
+    const Clock::time_point step_start = Clock::now();
     if (Status st = eng->step(&events); !st.ok()) return fail(st);
+    const int64_t positions = eng->scheduler().stats().computed_tokens - computed_before;
+    StepKind& kind = positions == static_cast<int64_t>(events.size()) ? decode_steps : prefill_steps;
+    kind.steps += 1;
+    kind.positions += positions;
+    kind.seconds += std::chrono::duration<double>(Clock::now() - step_start).count();
     peak_blocks = std::max(peak_blocks, pool.usable_blocks() - pool.free_blocks());
     const double t = now_s();
     for (const auto& e : events) timeline[index.at(e.request)].token_s.push_back(t);
@@ -180,6 +198,13 @@ int run_serve(const ServeArgs& a) {
   print_serve_metrics(m);
   fmt::print("  KV blocks {} of {} at most ({} tokens each), {} preemptions, prefix hits {:.1f}% of prompt tokens\n",
              peak_blocks, pool.usable_blocks(), a.block_size, stats.preemptions, 100.0 * hit_rate);
+  const auto step_line = [](const char* what, const StepKind& k) {
+    return k.steps == 0 ? fmt::format("0 {}", what)
+                        : fmt::format("{} {} ({:.2f} ms, {:.0f} positions each, {:.2f} s)", k.steps, what,
+                                      1e3 * k.seconds / static_cast<double>(k.steps),
+                                      static_cast<double>(k.positions) / static_cast<double>(k.steps), k.seconds);
+  };
+  fmt::print("  steps: {}; {}\n", step_line("decode-only", decode_steps), step_line("with prefill", prefill_steps));
   if (!a.json_path.empty()) {
     std::ofstream out(a.json_path, std::ios::app);
     if (!out) return fail(Status(StatusCode::kIoError, "--json: cannot open " + a.json_path));
@@ -193,7 +218,8 @@ int run_serve(const ServeArgs& a) {
               {"tp", a.tp}, {"graphs", gpu && !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"fp8_fast_accumulation", gpu && a.fp8_fast_accum}, {"max_model_len", max_model_len}, {"dataset", a.dataset}, {"rate", a.rate},
               {"kv_blocks_peak", peak_blocks}, {"kv_blocks", pool.usable_blocks()}, {"block_size", a.block_size},
               {"preemptions", stats.preemptions}, {"prefix_hit_rate", hit_rate}, {"max_batched_tokens", a.max_batched_tokens},
-              {"max_running", a.max_running}};
+              {"max_running", a.max_running}, {"decode_steps", decode_steps.to_json()},
+              {"prefill_steps", prefill_steps.to_json()}};
     j.update(serve_metrics_json(m));
     out << j.dump() << "\n";
   }
