@@ -106,6 +106,51 @@ TEST(GpuRuntime, SchemesMatchCpuReference) {
   }
 }
 
+// Per-tensor activations x per-tensor weights take cuBLASLt's tensor-wide scales where a part's
+// scales are one value (o_proj and down_proj here; the merged q/k/v and gate/up parts keep their
+// own scales, so per-channel), per-token schemes never; and a long prefill (cuBLASLt at M = 96)
+// stays with the CPU reference of the same quantized model, as near to the float model as it.
+TEST(GpuRuntime, PerTensorSchemesTakeTensorScaledGemms) {
+  LLMQ_REQUIRE_GPU();
+  const ModelWeights w = make_default_model();
+  Transformer cpu_float(w);
+  CalibrationStats stats;
+  const std::vector<int32_t> calib = prompt(48, w.config.vocab_size, 11);
+  ASSERT_TRUE(calibrate(w, calib, 24, &stats).ok());
+  for (const std::string s : {"fp8-tensor-static", "fp8-tensor-dynamic", "fp8-dynamic"}) {
+    SCOPED_TRACE("REPRO " + s);
+    Scheme scheme;
+    ASSERT_TRUE(find_scheme(s, &scheme).ok());
+    QuantizedModel qm;
+    Status st = quantize_model(w, scheme, &stats, {}, &qm);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    std::unique_ptr<GpuModel> gm;
+    st = GpuModel::from_quantized(qm, 0, &gm);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    GpuRuntimeOptions o;
+    o.max_context = 256;
+    o.max_step_tokens = 256;
+    std::unique_ptr<GpuRuntime> rt;
+    ASSERT_TRUE(GpuRuntime::create(*gm, o, &rt).ok());
+    const std::vector<std::string> paths = rt->describe_linears(96);
+    ASSERT_GE(paths.size(), 4u);
+    const bool per_tensor = s != "fp8-dynamic";
+    for (const std::string& p : paths) std::printf("  %s: %s\n", s.c_str(), p.c_str());
+    for (size_t i : {size_t{1}, size_t{3}})  // o_proj, down_proj
+      EXPECT_EQ(paths[i].find("per-tensor x per-tensor") != std::string::npos, per_tensor) << paths[i];
+    QuantizedLinearBackend backend(qm);
+    Transformer cpu(qm.weights, &backend);
+    LongPrefill lp;
+    long_prefill(*gm, &cpu, &cpu_float, 96, "default " + s, &lp);
+    if (::testing::Test::HasFatalFailure()) return;
+    // Rows past the garbage bound (H100: static 0, per-token 0, per-tensor dynamic 1 of 96: its one
+    // scale for every row of the default model's outlier channels leaves near-ties that one BF16
+    // rounding of the GPU's activations moves); a wrong scale would move them all.
+    EXPECT_LE(lp.vs_ref.over_garbage_bound, 2);
+    EXPECT_LE(lp.gpu_cost.rms_rel(), kSchemeAccuracyFactor * lp.ref_cost.rms_rel() + kSchemeAccuracySlack);
+  }
+}
+
 // llama2.c's greedy output from BOS, reproduced on the GPU with float weights, through CUDA graphs
 // and through step-by-step decoding (which must agree with each other exactly).
 TEST(GpuRuntime, Stories260KGreedyMatchesLlama2c) {

@@ -52,6 +52,7 @@ struct Loader {
     LLMQ_RETURN_IF_ERROR(runtime::weight_scales(w, module, &part->scale_kind, &scales));
     LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(scales.data(), static_cast<int64_t>(scales.size() * 4),
                                                   module + ".weight_scale", &part->w_scale));
+    part->uniform_scale = part->scale_kind == WeightScale::kChannel && runtime::one_scale(scales);
     if (part->scale_kind == WeightScale::kBlock128) LLMQ_RETURN_IF_ERROR(runtime::finish_block_part(part, w.cols, scales, module));
     return runtime::act_mode(ql, label, out);
   }

@@ -241,6 +241,7 @@ Status quantized_linear(const std::string& name, const std::vector<const Quantiz
     LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(codes.data(), static_cast<int64_t>(codes.size()), name + ".weight", &part.w));
     LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(merged_scales.data(), static_cast<int64_t>(merged_scales.size() * 4),
                                                   name + ".weight_scale", &part.w_scale));
+    part.uniform_scale = part.scale_kind == WeightScale::kChannel && one_scale(merged_scales);
     if (part.scale_kind == WeightScale::kBlock128) LLMQ_RETURN_IF_ERROR(finish_block_part(&part, out->k, merged_scales, name));
     out->parts.push_back(std::move(part));
     return {};
@@ -256,6 +257,7 @@ Status quantized_linear(const std::string& name, const std::vector<const Quantiz
     LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(d.data(), d.nbytes(), name + ".weight", &part.w));
     LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(scales[i].data(), static_cast<int64_t>(scales[i].size() * 4),
                                                   name + ".weight_scale", &part.w_scale));
+    part.uniform_scale = part.scale_kind == WeightScale::kChannel && one_scale(scales[i]);
     if (part.scale_kind == WeightScale::kBlock128) LLMQ_RETURN_IF_ERROR(finish_block_part(&part, out->k, scales[i], name));
     offset += part.n;
     out->parts.push_back(std::move(part));
@@ -326,6 +328,7 @@ Status quantize_part_on_device(const std::string& name, const TensorView& x, con
   }
   part->scale_kind = WeightScale::kChannel;
   if (ws.granularity == Granularity::kPerTensor) host.assign(static_cast<size_t>(n), host[0]);
+  part->uniform_scale = one_scale(host);
   return DeviceAllocation::upload(host.data(), n * 4, name + ".weight_scale", &part->w_scale);
 }
 

@@ -18,6 +18,7 @@ const char* path_name(Path p) {
   switch (p) {
     case Path::kDecodeGemm: return "decode-gemm";
     case Path::kCublasFp8Outer: return "cublaslt-fp8 per-token x per-channel";
+    case Path::kCublasFp8Tensor: return "cublaslt-fp8 per-tensor x per-tensor";
     case Path::kCublasFp8Block: return "cublaslt-fp8 1x128 x 128x128";
     case Path::kCublasBf16: return "cublaslt-bf16";
     case Path::kInt8Gemm: return "int8-gemm";
@@ -27,6 +28,7 @@ const char* path_name(Path p) {
 }
 
 bool quantized_input(const GpuLinear& l) { return l.act != ActQuant::kNone; }
+bool per_tensor_act(const GpuLinear& l) { return l.act == ActQuant::kStaticTensor || l.act == ActQuant::kDynamicTensor; }
 bool per_row_scales(const GpuLinear& l) {
   return l.act == ActQuant::kPerToken || l.act == ActQuant::kStaticTensor || l.act == ActQuant::kDynamicTensor;
 }
@@ -74,6 +76,11 @@ CudaGemmProblem cublas_problem(const GpuLinear& l, const LinearPart& part, const
     if (path == Path::kCublasFp8Outer) {
       p.a.scale_mode = p.b.scale_mode = GemmScaleMode::kOuterVector;
       p.b.scales = part.w_scale.as<float>();
+    } else if (path == Path::kCublasFp8Tensor) {
+      // One scale each: the activation's is every row's (static, or broadcast after the dynamic
+      // tensor's absmax), the weight's every channel's (uniform_scale); their first elements.
+      p.a.scale_mode = p.b.scale_mode = GemmScaleMode::kTensor;
+      p.b.scales = part.w_scale.as<float>();
     } else {
       p.a.scale_mode = GemmScaleMode::kBlock1x128;
       p.b.scale_mode = GemmScaleMode::kBlock128x128;
@@ -112,6 +119,12 @@ Path choose_path(const GpuLinear& l, const LinearPart& part, int64_t m, LinearOu
   };
   if (part.w_dtype == DType::kBF16 && !quantized_input(l) && cublas_ok(Path::kCublasBf16)) return Path::kCublasBf16;
   if (part.w_dtype == DType::kE4M3 && l.act_dtype == DType::kE4M3) {
+    // Tensor-wide scales where both are one number: cuBLASLt's outer-vector kernels run 0.88x its
+    // tensor-scaled ones at the Llama-3-8B shapes (H100, bench_cuda_gemm, M 256-8192), the same
+    // arithmetic (acc x scale_a x scale_b) otherwise.
+    if (part.scale_kind == WeightScale::kChannel && part.uniform_scale && per_tensor_act(l) &&
+        cublas_ok(Path::kCublasFp8Tensor))
+      return Path::kCublasFp8Tensor;
     if (part.scale_kind == WeightScale::kChannel && per_row_scales(l) && cublas_ok(Path::kCublasFp8Outer))
       return Path::kCublasFp8Outer;
     if (part.scale_kind == WeightScale::kBlock128 && l.act == ActQuant::kBlock1x128 && !part.w_scale_lt.empty() &&
@@ -172,6 +185,7 @@ Status run_part(const GpuLinear& l, const LinearPart& part, const LinearInput& x
     case Path::kDecodeGemm:
       return cuda_decode_gemm(decode_problem(l, part, x, m, yp, ldy), ctx.stream);
     case Path::kCublasFp8Outer:
+    case Path::kCublasFp8Tensor:
     case Path::kCublasBf16:
     case Path::kCublasFp8Block: {
       // Block scales want M % 4 == 0: the activation buffers hold padded rows (quantized zeros or

@@ -49,7 +49,17 @@ struct LinearPart {
   DeviceAllocation w;         // [n, k]
   DeviceAllocation w_scale;   // f32 [n] (kChannel) or [ceil(n/128), ceil(k/128)] (kBlock128)
   DeviceAllocation w_scale_lt;  // kBlock128 in cuBLASLt's order (pack_scales_for_cublaslt)
+  // kChannel and every value of w_scale the same (a per-tensor weight, or parts merged under one
+  // scale): with per-tensor activations the GEMM may take cuBLASLt's tensor-wide scales.
+  bool uniform_scale = false;
 };
+
+// Whether a part's per-channel scales are one value repeated (LinearPart::uniform_scale).
+inline bool one_scale(const std::vector<float>& scales) {
+  for (float s : scales)
+    if (s != scales.front()) return false;
+  return !scales.empty();
+}
 
 struct GpuLinear {
   std::string name;  // "layers.3.qkv"
@@ -84,7 +94,7 @@ struct LinearContext {
 
 enum class LinearOut { kBF16, kF32 };
 
-enum class LinearPath { kDecodeGemm, kCublasFp8Outer, kCublasFp8Block, kCublasBf16, kInt8Gemm, kGeneric };
+enum class LinearPath { kDecodeGemm, kCublasFp8Outer, kCublasFp8Tensor, kCublasFp8Block, kCublasBf16, kInt8Gemm, kGeneric };
 
 // The kernel of each part of a linear, for the two step sizes a runtime runs: decode-sized steps
 // (M <= kMaxDecodeGemmM) and larger ones up to max_rows. Each class is planned at its largest M:

@@ -63,6 +63,16 @@ Status allocate_part(const GpuLinear& full, const LinearPart& like, int64_t n, i
   return {};
 }
 
+// Whether the slice's per-channel scales are one value (pieces of several parts may differ).
+Status note_uniform_scale(LinearPart* part) {
+  part->uniform_scale = false;
+  if (part->scale_kind != WeightScale::kChannel) return {};
+  std::vector<float> host(static_cast<size_t>(part->w_scale.bytes() / 4));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), part->w_scale.get(), host.size() * 4, cudaMemcpyDeviceToHost));
+  part->uniform_scale = one_scale(host);
+  return {};
+}
+
 // Block scales in cuBLASLt's order, from the slice's own scales.
 Status finish_blocks(const std::string& name, int64_t k, LinearPart* part) {
   if (part->scale_kind != WeightScale::kBlock128) return {};
@@ -142,7 +152,10 @@ Status shard_linear(const LinearShard& s, GpuLinear* linear) {
       parts.push_back(std::move(part));
     }
   }
-  for (LinearPart& part : parts) LLMQ_RETURN_IF_ERROR(finish_blocks(l.name, s.col_count, &part));
+  for (LinearPart& part : parts) {
+    LLMQ_RETURN_IF_ERROR(finish_blocks(l.name, s.col_count, &part));
+    LLMQ_RETURN_IF_ERROR(note_uniform_scale(&part));
+  }
   l.parts = std::move(parts);  // frees the whole linear
   l.n = dst;
   l.k = s.col_count;
