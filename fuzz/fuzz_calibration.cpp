@@ -1,6 +1,7 @@
 // Calibration statistics (llmq-calibration-v1 JSON, as `llmq calibrate` writes it). Accepted
 // statistics are what quantize trusts for static scales and SmoothQuant: channel lists of
-// in_features values, every absmax finite and non-negative, counts non-negative.
+// in_features values, every absmax finite and non-negative, counts non-negative; KV statistics
+// layers x kv_heads values each.
 #include <cmath>
 
 #include "fuzz_support.hpp"
@@ -23,6 +24,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz::require(usable(l.input_absmax) && usable(l.weight_absmax), "absmax not finite and non-negative", name);
     for (const auto* channels : {&l.input_channel_absmax, &l.weight_channel_absmax})
       for (float v : *channels) fuzz::require(usable(v), "channel absmax not finite and non-negative", name);
+  }
+  const KvCacheStats& kv = stats.kv_cache;
+  if (!kv.empty()) {
+    fuzz::require(kv.layers >= 1 && kv.kv_heads >= 1, "KV statistics without layers or heads");
+    const size_t n = static_cast<size_t>(kv.layers * kv.kv_heads);
+    fuzz::require(kv.k_absmax.size() == n && kv.v_absmax.size() == n, "KV statistics of the wrong length");
+    for (const auto* values : {&kv.k_absmax, &kv.v_absmax})
+      for (float v : *values) fuzz::require(usable(v), "KV absmax not finite and non-negative");
   }
   return 0;
 }

@@ -108,6 +108,72 @@ TEST(Calibration, MoeExpertsSeeTheirRoutedRowsOnly) {
   }
 }
 
+// The KV cache's absmax: layer 0's values recomputed here (V = W_v x RMSNorm(embedding), no RoPE,
+// the same at every position), and every layer's keys and values the elementwise max of each
+// window's own cache (calibrate resets it between windows), each window run alone.
+TEST(Calibration, KvCacheAbsmaxIsEveryWindowsCacheMaximum) {
+  const ModelWeights model = make_default_model(small_options(0));
+  const ModelConfig& c = model.config;
+  const std::vector<int32_t> tokens = sampled_tokens(model, 45, kCalibrationSeed);
+  const int64_t chunk = 20;  // windows of 20, 20 and 5
+  CalibrationStats stats;
+  ASSERT_TRUE(calibrate(model, tokens, chunk, &stats).ok());
+  const KvCacheStats& kv = stats.kv_cache;
+  ASSERT_EQ(kv.layers, c.n_layers);
+  ASSERT_EQ(kv.kv_heads, c.n_kv_heads);
+  ASSERT_EQ(kv.k_absmax.size(), static_cast<size_t>(c.n_layers * c.n_kv_heads));
+  ASSERT_EQ(kv.v_absmax.size(), kv.k_absmax.size());
+
+  const Linear* wv = linears_by_name(model).at("model.layers.0.self_attn.v_proj");
+  ASSERT_TRUE(wv->bias.empty()) << "the default model has no v bias";
+  const float* w = wv->weight.data_as<float>();
+  const int64_t hd = c.head_dim;
+  std::vector<double> want_v(static_cast<size_t>(c.n_kv_heads), 0.0);
+  for (int32_t t : tokens) {
+    const std::vector<float> h = rmsnorm_row(model.token_embedding.data_as<float>() + t * c.dim,
+                                             model.layers[0].attn_norm.data_as<float>(), c.dim,
+                                             static_cast<float>(c.norm_eps));
+    for (int64_t o = 0; o < c.n_kv_heads * hd; ++o) {
+      double y = 0.0;
+      for (int64_t k = 0; k < c.dim; ++k) y += static_cast<double>(w[o * c.dim + k]) * h[static_cast<size_t>(k)];
+      want_v[static_cast<size_t>(o / hd)] = std::max(want_v[static_cast<size_t>(o / hd)], std::fabs(y));
+    }
+  }
+  for (int64_t h = 0; h < c.n_kv_heads; ++h) {
+    EXPECT_GT(want_v[static_cast<size_t>(h)], 0.0);
+    EXPECT_NEAR(kv.v_absmax[static_cast<size_t>(h)], want_v[static_cast<size_t>(h)], 1e-5 * want_v[static_cast<size_t>(h)])
+        << "layer 0 head " << h;
+  }
+
+  std::vector<float> k_max(kv.k_absmax.size(), 0.0f), v_max(kv.v_absmax.size(), 0.0f);
+  for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(chunk)) {
+    const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(tokens.size() - start));
+    Transformer alone(model);
+    std::vector<float> logits(static_cast<size_t>(n * c.vocab_size));
+    ASSERT_TRUE(alone.forward(tokens.data() + start, n, 0, logits.data()).ok());
+    std::vector<float> k, v;
+    alone.kv_absmax(&k, &v);
+    for (size_t i = 0; i < k.size(); ++i) {
+      k_max[i] = std::max(k_max[i], k[i]);
+      v_max[i] = std::max(v_max[i], v[i]);
+    }
+  }
+  EXPECT_EQ(kv.k_absmax, k_max);
+  EXPECT_EQ(kv.v_absmax, v_max);
+
+  // A second run folds in by maximum; statistics of another shape are refused, naming both.
+  CalibrationStats again = stats;
+  ASSERT_TRUE(calibrate(model, std::vector<int32_t>(tokens.begin(), tokens.begin() + 5), chunk, &again).ok());
+  EXPECT_EQ(again.kv_cache.k_absmax, kv.k_absmax) << "a window inside the first one adds no new maximum";
+  ModelConfig other = c;
+  other.n_kv_heads = c.n_kv_heads * 2;
+  const Status st = stats.check_matches(other);
+  EXPECT_TRUE(contains(st.message(), "KV cache statistics are for " + std::to_string(c.n_layers) + " layers of " +
+                                         std::to_string(c.n_kv_heads) + " KV heads"))
+      << st.to_string();
+  EXPECT_TRUE(stats.check_matches(c).ok());
+}
+
 TEST(Calibration, SaveLoadRoundTripIsExact) {
   const ModelWeights model = make_default_model(small_options(4));
   CalibrationStats stats = calibrated(model);
@@ -135,6 +201,11 @@ TEST(Calibration, SaveLoadRoundTripIsExact) {
     EXPECT_EQ(b->input_channel_absmax, s.input_channel_absmax) << name;
     EXPECT_EQ(b->weight_channel_absmax, s.weight_channel_absmax) << name;
   }
+  ASSERT_FALSE(stats.kv_cache.empty());
+  EXPECT_EQ(back.kv_cache.layers, stats.kv_cache.layers);
+  EXPECT_EQ(back.kv_cache.kv_heads, stats.kv_cache.kv_heads);
+  EXPECT_EQ(back.kv_cache.k_absmax, stats.kv_cache.k_absmax);
+  EXPECT_EQ(back.kv_cache.v_absmax, stats.kv_cache.v_absmax);
 }
 
 TEST(Calibration, LoadErrorsNameTheFileAndTheFlag) {
@@ -157,6 +228,19 @@ TEST(Calibration, LoadErrorsNameTheFileAndTheFlag) {
                  "in_features": 3, "rows_seen": 1, "input_absmax": 1.0, "input_channel_absmax": [1, 2],
                  "weight_absmax": 1.0, "weight_channel_absmax": [1, 2, 3]}}})");
   expect_error(dir.file("short.json"), "model.layers.0.self_attn.q_proj");
+  write_text(dir.file("kv_short.json"), R"({"format": "llmq-calibration-v1", "linears": {},
+      "kv_cache": {"layers": 2, "kv_heads": 2, "k_absmax": [1, 2, 3, 4], "v_absmax": [1, 2, 3]}})");
+  expect_error(dir.file("kv_short.json"), "kv_cache.v_absmax: 3 values for layers x kv_heads 4");
+  write_text(dir.file("kv_negative.json"), R"({"format": "llmq-calibration-v1", "linears": {},
+      "kv_cache": {"layers": 1, "kv_heads": 2, "k_absmax": [1, -2], "v_absmax": [1, 2]}})");
+  expect_error(dir.file("kv_negative.json"), "kv_cache.k_absmax[1]");
+  write_text(dir.file("kv_huge.json"), R"({"format": "llmq-calibration-v1", "linears": {},
+      "kv_cache": {"layers": 9223372036854775807, "kv_heads": 9223372036854775807, "k_absmax": [], "v_absmax": []}})");
+  expect_error(dir.file("kv_huge.json"), "at most 2^24 entries");
+  // Files from before the KV statistics load without them.
+  write_text(dir.file("old.json"), R"({"format": "llmq-calibration-v1", "linears": {}})");
+  ASSERT_TRUE(CalibrationStats::load(dir.file("old.json"), &out).ok());
+  EXPECT_TRUE(out.kv_cache.empty());
 }
 
 TEST(Calibration, BadChunkAndNoTokensAreErrors) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "llmq/format.hpp"
@@ -125,6 +126,62 @@ TEST(CudaCalibration, ChannelAbsmaxRefusesBadArguments) {
   EXPECT_NE(runtime::channel_absmax(a, nullptr).message().find("null"), std::string::npos);
 }
 
+// The gather form (rows of a paged K/V cache as a step wrote them): two sequences in table rows 0
+// and 1 of a cache of 4-position blocks, their tables out of order; the rows the step names are
+// folded (a NaN among them counted), a huge value in a row it does not name is not.
+TEST(CudaCalibration, ChannelAbsmaxGathersCacheRowsThroughTheBlockTable) {
+  LLMQ_REQUIRE_GPU();
+  const int64_t block = 4, blocks = 6, width = 24, k = 20;
+  const std::vector<int32_t> table = {3, 1, 0, 5, 2, 4};  // [2 rows, stride 3]
+  std::vector<float> cache = testing::outlier_matrix(blocks * block, width, 41);
+  for (float& v : cache) v = bf16_bits_to_float(float_to_bf16_bits(v));
+  const std::vector<int32_t> slot = {0, 0, 0, 1, 1}, position = {0, 5, 9, 2, 7};
+  auto row_of = [&](size_t t) { return table[slot[t] * 3 + position[t] / block] * block + position[t] % block; };
+  cache[static_cast<size_t>(row_of(3) * width + 7)] = std::numeric_limits<float>::quiet_NaN();
+  cache[static_cast<size_t>(row_of(0) + 1) * width + 2] = 1e30f;  // position 1 of slot 0: not in the step
+  std::vector<float> want(static_cast<size_t>(k), 0.0f);
+  int64_t want_bad = 0;
+  for (size_t t = 0; t < slot.size(); ++t)
+    runtime::channel_absmax_reference(cache.data() + row_of(t) * width, 1, k, width, want.data(), &want_bad);
+  ASSERT_EQ(want_bad, 1);
+  std::vector<uint16_t> bits(cache.size());
+  for (size_t i = 0; i < cache.size(); ++i) bits[i] = float_to_bf16_bits(cache[i]);
+  DeviceBuffer<uint16_t> xb(bits.size());
+  DeviceBuffer<int32_t> tb(table.size()), sb(slot.size()), pb(position.size());
+  DeviceBuffer<float> m(static_cast<size_t>(k));
+  DeviceBuffer<unsigned long long> bad(1);
+  ASSERT_TRUE(xb.ok() && tb.ok() && sb.ok() && pb.ok() && m.ok() && bad.ok());
+  CUDA_ASSERT(xb.upload(bits));
+  CUDA_ASSERT(tb.upload(table));
+  CUDA_ASSERT(sb.upload(slot));
+  CUDA_ASSERT(pb.upload(position));
+  CUDA_ASSERT(m.fill_bytes(0));
+  CUDA_ASSERT(bad.fill_bytes(0));
+  runtime::ChannelAbsmaxArgs a;
+  a.x = xb.get();
+  a.rows = static_cast<int64_t>(slot.size());
+  a.k = k;
+  a.ld = width;
+  a.channel_max = m.get();
+  a.nonfinite = bad.get();
+  a.position = pb.get();
+  a.slot = sb.get();
+  a.pages.block_table = tb.get();
+  a.pages.table_stride = 3;
+  a.pages.block_size = block;
+  a.pages.num_blocks = blocks;
+  ASSERT_TRUE(runtime::channel_absmax(a, nullptr).ok());
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<float> got;
+  std::vector<unsigned long long> got_bad;
+  CUDA_ASSERT(m.download(&got));
+  CUDA_ASSERT(bad.download(&got_bad));
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got_bad[0], 1u);
+  a.slot = nullptr;
+  EXPECT_NE(runtime::channel_absmax(a, nullptr).message().find("position without slot"), std::string::npos);
+}
+
 // ---- (b) The GPU runtime's statistics against the CPU's.
 //
 // Weights: the BF16 runtime holds BF16-rounded weights, and rounding to nearest is monotone and
@@ -186,6 +243,24 @@ void compare_stats(const CalibrationStats& gpu, const CalibrationStats& cpu, con
   std::printf("  %s: %zu linears; worst input_absmax rel %.3e (%s, bound %.2e); worst channel at %.2f of its bound (%s)\n",
               model.c_str(), cpu.linears.size(), worst_tensor, worst_tensor_at.c_str(), kTensorAbsmaxRel, worst_channel,
               worst_channel_at.c_str());
+  // The KV cache per layer and KV head: the GPU's cache holds BF16 keys and values computed from
+  // BF16 activations, so the same bound as a tensor's input absmax.
+  const KvCacheStats &gk = gpu.kv_cache, &ck = cpu.kv_cache;
+  ASSERT_FALSE(ck.empty()) << model;
+  ASSERT_EQ(gk.layers, ck.layers) << model;
+  ASSERT_EQ(gk.kv_heads, ck.kv_heads) << model;
+  double worst_kv = 0;
+  for (size_t i = 0; i < ck.k_absmax.size(); ++i)
+    for (const auto& [g, c, what] : {std::tuple<float, float, const char*>{gk.k_absmax[i], ck.k_absmax[i], "K"},
+                                     {gk.v_absmax[i], ck.v_absmax[i], "V"}}) {
+      ASSERT_GT(c, 0.0f) << model << " " << what << " " << i;
+      const double rel = std::fabs(static_cast<double>(g) - c) / c;
+      worst_kv = std::max(worst_kv, rel);
+      EXPECT_LE(rel, kTensorAbsmaxRel) << model << ": " << what << " cache absmax of layer " << i / ck.kv_heads << " head "
+                                       << i % ck.kv_heads << ": GPU " << g << ", CPU " << c;
+    }
+  std::printf("  %s: KV cache absmax of %lld layers x %lld heads; worst rel %.3e (bound %.2e)\n", model.c_str(),
+              static_cast<long long>(ck.layers), static_cast<long long>(ck.kv_heads), worst_kv, kTensorAbsmaxRel);
 }
 
 // Two windows of 24 (the second partial) through a runtime whose steps take 16 tokens, so that
@@ -230,6 +305,8 @@ TEST(CudaCalibration, RuntimeMatchesCpuCalibrate) {
       EXPECT_EQ(twice.linears.at(m).rows_seen, 2 * l.rows_seen) << name << " " << m;
       EXPECT_EQ(twice.linears.at(m).input_channel_absmax, l.input_channel_absmax) << name << " " << m << ": not deterministic";
     }
+    EXPECT_EQ(twice.kv_cache.k_absmax, gpu.kv_cache.k_absmax) << name << ": KV not deterministic";
+    EXPECT_EQ(twice.kv_cache.v_absmax, gpu.kv_cache.v_absmax) << name << ": KV not deterministic";
   }
 }
 
@@ -252,6 +329,14 @@ TEST(CudaCalibration, RuntimeRefusesWhatItCannotObserve) {
   EXPECT_TRUE(gen.ok()) << gen.to_string();
   ASSERT_TRUE(rt->end_calibration(&stats).ok());
   EXPECT_EQ(stats.linears.at("lm_head").rows_seen, 3);  // one row per decode step
+  EXPECT_EQ(stats.kv_cache.layers, w.config.n_layers);  // the decode steps' K/V rows too
+  ASSERT_EQ(stats.kv_cache.v_absmax.size(), static_cast<size_t>(w.config.n_layers * w.config.n_kv_heads));
+  for (float v : stats.kv_cache.v_absmax) EXPECT_GT(v, 0.0f);
+  GpuRuntimeOptions e4m3 = o;
+  e4m3.kv_cache_dtype = DType::kE4M3;
+  std::unique_ptr<GpuRuntime> fp8_kv;
+  ASSERT_TRUE(GpuRuntime::create(*gm, e4m3, &fp8_kv).ok());
+  EXPECT_NE(fp8_kv->begin_calibration().message().find("BF16 KV cache"), std::string::npos);
   o.skip_stages = "rope";
   std::unique_ptr<GpuRuntime> skipping;
   ASSERT_TRUE(GpuRuntime::create(*gm, o, &skipping).ok());

@@ -1,7 +1,8 @@
 // Calibration (the MEASURE phase of the FP8 paper, section 3.1): run calibration tokens through
 // the model and record, for the input of every linear layer, the per-tensor absmax r_x (eq. 8a) and
 // the per-input-channel absmax r_x| (eq. 8b), plus the weights' per-tensor and per-input-channel
-// absmax (eq. 10a, 10c). Saved as JSON; `quantize` reads it for static scales and SmoothQuant.
+// absmax (eq. 10a, 10c); and the KV cache's absmax per layer and KV head (what a static FP8
+// KV-cache scale is made from). Saved as JSON; `quantize` reads it for static scales and SmoothQuant.
 #pragma once
 
 #include <cstdint>
@@ -24,11 +25,25 @@ struct LinearStats {
   std::vector<float> weight_channel_absmax;  // r_w| [in] (per input channel)
 };
 
+// The KV cache's absmax over every position calibration wrote, per layer and KV head, layer-major:
+// keys after RoPE (and the q/k norm where the family has one), as the cache holds them, and values.
+// Empty (layers 0) when not measured: files from before it, or a run that did not measure it.
+struct KvCacheStats {
+  int64_t layers = 0;
+  int64_t kv_heads = 0;
+  std::vector<float> k_absmax;  // [layers * kv_heads]
+  std::vector<float> v_absmax;  // [layers * kv_heads]
+  bool empty() const { return layers == 0; }
+  // Folds another measurement of the same shape in (elementwise max); an empty one takes it whole.
+  Status merge(const std::vector<float>& k, const std::vector<float>& v, int64_t layers, int64_t kv_heads);
+};
+
 struct CalibrationStats {
   std::string model;       // what was calibrated (path or "default")
   std::string data;        // the calibration data
   int64_t tokens = 0;
   std::map<std::string, LinearStats> linears;  // by Hugging Face module name
+  KvCacheStats kv_cache;
 
   Status save(const std::string& path) const;  // JSON, written to a temp file and renamed
   static Status load(const std::string& path, CalibrationStats* out);
@@ -38,8 +53,8 @@ struct CalibrationStats {
   const LinearStats* find(const std::string& module) const;
   // Were these statistics measured on a model of this shape? Every entry must name a linear layer
   // the model has, with its input width, and hold finite, non-negative absmax values; the error
-  // names the entry and says what the model has instead. (Missing entries are reported where a
-  // scheme needs them.)
+  // names the entry and says what the model has instead; KV statistics must have its layers and KV
+  // heads. (Missing entries are reported where a scheme needs them.)
   Status check_matches(const ModelConfig& config) const;
 };
 

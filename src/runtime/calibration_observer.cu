@@ -69,6 +69,14 @@ Status CalibrationObserver::create(const GpuModel::Impl& model, CudaStream strea
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(n_slots * 8, "calibration non-finite counts", &o->nonfinite_));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o->channel_max_.get(), 0, static_cast<size_t>(floats * 4), stream));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o->nonfinite_.get(), 0, static_cast<size_t>(n_slots * 8), stream));
+  o->layers_ = c.n_layers;
+  o->kv_heads_ = c.n_kv_heads;
+  o->head_dim_ = c.head_dim;
+  const int64_t kv_floats = c.n_layers * 2 * kv_dim;
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kv_floats * 4, "calibration KV cache absmax", &o->kv_max_));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(8, "calibration KV cache non-finite count", &o->kv_nonfinite_));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o->kv_max_.get(), 0, static_cast<size_t>(kv_floats * 4), stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o->kv_nonfinite_.get(), 0, 8, stream));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   *out = std::move(o);
   return {};
@@ -145,13 +153,58 @@ Status CalibrationObserver::observe_lm_head(const uint16_t* x, int64_t rows, Cud
   return fold(static_cast<int64_t>(slots_.size()) - 1, x, rows, stream);
 }
 
+Status CalibrationObserver::observe_kv(int64_t layer, const uint16_t* k_cache, const uint16_t* v_cache,
+                                       const attention::KvPages& pages, const int32_t* slot, const int32_t* position,
+                                       int64_t tokens, CudaStream stream) {
+  if (layer < 0 || layer >= layers_ || k_cache == nullptr || v_cache == nullptr)
+    return Status(StatusCode::kInternal, "calibration observer: no BF16 K/V cache for layer " + std::to_string(layer));
+  const int64_t kv_dim = kv_heads_ * head_dim_;
+  for (int which = 0; which < 2; ++which) {
+    ChannelAbsmaxArgs a;
+    a.x = which == 0 ? k_cache : v_cache;
+    a.dtype = DType::kBF16;
+    a.rows = tokens;
+    a.k = kv_dim;
+    a.ld = kv_dim;  // a cache row: [kv heads, head_dim]
+    a.channel_max = kv_max_.as<float>() + (layer * 2 + which) * kv_dim;
+    a.nonfinite = kv_nonfinite_.as<unsigned long long>();
+    a.position = position;
+    a.slot = slot;
+    a.pages = pages;
+    LLMQ_RETURN_IF_ERROR(channel_absmax(a, stream));
+  }
+  kv_seen_ = kv_seen_ || tokens > 0;
+  return {};
+}
+
 Status CalibrationObserver::finish(CudaStream stream, CalibrationStats* stats) {
   const int64_t floats = slots_.empty() ? 0 : slots_.back().offset + slots_.back().k;
   std::vector<float> maxima(static_cast<size_t>(floats));
   std::vector<unsigned long long> bad(slots_.size());
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(maxima.data(), channel_max_.get(), maxima.size() * 4, cudaMemcpyDeviceToHost, stream));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bad.data(), nonfinite_.get(), bad.size() * 8, cudaMemcpyDeviceToHost, stream));
+  const int64_t kv_dim = kv_heads_ * head_dim_;
+  std::vector<float> kv_max(static_cast<size_t>(layers_ * 2 * kv_dim));
+  unsigned long long kv_bad = 0;
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kv_max.data(), kv_max_.get(), kv_max.size() * 4, cudaMemcpyDeviceToHost, stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&kv_bad, kv_nonfinite_.get(), 8, cudaMemcpyDeviceToHost, stream));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (kv_bad != 0)
+    return invalid_argument("calibration on the GPU: the KV cache held " + std::to_string(kv_bad) +
+                            " NaN/Inf values over the calibration data; no statistics were written");
+  // Per KV head: the maximum over its head_dim channels.
+  std::vector<float> k_heads(static_cast<size_t>(layers_ * kv_heads_), 0.0f), v_heads(k_heads.size(), 0.0f);
+  for (int64_t l = 0; l < layers_; ++l)
+    for (int64_t e = 0; e < kv_dim; ++e) {
+      const size_t head = static_cast<size_t>(l * kv_heads_ + e / head_dim_);
+      k_heads[head] = std::max(k_heads[head], kv_max[static_cast<size_t>((l * 2) * kv_dim + e)]);
+      v_heads[head] = std::max(v_heads[head], kv_max[static_cast<size_t>((l * 2 + 1) * kv_dim + e)]);
+    }
+  if (kv_seen_ && !stats->kv_cache.empty() &&
+      (stats->kv_cache.layers != layers_ || stats->kv_cache.kv_heads != kv_heads_))
+    return invalid_argument("calibration on the GPU: the statistics already hold the KV cache of " +
+                            std::to_string(stats->kv_cache.layers) + " layers of " + std::to_string(stats->kv_cache.kv_heads) +
+                            " KV heads, this model has " + std::to_string(layers_) + " of " + std::to_string(kv_heads_));
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (bad[i] != 0)
       return invalid_argument("calibration on the GPU: the input of " + slots_[i].modules.front() + " held " +
@@ -183,6 +236,7 @@ Status CalibrationObserver::finish(CudaStream stream, CalibrationStats* stats) {
       l.rows_seen += s.rows_seen;
     }
   }
+  if (kv_seen_) return stats->kv_cache.merge(k_heads, v_heads, layers_, kv_heads_);  // shapes checked above
   return {};
 }
 

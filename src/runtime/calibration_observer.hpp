@@ -8,7 +8,9 @@
 // One measurement per input the runtime produces, recorded under every module that reads it, as
 // the CPU path records the same x for each of q/k/v and of gate/up: per layer the attention norm's
 // output (q_proj, k_proj, v_proj), o_proj's input, the FFN norm's output (gate_proj, up_proj) and
-// down_proj's input; then lm_head's. The weights are measured once, on the device, from what the
+// down_proj's input; then lm_head's. And per layer the K and V cache rows each step writes (keys
+// after RoPE, as the cache holds them), folded per channel and reduced per KV head at the end
+// (CalibrationStats::kv_cache). The weights are measured once, on the device, from what the
 // runtime holds: BF16 weights give the absmax of the BF16-rounded weights, which is the BF16
 // rounding of the float absmax (rounding to nearest is monotone and symmetric).
 // Not observed (refused when the observer is made, naming why): MoE layers (the router and each
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/attention.hpp"
 #include "llmq/calibration.hpp"
 #include "llmq/cuda_stream.hpp"
 #include "llmq/status.hpp"
@@ -42,6 +45,10 @@ class CalibrationObserver {
   // `stream`, no synchronisation.
   Status observe(int64_t layer, CalibrationInput which, const uint16_t* x, int64_t rows, CudaStream stream);
   Status observe_lm_head(const uint16_t* x, int64_t rows, CudaStream stream);
+  // Folds the rows a step wrote into layer `layer`'s BF16 K and V caches (row t: position[t] of
+  // block-table row slot[t], tokens rows) into the layer's KV maxima; enqueued on `stream`.
+  Status observe_kv(int64_t layer, const uint16_t* k_cache, const uint16_t* v_cache, const attention::KvPages& pages,
+                    const int32_t* slot, const int32_t* position, int64_t tokens, CudaStream stream);
 
   // Waits for `stream`, then folds what was observed into *stats as CalibrationBackend does (a
   // module seen for the first time gets its weight statistics; channel maxima are maxed, rows
@@ -74,6 +81,10 @@ class CalibrationObserver {
   std::map<std::string, WeightStats> weights_;
   DeviceAllocation channel_max_;  // f32 [sum of the slots' k]
   DeviceAllocation nonfinite_;    // u64 [slots]
+  int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  bool kv_seen_ = false;             // some step wrote the cache
+  DeviceAllocation kv_max_;          // f32 [layers, 2 (K, V), kv_heads * head_dim]
+  DeviceAllocation kv_nonfinite_;    // u64
 };
 
 }  // namespace llmq::runtime

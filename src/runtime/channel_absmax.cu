@@ -14,6 +14,7 @@
 #include <climits>
 #include <string>
 
+#include "attention/kv_pages.cuh"
 #include "cuda/cuda_check.cuh"
 #include "runtime/channel_absmax.hpp"
 
@@ -24,9 +25,17 @@ constexpr int kThreads = 256;
 constexpr int64_t kRowsPerBlock = 64;
 constexpr int64_t kMaxGridY = 4096;  // row chunks launched at once (the rest by the grid stride)
 
-template <bool kF32>
+// Where row r of the fold is: r itself, or (kGather) the cache row of position[r] in slot[r]'s pages.
+struct RowSource {
+  const int32_t* position;
+  const int32_t* slot;
+  attention::KvPages pages;
+};
+
+template <bool kF32, bool kGather>
 __global__ void channel_absmax_kernel(const void* __restrict__ x, int64_t rows, int64_t k, int64_t ld,
-                                      float* __restrict__ channel_max, unsigned long long* __restrict__ nonfinite) {
+                                      float* __restrict__ channel_max, unsigned long long* __restrict__ nonfinite,
+                                      RowSource src) {
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (col >= k) return;
   float m = 0.0f;
@@ -35,7 +44,8 @@ __global__ void channel_absmax_kernel(const void* __restrict__ x, int64_t rows, 
        r0 += static_cast<int64_t>(gridDim.y) * kRowsPerBlock) {
     const int64_t r1 = r0 + kRowsPerBlock < rows ? r0 + kRowsPerBlock : rows;
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t at = r * ld + col;
+      const int64_t row = kGather ? attention::paged_rows(src.pages, src.slot[r]).row(src.position[r]) : r;
+      const int64_t at = row * ld + col;
       const float v = kF32 ? static_cast<const float*>(x)[at]
                            : __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(x)[at]) << 16);
       const float a = fabsf(v);
@@ -62,14 +72,19 @@ Status channel_absmax(const ChannelAbsmaxArgs& a, CudaStream stream) {
   if (a.rows == 0) return {};
   if (a.x == nullptr || a.channel_max == nullptr || a.nonfinite == nullptr)
     return invalid_argument("channel_absmax: null x, channel_max or nonfinite");
+  const bool gather = a.position != nullptr;
+  if (gather) {
+    if (a.slot == nullptr) return invalid_argument("channel_absmax: position without slot");
+    LLMQ_RETURN_IF_ERROR(attention::validate_kv_pages(a.pages, "channel_absmax: "));
+  }
+  const RowSource src{a.position, a.slot, a.pages};
   const int64_t grid_x = (a.k + kThreads - 1) / kThreads;
   if (grid_x > INT_MAX) return invalid_argument("channel_absmax: k = " + std::to_string(a.k) + " is too wide");
   const int64_t chunks = (a.rows + kRowsPerBlock - 1) / kRowsPerBlock;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(std::min(chunks, kMaxGridY)));
-  if (a.dtype == DType::kF32)
-    channel_absmax_kernel<true><<<grid, kThreads, 0, stream>>>(a.x, a.rows, a.k, a.ld, a.channel_max, a.nonfinite);
-  else
-    channel_absmax_kernel<false><<<grid, kThreads, 0, stream>>>(a.x, a.rows, a.k, a.ld, a.channel_max, a.nonfinite);
+  auto kernel = a.dtype == DType::kF32 ? (gather ? channel_absmax_kernel<true, true> : channel_absmax_kernel<true, false>)
+                                       : (gather ? channel_absmax_kernel<false, true> : channel_absmax_kernel<false, false>);
+  kernel<<<grid, kThreads, 0, stream>>>(a.x, a.rows, a.k, a.ld, a.channel_max, a.nonfinite, src);
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("channel_absmax_kernel");
   return {};
 }

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "attention/attention.hpp"
 #include "llmq/cuda_stream.hpp"
 #include "llmq/dtype.hpp"
 #include "llmq/status.hpp"
@@ -29,6 +30,12 @@ struct ChannelAbsmaxArgs {
   int64_t ld = 0;                 // row stride in elements, >= k
   float* channel_max = nullptr;   // [k] device memory, every value >= 0 (zeros to start)
   unsigned long long* nonfinite = nullptr;  // device counter, incremented
+  // Optional gather through a paged KV cache (rows of a K or V cache as a step wrote them): with
+  // position set, row r of the fold is the cache row of position[r] in block-table row slot[r]
+  // (attention.hpp's KvPages), and ld is the cache row's width in elements.
+  const int32_t* position = nullptr;  // device [rows]
+  const int32_t* slot = nullptr;      // device [rows]
+  attention::KvPages pages;
 };
 
 // Enqueues the fold on `stream`: no allocation, no host synchronisation. Refused (naming the

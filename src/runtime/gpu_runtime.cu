@@ -128,6 +128,8 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
     rope.pages = pages;
     rope.interleaved = c.rope_style == RopeStyle::kInterleaved;
     if (run(kStageRope)) LLMQ_RETURN_IF_ERROR(runtime::rope_kv(rope, stream));
+    if (calibration)
+      LLMQ_RETURN_IF_ERROR(calibration->observe_kv(l, k_cache(l), v_cache(l), pages, m.tok_slot, m.position, T, stream));
 
     const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     // One query per sequence, rows = sequences: the whole batch of a decode step, the first

@@ -12,6 +12,9 @@ Status GpuRuntime::begin_calibration() {
   if (g.calibration) return invalid_argument("begin_calibration: already calibrating (end_calibration first)");
   // Paged steps replay CUDA graphs of their padded batches; skipped stages leave inputs unproduced.
   if (g.paged) return unsupported("calibration on the GPU: the runtime is paged (kv_blocks > 0); use fixed slots");
+  if (g.kv_fp8)
+    return unsupported("calibration on the GPU: the KV cache is E4M3 (its codes are not the keys and values); use a BF16 "
+                       "KV cache");
   if (g.skip != 0)
     return unsupported("calibration on the GPU: skip_stages '" + g.options.skip_stages + "' leaves linears' inputs unproduced");
   return runtime::CalibrationObserver::create(*g.model, g.stream, &g.calibration);

@@ -32,6 +32,41 @@ Status CalibrationStats::check_matches(const ModelConfig& config) const {
         std::any_of(l.weight_channel_absmax.begin(), l.weight_channel_absmax.end(), bad))
       return invalid_argument("--stats: '" + name + "' holds a negative, infinite or NaN absmax or row count");
   }
+  if (!kv_cache.empty()) {
+    const KvCacheStats& kv = kv_cache;
+    if (kv.layers != config.n_layers || kv.kv_heads != config.n_kv_heads)
+      return invalid_argument("--stats: the KV cache statistics are for " + std::to_string(kv.layers) + " layers of " +
+                              std::to_string(kv.kv_heads) + " KV heads; this model has " + std::to_string(config.n_layers) +
+                              " of " + std::to_string(config.n_kv_heads) + "; were the statistics measured on another model?");
+    const size_t n = static_cast<size_t>(kv.layers * kv.kv_heads);
+    auto bad = [](float v) { return !std::isfinite(v) || v < 0; };
+    if (kv.k_absmax.size() != n || kv.v_absmax.size() != n || std::any_of(kv.k_absmax.begin(), kv.k_absmax.end(), bad) ||
+        std::any_of(kv.v_absmax.begin(), kv.v_absmax.end(), bad))
+      return invalid_argument("--stats: the KV cache statistics are not " + std::to_string(n) +
+                              " finite non-negative values each for keys and values");
+  }
+  return {};
+}
+
+Status KvCacheStats::merge(const std::vector<float>& k, const std::vector<float>& v, int64_t n_layers, int64_t n_kv_heads) {
+  const size_t n = static_cast<size_t>(n_layers * n_kv_heads);
+  if (n_layers <= 0 || n_kv_heads <= 0 || k.size() != n || v.size() != n)
+    return invalid_argument("KV cache statistics: " + std::to_string(k.size()) + " and " + std::to_string(v.size()) +
+                            " values for " + std::to_string(n_layers) + " layers of " + std::to_string(n_kv_heads) + " KV heads");
+  if (empty()) {
+    layers = n_layers;
+    kv_heads = n_kv_heads;
+    k_absmax = k;
+    v_absmax = v;
+    return {};
+  }
+  if (layers != n_layers || kv_heads != n_kv_heads)
+    return invalid_argument("KV cache statistics: " + std::to_string(n_layers) + " layers of " + std::to_string(n_kv_heads) +
+                            " KV heads do not fold into " + std::to_string(layers) + " of " + std::to_string(kv_heads));
+  for (size_t i = 0; i < n; ++i) {
+    k_absmax[i] = std::max(k_absmax[i], k[i]);
+    v_absmax[i] = std::max(v_absmax[i], v[i]);
+  }
   return {};
 }
 
@@ -80,6 +115,9 @@ Status calibrate(const ModelWeights& model, const std::vector<int32_t>& tokens, 
     logits.resize(static_cast<size_t>(n * model.config.vocab_size));
     transformer.reset();
     LLMQ_RETURN_IF_ERROR(transformer.forward(tokens.data() + start, n, 0, logits.data()));
+    std::vector<float> k, v;  // this window's cache: every position it wrote
+    transformer.kv_absmax(&k, &v);
+    LLMQ_RETURN_IF_ERROR(out->kv_cache.merge(k, v, model.config.n_layers, model.config.n_kv_heads));
   }
   out->tokens += static_cast<int64_t>(tokens.size());
   return {};

@@ -55,14 +55,15 @@ Status read_absmax(const std::string& source, const json& v, const std::string& 
   return {};
 }
 
+// `count_name` names what fixes the length in the error ("in_features", "layers x kv_heads").
 Status read_channels(const std::string& source, const json& obj, const char* key, const std::string& where,
-                     int64_t in_features, std::vector<float>* out) {
+                     int64_t in_features, std::vector<float>* out, const char* count_name = "in_features") {
   const json* v = member(obj, key);
   if (v == nullptr) return bad_field(source, where + key, "missing");
   if (!v->is_array()) return bad_field(source, where + key, "expected an array, got " + v->dump());
   if (static_cast<int64_t>(v->size()) != in_features)
     return bad_field(source, where + key,
-                     std::to_string(v->size()) + " values for in_features " + std::to_string(in_features));
+                     std::to_string(v->size()) + " values for " + count_name + " " + std::to_string(in_features));
   out->clear();
   out->reserve(v->size());
   for (size_t i = 0; i < v->size(); ++i) {
@@ -100,6 +101,27 @@ Status parse_linear(const std::string& source, const std::string& name, const js
   return {};
 }
 
+// "kv_cache": {"layers": L, "kv_heads": H, "k_absmax": [L * H], "v_absmax": [L * H]} (optional:
+// files from before it have none).
+Status parse_kv_cache(const std::string& source, const json& v, KvCacheStats* out) {
+  const std::string where = "kv_cache.";
+  if (!v.is_object()) return bad_field(source, "kv_cache", "expected an object");
+  KvCacheStats kv;
+  LLMQ_RETURN_IF_ERROR(read_count(source, v, "layers", where, true, &kv.layers));
+  LLMQ_RETURN_IF_ERROR(read_count(source, v, "kv_heads", where, true, &kv.kv_heads));
+  // Bounded before the product: both are checked against the model later; here only against
+  // overflow and against an allocation the file's own arrays could never fill.
+  constexpr int64_t kMaxEntries = int64_t{1} << 24;
+  if (kv.layers < 1 || kv.kv_heads < 1 || kv.layers > kMaxEntries || kv.kv_heads > kMaxEntries / kv.layers)
+    return bad_field(source, "kv_cache", std::to_string(kv.layers) + " layers of " + std::to_string(kv.kv_heads) +
+                                              " KV heads (each at least 1, at most 2^24 entries)");
+  const int64_t n = kv.layers * kv.kv_heads;
+  LLMQ_RETURN_IF_ERROR(read_channels(source, v, "k_absmax", where, n, &kv.k_absmax, "layers x kv_heads"));
+  LLMQ_RETURN_IF_ERROR(read_channels(source, v, "v_absmax", where, n, &kv.v_absmax, "layers x kv_heads"));
+  *out = std::move(kv);
+  return {};
+}
+
 }  // namespace
 
 const LinearStats* CalibrationStats::find(const std::string& module) const {
@@ -123,6 +145,11 @@ Status CalibrationStats::save(const std::string& path) const {
                 {"weight_channel_absmax", s.weight_channel_absmax}};
   }
   j["linears"] = ls;
+  if (!kv_cache.empty())
+    j["kv_cache"] = {{"layers", kv_cache.layers},
+                     {"kv_heads", kv_cache.kv_heads},
+                     {"k_absmax", kv_cache.k_absmax},
+                     {"v_absmax", kv_cache.v_absmax}};
   // Durable and all-or-nothing (a crash leaves the old file or the new one), and under the output
   // rules (output_dir.hpp): never the model or data these statistics came from, nor a file inside
   // them; an existing file is replaced only when it is itself llmq statistics (calibrate has always
@@ -154,6 +181,7 @@ Status CalibrationStats::parse(const std::string& source, const std::string& jso
   if (linears == nullptr || !linears->is_object())
     return bad_field(source, "linears", "expected an object of per-linear statistics");
   for (const auto& [name, v] : linears->items()) LLMQ_RETURN_IF_ERROR(parse_linear(source, name, v, &s.linears[name]));
+  if (const json* kv = member(j, "kv_cache"); kv != nullptr) LLMQ_RETURN_IF_ERROR(parse_kv_cache(source, *kv, &s.kv_cache));
   *out = std::move(s);
   return {};
 }
