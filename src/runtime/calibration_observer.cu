@@ -34,16 +34,17 @@ Status CalibrationObserver::create(const GpuModel::Impl& model, CudaStream strea
   const ModelConfig& c = model.config;
   if (model.tp.size > 1)
     return unsupported("calibration on the GPU: a tensor-parallel rank holds a slice of every linear; calibrate on one GPU");
-  if (c.is_moe())
-    return unsupported("calibration on the GPU does not yet observe MoE layers (the router and each expert's routed "
-                       "rows); calibrate MoE models with --device cpu");
   std::unique_ptr<CalibrationObserver> o(new CalibrationObserver());
   const int64_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim, hidden = c.hidden_dim;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const GpuLayer& L = model.layers[static_cast<size_t>(l)];
-    for (const GpuLinear* g : {&L.qkv, &L.o, &L.gate_up, &L.down}) LLMQ_RETURN_IF_ERROR(check_observable(*g, model.precision));
-    if (L.qkv.n != q_dim + 2 * kv_dim || L.qkv.k != c.dim || L.o.k != q_dim || L.gate_up.n != 2 * hidden ||
-        L.gate_up.k != c.dim || L.down.k != hidden)
+    const bool moe = L.moe.active();
+    for (const GpuLinear* g : {&L.qkv, &L.o}) LLMQ_RETURN_IF_ERROR(check_observable(*g, model.precision));
+    for (const GpuLinear* g : moe ? std::vector<const GpuLinear*>{&L.moe.router, &L.moe.gate_up, &L.moe.down}
+                                  : std::vector<const GpuLinear*>{&L.gate_up, &L.down})
+      LLMQ_RETURN_IF_ERROR(check_observable(*g, model.precision));
+    if (L.qkv.n != q_dim + 2 * kv_dim || L.qkv.k != c.dim || L.o.k != q_dim ||
+        (!moe && (L.gate_up.n != 2 * hidden || L.gate_up.k != c.dim || L.down.k != hidden)))
       return Status(StatusCode::kInternal, "calibration on the GPU: layer " + std::to_string(l) +
                                                "'s linears do not have the shapes of its config");
     // The order of CalibrationInput: kAttention, kO, kFfn, kDown.
@@ -52,6 +53,13 @@ Status CalibrationObserver::create(const GpuModel::Impl& model, CudaStream strea
                                       {module_name(c, l, LinearRole::kV), &L.qkv, q_dim + kv_dim, q_dim + 2 * kv_dim}},
                                      c.dim, stream));
     LLMQ_RETURN_IF_ERROR(o->add_slot({{module_name(c, l, LinearRole::kO), &L.o, 0, L.o.n}}, q_dim, stream));
+    if (moe) {  // kFfn: the router; kDown: unused (the experts' inputs are folded per expert)
+      LLMQ_RETURN_IF_ERROR(
+          o->add_slot({{module_name(c, l, LinearRole::kRouter), &L.moe.router, 0, L.moe.router.n}}, c.dim, stream));
+      LLMQ_RETURN_IF_ERROR(o->add_slot({}, hidden, stream));
+      LLMQ_RETURN_IF_ERROR(o->add_moe_layer(l, L.moe, c, stream));
+      continue;
+    }
     LLMQ_RETURN_IF_ERROR(o->add_slot({{module_name(c, l, LinearRole::kGate), &L.gate_up, 0, hidden},
                                       {module_name(c, l, LinearRole::kUp), &L.gate_up, hidden, 2 * hidden}},
                                      c.dim, stream));
@@ -77,6 +85,19 @@ Status CalibrationObserver::create(const GpuModel::Impl& model, CudaStream strea
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(8, "calibration KV cache non-finite count", &o->kv_nonfinite_));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o->kv_max_.get(), 0, static_cast<size_t>(kv_floats * 4), stream));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o->kv_nonfinite_.get(), 0, 8, stream));
+  int64_t moe_floats = 0, moe_counts = 0;
+  for (const auto& [layer, m] : o->moe_layers_) {
+    moe_floats = std::max(moe_floats, m.down_offset + m.experts * m.hidden);
+    moe_counts = std::max(moe_counts, m.rows_offset + m.experts);
+  }
+  if (moe_counts > 0) {
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(moe_floats * 4, "calibration expert absmax", &o->moe_max_));
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(moe_counts * 8, "calibration expert rows", &o->moe_rows_));
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(8, "calibration expert non-finite count", &o->moe_nonfinite_));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o->moe_max_.get(), 0, static_cast<size_t>(moe_floats * 4), stream));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o->moe_rows_.get(), 0, static_cast<size_t>(moe_counts * 8), stream));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o->moe_nonfinite_.get(), 0, 8, stream));
+  }
   LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   *out = std::move(o);
   return {};
@@ -85,46 +106,94 @@ Status CalibrationObserver::create(const GpuModel::Impl& model, CudaStream strea
 // Measures each reader's weight rows (every part of its linear that overlaps them) and appends
 // the slot.
 Status CalibrationObserver::add_slot(const std::vector<Reader>& readers, int64_t k, CudaStream stream) {
-  DeviceAllocation max_d, bad_d;
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(k * 4, "calibration weight absmax", &max_d));
-  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(8, "calibration weight non-finite count", &bad_d));
   Slot slot;
   slot.k = k;
   slot.offset = slots_.empty() ? 0 : slots_.back().offset + slots_.back().k;
   for (const Reader& r : readers) {
-    if (r.linear->k != k || r.row_begin < 0 || r.row_end > r.linear->n || r.row_begin >= r.row_end)
-      return Status(StatusCode::kInternal, "calibration on the GPU: " + r.name + " is not rows of " + r.linear->name);
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(max_d.get(), 0, static_cast<size_t>(k * 4), stream));
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(bad_d.get(), 0, 8, stream));
-    for (const LinearPart& p : r.linear->parts) {
-      const int64_t begin = std::max(r.row_begin, p.n_offset), end = std::min(r.row_end, p.n_offset + p.n);
-      if (begin >= end) continue;
-      const int64_t elem = p.w_dtype == DType::kF32 ? 4 : 2;
-      ChannelAbsmaxArgs a;
-      a.x = p.w.as<char>() + (begin - p.n_offset) * k * elem;  // part rows [n, k], row-major
-      a.dtype = p.w_dtype;
-      a.rows = end - begin;
-      a.k = k;
-      a.ld = k;
-      a.channel_max = max_d.as<float>();
-      a.nonfinite = bad_d.as<unsigned long long>();
-      LLMQ_RETURN_IF_ERROR(channel_absmax(a, stream));
-    }
     WeightStats w;
-    w.channel_absmax.resize(static_cast<size_t>(k));
-    unsigned long long bad = 0;
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w.channel_absmax.data(), max_d.get(), static_cast<size_t>(k * 4),
-                                              cudaMemcpyDeviceToHost, stream));
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&bad, bad_d.get(), 8, cudaMemcpyDeviceToHost, stream));
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-    if (bad != 0)
-      return invalid_argument("calibration on the GPU: the weight of " + r.name + " holds " + std::to_string(bad) +
-                              " NaN/Inf values");
-    for (float m : w.channel_absmax) w.absmax = std::max(w.absmax, static_cast<double>(m));
+    LLMQ_RETURN_IF_ERROR(measure_weight(r, k, stream, &w));
     weights_[r.name] = std::move(w);
     slot.modules.push_back(r.name);
   }
   slots_.push_back(std::move(slot));
+  return {};
+}
+
+// An MoE layer's experts: each one's w1 (gate rows), w3 (up rows) and w2 (its dim rows of down),
+// measured now; their running maxima are allocated once every layer is known (create).
+Status CalibrationObserver::add_moe_layer(int64_t layer, const GpuMoe& moe, const ModelConfig& c, CudaStream stream) {
+  MoeLayer m;
+  m.experts = moe.experts;
+  m.dim = c.dim;
+  m.hidden = c.hidden_dim;
+  if (moe.held() != moe.experts || moe.gate_up.n != moe.experts * 2 * m.hidden || moe.gate_up.k != m.dim ||
+      moe.down.n != moe.experts * m.dim || moe.down.k != m.hidden)
+    return Status(StatusCode::kInternal, "calibration on the GPU: layer " + std::to_string(layer) +
+                                             "'s experts do not have the shapes of its config");
+  int64_t floats = 0, counts = 0;
+  for (const auto& [l, other] : moe_layers_) {
+    floats = std::max(floats, other.down_offset + other.experts * other.hidden);
+    counts = std::max(counts, other.rows_offset + other.experts);
+  }
+  m.in_offset = floats;
+  m.down_offset = floats + m.experts * m.dim;
+  m.rows_offset = counts;
+  for (int64_t e = 0; e < m.experts; ++e) {
+    LinearId id;
+    id.layer = layer;
+    id.expert = e;
+    const int64_t g0 = e * 2 * m.hidden;
+    const std::pair<LinearRole, Reader> readers[] = {
+        {LinearRole::kGate, {"", &moe.gate_up, g0, g0 + m.hidden}},
+        {LinearRole::kUp, {"", &moe.gate_up, g0 + m.hidden, g0 + 2 * m.hidden}},
+        {LinearRole::kDown, {"", &moe.down, e * m.dim, (e + 1) * m.dim}}};
+    for (auto [role, r] : readers) {
+      id.role = role;
+      r.name = id.hf_name(c);
+      WeightStats w;
+      LLMQ_RETURN_IF_ERROR(measure_weight(r, role == LinearRole::kDown ? m.hidden : m.dim, stream, &w));
+      weights_[r.name] = std::move(w);
+      (role == LinearRole::kGate ? m.w1 : role == LinearRole::kUp ? m.w3 : m.w2).push_back(r.name);
+    }
+  }
+  moe_layers_[layer] = std::move(m);
+  return {};
+}
+
+Status CalibrationObserver::measure_weight(const Reader& r, int64_t k, CudaStream stream, WeightStats* out) {
+  DeviceAllocation max_d, bad_d;
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(k * 4, "calibration weight absmax", &max_d));
+  LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(8, "calibration weight non-finite count", &bad_d));
+  if (r.linear->k != k || r.row_begin < 0 || r.row_end > r.linear->n || r.row_begin >= r.row_end)
+    return Status(StatusCode::kInternal, "calibration on the GPU: " + r.name + " is not rows of " + r.linear->name);
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(max_d.get(), 0, static_cast<size_t>(k * 4), stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(bad_d.get(), 0, 8, stream));
+  for (const LinearPart& p : r.linear->parts) {
+    const int64_t begin = std::max(r.row_begin, p.n_offset), end = std::min(r.row_end, p.n_offset + p.n);
+    if (begin >= end) continue;
+    const int64_t elem = p.w_dtype == DType::kF32 ? 4 : 2;
+    ChannelAbsmaxArgs a;
+    a.x = p.w.as<char>() + (begin - p.n_offset) * k * elem;  // part rows [n, k], row-major
+    a.dtype = p.w_dtype;
+    a.rows = end - begin;
+    a.k = k;
+    a.ld = k;
+    a.channel_max = max_d.as<float>();
+    a.nonfinite = bad_d.as<unsigned long long>();
+    LLMQ_RETURN_IF_ERROR(channel_absmax(a, stream));
+  }
+  WeightStats w;
+  w.channel_absmax.resize(static_cast<size_t>(k));
+  unsigned long long bad = 0;
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w.channel_absmax.data(), max_d.get(), static_cast<size_t>(k * 4),
+                                            cudaMemcpyDeviceToHost, stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&bad, bad_d.get(), 8, cudaMemcpyDeviceToHost, stream));
+  LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (bad != 0)
+    return invalid_argument("calibration on the GPU: the weight of " + r.name + " holds " + std::to_string(bad) +
+                            " NaN/Inf values");
+  for (float m : w.channel_absmax) w.absmax = std::max(w.absmax, static_cast<double>(m));
+  *out = std::move(w);
   return {};
 }
 
@@ -177,6 +246,66 @@ Status CalibrationObserver::observe_kv(int64_t layer, const uint16_t* k_cache, c
   return {};
 }
 
+Status CalibrationObserver::observe_experts_in(int64_t layer, const uint16_t* x, const int32_t* row_tokens,
+                                               const int32_t* offsets, int64_t rows, CudaStream stream) {
+  const auto it = moe_layers_.find(layer);
+  if (it == moe_layers_.end() || x == nullptr || row_tokens == nullptr || offsets == nullptr)
+    return Status(StatusCode::kInternal, "calibration observer: layer " + std::to_string(layer) + " is not an observed MoE layer");
+  const MoeLayer& m = it->second;
+  ChannelAbsmaxArgs a;
+  a.x = x;
+  a.dtype = DType::kBF16;
+  a.rows = rows;
+  a.k = m.dim;
+  a.ld = m.dim;
+  a.channel_max = moe_max_.as<float>() + m.in_offset;
+  a.nonfinite = moe_nonfinite_.as<unsigned long long>();
+  a.row_index = row_tokens;
+  a.segment_offsets = offsets;
+  a.segments = m.experts;
+  LLMQ_RETURN_IF_ERROR(channel_absmax(a, stream));
+  return segment_rows_add(offsets, m.experts, moe_rows_.as<int64_t>() + m.rows_offset, stream);
+}
+
+Status CalibrationObserver::observe_experts_down(int64_t layer, const uint16_t* act, const int32_t* offsets, int64_t rows,
+                                                 CudaStream stream) {
+  const auto it = moe_layers_.find(layer);
+  if (it == moe_layers_.end() || act == nullptr || offsets == nullptr)
+    return Status(StatusCode::kInternal, "calibration observer: layer " + std::to_string(layer) + " is not an observed MoE layer");
+  const MoeLayer& m = it->second;
+  ChannelAbsmaxArgs a;
+  a.x = act;
+  a.dtype = DType::kBF16;
+  a.rows = rows;
+  a.k = m.hidden;
+  a.ld = m.hidden;
+  a.channel_max = moe_max_.as<float>() + m.down_offset;
+  a.nonfinite = moe_nonfinite_.as<unsigned long long>();
+  a.segment_offsets = offsets;
+  a.segments = m.experts;
+  return channel_absmax(a, stream);
+}
+
+// One module's input maxima (k channels at `maxima`) and rows folded into *stats; its weight
+// statistics on first sighting, as CalibrationBackend.
+void CalibrationObserver::fold_module(const std::string& name, const float* maxima, int64_t k, int64_t rows,
+                                      CalibrationStats* stats) const {
+  LinearStats& l = stats->linears[name];
+  if (l.in_features == 0) {
+    const WeightStats& w = weights_.at(name);
+    l.in_features = k;
+    l.input_channel_absmax.assign(static_cast<size_t>(k), 0.0f);
+    l.weight_channel_absmax = w.channel_absmax;
+    l.weight_absmax = w.absmax;
+  }
+  for (int64_t j = 0; j < k; ++j) {
+    float& m = l.input_channel_absmax[static_cast<size_t>(j)];
+    m = std::max(m, maxima[j]);
+  }
+  for (float m : l.input_channel_absmax) l.input_absmax = std::max(l.input_absmax, static_cast<double>(m));
+  l.rows_seen += rows;
+}
+
 Status CalibrationObserver::finish(CudaStream stream, CalibrationStats* stats) {
   const int64_t floats = slots_.empty() ? 0 : slots_.back().offset + slots_.back().k;
   std::vector<float> maxima(static_cast<size_t>(floats));
@@ -188,7 +317,28 @@ Status CalibrationObserver::finish(CudaStream stream, CalibrationStats* stats) {
   unsigned long long kv_bad = 0;
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kv_max.data(), kv_max_.get(), kv_max.size() * 4, cudaMemcpyDeviceToHost, stream));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&kv_bad, kv_nonfinite_.get(), 8, cudaMemcpyDeviceToHost, stream));
+  std::vector<float> moe_max(static_cast<size_t>(moe_max_.bytes() / 4));
+  std::vector<int64_t> moe_rows(static_cast<size_t>(moe_rows_.bytes() / 8));
+  unsigned long long moe_bad = 0;
+  if (!moe_layers_.empty()) {
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(moe_max.data(), moe_max_.get(), moe_max.size() * 4, cudaMemcpyDeviceToHost, stream));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(moe_rows.data(), moe_rows_.get(), moe_rows.size() * 8, cudaMemcpyDeviceToHost, stream));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&moe_bad, moe_nonfinite_.get(), 8, cudaMemcpyDeviceToHost, stream));
+  }
   LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (moe_bad != 0)
+    return invalid_argument("calibration on the GPU: the experts' inputs held " + std::to_string(moe_bad) +
+                            " NaN/Inf values over the calibration data; no statistics were written");
+  for (const auto& [layer, m] : moe_layers_)
+    for (const auto* names : {&m.w1, &m.w3, &m.w2})
+      for (size_t e = 0; e < names->size(); ++e) {
+        const auto it = stats->linears.find((*names)[e]);
+        const int64_t k = names == &m.w2 ? m.hidden : m.dim;
+        if (it != stats->linears.end() && it->second.in_features != k)
+          return invalid_argument("calibration on the GPU: the statistics already hold " + (*names)[e] + " with " +
+                                  std::to_string(it->second.in_features) + " input channels, this model's has " +
+                                  std::to_string(k));
+      }
   if (kv_bad != 0)
     return invalid_argument("calibration on the GPU: the KV cache held " + std::to_string(kv_bad) +
                             " NaN/Inf values over the calibration data; no statistics were written");
@@ -218,24 +368,18 @@ Status CalibrationObserver::finish(CudaStream stream, CalibrationStats* stats) {
                                 std::to_string(slots_[i].k));
     }
   }
-  for (const Slot& s : slots_) {
-    for (const std::string& name : s.modules) {
-      LinearStats& l = stats->linears[name];
-      if (l.in_features == 0) {  // first sighting: the weights' statistics, as CalibrationBackend
-        const WeightStats& w = weights_.at(name);
-        l.in_features = s.k;
-        l.input_channel_absmax.assign(static_cast<size_t>(s.k), 0.0f);
-        l.weight_channel_absmax = w.channel_absmax;
-        l.weight_absmax = w.absmax;
-      }
-      for (int64_t j = 0; j < s.k; ++j) {
-        float& m = l.input_channel_absmax[static_cast<size_t>(j)];
-        m = std::max(m, maxima[static_cast<size_t>(s.offset + j)]);
-      }
-      for (float m : l.input_channel_absmax) l.input_absmax = std::max(l.input_absmax, static_cast<double>(m));
-      l.rows_seen += s.rows_seen;
+  for (const Slot& s : slots_)
+    for (const std::string& name : s.modules) fold_module(name, maxima.data() + s.offset, s.k, s.rows_seen, stats);
+  // Experts: those some token chose (the CPU never sees the others either).
+  for (const auto& [layer, m] : moe_layers_)
+    for (int64_t e = 0; e < m.experts; ++e) {
+      const int64_t rows = moe_rows[static_cast<size_t>(m.rows_offset + e)];
+      if (rows == 0) continue;
+      const float* in = moe_max.data() + m.in_offset + e * m.dim;
+      fold_module(m.w1[static_cast<size_t>(e)], in, m.dim, rows, stats);
+      fold_module(m.w3[static_cast<size_t>(e)], in, m.dim, rows, stats);
+      fold_module(m.w2[static_cast<size_t>(e)], moe_max.data() + m.down_offset + e * m.hidden, m.hidden, rows, stats);
     }
-  }
   if (kv_seen_) return stats->kv_cache.merge(k_heads, v_heads, layers_, kv_heads_);  // shapes checked above
   return {};
 }

@@ -13,9 +13,12 @@
 // (CalibrationStats::kv_cache). The weights are measured once, on the device, from what the
 // runtime holds: BF16 weights give the absmax of the BF16-rounded weights, which is the BF16
 // rounding of the float absmax (rounding to nearest is monotone and symmetric).
-// Not observed (refused when the observer is made, naming why): MoE layers (the router and each
-// expert's routed rows), tensor-parallel ranks (each holds a slice), 8-bit linears (their inputs
-// are codes, not BF16). Internal header; no CUDA headers.
+// MoE layers: the router reads the FFN norm's output (kFfn); each expert's w1 and w3 the rows
+// routed to it and its w2 those rows' GLU output, folded per expert on the device (segments of the
+// routing's expert offsets), with per-expert row counts; an expert no token chose gets no entry,
+// as on the CPU. Not observed (refused when the observer is made, naming why): tensor-parallel
+// ranks (each holds a slice), 8-bit linears (their inputs are codes, not BF16). Internal header;
+// no CUDA headers.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +48,12 @@ class CalibrationObserver {
   // `stream`, no synchronisation.
   Status observe(int64_t layer, CalibrationInput which, const uint16_t* x, int64_t rows, CudaStream stream);
   Status observe_lm_head(const uint16_t* x, int64_t rows, CudaStream stream);
+  // An MoE layer's experts: x the step's token rows (BF16 [tokens, dim]), row_tokens the token of
+  // each routed row, offsets [experts + 1] the routed rows of each expert (device, the routing's);
+  // then act, the routed rows' GLU output (BF16 [rows, hidden], in the same order).
+  Status observe_experts_in(int64_t layer, const uint16_t* x, const int32_t* row_tokens, const int32_t* offsets,
+                            int64_t rows, CudaStream stream);
+  Status observe_experts_down(int64_t layer, const uint16_t* act, const int32_t* offsets, int64_t rows, CudaStream stream);
   // Folds the rows a step wrote into layer `layer`'s BF16 K and V caches (row t: position[t] of
   // block-table row slot[t], tokens rows) into the layer's KV maxima; enqueued on `stream`.
   Status observe_kv(int64_t layer, const uint16_t* k_cache, const uint16_t* v_cache, const attention::KvPages& pages,
@@ -75,12 +84,26 @@ class CalibrationObserver {
     int64_t row_begin = 0, row_end = 0;
   };
   Status add_slot(const std::vector<Reader>& readers, int64_t k, CudaStream stream);
+  Status measure_weight(const Reader& r, int64_t k, CudaStream stream, WeightStats* out);
+  Status add_moe_layer(int64_t layer, const GpuMoe& moe, const ModelConfig& c, CudaStream stream);
+  void fold_module(const std::string& name, const float* maxima, int64_t k, int64_t rows, CalibrationStats* stats) const;
   Status fold(int64_t slot, const uint16_t* x, int64_t rows, CudaStream stream);
 
   std::vector<Slot> slots_;  // 4 per layer (CalibrationInput order), then lm_head's
   std::map<std::string, WeightStats> weights_;
   DeviceAllocation channel_max_;  // f32 [sum of the slots' k]
   DeviceAllocation nonfinite_;    // u64 [slots]
+  // An MoE layer's experts: their input maxima [experts, dim] at in_offset and down maxima
+  // [experts, hidden] at down_offset of moe_max_, row counts at rows_offset of moe_rows_.
+  struct MoeLayer {
+    int64_t experts = 0, dim = 0, hidden = 0;
+    int64_t in_offset = 0, down_offset = 0, rows_offset = 0;
+    std::vector<std::string> w1, w3, w2;  // module names by expert
+  };
+  std::map<int64_t, MoeLayer> moe_layers_;  // by layer
+  DeviceAllocation moe_max_;                // f32
+  DeviceAllocation moe_rows_;               // i64
+  DeviceAllocation moe_nonfinite_;          // u64
   int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
   bool kv_seen_ = false;             // some step wrote the cache
   DeviceAllocation kv_max_;          // f32 [layers, 2 (K, V), kv_heads * head_dim]

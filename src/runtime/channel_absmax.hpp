@@ -36,7 +36,18 @@ struct ChannelAbsmaxArgs {
   const int32_t* position = nullptr;  // device [rows]
   const int32_t* slot = nullptr;      // device [rows]
   attention::KvPages pages;
+  // Optional gather by index (an MoE expert's routed rows): row r of the fold is x's row row_index[r].
+  const int32_t* row_index = nullptr;  // device [rows]
+  // Optional segments (MoE experts): row r folds into channel_max + s * k, s the segment with
+  // segment_offsets[s] <= r < segment_offsets[s + 1] (device [segments + 1], non-decreasing, from
+  // 0); rows at or past segment_offsets[segments] are not folded.
+  const int32_t* segment_offsets = nullptr;
+  int64_t segments = 0;
 };
+
+// counts[s] += offsets[s + 1] - offsets[s] for s < segments (device memory; enqueued on `stream`):
+// the rows each segment of a segmented fold saw.
+Status segment_rows_add(const int32_t* offsets, int64_t segments, int64_t* counts, CudaStream stream);
 
 // Enqueues the fold on `stream`: no allocation, no host synchronisation. Refused (naming the
 // field): a dtype other than BF16/F32, rows < 0, k < 1, ld < k, null pointers when rows > 0.

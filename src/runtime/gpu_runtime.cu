@@ -219,6 +219,11 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
       mi.x_bf16 = in_mlp.bf16.as<uint16_t>();
       mi.x_codes = in_mlp.codes.get();
       mi.x_scales = in_mlp.scales.as<float>();
+      if (calibration) {  // the router reads the norm's BF16 rows; the experts are observed inside
+        LLMQ_RETURN_IF_ERROR(calibration->observe(l, runtime::CalibrationInput::kFfn, mi.x_bf16, T, stream));
+        mi.calibration = calibration.get();
+        mi.layer = l;
+      }
       if (run(kStageGateUp)) LLMQ_RETURN_IF_ERROR(runtime::moe_ffn(L.moe, plan.layers[l].router, moe, mi, T, down_out.as<uint16_t>(), lin));
       if (!fused || l + 1 == c.n_layers) LLMQ_RETURN_IF_ERROR(all_reduce(down_out, T));
       continue;

@@ -6,6 +6,7 @@
 #include "cuda/cuda_check.cuh"
 #include "llmq/cuda_moe.hpp"
 #include "llmq/cuda_quantize.hpp"
+#include "runtime/calibration_observer.hpp"
 #include "runtime/moe_ffn.hpp"
 #include "runtime/row_kernels.hpp"
 
@@ -160,6 +161,8 @@ Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf
   r.topk_softmax = moe.routing == MoeRouting::kTopKSoftmax;
   r.renormalize = moe.renormalize;
   LLMQ_RETURN_IF_ERROR(cuda_moe_route(r, ctx.stream));
+  if (x.calibration != nullptr)
+    LLMQ_RETURN_IF_ERROR(x.calibration->observe_experts_in(x.layer, x.x_bf16, r.row_tokens, r.expert_offsets, slots, ctx.stream));
 
   const bool block = moe.block();
   const bool decode = decode_sized(tokens, ctx);
@@ -216,6 +219,11 @@ Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf
     silu.spec = moe.down.act_spec;
   }
   LLMQ_RETURN_IF_ERROR(row_op(silu, ctx.stream));
+  if (x.calibration != nullptr) {
+    if (!bf16) return Status(StatusCode::kInternal, "calibration observes BF16 experts only");
+    LLMQ_RETURN_IF_ERROR(x.calibration->observe_experts_down(x.layer, buf.act_codes.as<uint16_t>(), r.expert_offsets, slots,
+                                                             ctx.stream));
+  }
   if (block)
     LLMQ_RETURN_IF_ERROR(quantize_1x128(buf.act_bf16.get(), slots, hidden, moe.down.act_spec, buf.act_codes.get(),
                                         buf.act_scales.as<float>(), buf.quant_workspace, ctx.stream));

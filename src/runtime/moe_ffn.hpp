@@ -76,10 +76,16 @@ struct MoeBuffers {
 
 // out (BF16 [tokens, dim]) = the MoE block applied to the normalised activations: x_bf16 [tokens,
 // dim] for the router, and their per-token E4M3 codes and scales for the experts.
+class CalibrationObserver;  // calibration_observer.hpp
+
 struct MoeInput {
   const uint16_t* x_bf16 = nullptr;
   const void* x_codes = nullptr;
   const float* x_scales = nullptr;
+  // While calibrating: the observer folds each expert's routed rows and their GLU output (layer
+  // `layer`); null otherwise.
+  CalibrationObserver* calibration = nullptr;
+  int64_t layer = -1;
 };
 Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf, const MoeInput& x, int64_t tokens,
                uint16_t* out, const LinearContext& ctx);

@@ -47,9 +47,6 @@ int run(const CalibrateArgs& a) {
   // model's linears in BF16 on the GPU runtime, observed as the CPU path is (calibrate_on_gpu).
   std::unique_ptr<GpuModel> gpu_model;
   std::unique_ptr<GpuRuntime> runtime;
-  if (a.device == "cuda" && model.config.is_moe())  // calibrate_on_gpu would refuse it too, after sampling
-    return fail(unsupported("--device cuda: MoE models are not yet calibrated on the GPU (the router and each "
-                            "expert's routed rows); use --device cpu"));
   if (a.device == "cuda") {
     SlowStep step("loading " + a.model + " onto GPU " + std::to_string(a.gpu) + " (bf16)");
     GpuModelSource source;
