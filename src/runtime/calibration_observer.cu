@@ -246,44 +246,37 @@ Status CalibrationObserver::observe_kv(int64_t layer, const uint16_t* k_cache, c
   return {};
 }
 
-Status CalibrationObserver::observe_experts_in(int64_t layer, const uint16_t* x, const int32_t* row_tokens,
-                                               const int32_t* offsets, int64_t rows, CudaStream stream) {
+// One fold of an MoE layer's routed rows into its per-expert maxima: the experts' inputs (x the
+// token rows, gathered through row_tokens) or their GLU output (act, in routed order).
+Status CalibrationObserver::fold_experts(int64_t layer, bool down, const uint16_t* x, const int32_t* row_tokens,
+                                         const int32_t* offsets, int64_t rows, CudaStream stream) {
   const auto it = moe_layers_.find(layer);
-  if (it == moe_layers_.end() || x == nullptr || row_tokens == nullptr || offsets == nullptr)
+  if (it == moe_layers_.end() || x == nullptr || offsets == nullptr || (!down && row_tokens == nullptr))
     return Status(StatusCode::kInternal, "calibration observer: layer " + std::to_string(layer) + " is not an observed MoE layer");
   const MoeLayer& m = it->second;
   ChannelAbsmaxArgs a;
   a.x = x;
   a.dtype = DType::kBF16;
   a.rows = rows;
-  a.k = m.dim;
-  a.ld = m.dim;
-  a.channel_max = moe_max_.as<float>() + m.in_offset;
+  a.k = a.ld = down ? m.hidden : m.dim;
+  a.channel_max = moe_max_.as<float>() + (down ? m.down_offset : m.in_offset);
   a.nonfinite = moe_nonfinite_.as<unsigned long long>();
-  a.row_index = row_tokens;
+  a.row_index = down ? nullptr : row_tokens;
   a.segment_offsets = offsets;
   a.segments = m.experts;
   LLMQ_RETURN_IF_ERROR(channel_absmax(a, stream));
-  return segment_rows_add(offsets, m.experts, moe_rows_.as<int64_t>() + m.rows_offset, stream);
+  if (down) return {};
+  return segment_rows_add(offsets, m.experts, moe_rows_.as<int64_t>() + m.rows_offset, stream);  // once per step
+}
+
+Status CalibrationObserver::observe_experts_in(int64_t layer, const uint16_t* x, const int32_t* row_tokens,
+                                               const int32_t* offsets, int64_t rows, CudaStream stream) {
+  return fold_experts(layer, false, x, row_tokens, offsets, rows, stream);
 }
 
 Status CalibrationObserver::observe_experts_down(int64_t layer, const uint16_t* act, const int32_t* offsets, int64_t rows,
                                                  CudaStream stream) {
-  const auto it = moe_layers_.find(layer);
-  if (it == moe_layers_.end() || act == nullptr || offsets == nullptr)
-    return Status(StatusCode::kInternal, "calibration observer: layer " + std::to_string(layer) + " is not an observed MoE layer");
-  const MoeLayer& m = it->second;
-  ChannelAbsmaxArgs a;
-  a.x = act;
-  a.dtype = DType::kBF16;
-  a.rows = rows;
-  a.k = m.hidden;
-  a.ld = m.hidden;
-  a.channel_max = moe_max_.as<float>() + m.down_offset;
-  a.nonfinite = moe_nonfinite_.as<unsigned long long>();
-  a.segment_offsets = offsets;
-  a.segments = m.experts;
-  return channel_absmax(a, stream);
+  return fold_experts(layer, true, act, nullptr, offsets, rows, stream);
 }
 
 // One module's input maxima (k channels at `maxima`) and rows folded into *stats; its weight

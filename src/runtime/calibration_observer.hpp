@@ -87,6 +87,8 @@ class CalibrationObserver {
   Status measure_weight(const Reader& r, int64_t k, CudaStream stream, WeightStats* out);
   Status add_moe_layer(int64_t layer, const GpuMoe& moe, const ModelConfig& c, CudaStream stream);
   void fold_module(const std::string& name, const float* maxima, int64_t k, int64_t rows, CalibrationStats* stats) const;
+  Status fold_experts(int64_t layer, bool down, const uint16_t* x, const int32_t* row_tokens, const int32_t* offsets,
+                      int64_t rows, CudaStream stream);
   Status fold(int64_t slot, const uint16_t* x, int64_t rows, CudaStream stream);
 
   std::vector<Slot> slots_;  // 4 per layer (CalibrationInput order), then lm_head's
