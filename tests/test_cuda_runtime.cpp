@@ -239,6 +239,54 @@ TEST(GpuRuntime, CheckpointStreamedEqualsHostLoaded) {
   EXPECT_NE(st.message().find("calibration"), std::string::npos) << st.to_string();
 }
 
+// A checkpoint that declares static KV-cache scales (llmq quantize --kv-cache-scales) sets an E4M3
+// cache's scales when loaded: the same logits as the checkpoint without them plus set_kv_scales of
+// the values read back, bit for bit, and other logits than unit scales.
+TEST(GpuRuntime, CheckpointKvCacheScalesSetTheE4m3Cache) {
+  LLMQ_REQUIRE_GPU();
+  testing::TempDir tmp("llmq-gpu-kv");
+  const ModelWeights w = make_default_model();
+  CalibrationStats stats;
+  ASSERT_TRUE(calibrate(w, prompt(48, w.config.vocab_size, 11), 24, &stats).ok());
+  Scheme scheme;
+  ASSERT_TRUE(find_scheme("fp8-dynamic", &scheme).ok());
+  const auto source = memory_weight_source(w);
+  ExportSummary summary;
+  ExportOptions with_kv;
+  with_kv.kv_cache_scales = true;
+  const std::string kv_dir = tmp.file("kv"), plain_dir = tmp.file("plain");
+  ASSERT_TRUE(export_quantized(*source, scheme, &stats, kv_dir, with_kv, &summary).ok());
+  ASSERT_TRUE(export_quantized(*source, scheme, &stats, plain_dir, {}, &summary).ok());
+  std::unique_ptr<Checkpoint> ckpt;
+  ASSERT_TRUE(Checkpoint::open(kv_dir, &ckpt).ok());
+  bool declared = false;
+  std::vector<float> k_scales, v_scales;
+  ASSERT_TRUE(read_kv_cache_scales(*ckpt, w.config, &declared, &k_scales, &v_scales).ok());
+  ASSERT_TRUE(declared);
+  const std::vector<int32_t> p = prompt(20, w.config.vocab_size, 9);
+  auto e4m3_logits = [&](const std::string& dir, bool set_scales) {
+    std::unique_ptr<GpuModel> gm;
+    EXPECT_TRUE(GpuModel::from_checkpoint(dir, "checkpoint", 0, &gm).ok());
+    GpuRuntimeOptions o;
+    o.max_context = 32;
+    o.kv_cache_dtype = DType::kE4M3;
+    std::unique_ptr<GpuRuntime> rt;
+    EXPECT_TRUE(GpuRuntime::create(*gm, o, &rt).ok());
+    if (set_scales) EXPECT_TRUE(rt->set_kv_scales(k_scales, v_scales).ok());
+    std::vector<float> out;
+    const Status st = rt->prefill({p}, true, &out);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return out;
+  };
+  const std::vector<float> declared_logits = e4m3_logits(kv_dir, false);
+  const std::vector<float> set_logits = e4m3_logits(plain_dir, true);
+  const std::vector<float> unit_logits = e4m3_logits(plain_dir, false);
+  ASSERT_EQ(declared_logits.size(), set_logits.size());
+  EXPECT_EQ(0, std::memcmp(declared_logits.data(), set_logits.data(), declared_logits.size() * sizeof(float)))
+      << "the declared scales are not the ones read back";
+  EXPECT_NE(declared_logits, unit_logits) << "the declared scales changed nothing";
+}
+
 // What `llmq quantize` writes streams to the device with its 8-bit codes as stored
 // (from_checkpoint, precision "checkpoint"): the same model as load_quantized_checkpoint on the host
 // then from_quantized, so the logits are equal, not close. Asked for another precision, the loader

@@ -73,6 +73,10 @@ struct ExportOptions {
   std::vector<std::string> inputs;
   bool resume = false;              // reuse shards a killed run finished (same inputs and options)
   NonFinitePolicy nonfinite = NonFinitePolicy::kError;  // NaN / Inf in a weight (nonfinite.hpp)
+  // Static FP8 scales for the KV cache from the statistics' KV absmax (CalibrationStats::kv_cache),
+  // one per layer for keys and one for values: compressed-tensors' kv_cache_scheme and each
+  // attention module's k_scale / v_scale, as vLLM reads them (--kv-cache-scales).
+  bool kv_cache_scales = false;
   bool unquantized = false;         // write every tensor in keep_dtype: a plain HF checkpoint
                                     // (llama2.c -> Hugging Face conversion); the scheme is ignored
   // Called as tensor bytes are produced (read, quantized and written), with the total to write.
@@ -128,6 +132,15 @@ std::string quantized_checkpoint_scheme(const Checkpoint& ckpt);
 // layout, or a weight_zero_point (asymmetric) is an error naming the tensor.
 Status read_quantized_linear(const Checkpoint& ckpt, const std::string& module, bool with_codes, bool* quantized,
                              QuantizedLinear* out);
+
+// The KV cache's static FP8 scales a checkpoint declares (quantization_config.kv_cache_scheme:
+// 8-bit float, static; strategy "tensor", each attention module's k_scale and v_scale one value,
+// or "attn_head", [n_kv_heads] each), per layer and KV head, layer-major ([n_layers * n_kv_heads]
+// each; a per-tensor scale repeated). *declared false and the vectors empty when it declares none
+// (no quantization_config, or kv_cache_scheme null). Refused, naming the field or tensor: another
+// kind of scheme, a missing scale, one of another shape, one that is not finite and positive.
+Status read_kv_cache_scales(const Checkpoint& ckpt, const ModelConfig& config, bool* declared, std::vector<float>* k_scales,
+                            std::vector<float>* v_scales);
 
 // read_quantized_linear for many linears of one checkpoint: its quantization_config is parsed and
 // its targets compiled once at open (refusing, naming the field, what no loader reads alike), and

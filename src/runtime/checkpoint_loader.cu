@@ -293,6 +293,17 @@ Status GpuModel::from_checkpoint(const std::string& dir, const GpuPrecision& p, 
   g.tp = tp;
   g.precision = label;
   g.device = device;
+  bool kv_declared = false;
+  std::vector<float> k_scales, v_scales;  // [layers * the whole model's KV heads]
+  LLMQ_RETURN_IF_ERROR(read_kv_cache_scales(*ckpt, c, &kv_declared, &k_scales, &v_scales));
+  if (kv_declared) {  // this rank's KV heads (all of them when they are not split)
+    const int64_t first = local.n_kv_heads < c.n_kv_heads ? tp.rank * local.n_kv_heads : 0;
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      for (int64_t h = 0; h < local.n_kv_heads; ++h) {
+        g.kv_k_scales.push_back(k_scales[static_cast<size_t>(l * c.n_kv_heads + first + h)]);
+        g.kv_v_scales.push_back(v_scales[static_cast<size_t>(l * c.n_kv_heads + first + h)]);
+      }
+  }
   LLMQ_RETURN_IF_ERROR(load.bf16_table("model.embed_tokens.weight", &g.embedding));
   LLMQ_RETURN_IF_ERROR(load.small_f32("model.norm.weight", &g.final_norm));
   Loader head = load;

@@ -43,6 +43,9 @@ struct GpuModel::Impl {
   runtime::DeviceAllocation final_norm;  // f32 [dim]
   runtime::GpuLinear lm_head;            // [vocab, dim]
   std::vector<runtime::GpuLayer> layers;
+  // The KV cache's static FP8 scales a checkpoint declared (read_kv_cache_scales), for this rank's
+  // KV heads, [n_layers * n_kv_heads] each; empty when none (an E4M3 cache then starts at 1.0).
+  std::vector<float> kv_k_scales, kv_v_scales;
   int64_t bytes() const;
 };
 

@@ -192,8 +192,17 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
     pages.block_table = block_table.as<int32_t>();
   }
   if (kv_fp8) {
-    const std::vector<float> ones(static_cast<size_t>(2 * c.n_layers * c.n_kv_heads), 1.0f);
-    LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(ones.data(), static_cast<int64_t>(ones.size() * 4), "KV scales", &kv_scales));
+    // The checkpoint's calibrated scales when it declares them, else 1.0 (vLLM's default too);
+    // set_kv_scales replaces either.
+    std::vector<float> scales(static_cast<size_t>(2 * c.n_layers * c.n_kv_heads), 1.0f);
+    const size_t half = scales.size() / 2;
+    if (model->kv_k_scales.size() == half && model->kv_v_scales.size() == half) {
+      std::copy(model->kv_k_scales.begin(), model->kv_k_scales.end(), scales.begin());
+      std::copy(model->kv_v_scales.begin(), model->kv_v_scales.end(), scales.begin() + static_cast<std::ptrdiff_t>(half));
+    } else if (!model->kv_k_scales.empty()) {
+      return Status(StatusCode::kInternal, "the model's KV scales are not [layers x KV heads]");
+    }
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(scales.data(), static_cast<int64_t>(scales.size() * 4), "KV scales", &kv_scales));
   }
 
   size_t qws = 0;

@@ -28,6 +28,7 @@ struct QuantizeArgs {
   std::string keep_dtype = "bf16";
   std::string format = "auto";
   bool quantize_lm_head = false;
+  bool kv_cache_scales = false;
   bool dry_run = false;
   bool force = false;
   bool resume = false;
@@ -85,6 +86,7 @@ int run(const QuantizeArgs& a) {
   const auto keep = parse_dtype(a.keep_dtype);
   if (!keep) return fail(invalid_argument("--keep-dtype: unknown dtype '" + a.keep_dtype + "'"));
   options.keep_dtype = *keep;
+  options.kv_cache_scales = a.kv_cache_scales;
 
   // What the output must never be, be inside or hold: export_quantized decides (output_dir.hpp),
   // with the Hugging Face directory it reads added by itself.
@@ -175,6 +177,9 @@ void add_quantize_command(CLI::App& app, std::vector<Command>* commands) {
                   "  (FineGrainedFP8). Per-tensor weights are refused in it (transformers would read them as\n"
                   "  blocks), as are weights not a whole number of 128x128 blocks (engines disagree on edges).");
   cmd->add_flag("--quantize-lm-head", args->quantize_lm_head, "quantize lm_head too (kept by default)");
+  cmd->add_flag("--kv-cache-scales", args->kv_cache_scales,
+                "write static FP8 KV-cache scales from --stats (its KV absmax / 448 per layer: compressed-tensors' "
+                "kv_cache_scheme with each attention's k_scale and v_scale, as vLLM reads them)");
   cmd->add_flag("--dry-run", args->dry_run, "plan and report; write nothing");
   cmd->add_flag("--json", args->json, "print the summary as JSON (with the quantization_config written)");
   cmd->add_flag("--force", args->force,

@@ -16,7 +16,9 @@
 //   M.weight_zero_point  on the weight scale's grid (asymmetric INT8): read by the dequantizing
 //                        loader; the as-stored reader refuses it (its consumers are symmetric)
 // Per attention module A ("model.layers.0.self_attn"), when kv_cache_scheme is declared:
-//   A.k_scale, A.v_scale KV-cache scales for an engine; llmq reads neither (--kv-cache decides)
+//   A.k_scale, A.v_scale static FP8 KV-cache scales, one value each ("tensor") or [n_kv_heads]
+//                        ("attn_head"): written by export --kv-cache-scales, read by
+//                        read_kv_cache_scales for an E4M3 cache (a BF16 cache needs none)
 // bm x bk is config.json's weight_block_size (128 x 128 when absent).
 #pragma once
 

@@ -2,6 +2,7 @@
 // compressed-tensors) into a QuantizedModel, keeping the stored codes and scales, so `eval
 // --quantized` measures exactly what an engine would load. read_quantized_linear is the one place
 // that says how a stored linear is read (the GPU loader streams the codes through it too).
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -219,6 +220,53 @@ Status read_quantized_linear(const Checkpoint& ckpt, const std::string& module, 
   std::unique_ptr<QuantizedLinearReader> reader;
   LLMQ_RETURN_IF_ERROR(QuantizedLinearReader::open(ckpt, &reader));
   return reader->read(module, with_codes, quantized, out);
+}
+
+Status read_kv_cache_scales(const Checkpoint& ckpt, const ModelConfig& config, bool* declared, std::vector<float>* k_scales,
+                            std::vector<float>* v_scales) {
+  *declared = false;
+  k_scales->clear();
+  v_scales->clear();
+  nlohmann::json q;
+  if (!parse_quantization_config(ckpt, &q).ok()) return {};  // unquantized: nothing declared
+  const auto it = q.find("kv_cache_scheme");
+  if (it == q.end() || it->is_null()) return {};
+  const std::string where = ckpt.dir() + ": quantization_config.kv_cache_scheme";
+  const nlohmann::json& s = *it;
+  auto field = [&](const char* key) { return s.is_object() && s.contains(key) ? s[key] : nlohmann::json(); };
+  const bool eight_bit_float = field("num_bits") == 8 && field("type") == "float" && field("dynamic") == false &&
+                               field("symmetric") != false;
+  const nlohmann::json strategy = field("strategy");
+  const bool per_head = strategy == "attn_head";
+  if (!eight_bit_float || !(strategy == "tensor" || per_head))
+    return unsupported(where + " is " + s.dump() + "; llmq reads static 8-bit float KV scales, per tensor or per KV head");
+  const int64_t heads = config.n_kv_heads;
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    LinearId id;
+    id.layer = l;
+    id.role = LinearRole::kQ;
+    const std::string q_name = id.hf_name(config);
+    const std::string attention = q_name.substr(0, q_name.rfind('.'));
+    for (const auto& [suffix, dst] : {std::pair<const char*, std::vector<float>*>{kKvKeyScaleSuffix, k_scales},
+                                      {kKvValueScaleSuffix, v_scales}}) {
+      const std::string name = attention + suffix;
+      if (ckpt.find(name) == nullptr) return invalid_argument(where + " is declared but " + name + " is missing");
+      Tensor t;
+      LLMQ_RETURN_IF_ERROR(ckpt.read_f32(name, &t));
+      const int64_t n = t.numel();
+      if (n != (per_head ? heads : 1))
+        return invalid_argument(ckpt.dir() + ": " + name + " holds " + std::to_string(n) + " values; the kv_cache_scheme's " +
+                                strategy.get<std::string>() + " strategy wants " + std::to_string(per_head ? heads : 1));
+      for (int64_t h = 0; h < heads; ++h) {
+        const float v = t.data_as<float>()[per_head ? h : 0];
+        if (!(v > 0.0f) || !std::isfinite(v))
+          return invalid_argument(ckpt.dir() + ": " + name + " holds " + std::to_string(v) + ", not a finite positive scale");
+        dst->push_back(v);
+      }
+    }
+  }
+  *declared = true;
+  return {};
 }
 
 Status load_quantized_checkpoint(const std::string& dir, QuantizedModel* out) {
