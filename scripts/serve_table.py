@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Joins `llmq bench serve --json` lines with bench/torch_serve_peer.py's JSON objects (one device
 session, the same workloads) into issue 25's table: per dataset, llmq's output tok/s at each
-precision (FP8 with and without --fp8-fast-accum, BF16, INT8), FP8 / BF16, transformers' continuous
+precision (FP8 with and without --fp8-fast-accum, per-tensor FP8, BF16, INT8), FP8 / BF16, transformers' continuous
 batching (BF16) and llmq FP8 / the peer. A peer that did not finish its run (time budget) is shown
 with its partial figure and marked; a missing one is a dash.
 
@@ -53,9 +53,10 @@ def main():
         if isinstance(p, dict) and "output_tokens_per_s" in p:
             mark = "" if p.get("complete") else " (incomplete)"
             peers[(p.get("dataset"), p.get("requests"))] = (p["output_tokens_per_s"], mark)
-    cols = ["fp8-dynamic", "fp8-dynamic fast-accum", "bf16", "int8-w8a8"]
-    print("| dataset, requests | llmq FP8 | FP8 fast-accum | BF16 | INT8 | FP8 / BF16 | transformers BF16 | llmq FP8 / peer |")
-    print("|---|---|---|---|---|---|---|---|")
+    cols = ["fp8-dynamic", "fp8-dynamic fast-accum", "fp8-tensor-static", "bf16", "int8-w8a8"]
+    print("| dataset, requests | llmq FP8 | FP8 fast-accum | FP8 per-tensor | BF16 | INT8 | FP8 / BF16 | transformers BF16 |"
+          " llmq FP8 / peer |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for key in sorted(set(ours) | set(peers), key=lambda k: (str(k[0]), k[1] or 0)):
         row = ours.get(key, {})
         peer, mark = peers.get(key, (None, ""))
