@@ -83,7 +83,8 @@ struct PrefillAttentionArgs {
   const uint8_t* k_cache8 = nullptr, *v_cache8 = nullptr;  // kE4M3: same layout, 1 byte per element (instead of k_cache / v_cache)
   const float* k_scale = nullptr, *v_scale = nullptr;      // kE4M3: device [n_kv_heads] f32; value = decode_e4m3(code) * scale[kv_head]
   uint16_t* out = nullptr;           // [total_q, n_heads, head_dim] bf16
-  const int32_t* q_start = nullptr;  // device [batch + 1]: prefix sums of query counts (q_start[0] = 0)
+  const int32_t* q_start = nullptr;  // device [batch + 1]: each sequence's first query row in q and out, absolute
+                                     // (prefix sums of query counts; a mixed step's prefill part starts past its decode rows)
   const int32_t* kv_len = nullptr;   // device [batch]: keys of sequence b after this step (= its start position + its query count)
   const int32_t* slot = nullptr;     // device [batch]: block-table row of sequence b
   KvPages pages;                     // where the cache rows of each table row are

@@ -63,13 +63,17 @@ __global__ void channel_absmax_kernel(const void* __restrict__ x, int64_t rows, 
     if (m > 0.0f) atomicMax(reinterpret_cast<int*>(channel_max + static_cast<int64_t>(seg) * k + col), __float_as_int(m));
     m = 0.0f;
   };
-  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock; r0 < rows;
+  bool past_segments = false;  // rows rise across this thread's chunks: once past the last segment, done
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock; r0 < rows && !past_segments;
        r0 += static_cast<int64_t>(gridDim.y) * kRowsPerBlock) {
     const int64_t r1 = r0 + kRowsPerBlock < rows ? r0 + kRowsPerBlock : rows;
     for (int64_t r = r0; r < r1; ++r) {
       if (src.segment_offsets != nullptr) {
         const int s = segment_of(src.segment_offsets, src.segments, r);
-        if (s == src.segments) break;  // past the last segment: so is every later row
+        if (s == src.segments) {
+          past_segments = true;
+          break;
+        }
         if (s != seg) {
           flush();
           seg = s;

@@ -196,6 +196,7 @@ struct Loader {
     if (m.scale_kind != WeightScale::kNone) {
       LLMQ_RETURN_IF_ERROR(DeviceAllocation::upload(scales.data(), static_cast<int64_t>(scales.size() * 4),
                                                     label + ".weight_scale", &m.w_scale));
+      m.uniform_scale = m.scale_kind == WeightScale::kChannel && runtime::one_scale(scales);
       if (m.scale_kind == WeightScale::kBlock128) LLMQ_RETURN_IF_ERROR(runtime::finish_block_part(&m, out->k, scales, label));
     }
     out->parts.clear();

@@ -2,6 +2,8 @@
 #include "model/checkpoint/export_config.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <set>
 
 #include "llmq/quant_recipe.hpp"
@@ -178,10 +180,12 @@ Status kv_cache_scales(const ModelConfig& config, const CalibrationStats* stats,
                                          {kKvValueScaleSuffix, &kv.v_absmax}}) {
       float absmax = 0.0f;
       for (int64_t h = 0; h < kv.kv_heads; ++h) absmax = std::max(absmax, (*values)[static_cast<size_t>(l * kv.kv_heads + h)]);
-      if (!(absmax > 0.0f))
+      const float scale = absmax / 448.0f;
+      if (!(scale >= std::numeric_limits<float>::min()) || !std::isfinite(scale))  // 0, subnormal or Inf: no usable scale
         return invalid_argument("--kv-cache-scales: the statistics' " + std::string(suffix + 1) + " absmax of layer " +
-                                std::to_string(l) + " is 0 (the calibration never wrote that cache?)");
-      out->emplace_back(attention + suffix, absmax / 448.0f);
+                                std::to_string(l) + " is " + std::to_string(absmax) +
+                                " (the calibration never wrote that cache?)");
+      out->emplace_back(attention + suffix, scale);
     }
   }
   return {};

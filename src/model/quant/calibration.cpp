@@ -50,7 +50,8 @@ Status CalibrationStats::check_matches(const ModelConfig& config) const {
 
 Status KvCacheStats::merge(const std::vector<float>& k, const std::vector<float>& v, int64_t n_layers, int64_t n_kv_heads) {
   const size_t n = static_cast<size_t>(n_layers * n_kv_heads);
-  if (n_layers <= 0 || n_kv_heads <= 0 || k.size() != n || v.size() != n)
+  if (n_layers <= 0 || n_kv_heads <= 0 || k.size() != n || v.size() != n ||
+      (!empty() && (k_absmax.size() != n || v_absmax.size() != n)))
     return invalid_argument("KV cache statistics: " + std::to_string(k.size()) + " and " + std::to_string(v.size()) +
                             " values for " + std::to_string(n_layers) + " layers of " + std::to_string(n_kv_heads) + " KV heads");
   if (empty()) {
@@ -117,6 +118,10 @@ Status calibrate(const ModelWeights& model, const std::vector<int32_t>& tokens, 
     LLMQ_RETURN_IF_ERROR(transformer.forward(tokens.data() + start, n, 0, logits.data()));
     std::vector<float> k, v;  // this window's cache: every position it wrote
     transformer.kv_absmax(&k, &v);
+    for (const std::vector<float>* values : {&k, &v})
+      for (float x : *values)
+        if (!std::isfinite(x))  // the file could not hold it (JSON has no Inf), nor a scale come of it
+          return invalid_argument("calibrate: the KV cache held NaN/Inf over the calibration data (the model overflows?)");
     LLMQ_RETURN_IF_ERROR(out->kv_cache.merge(k, v, model.config.n_layers, model.config.n_kv_heads));
   }
   out->tokens += static_cast<int64_t>(tokens.size());
