@@ -255,6 +255,63 @@ TEST(CudaRowSampling, TheSplitOfARowOverCtasChangesNothing) {
   }
 }
 
+// The unusable-row flag sampling sets as it reads the logits (flag_unusable_rows' test): set by a
+// row with a NaN, an Inf, or one value throughout, among the first *valid_rows; not by the other
+// rows, nor by a constant row past *valid_rows (a graph's padding row); and the tokens are those
+// of the same call without the flag. At a small batch (teams of CTAs on sm_90) and a large one.
+TEST(CudaRowSampling, FlagsUnusableRowsInTheSamePass) {
+  LLMQ_REQUIRE_GPU();
+  for (const int64_t rows : {int64_t{6}, int64_t{160}}) {
+    const int64_t vocab = 32000;
+    const std::vector<RowSamplingParams> ps = mixed_params(rows, 9);
+    const std::vector<float> clean = make_logits(rows, vocab, 9);
+    std::vector<int32_t> want;
+    run_device(clean, vocab, ps, &want);
+    if (HasFatalFailure()) return;
+    struct Case {
+      const char* what;
+      int64_t row;     // the row spoiled, -1 none
+      int kind;        // 0 NaN, 1 +Inf, 2 constant
+      int32_t valid;   // *valid_rows
+      int32_t flag;    // expected
+    };
+    const Case cases[] = {{"clean", -1, 0, static_cast<int32_t>(rows), 0},
+                          {"NaN in the last slice", 1, 0, static_cast<int32_t>(rows), 1},
+                          {"+Inf", 2, 1, static_cast<int32_t>(rows), 1},
+                          {"constant row", 3, 2, static_cast<int32_t>(rows), 1},
+                          {"constant padding row", rows - 1, 2, static_cast<int32_t>(rows - 1), 0}};
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(c.what) + " rows=" + std::to_string(rows));
+      std::vector<float> logits = clean;
+      if (c.row >= 0) {
+        float* r = logits.data() + c.row * vocab;
+        if (c.kind == 0) r[vocab - 3] = std::numeric_limits<float>::quiet_NaN();
+        if (c.kind == 1) r[vocab / 2] = std::numeric_limits<float>::infinity();
+        if (c.kind == 2) std::fill(r, r + vocab, 0.75f);
+      }
+      DeviceBuffer<float> d_logits(logits.size());
+      DeviceBuffer<RowSamplingParams> d_params(ps.size());
+      DeviceBuffer<int32_t> d_tokens(ps.size()), d_flag(1), d_valid(1);
+      ASSERT_TRUE(d_logits.ok() && d_params.ok() && d_tokens.ok() && d_flag.ok() && d_valid.ok());
+      CUDA_ASSERT(d_logits.upload(logits));
+      CUDA_ASSERT(d_params.upload(ps));
+      CUDA_ASSERT(d_flag.fill_bytes(0));
+      CUDA_ASSERT(d_valid.upload(std::vector<int32_t>{c.valid}));
+      const Status st = runtime::sample_rows_each(d_logits.get(), rows, vocab, d_params.get(), d_tokens.get(), nullptr, 0,
+                                                  nullptr, d_flag.get(), d_valid.get());
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      std::vector<int32_t> flag, tokens;
+      CUDA_ASSERT(d_flag.download(&flag));
+      CUDA_ASSERT(d_tokens.download(&tokens));
+      EXPECT_EQ(flag[0], c.flag);
+      if (c.row < 0) EXPECT_EQ(tokens, want) << "the flag changed the tokens";
+      for (int64_t r = 0; r < rows; ++r)
+        if (r != c.row) EXPECT_EQ(tokens[static_cast<size_t>(r)], want[static_cast<size_t>(r)]) << "row " << r;
+    }
+  }
+}
+
 TEST(CudaRowSampling, ReplaysInACudaGraph) {
   LLMQ_REQUIRE_GPU();
   const int64_t vocab = 151936, rows = 32;

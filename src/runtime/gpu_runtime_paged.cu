@@ -93,12 +93,12 @@ Status GpuRuntime::Impl::paged_body(const StepMeta& m, int64_t samples) {
   LLMQ_RETURN_IF_ERROR(forward(m));
   LLMQ_RETURN_IF_ERROR(lm_head(m, 0, samples));
   int32_t* flag = sampled.as<int32_t>() + options.max_batch;
-  // Only the real rows count: a graph's padding rows may well give constant logits.
+  // Only the real rows count: a graph's padding rows may well give constant logits. The sampling
+  // pass flags them as it reads the logits (no second pass over [rows, vocab] floats).
   const auto* valid = reinterpret_cast<const int32_t*>(paged_meta.as<char>() + paged_at.valid_rows);
-  LLMQ_RETURN_IF_ERROR(runtime::flag_unusable_rows(logits.as<float>(), samples, c.vocab_size, flag, stream, valid));
   const auto* params = reinterpret_cast<const runtime::RowSamplingParams*>(paged_meta.as<char>() + paged_at.params);
   return runtime::sample_rows_each(logits.as<float>(), samples, c.vocab_size, params, sampled.as<int32_t>(),
-                                   sample_workspace.get(), sample_workspace.bytes(), stream);
+                                   sample_workspace.get(), sample_workspace.bytes(), stream, flag, valid);
 }
 
 Status GpuRuntime::step(const std::vector<PagedChunk>& chunks, std::vector<int32_t>* sampled, std::vector<float>* logits,

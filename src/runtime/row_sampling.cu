@@ -456,7 +456,7 @@ __device__ Prefix select_prefix(const float* x, const Team& team, const Weight& 
 
 __global__ void __launch_bounds__(kThreads, 1)
     sample_rows_each_kernel(const float* logits, int64_t vocab, const RowSamplingParams* params, int32_t* tokens,
-                            int team_size) {
+                            int team_size, int32_t* unusable, const int32_t* valid_rows) {
   __shared__ Shared sh;
   detail::pdl_wait();
   detail::pdl_launch_dependents();
@@ -474,13 +474,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int b = threadIdx.x; b < kBins; b += kThreads) sh.count[b] = 0;
   __syncthreads();
   unsigned long long best = 0;
+  // The unusable-row test in the same read (flag_unusable_rows' definition): any NaN/Inf, and
+  // whether any value differs from the row's first.
+  const float first = x[0];
+  unsigned long long nonfinite = 0, differs = 0;
   visit(x, team.begin, team.end, threadIdx.x, kThreads, [&](int64_t i, float v) {
     const uint32_t key = order_key(v);
     const unsigned long long packed = (static_cast<unsigned long long>(key) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
     best = packed > best ? packed : best;
     if (use_top_k) atomicAdd(&sh.count[key >> 21], 1u);
+    nonfinite |= isfinite(v) ? 0ull : 1ull;
+    differs |= v != first ? 1ull : 0ull;
   });
   best = team_max(best, team, sh);
+  if (unusable != nullptr) {  // every thread of the team takes part in both reductions
+    nonfinite = team_max(nonfinite, team, sh);
+    differs = team_max(differs, team, sh);
+    const bool counted = valid_rows == nullptr || row < *valid_rows;
+    if (counted && team.rank == 0 && threadIdx.x == 0 && (nonfinite != 0 || (differs == 0 && vocab > 1))) *unusable = 1;
+  }
   const int32_t argmax = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(best & 0xFFFFFFFFull));
   const uint32_t max_key = static_cast<uint32_t>(best >> 32);
   if (greedy || max_key == 0) {  // greedy, or a row of NaN only (its argmax is id 0)
@@ -527,7 +539,8 @@ Status kernel_ptx_version(int device, int* out) {
 int64_t sample_rows_each_workspace_bytes(int64_t, int64_t) { return 0; }
 
 Status sample_rows_each(const float* logits, int64_t rows, int64_t vocab, const RowSamplingParams* params,
-                        int32_t* tokens, void* workspace, int64_t workspace_bytes, CudaStream stream) {
+                        int32_t* tokens, void* workspace, int64_t workspace_bytes, CudaStream stream, int32_t* unusable,
+                        const int32_t* valid_rows) {
   (void)workspace;
   if (rows < 0 || rows > INT32_MAX) return invalid_argument("sample_rows_each: rows " + std::to_string(rows) + " outside [0, 2^31)");
   if (vocab < 1 || vocab > INT32_MAX)
@@ -560,7 +573,8 @@ Status sample_rows_each(const float* logits, int64_t rows, int64_t vocab, const 
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = team > 1 ? 2 : 1;  // no cluster attribute: runs on pre-sm_90 GPUs too
-  LLMQ_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, sample_rows_each_kernel, logits, vocab, params, tokens, team));
+  LLMQ_CUDA_RETURN_IF_ERROR(
+      cudaLaunchKernelEx(&cfg, sample_rows_each_kernel, logits, vocab, params, tokens, team, unusable, valid_rows));
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("sample_rows_each_kernel");
   return {};
 }

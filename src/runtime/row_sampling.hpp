@@ -83,9 +83,12 @@ LLMQ_ROW_SAMPLING_HD float sampling_uniform01(uint64_t seed, int64_t draw) {
 // synchronisation and no allocation: safe to capture in a CUDA graph. Refused: rows < 0, vocab < 1 or > INT32_MAX, a
 // workspace smaller than sample_rows_each_workspace_bytes. Parameters are not validated on the
 // device: each field's out-of-range values behave as the definition says (the engine refuses them
-// before they get here).
+// before they get here). With `unusable` set, the same pass also sets *unusable = 1 when a row
+// among the first *valid_rows (every row when valid_rows is null) holds a NaN or Inf or is
+// constant (vocab > 1): flag_unusable_rows' test, without a second read of the logits.
 Status sample_rows_each(const float* logits, int64_t rows, int64_t vocab, const RowSamplingParams* params,
-                        int32_t* tokens, void* workspace, int64_t workspace_bytes, CudaStream stream);
+                        int32_t* tokens, void* workspace, int64_t workspace_bytes, CudaStream stream,
+                        int32_t* unusable = nullptr, const int32_t* valid_rows = nullptr);
 // The workspace sample_rows_each needs: 0 today (each row's passes keep their state in shared
 // memory); callers pass what this returns so that a row-splitting kernel can need one later.
 int64_t sample_rows_each_workspace_bytes(int64_t rows, int64_t vocab);
