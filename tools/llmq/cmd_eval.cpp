@@ -3,6 +3,7 @@
 // FP8 paper.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -36,6 +37,7 @@ struct EvalArgs {
   std::string reference = "cpu";  // cpu: the float32 CPU reference; f32 / bf16: the GPU runtime
   int gpu = 0;
   std::string attention;  // comma-separated attention variants; each candidate runs once per variant
+  std::string kv_cache;   // comma-separated KV caches (float, e4m3, e4m3-static); each candidate once per cache
   bool fp8_fast_accum = false;  // --device cuda: CudaGemmOptions::fp8_fast_accumulation for the candidates
   int threads = 0;        // 0: every core
 };
@@ -94,6 +96,19 @@ int run(const EvalArgs& a) {
     if (Status st = apply_overrides(schemes[i], alpha, a.flags.backoff, &schemes[i]); !st.ok()) return fail(st);
     need_stats = need_stats || schemes[i].needs_statistics();
   }
+  // --kv-cache: every candidate once per KV cache (empty: float). e4m3 keeps unit scales (vLLM's and
+  // the runtime's default); e4m3-static takes each layer and KV head's calibrated absmax / 448.
+  std::vector<std::string> kv_caches = split_commas(a.kv_cache);
+  for (const std::string& k : kv_caches) {
+    if (k != "float" && k != "e4m3" && k != "e4m3-static")
+      return fail(invalid_argument("--kv-cache: '" + k + "' (float, e4m3 or e4m3-static)"));
+    if (k != "float" && a.device == "cuda")
+      return fail(invalid_argument("--kv-cache " + k + ": the CPU reference's cache (--device cpu); on the GPU, llmq run "
+                                   "/ bench / serve --kv-cache e4m3"));
+    need_stats = need_stats || k == "e4m3-static";
+  }
+  const bool per_kv_cache = !kv_caches.empty();
+  if (!per_kv_cache) kv_caches.push_back("float");
   if (a.flags.smooth_alpha >= 0.0f && !smoothing && a.flags.recipe.empty())
     return fail(invalid_argument("--smooth-alpha: none of the schemes smooths (fp8-smoothquant, int8-smoothquant do)"));
   QuantRecipe recipe;
@@ -113,7 +128,20 @@ int run(const EvalArgs& a) {
   CalibrationStats stats;
   bool have_stats = false;
   if (Status st = eval_stats(model, a.stats, need_stats, a.context, &stats, &have_stats); !st.ok()) return fail(st);
-
+  // The E4M3 caches' scales per layer and KV head: unit, or the statistics' absmax / 448 (a head
+  // the calibration never saw above 0 keeps 1: any scale holds zeros).
+  const size_t kv_entries = static_cast<size_t>(model.config.n_layers * model.config.n_kv_heads);
+  const std::vector<float> unit_scales(kv_entries, 1.0f);
+  std::vector<float> k_static, v_static;
+  if (std::find(kv_caches.begin(), kv_caches.end(), "e4m3-static") != kv_caches.end()) {
+    if (stats.kv_cache.empty())
+      return fail(invalid_argument("--kv-cache e4m3-static: --stats " + a.stats +
+                                   " holds no KV cache statistics (files from before them); run llmq calibrate again"));
+    if (Status st = stats.check_matches(model.config); !st.ok()) return fail(st);
+    for (const auto& [from, to] : {std::pair<const std::vector<float>*, std::vector<float>*>{&stats.kv_cache.k_absmax, &k_static},
+                                   {&stats.kv_cache.v_absmax, &v_static}})
+      for (float m : *from) to->push_back(m > 0.0f ? m / 448.0f : 1.0f);
+  }
   // --attention: every candidate once per attention variant (empty: the default attention only).
   std::vector<AttentionVariant> attentions;
   for (const std::string& name : split_commas(a.attention)) {
@@ -164,10 +192,14 @@ int run(const EvalArgs& a) {
   options.context = std::min(a.context, model.config.max_seq_len);
   std::vector<std::string> candidate_labels;
   std::vector<const WeightError*> candidate_weight_errors;
+  std::vector<std::string> candidate_kv;
   for (size_t i = 0; i < qmodels.size(); ++i)
-    for (AttentionVariant attention : attentions) {
+    for (AttentionVariant attention : attentions)
+      for (const std::string& kv : kv_caches) {
     const auto& qm = qmodels[i];
-    candidate_labels.push_back(per_attention ? labels[i] + " + " + attention_variant_name(attention) + " attention" : labels[i]);
+    candidate_labels.push_back((per_attention ? labels[i] + " + " + attention_variant_name(attention) + " attention" : labels[i]) +
+                               (per_kv_cache ? " + " + kv + " KV" : ""));
+    candidate_kv.push_back(kv);
     candidate_weight_errors.push_back(i < weight_errors.size() ? &weight_errors[i] : nullptr);
     if (a.device == "cuda") {
       // The candidate runs on the GPU runtime; the base stays the CPU float reference. A
@@ -191,8 +223,13 @@ int run(const EvalArgs& a) {
     transformers.push_back(std::make_unique<Transformer>(qm->weights, backends.back().get()));
     Transformer* t = transformers.back().get();
     t->set_attention_options(kernel_attention_options(attention));
-    candidates.push_back(transformer_window_logits(t));
+    if (kv == "e4m3") {
+      if (Status st = t->set_kv_cache_e4m3(unit_scales, unit_scales); !st.ok()) return fail(st);
+    } else if (kv == "e4m3-static") {
+      if (Status st = t->set_kv_cache_e4m3(k_static, v_static); !st.ok()) return fail(st);
     }
+    candidates.push_back(transformer_window_logits(t));
+      }
   // The base: the float32 CPU reference, or the unquantized model on the GPU runtime (issue 27:
   // a reference that a large model's host cannot compute in float32 in reasonable time).
   Transformer base(model);
@@ -236,6 +273,7 @@ int run(const EvalArgs& a) {
         weights = {{"rel_l2", w->rel_l2}, {"expert_rel_l2", w->expert_rel_l2}, {"exact_fraction", w->exact_fraction},
                    {"elements", w->elements}};
       j["results"].push_back({{"scheme", candidate_labels[i]},
+                              {"kv_cache", candidate_kv[i]},
                               {"weight_error", weights},
                               {"ppl", s.ppl_quant},
                               {"ppl_err", s.ppl_quant_err},
@@ -304,6 +342,9 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--attention", args->attention,
                   "comma-separated attention variants, each candidate run once per variant: float (CPU), bf16, "
                   "half-int8, int8, fp8 (the 8-bit kernels' arithmetic; on cuda the kernels themselves)");
+  cmd->add_option("--kv-cache", args->kv_cache,
+                  "comma-separated KV caches of the CPU reference, each candidate run once per cache: float (default), "
+                  "e4m3 (unit scales, the engines' default), e4m3-static (per layer and KV head, the calibrated absmax / 448)");
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 
