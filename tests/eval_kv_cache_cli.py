@@ -8,6 +8,7 @@ without the KV cache for e4m3-static).
 usage: eval_kv_cache_cli.py LLMQ"""
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,37 @@ def main():
               rows[0]["top1"] == base[0]["top1"], f"{rows[0]['kl_mean']} vs {base[0]['kl_mean']}")
         check("the E4M3 caches change the model", all(r["kl_mean"] != rows[0]["kl_mean"] for r in rows[1:]),
               str([r["kl_mean"] for r in rows]))
+
+    # A --quantized checkpoint that declares KV scales runs e4m3-static with its own: the same
+    # checkpoint with its k_scale values scaled by 64 evaluates differently.
+    with tempfile.TemporaryDirectory() as d:
+        stats, q = os.path.join(d, "stats.json"), os.path.join(d, "q")
+        ok = run(llmq, "calibrate", "--model", "default", "--samples", "2", "--length", "24", "-o", stats).returncode == 0
+        ok = ok and run(llmq, "quantize", "--model", "default", "--scheme", "fp8-dynamic", "--stats", stats,
+                        "--kv-cache-scales", "-o", q).returncode == 0
+        check("calibrate and quantize --kv-cache-scales exit 0", ok)
+        if ok:
+            ev = ["eval", "--model", "default", "--quantized", q, "--stats", stats, "--samples", "2", "--length", "24",
+                  "--json", "--kv-cache", "e4m3-static"]
+            first = run(llmq, *ev)
+            path = os.path.join(q, "model.safetensors")
+            with open(path, "rb") as f:
+                blob = bytearray(f.read())
+            n = struct.unpack("<Q", blob[:8])[0]
+            header = json.loads(blob[8:8 + n])
+            for name, info in header.items():
+                if name.endswith(".k_scale"):
+                    at = 8 + n + info["data_offsets"][0]
+                    blob[at:at + 4] = struct.pack("<f", struct.unpack("<f", blob[at:at + 4])[0] * 64.0)
+            with open(path, "wb") as f:
+                f.write(blob)
+            second = run(llmq, *ev)
+            ok = first.returncode == 0 and second.returncode == 0
+            check("eval --quantized with declared scales exits 0", ok, first.stderr + second.stderr)
+            if ok:
+                a = json.loads(first.stdout)["results"][0]["kl_mean"]
+                b = json.loads(second.stdout)["results"][0]["kl_mean"]
+                check("the checkpoint's declared scales are the ones run", a != b, f"{a} == {b}")
 
     def refused(name, pattern, *args):
         r = run(llmq, *args)

@@ -36,6 +36,12 @@ struct KvCacheStats {
   bool empty() const { return layers == 0; }
   // Folds another measurement of the same shape in (elementwise max); an empty one takes it whole.
   Status merge(const std::vector<float>& k, const std::vector<float>& v, int64_t layers, int64_t kv_heads);
+  // Static E4M3 scales, one per layer for keys and one for values (compressed-tensors' "tensor"
+  // strategy, what `llmq quantize --kv-cache-scales` writes and vLLM reads): the layer's absmax over
+  // its KV heads / 448, repeated for each head ([layers * kv_heads] each, layer-major, as
+  // GpuRuntime::set_kv_scales and Transformer::set_kv_cache_e4m3 take them). Refused, naming the
+  // layer: empty statistics, a layer whose scale would be 0, subnormal or not finite.
+  Status static_e4m3_scales(std::vector<float>* k, std::vector<float>* v) const;
 };
 
 struct CalibrationStats {

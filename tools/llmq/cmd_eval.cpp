@@ -19,6 +19,7 @@
 #include "llmq/model_io.hpp"
 #include "llmq/quant_recipe.hpp"
 #include "llmq/quantized_model.hpp"
+#include "llmq/safetensors.hpp"
 
 namespace llmq::cli {
 namespace {
@@ -128,8 +129,9 @@ int run(const EvalArgs& a) {
   CalibrationStats stats;
   bool have_stats = false;
   if (Status st = eval_stats(model, a.stats, need_stats, a.context, &stats, &have_stats); !st.ok()) return fail(st);
-  // The E4M3 caches' scales per layer and KV head: unit, or the statistics' absmax / 448 (a head
-  // the calibration never saw above 0 keeps 1: any scale holds zeros).
+  // The E4M3 caches' scales per layer and KV head: unit, or static ones: a --quantized checkpoint's
+  // own when it declares them, else what `llmq quantize --kv-cache-scales` would write from the
+  // statistics (KvCacheStats::static_e4m3_scales), so the row measures the cache an engine runs.
   const size_t kv_entries = static_cast<size_t>(model.config.n_layers * model.config.n_kv_heads);
   const std::vector<float> unit_scales(kv_entries, 1.0f);
   std::vector<float> k_static, v_static;
@@ -138,9 +140,8 @@ int run(const EvalArgs& a) {
       return fail(invalid_argument("--kv-cache e4m3-static: --stats " + a.stats +
                                    " holds no KV cache statistics (files from before them); run llmq calibrate again"));
     if (Status st = stats.check_matches(model.config); !st.ok()) return fail(st);
-    for (const auto& [from, to] : {std::pair<const std::vector<float>*, std::vector<float>*>{&stats.kv_cache.k_absmax, &k_static},
-                                   {&stats.kv_cache.v_absmax, &v_static}})
-      for (float m : *from) to->push_back(m > 0.0f ? m / 448.0f : 1.0f);
+    if (Status st = stats.kv_cache.static_e4m3_scales(&k_static, &v_static); !st.ok())
+      return fail(Status(st.code(), "--kv-cache e4m3-static: " + st.message()));
   }
   // --attention: every candidate once per attention variant (empty: the default attention only).
   std::vector<AttentionVariant> attentions;
@@ -226,7 +227,16 @@ int run(const EvalArgs& a) {
     if (kv == "e4m3") {
       if (Status st = t->set_kv_cache_e4m3(unit_scales, unit_scales); !st.ok()) return fail(st);
     } else if (kv == "e4m3-static") {
-      if (Status st = t->set_kv_cache_e4m3(k_static, v_static); !st.ok()) return fail(st);
+      std::vector<float> k = k_static, v = v_static;
+      if (i >= built) {  // a checkpoint that declares its own scales runs with them
+        std::unique_ptr<Checkpoint> ckpt;
+        bool declared = false;
+        std::vector<float> ck, cv;
+        if (Status st = Checkpoint::open(a.quantized[i - built], &ckpt); !st.ok()) return fail(st);
+        if (Status st = read_kv_cache_scales(*ckpt, model.config, &declared, &ck, &cv); !st.ok()) return fail(st);
+        if (declared) k = std::move(ck), v = std::move(cv);
+      }
+      if (Status st = t->set_kv_cache_e4m3(std::move(k), std::move(v)); !st.ok()) return fail(st);
     }
     candidates.push_back(transformer_window_logits(t));
       }
@@ -344,7 +354,8 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
                   "half-int8, int8, fp8 (the 8-bit kernels' arithmetic; on cuda the kernels themselves)");
   cmd->add_option("--kv-cache", args->kv_cache,
                   "comma-separated KV caches of the CPU reference, each candidate run once per cache: float (default), "
-                  "e4m3 (unit scales, the engines' default), e4m3-static (per layer and KV head, the calibrated absmax / 448)");
+                  "e4m3 (unit scales, the engines' default), e4m3-static (a --quantized checkpoint's declared scales, "
+                  "else per layer the calibrated absmax / 448, as quantize --kv-cache-scales writes them)");
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 

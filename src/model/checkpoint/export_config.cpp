@@ -169,6 +169,8 @@ Status kv_cache_scales(const ModelConfig& config, const CalibrationStats* stats,
     return invalid_argument("--kv-cache-scales: the statistics' KV cache is " + std::to_string(kv.layers) + " layers of " +
                             std::to_string(kv.kv_heads) + " KV heads; this model has " + std::to_string(config.n_layers) +
                             " of " + std::to_string(config.n_kv_heads));
+  std::vector<float> k, v;  // one value per layer, repeated per head
+  if (Status st = kv.static_e4m3_scales(&k, &v); !st.ok()) return Status(st.code(), "--kv-cache-scales: " + st.message());
   out->clear();
   for (int64_t l = 0; l < config.n_layers; ++l) {
     LinearId q;
@@ -176,17 +178,8 @@ Status kv_cache_scales(const ModelConfig& config, const CalibrationStats* stats,
     q.role = LinearRole::kQ;
     const std::string name = q.hf_name(config);
     const std::string attention = name.substr(0, name.rfind('.'));  // "model.layers.L.self_attn"
-    for (const auto& [suffix, values] : {std::pair<const char*, const std::vector<float>*>{kKvKeyScaleSuffix, &kv.k_absmax},
-                                         {kKvValueScaleSuffix, &kv.v_absmax}}) {
-      float absmax = 0.0f;
-      for (int64_t h = 0; h < kv.kv_heads; ++h) absmax = std::max(absmax, (*values)[static_cast<size_t>(l * kv.kv_heads + h)]);
-      const float scale = absmax / 448.0f;
-      if (!(scale >= std::numeric_limits<float>::min()) || !std::isfinite(scale))  // 0, subnormal or Inf: no usable scale
-        return invalid_argument("--kv-cache-scales: the statistics' " + std::string(suffix + 1) + " absmax of layer " +
-                                std::to_string(l) + " is " + std::to_string(absmax) +
-                                " (the calibration never wrote that cache?)");
-      out->emplace_back(attention + suffix, scale);
-    }
+    out->emplace_back(attention + kKvKeyScaleSuffix, k[static_cast<size_t>(l * kv.kv_heads)]);
+    out->emplace_back(attention + kKvValueScaleSuffix, v[static_cast<size_t>(l * kv.kv_heads)]);
   }
   return {};
 }

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
+#include <limits>
 
 #include "llmq/quantized_model.hpp"
 
@@ -45,6 +47,24 @@ Status CalibrationStats::check_matches(const ModelConfig& config) const {
       return invalid_argument("--stats: the KV cache statistics are not " + std::to_string(n) +
                               " finite non-negative values each for keys and values");
   }
+  return {};
+}
+
+Status KvCacheStats::static_e4m3_scales(std::vector<float>* k, std::vector<float>* v) const {
+  if (empty()) return invalid_argument("KV cache statistics: none measured (run llmq calibrate)");
+  k->clear();
+  v->clear();
+  for (int64_t l = 0; l < layers; ++l)
+    for (const auto& [what, from, to] : {std::tuple<const char*, const std::vector<float>*, std::vector<float>*>{"key", &k_absmax, k},
+                                         {"value", &v_absmax, v}}) {
+      float absmax = 0.0f;
+      for (int64_t h = 0; h < kv_heads; ++h) absmax = std::max(absmax, (*from)[static_cast<size_t>(l * kv_heads + h)]);
+      const float scale = absmax / 448.0f;
+      if (!(scale >= std::numeric_limits<float>::min()) || !std::isfinite(scale))  // 0, subnormal or Inf: no usable scale
+        return invalid_argument("KV cache statistics: the " + std::string(what) + " absmax of layer " + std::to_string(l) +
+                                " is " + std::to_string(absmax) + " (the calibration never wrote that cache?)");
+      to->insert(to->end(), static_cast<size_t>(kv_heads), scale);
+    }
   return {};
 }
 
