@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""llmq eval --kv-cache on the built-in default model: each candidate runs once per KV cache of the
+"""llmq calibrate's KV line and llmq eval --kv-cache on the built-in default model: each candidate runs once per KV cache of the
 CPU reference, in the order given, each row saying its cache; the float row is the run without
 --kv-cache, number for number; the E4M3 caches change the numbers; and the misuses are refused with
 exit status 2 naming the option (an unknown cache, an E4M3 cache on --device cuda, statistics
@@ -47,7 +47,15 @@ def main():
     # checkpoint with its k_scale values scaled by 64 evaluates differently.
     with tempfile.TemporaryDirectory() as d:
         stats, q = os.path.join(d, "stats.json"), os.path.join(d, "q")
-        ok = run(llmq, "calibrate", "--model", "default", "--samples", "2", "--length", "24", "-o", stats).returncode == 0
+        cal = run(llmq, "calibrate", "--model", "default", "--samples", "2", "--length", "24", "-o", stats)
+        ok = cal.returncode == 0
+        if ok:  # calibrate's KV line names the file's largest |K| and |V| and their layers
+            kv = json.load(open(stats))["kv_cache"]
+            heads = kv["kv_heads"]
+            k_max, v_max = max(kv["k_absmax"]), max(kv["v_absmax"])
+            want = (f"KV cache: |K| up to {k_max:.4g} (layer {kv['k_absmax'].index(k_max) // heads}), "
+                    f"|V| up to {v_max:.4g} (layer {kv['v_absmax'].index(v_max) // heads})")
+            check("calibrate prints the KV cache's largest values", want in cal.stdout, f"want '{want}' in {cal.stdout}")
         ok = ok and run(llmq, "quantize", "--model", "default", "--scheme", "fp8-dynamic", "--stats", stats,
                         "--kv-cache-scales", "-o", q).returncode == 0
         check("calibrate and quantize --kv-cache-scales exit 0", ok)

@@ -1,5 +1,6 @@
 // llmq calibrate: the MEASURE phase. Runs calibration tokens through the model and saves the
 // absmax statistics of every linear layer's input and weight.
+#include <algorithm>
 #include <cstdio>
 
 #include "commands.hpp"
@@ -108,6 +109,21 @@ int run(const CalibrateArgs& a) {
   std::printf("calibrated %s on %lld tokens (%s, %s): %zu linear layers -> %s\n", description.c_str(),
               static_cast<long long>(stats.tokens), data_name.c_str(),
               runtime ? "GPU runtime, bf16" : "CPU reference, f32", stats.linears.size(), a.out.c_str());
+  // The KV cache: an E4M3 cache with unit scales (the engines' default) saturates above 448.
+  const KvCacheStats& kv = stats.kv_cache;
+  if (!kv.empty()) {
+    const auto largest = [&kv](const std::vector<float>& m) {
+      const auto it = std::max_element(m.begin(), m.end());
+      return std::make_pair(*it, static_cast<int64_t>(it - m.begin()) / kv.kv_heads);
+    };
+    const auto [k, k_layer] = largest(kv.k_absmax);
+    const auto [v, v_layer] = largest(kv.v_absmax);
+    std::printf("KV cache: |K| up to %.4g (layer %lld), |V| up to %.4g (layer %lld)%s\n", k, static_cast<long long>(k_layer), v,
+                static_cast<long long>(v_layer),
+                k > 448.0f || v > 448.0f ? ": above E4M3's 448, so a unit-scale E4M3 cache would saturate; quantize with "
+                                           "--kv-cache-scales"
+                                         : "");
+  }
   return 0;
 }
 
