@@ -2,6 +2,9 @@
 // --kv-cache-scales (compressed-tensors' kv_cache_scheme and each attention module's k_scale /
 // v_scale, from the calibration statistics' KV absmax), read back by read_kv_cache_scales (what the
 // GPU loader hands an E4M3 cache), and the checkpoints either refuses.
+#include <fstream>
+#include <limits>
+
 #include "model_quantize_support.hpp"
 
 namespace llmq {
@@ -137,6 +140,38 @@ TEST(ExportKvCache, DeclaredScalesAreReadOrRefusedByName) {
   st = read_kv_cache_scales(*ckpt, c, &declared, &k, &v);
   EXPECT_TRUE(contains(st.message(), "model.layers.0.self_attn.k_scale holds 1 values")) << st.to_string();
   EXPECT_TRUE(contains(st.message(), "wants " + std::to_string(c.n_kv_heads))) << st.to_string();
+
+  // A kv_cache_scheme that is not an object: refused, naming the field.
+  config["quantization_config"]["kv_cache_scheme"] = "fp8";
+  write_text(odd + "/config.json", config.dump());
+  ASSERT_TRUE(Checkpoint::open(odd, &ckpt).ok());
+  st = read_kv_cache_scales(*ckpt, c, &declared, &k, &v);
+  EXPECT_TRUE(contains(st.message(), "quantization_config.kv_cache_scheme is \"fp8\"")) << st.to_string();
+
+  // A scale that is NaN, then one that is negative: refused, naming the tensor.
+  ASSERT_TRUE(export_quantized(*src, scheme, &m.stats, dir.file("bad_value"), options, &sum).ok());
+  const std::string file = dir.file("bad_value") + "/model.safetensors";
+  int64_t at = -1;
+  {
+    const std::string bytes = read_text(file);
+    SafetensorsHeader header;
+    ASSERT_TRUE(parse_safetensors_header(file, reinterpret_cast<const uint8_t*>(bytes.data()),
+                                         static_cast<int64_t>(bytes.size()), &header).ok());
+    for (const SafetensorsTensorInfo& t : header.tensors)
+      if (t.name == "model.layers.1.self_attn.v_scale") at = header.data_start + t.offset;
+  }
+  ASSERT_GE(at, 0);
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -0.5f}) {
+    {
+      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(at);
+      f.write(reinterpret_cast<const char*>(&bad), 4);
+    }
+    ASSERT_TRUE(Checkpoint::open(dir.file("bad_value"), &ckpt).ok());
+    st = read_kv_cache_scales(*ckpt, c, &declared, &k, &v);
+    EXPECT_TRUE(contains(st.message(), "model.layers.1.self_attn.v_scale holds")) << st.to_string();
+    EXPECT_TRUE(contains(st.message(), "not a finite positive scale")) << st.to_string();
+  }
 }
 
 }  // namespace

@@ -193,6 +193,18 @@ int run(const EvalArgs& a) {
   options.context = std::min(a.context, model.config.max_seq_len);
   std::vector<std::string> candidate_labels;
   std::vector<const WeightError*> candidate_weight_errors;
+  // The static KV scales each candidate runs with: a --quantized checkpoint's declared ones, read
+  // once per directory; the statistics' otherwise.
+  std::vector<std::pair<std::vector<float>, std::vector<float>>> static_scales(qmodels.size(), {k_static, v_static});
+  if (!k_static.empty())
+    for (size_t i = built; i < qmodels.size(); ++i) {
+      std::unique_ptr<Checkpoint> ckpt;
+      bool declared = false;
+      std::vector<float> ck, cv;
+      if (Status st = Checkpoint::open(a.quantized[i - built], &ckpt); !st.ok()) return fail(st);
+      if (Status st = read_kv_cache_scales(*ckpt, model.config, &declared, &ck, &cv); !st.ok()) return fail(st);
+      if (declared) static_scales[i] = {std::move(ck), std::move(cv)};
+    }
   std::vector<std::string> candidate_kv;
   for (size_t i = 0; i < qmodels.size(); ++i)
     for (AttentionVariant attention : attentions)
@@ -227,16 +239,7 @@ int run(const EvalArgs& a) {
     if (kv == "e4m3") {
       if (Status st = t->set_kv_cache_e4m3(unit_scales, unit_scales); !st.ok()) return fail(st);
     } else if (kv == "e4m3-static") {
-      std::vector<float> k = k_static, v = v_static;
-      if (i >= built) {  // a checkpoint that declares its own scales runs with them
-        std::unique_ptr<Checkpoint> ckpt;
-        bool declared = false;
-        std::vector<float> ck, cv;
-        if (Status st = Checkpoint::open(a.quantized[i - built], &ckpt); !st.ok()) return fail(st);
-        if (Status st = read_kv_cache_scales(*ckpt, model.config, &declared, &ck, &cv); !st.ok()) return fail(st);
-        if (declared) k = std::move(ck), v = std::move(cv);
-      }
-      if (Status st = t->set_kv_cache_e4m3(std::move(k), std::move(v)); !st.ok()) return fail(st);
+      if (Status st = t->set_kv_cache_e4m3(static_scales[i].first, static_scales[i].second); !st.ok()) return fail(st);
     }
     candidates.push_back(transformer_window_logits(t));
       }

@@ -104,8 +104,8 @@ Status check_hf_checkpoint(const Checkpoint& ckpt, const ModelConfig& config) {
     // A buffer old checkpoints saved; transformers recomputes it from the config.
     if (ends_with(name, ".rotary_emb.inv_freq")) continue;
     // KV-cache scales of a compressed-tensors checkpoint whose config declares kv_cache_scheme:
-    // they describe an FP8 KV cache for an engine; llmq's KV cache precision is its own option
-    // (--kv-cache), and the weights are read in full either way.
+    // read_kv_cache_scales checks them (scheme, shape, values) for an E4M3 cache (--kv-cache);
+    // a BF16 cache needs none, and the weights are read in full either way.
     if (kv_scales_declared && (ends_with(name, std::string(".self_attn") + kKvKeyScaleSuffix) ||
                                ends_with(name, std::string(".self_attn") + kKvValueScaleSuffix)))
       continue;

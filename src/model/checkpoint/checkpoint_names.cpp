@@ -20,6 +20,14 @@ bool is_scalar_shape(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+std::string attention_module_name(const ModelConfig& config, int64_t layer) {
+  LinearId q;
+  q.layer = layer;
+  q.role = LinearRole::kQ;
+  const std::string name = q.hf_name(config);
+  return name.substr(0, name.rfind('.'));
+}
+
 const char* scale_layout_name(ScaleLayout layout) {
   switch (layout) {
     case ScaleLayout::kTensor: return "per-tensor";

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "llmq/dtype.hpp"
+#include "llmq/model.hpp"
 #include "llmq/quant_spec.hpp"
 #include "llmq/safetensors.hpp"
 #include "llmq/scheme.hpp"
@@ -44,6 +45,9 @@ inline constexpr char kInputScaleSuffix[] = ".input_scale";
 inline constexpr char kZeroPointSuffix[] = ".weight_zero_point";
 inline constexpr char kKvKeyScaleSuffix[] = ".k_scale";    // after the attention module
 inline constexpr char kKvValueScaleSuffix[] = ".v_scale";  // after the attention module
+// Layer `layer`'s attention module, the one its k_scale / v_scale follow: q_proj's module
+// ("model.layers.3.self_attn"), as LinearId::hf_name spells it for the config's family.
+std::string attention_module_name(const ModelConfig& config, int64_t layer);
 
 // Which weight elements one scale element covers.
 enum class ScaleLayout { kTensor, kChannel, kBlock };

@@ -173,11 +173,7 @@ Status kv_cache_scales(const ModelConfig& config, const CalibrationStats* stats,
   if (Status st = kv.static_e4m3_scales(&k, &v); !st.ok()) return Status(st.code(), "--kv-cache-scales: " + st.message());
   out->clear();
   for (int64_t l = 0; l < config.n_layers; ++l) {
-    LinearId q;
-    q.layer = l;
-    q.role = LinearRole::kQ;
-    const std::string name = q.hf_name(config);
-    const std::string attention = name.substr(0, name.rfind('.'));  // "model.layers.L.self_attn"
+    const std::string attention = attention_module_name(config, l);
     out->emplace_back(attention + kKvKeyScaleSuffix, k[static_cast<size_t>(l * kv.kv_heads)]);
     out->emplace_back(attention + kKvValueScaleSuffix, v[static_cast<size_t>(l * kv.kv_heads)]);
   }

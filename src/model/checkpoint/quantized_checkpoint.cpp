@@ -242,11 +242,7 @@ Status read_kv_cache_scales(const Checkpoint& ckpt, const ModelConfig& config, b
     return unsupported(where + " is " + s.dump() + "; llmq reads static 8-bit float KV scales, per tensor or per KV head");
   const int64_t heads = config.n_kv_heads;
   for (int64_t l = 0; l < config.n_layers; ++l) {
-    LinearId id;
-    id.layer = l;
-    id.role = LinearRole::kQ;
-    const std::string q_name = id.hf_name(config);
-    const std::string attention = q_name.substr(0, q_name.rfind('.'));
+    const std::string attention = attention_module_name(config, l);
     for (const auto& [suffix, dst] : {std::pair<const char*, std::vector<float>*>{kKvKeyScaleSuffix, k_scales},
                                       {kKvValueScaleSuffix, v_scales}}) {
       const std::string name = attention + suffix;
