@@ -282,9 +282,11 @@ TEST(CudaCalibration, RuntimeMatchesCpuCalibrate) {
   }
   constexpr int64_t kChunk = 24;
   for (auto& [name, w] : models) {
-    const std::vector<int32_t> tokens = prompt(40, w.config.vocab_size, 7);
+    const std::vector<int32_t> tokens = prompt(40, w.config.vocab_size, 7), more = prompt(30, w.config.vocab_size, 9);
     CalibrationStats cpu, gpu;
-    const Status cst = calibrate(w, tokens, kChunk, &cpu);
+    Status cst = calibrate(w, tokens, kChunk, &cpu);
+    ASSERT_TRUE(cst.ok()) << name << ": " << cst.to_string();
+    cst = calibrate(w, more, kChunk, &cpu);
     ASSERT_TRUE(cst.ok()) << name << ": " << cst.to_string();
     std::unique_ptr<GpuModel> gm;
     Status st = GpuModel::from_float(w, DType::kBF16, 0, &gm);
@@ -292,16 +294,17 @@ TEST(CudaCalibration, RuntimeMatchesCpuCalibrate) {
     GpuRuntimeOptions o;
     o.max_context = kChunk;
     o.max_step_tokens = 16;
+    o.max_batch = 3;  // the 4 windows go 3 to a prefill, packed into steps of 16 positions
     std::unique_ptr<GpuRuntime> rt;
     st = GpuRuntime::create(*gm, o, &rt);
     ASSERT_TRUE(st.ok()) << name << ": " << st.to_string();
-    st = calibrate_on_gpu(*rt, tokens, kChunk, &gpu);
+    st = calibrate_on_gpu(*rt, {tokens, more}, kChunk, &gpu);
     ASSERT_TRUE(st.ok()) << name << ": " << st.to_string();
     compare_stats(gpu, cpu, name);
     // A second pass over the same tokens folds into the same statistics: maxima unchanged
     // (the same values again), rows doubled, as calibrate() does when called per sequence.
     CalibrationStats twice = gpu;
-    st = calibrate_on_gpu(*rt, tokens, kChunk, &twice);
+    st = calibrate_on_gpu(*rt, {tokens, more}, kChunk, &twice);
     ASSERT_TRUE(st.ok()) << name << ": " << st.to_string();
     for (const auto& [m, l] : gpu.linears) {
       EXPECT_EQ(twice.linears.at(m).rows_seen, 2 * l.rows_seen) << name << " " << m;
@@ -339,7 +342,7 @@ TEST(CudaCalibration, MoeRuntimeMatchesCpuCalibrate) {
   o.max_step_tokens = 16;
   std::unique_ptr<GpuRuntime> rt;
   ASSERT_TRUE(GpuRuntime::create(*gm, o, &rt).ok());
-  st = calibrate_on_gpu(*rt, tokens, kChunk, &gpu);
+  st = calibrate_on_gpu(*rt, {tokens}, kChunk, &gpu);
   ASSERT_TRUE(st.ok()) << st.to_string();
   auto is_expert = [](const std::string& name) { return name.find(".experts.") != std::string::npos; };
   CalibrationStats gpu_rest = gpu, cpu_rest = cpu;

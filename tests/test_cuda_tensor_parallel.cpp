@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "llmq/calibration.hpp"
 #include "llmq/format.hpp"
 
 #include "llmq/tensor_parallel.hpp"
@@ -211,6 +212,80 @@ TEST(TensorParallel, MoeModelMatchesOneGpu) {
     r.expert_parallel = true;
     return GpuModel::from_quantized(qm, device, m, r);
   }, &cpu_q, true);
+}
+
+// Calibration over a split (calibrate_on_gpu on a TensorParallelRuntime): every rank observes its
+// slices, merge_tensor_parallel_calibration puts them together, and the result is TP=1's: the same
+// modules and rows, the weights' statistics exactly (the same BF16 weights, maxed or concatenated),
+// the inputs' and the KV cache's maxima within the BF16 rounding of the partial sums (relative to
+// each module's largest channel: kCalibrationRelTolerance). MoE: the experts' routed rows may follow
+// a flipped choice, so for them only their rows' total (every token top_k times) is checked.
+constexpr double kCalibrationRelTolerance = 0.05;  // a few BF16 roundings through two layers
+TEST(TensorParallel, CalibrationMatchesOneGpu) {
+  LLMQ_REQUIRE_GPUS(2);
+  for (int64_t experts : {0, 4}) {
+    const ModelWeights w = split_model(experts);
+    const std::vector<std::vector<int32_t>> data = {prompt(40, w.config.vocab_size, 5), prompt(23, w.config.vocab_size, 6),
+                                                    prompt(64, w.config.vocab_size, 8)};
+    auto calibrate_over = [&](int tp, CalibrationStats* out) {
+      std::unique_ptr<TensorParallelRuntime> rt;
+      Status st = load(tp, [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+        return GpuModel::from_float(w, DType::kBF16, device, m, r);
+      }, &rt);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      GpuRuntimeOptions o;
+      o.max_context = 32;
+      o.max_batch = 3;
+      o.max_step_tokens = 64;
+      o.cuda_graphs = false;
+      ASSERT_TRUE(rt->start(o).ok());
+      st = calibrate_on_gpu(*rt, data, 32, out);
+      ASSERT_TRUE(st.ok()) << "tp " << tp << ": " << st.to_string();
+    };
+    CalibrationStats single;
+    calibrate_over(1, &single);
+    if (::testing::Test::HasFatalFailure()) return;
+    ASSERT_EQ(single.tokens, 40 + 23 + 64);
+    ASSERT_FALSE(single.kv_cache.empty());
+    for (int tp : tp_sizes()) {
+      CalibrationStats split;
+      calibrate_over(tp, &split);
+      if (::testing::Test::HasFatalFailure()) return;
+      const std::string what = (experts > 0 ? "moe tp " : "dense tp ") + std::to_string(tp);
+      EXPECT_EQ(split.tokens, single.tokens) << what;
+      double worst = 0;
+      int64_t expert_rows_single = 0, expert_rows_split = 0;
+      for (const auto& [name, one] : single.linears) {
+        const bool expert = name.find(".experts.") != std::string::npos;
+        if (expert) expert_rows_single += one.rows_seen;
+        const LinearStats* got = split.find(name);
+        if (expert && got == nullptr) continue;  // a flipped choice left it unchosen
+        ASSERT_NE(got, nullptr) << what << ": " << name;
+        ASSERT_EQ(got->in_features, one.in_features) << what << ": " << name;
+        EXPECT_EQ(got->weight_channel_absmax, one.weight_channel_absmax) << what << ": " << name;
+        EXPECT_EQ(got->weight_absmax, one.weight_absmax) << what << ": " << name;
+        if (expert) continue;
+        EXPECT_EQ(got->rows_seen, one.rows_seen) << what << ": " << name;
+        for (size_t j = 0; j < one.input_channel_absmax.size(); ++j)
+          worst = std::max(worst, std::fabs(got->input_channel_absmax[j] - one.input_channel_absmax[j]) / one.input_absmax);
+      }
+      for (const auto& [name, l] : split.linears)
+        if (name.find(".experts.") != std::string::npos) expert_rows_split += l.rows_seen;
+      EXPECT_EQ(expert_rows_split, expert_rows_single) << what;
+      ASSERT_EQ(split.kv_cache.kv_heads, single.kv_cache.kv_heads) << what;
+      double kv_worst = 0;
+      for (size_t i = 0; i < single.kv_cache.k_absmax.size(); ++i)
+        for (const bool keys : {true, false}) {
+          const float one = (keys ? single.kv_cache.k_absmax : single.kv_cache.v_absmax)[i];
+          const float got = (keys ? split.kv_cache.k_absmax : split.kv_cache.v_absmax)[i];
+          kv_worst = std::max(kv_worst, std::fabs(static_cast<double>(got) - one) / one);
+        }
+      std::printf("  calibration %-10s vs tp=1: inputs worst %.2e of the module's absmax, KV worst rel %.2e\n", what.c_str(),
+                  worst, kv_worst);
+      EXPECT_LE(worst, kCalibrationRelTolerance) << what;
+      EXPECT_LE(kv_worst, kCalibrationRelTolerance) << what;
+    }
+  }
 }
 
 // The newer families' per-layer pieces under a split: Qwen3's q/k norms (whole on every rank) and

@@ -57,6 +57,11 @@ struct CalibrationStats {
   // non-negative integers, absmax values finite and non-negative, channel lists in_features long.
   static Status parse(const std::string& source, const std::string& json_text, CalibrationStats* out);
   const LinearStats* find(const std::string& module) const;
+  // Folds another measurement of the same model in, as one run over both data sets would have
+  // measured: input channel maxima maxed, rows and tokens added, a module's weight statistics taken
+  // when it is new here (else kept: the same weights), the KV cache's maxima maxed. Refused, leaving
+  // *this as it was: a module with another input width, a KV cache of another shape.
+  Status merge(const CalibrationStats& other);
   // Were these statistics measured on a model of this shape? Every entry must name a linear layer
   // the model has, with its input width, and hold finite, non-negative absmax values; the error
   // names the entry and says what the model has instead; KV statistics must have its layers and KV

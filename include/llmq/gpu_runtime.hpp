@@ -250,7 +250,8 @@ class GpuRuntime {
 
   // Appends tokens[b] to sequence b (tokens.size() <= max_batch; empty rows add nothing). Logits
   // (float32, row-major, vocab wide) of the last new token of every sequence that got tokens, in
-  // order of b, or of every new token when all_positions.
+  // order of b, or of every new token when all_positions. logits may be null: the rows are computed
+  // (calibration observes lm_head's input) and not copied back.
   Status prefill(const std::vector<std::vector<int32_t>>& tokens, bool all_positions, std::vector<float>* logits);
   // One new token for each of sequences 0 .. tokens.size() - 1: logits [tokens.size(), vocab].
   Status decode(const std::vector<int32_t>& tokens, std::vector<float>* logits);
@@ -317,11 +318,15 @@ class GpuRuntime {
   std::unique_ptr<Impl> impl_;
 };
 
-// The GPU counterpart of calibrate() (calibration.hpp): `tokens` in windows of `chunk` positions,
-// each a fresh prefill of sequence 0 with every position's logits (so lm_head reads every row, as on
-// the CPU), observed between begin_calibration and end_calibration; out->tokens grows by the count.
-// chunk in [1, the runtime's max_context]. Leaves the runtime reset and not calibrating.
-Status calibrate_on_gpu(GpuRuntime& runtime, const std::vector<int32_t>& tokens, int64_t chunk, CalibrationStats* out);
+// The GPU counterpart of calibrate() (calibration.hpp) over several sequences: each in windows of
+// `chunk` positions, every window from position 0 of a sequence slot of its own with every
+// position's row through lm_head (as on the CPU), up to max_batch windows per prefill, observed
+// between one begin_calibration and end_calibration; out->tokens grows by the count. chunk in
+// [1, the runtime's max_context]; `progress` (optional) gets (tokens done, tokens in all). Leaves
+// the runtime reset and not calibrating; a failure discards what it saw and leaves *out as it was.
+using CalibrationProgressFn = std::function<void(int64_t done, int64_t total)>;
+Status calibrate_on_gpu(GpuRuntime& runtime, const std::vector<std::vector<int32_t>>& sequences, int64_t chunk,
+                        CalibrationStats* out, const CalibrationProgressFn& progress = {});
 
 // Device-to-device copy bandwidth of `device` (bytes read + written per second, median of several
 // copies of `bytes`): the memory ceiling decode is measured against.

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "llmq/calibration.hpp"
 #include "llmq/cuda_stream.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/model.hpp"
@@ -68,6 +69,18 @@ struct LinearShard {
 };
 LinearShard linear_shard(const ModelConfig& full, ShardedLinear which, TensorParallelRank tp);
 
+// The whole model's calibration statistics from its ranks' (`ranks[r]`, what GpuRuntime::end_calibration
+// gave on rank r of a split of `full` over ranks.size() GPUs, without expert parallelism). Inputs the
+// split replicates (q/k/v, gate/up, an expert's w1/w3, the router, lm_head) were seen whole by every
+// rank: their maxima are maxed (the all-reduce gives every rank the same rows) and their rows are
+// rank 0's; the row-parallel inputs (o_proj, down_proj, an expert's w2) and the KV heads are
+// concatenated in rank order. Weight statistics follow the same split: per-input-channel maxima of
+// a weight whose rows are split are maxed, of one whose columns are split concatenated. Refused,
+// naming the module: a rank's entry of the wrong width, or a module some ranks saw and others did
+// not, or saw a different number of rows of.
+Status merge_tensor_parallel_calibration(const ModelConfig& full, const std::vector<CalibrationStats>& ranks,
+                                         CalibrationStats* out);
+
 // How TensorParallelRuntime::load takes a source.
 struct TensorParallelLoadOptions {
   bool expert_parallel = false;             // MoE: whole experts per rank
@@ -83,6 +96,11 @@ using ShardLoader = std::function<Status(TensorParallelRank tp, int device, std:
 // once, one thread per rank (the all-reduces keep them in step), and returns rank 0's results (the
 // ranks' logits are the same). A group of one rank runs on the calling thread with no NCCL at all,
 // so the single-GPU path is this class with size 1.
+class TensorParallelRuntime;
+// calibrate_on_gpu (gpu_runtime.hpp) over a tensor-parallel split: the whole model's statistics.
+Status calibrate_on_gpu(TensorParallelRuntime& runtime, const std::vector<std::vector<int32_t>>& sequences, int64_t chunk,
+                        CalibrationStats* out, const CalibrationProgressFn& progress = {});
+
 class TensorParallelRuntime {
  public:
   // Loads every rank's shard in parallel (`group` may be null for one device: `devices` = {d}).
@@ -101,6 +119,7 @@ class TensorParallelRuntime {
   Status start(const GpuRuntimeOptions& options);
 
   int size() const;
+  bool started() const { return !runtimes_.empty() && runtimes_.front() != nullptr; }
   const GpuModel& model(int rank) const;
   const TensorParallelGroup* group() const { return group_.get(); }  // null for one device
   GpuRuntime& runtime(int rank);  // after start()
@@ -114,6 +133,10 @@ class TensorParallelRuntime {
   // logits, logprobs) come back; only rank 0 computes the logprobs.
   Status step(const std::vector<PagedChunk>& chunks, std::vector<int32_t>* sampled, std::vector<float>* logits = nullptr,
               std::vector<RowLogprobs>* logprobs = nullptr);
+  // Calibration over every rank (GpuRuntime::begin_calibration); end_calibration folds the ranks'
+  // statistics, put together by merge_tensor_parallel_calibration, into *stats (null: discards them).
+  Status begin_calibration();
+  Status end_calibration(CalibrationStats* stats);
   Status fill_context_for_benchmark(int64_t batch, int64_t length, uint64_t seed);
   // Rank 0's step times (every rank's steps end together at the all-reduces).
   Status time_decode(int64_t batch, int64_t warmup, int64_t steps, std::vector<double>* step_ms);

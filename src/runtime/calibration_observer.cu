@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cuda/cuda_check.cuh"
+#include "llmq/tensor_parallel.hpp"
 #include "runtime/calibration_observer.hpp"
 #include "runtime/channel_absmax.hpp"
 
@@ -32,8 +33,10 @@ Status check_observable(const GpuLinear& l, const std::string& precision) {
 
 Status CalibrationObserver::create(const GpuModel::Impl& model, CudaStream stream, std::unique_ptr<CalibrationObserver>* out) {
   const ModelConfig& c = model.config;
-  if (model.tp.size > 1)
-    return unsupported("calibration on the GPU: a tensor-parallel rank holds a slice of every linear; calibrate on one GPU");
+  // A tensor-parallel rank observes its slices under the rank's config (merge_tensor_parallel_calibration
+  // puts them together); expert parallelism would need the experts' global numbers.
+  if (model.tp.size > 1 && model.tp.expert_parallel)
+    return unsupported("calibration on the GPU: expert parallelism (--ep) splits the experts; calibrate with --tp alone");
   std::unique_ptr<CalibrationObserver> o(new CalibrationObserver());
   const int64_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim, hidden = c.hidden_dim;
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -66,9 +69,10 @@ Status CalibrationObserver::create(const GpuModel::Impl& model, CudaStream strea
     LLMQ_RETURN_IF_ERROR(o->add_slot({{module_name(c, l, LinearRole::kDown), &L.down, 0, L.down.n}}, hidden, stream));
   }
   LLMQ_RETURN_IF_ERROR(check_observable(model.lm_head, model.precision));
-  if (model.lm_head.n != c.vocab_size || model.lm_head.k != c.dim)
+  // A rank's lm_head holds its share of the vocabulary's rows.
+  if (model.lm_head.n != linear_shard(model.full_config, ShardedLinear::kLmHead, model.tp).n() || model.lm_head.k != c.dim)
     return Status(StatusCode::kInternal, "calibration on the GPU: lm_head is not [vocab, dim]");
-  LLMQ_RETURN_IF_ERROR(o->add_slot({{module_name(c, -1, LinearRole::kLmHead), &model.lm_head, 0, c.vocab_size}}, c.dim, stream));
+  LLMQ_RETURN_IF_ERROR(o->add_slot({{module_name(c, -1, LinearRole::kLmHead), &model.lm_head, 0, model.lm_head.n}}, c.dim, stream));
 
   int64_t floats = 0;
   for (const Slot& s : o->slots_) floats += s.k;

@@ -16,9 +16,11 @@
 // MoE layers: the router reads the FFN norm's output (kFfn); each expert's w1 and w3 the rows
 // routed to it and its w2 those rows' GLU output, folded per expert on the device (segments of the
 // routing's expert offsets), with per-expert row counts; an expert no token chose gets no entry,
-// as on the CPU. Not observed (refused when the observer is made, naming why): tensor-parallel
-// ranks (each holds a slice), 8-bit linears (their inputs are codes, not BF16). Internal header;
-// no CUDA headers.
+// as on the CPU. A tensor-parallel rank observes its own slices under the same names (its heads'
+// o_proj columns, its share of down's, its KV heads); merge_tensor_parallel_calibration
+// (tensor_parallel.hpp) puts the ranks' together. Not observed (refused when the observer is made,
+// naming why): expert-parallel ranks, 8-bit linears (their inputs are codes, not BF16). Internal
+// header; no CUDA headers.
 #pragma once
 
 #include <cstdint>

@@ -337,6 +337,7 @@ Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int6
   for (int64_t first = 0; first < m.lm_count; first += lm_rows) {
     const int64_t count = std::min(lm_rows, m.lm_count - first);
     LLMQ_RETURN_IF_ERROR(lm_head(m, first, count));
+    if (out == nullptr) continue;  // computed (calibration observes lm_head's input), not wanted
     std::vector<float> host(static_cast<size_t>(count * c.vocab_size));
     LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), logits.get(), host.size() * 4, cudaMemcpyDeviceToHost, stream));
     LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
@@ -377,13 +378,14 @@ Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool
       begin += take;
       used += take;
       if (used == g.options.max_step_tokens) {
-        LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, &rows));
+        LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, logits == nullptr ? nullptr : &rows));
         segs.clear();
         used = 0;
       }
     }
   }
-  if (!segs.empty()) LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, &rows));
+  if (!segs.empty()) LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, logits == nullptr ? nullptr : &rows));
+  if (logits == nullptr) return {};
   logits->clear();
   // Rows come out in step order, which is sequence order, then position order.
   for (auto& [b, row] : rows) logits->insert(logits->end(), row.begin(), row.end());

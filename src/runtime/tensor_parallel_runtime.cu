@@ -109,7 +109,9 @@ Status TensorParallelRuntime::each_runtime(const std::function<Status(int rank, 
 Status TensorParallelRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool all_positions,
                                       std::vector<float>* logits) {
   std::vector<std::vector<float>> other(devices_.size());
-  return each_runtime([&](int r, GpuRuntime& rt) { return rt.prefill(tokens, all_positions, r == 0 ? logits : &other[r]); });
+  return each_runtime([&](int r, GpuRuntime& rt) {
+    return rt.prefill(tokens, all_positions, logits == nullptr ? nullptr : r == 0 ? logits : &other[r]);
+  });
 }
 
 Status TensorParallelRuntime::decode(const std::vector<int32_t>& tokens, std::vector<float>* logits) {
@@ -131,6 +133,29 @@ Status TensorParallelRuntime::generate(const std::vector<int32_t>& first, int64_
                                        std::vector<std::vector<int32_t>>* out) {
   std::vector<std::vector<std::vector<int32_t>>> other(devices_.size());
   return each_runtime([&](int r, GpuRuntime& rt) { return rt.generate(first, steps, sampling, r == 0 ? out : &other[r]); });
+}
+
+Status TensorParallelRuntime::begin_calibration() {
+  const Status st = each_runtime([](int, GpuRuntime& rt) { return rt.begin_calibration(); });
+  if (!st.ok())  // the ranks that began detach again
+    (void)on_every_rank([&](int r) {
+      GpuRuntime* rt = static_cast<size_t>(r) < runtimes_.size() ? runtimes_[static_cast<size_t>(r)].get() : nullptr;
+      return rt == nullptr ? Status() : rt->end_calibration(nullptr);
+    });
+  return st;
+}
+
+Status TensorParallelRuntime::end_calibration(CalibrationStats* stats) {
+  std::vector<CalibrationStats> ranks(devices_.size());
+  // Every rank detaches, even when one fails.
+  LLMQ_RETURN_IF_ERROR(each_runtime([&](int r, GpuRuntime& rt) {
+    return rt.end_calibration(stats == nullptr ? nullptr : &ranks[static_cast<size_t>(r)]);
+  }));
+  if (stats == nullptr) return {};
+  if (size() == 1) return stats->merge(ranks[0]);
+  CalibrationStats whole;
+  LLMQ_RETURN_IF_ERROR(merge_tensor_parallel_calibration(models_.front()->config(), ranks, &whole));
+  return stats->merge(whole);
 }
 
 Status TensorParallelRuntime::fill_context_for_benchmark(int64_t batch, int64_t length, uint64_t seed) {

@@ -1,4 +1,5 @@
 // Shared CLI helpers: error printing, the progress bar and the GPU launch flags.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -53,6 +54,12 @@ TensorParallelGroupOptions apply_gpu_launch_flags(const GpuLaunchFlags& flags) {
   o.nccl_library = flags.nccl_library;
   o.one_shot_all_reduce = flags.allreduce == "auto";
   return o;
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return -1;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 Status gpu_model_source(const std::string& model, uint64_t seed, GpuModelSource* out, ModelWeights* host) {

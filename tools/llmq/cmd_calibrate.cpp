@@ -1,13 +1,18 @@
 // llmq calibrate: the MEASURE phase. Runs calibration tokens through the model and saves the
 // absmax statistics of every linear layer's input and weight.
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "commands.hpp"
+#include "engine_setup.hpp"
 #include "llmq/calibration.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/model_io.hpp"
 #include "llmq/output_dir.hpp"
+#include "llmq/tensor_parallel.hpp"
 #include "llmq/tokenizer.hpp"
 
 namespace llmq::cli {
@@ -24,10 +29,38 @@ struct CalibrateArgs {
   std::string device = "cpu";  // cpu: the float32 reference; cuda: the BF16 GPU runtime
   int gpu = 0;
   bool gpu_given = false;
+  int tp = 1;
+  GpuLaunchFlags launch;
 };
+
+// Positions per prefill step on the GPU: windows are batched up to this many tokens (the weights
+// are read once per step, so small windows alone would leave a large model memory-bound).
+constexpr int64_t kGpuStepTokens = 8192;
+
+// Sequences sampled on the GPU (a model that is not on the host): `count` of `length` tokens after
+// the start token, temperature 1 and top-p 0.9 as the CPU's sampling, in batches of the runtime's
+// max_batch. (The draws are the GPU sampler's, so the text differs from the CPU's for the same seed.)
+Status sample_on_gpu(TensorParallelRuntime& tpr, int64_t max_batch, int32_t start, int64_t count, int64_t length,
+                     uint64_t seed, std::vector<std::vector<int32_t>>* out) {
+  out->clear();
+  for (int64_t first = 0; first < count; first += max_batch) {
+    const int64_t n = std::min(max_batch, count - first);
+    SamplingOptions s;
+    s.temperature = 1.0f;
+    s.top_p = 0.9f;
+    s.seed = seed + static_cast<uint64_t>(first);
+    std::vector<std::vector<int32_t>> batch;
+    tpr.reset();
+    LLMQ_RETURN_IF_ERROR(tpr.generate(std::vector<int32_t>(static_cast<size_t>(n), start), length, s, &batch));
+    for (auto& b : batch) out->push_back(std::move(b));
+  }
+  tpr.reset();
+  return {};
+}
 
 int run(const CalibrateArgs& a) {
   if (a.gpu_given && a.device != "cuda") return fail(invalid_argument("--gpu: only with --device cuda"));
+  if (a.tp != 1 && a.device != "cuda") return fail(invalid_argument("--tp: only with --device cuda"));
   // The output rules before any work (output_dir.hpp; save() decides again as it writes): never the
   // model, its tokenizer or the data, nor a file inside them; an existing file only when it is
   // llmq statistics.
@@ -36,79 +69,127 @@ int run(const CalibrateArgs& a) {
   out_rules.inputs = {a.model, a.data, Tokenizer::find(a.model)};
   out_rules.overwrite = true;
   if (Status st = check_output_path(a.out, out_rules); !st.ok()) return fail(st);
+  const auto started = std::chrono::steady_clock::now();
+  // The model: on the CPU loaded whole in float32; on the GPU a checkpoint directory streams to the
+  // devices and synthetic:NAME is generated there (the host never holds them), the rest (llama2.c
+  // files, the default models) is loaded on the host first.
   ModelWeights model;
-  std::string description;
-  {
+  ModelConfig config;
+  std::string description = a.model;
+  GpuModelSource source;
+  if (a.device == "cuda") {
+    if (Status st = model_shape(a.model, /*seed=*/1, &source, &model, &config); !st.ok()) return fail(st);
+  } else {
+    if (a.model.rfind("synthetic:", 0) == 0)
+      return fail(invalid_argument("--model synthetic:*: weights generated on the GPU; use --device cuda"));
     SlowStep step("loading " + a.model);
     if (Status st = load_model(a.model, &model, &description); !st.ok()) return fail(st);
     step.done();
+    config = model.config;
   }
-  const int64_t chunk = std::min(a.context, model.config.max_seq_len);
+  const bool on_host = a.device == "cpu" || source.kind == GpuModelSource::Kind::kHost;
+  const int64_t chunk = std::min(a.context, config.max_seq_len);
+  const int64_t sample_length = std::min(a.length, config.max_seq_len);
   // --device cuda, set up before any sampling so that a machine without a GPU fails at once: the
-  // model's linears in BF16 on the GPU runtime, observed as the CPU path is (calibrate_on_gpu).
-  std::unique_ptr<GpuModel> gpu_model;
-  std::unique_ptr<GpuRuntime> runtime;
+  // model's linears in BF16 over --tp GPUs, observed as the CPU path is (calibrate_on_gpu).
+  std::unique_ptr<TensorParallelRuntime> tpr;
+  int64_t max_batch = 1;
   if (a.device == "cuda") {
-    SlowStep step("loading " + a.model + " onto GPU " + std::to_string(a.gpu) + " (bf16)");
-    GpuModelSource source;
-    source.kind = GpuModelSource::Kind::kHost;
-    source.weights = &model;
-    if (Status st = GpuModel::load(source, gpu_precision(GpuPrecision::Kind::kBF16), a.gpu, &gpu_model); !st.ok())
+    Progress progress((source.kind == GpuModelSource::Kind::kSynthetic ? "generating " : "loading ") + a.model +
+                      " onto " + (a.tp > 1 ? std::to_string(a.tp) + " GPUs" : "GPU " + std::to_string(a.gpu)) + " (bf16)");
+    TensorParallelLoadOptions lo;
+    lo.group = apply_gpu_launch_flags(a.launch);
+    lo.progress = [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
+    if (Status st = TensorParallelRuntime::load(a.tp, a.gpu, source, gpu_precision(GpuPrecision::Kind::kBF16), &tpr, lo);
+        !st.ok())
       return fail(st);
+    progress.finish();
     GpuRuntimeOptions o;
-    o.max_context = chunk;
-    o.max_step_tokens = chunk;
-    o.cuda_graphs = false;  // prefill only
-    if (Status st = GpuRuntime::create(*gpu_model, o, &runtime); !st.ok()) return fail(st);
-    step.done();
+    // Windows of `chunk` positions (and, sampling on the GPU, sequences of the start token and
+    // sample_length more), batched up to kGpuStepTokens positions per step.
+    o.max_context = on_host || !a.data.empty() ? chunk : std::max(chunk, sample_length + 1);
+    max_batch = std::clamp<int64_t>(kGpuStepTokens / o.max_context, 1, 64);
+    o.max_batch = max_batch;
+    o.max_step_tokens = std::max(o.max_context, std::min<int64_t>(kGpuStepTokens, max_batch * o.max_context));
+    o.cuda_graphs = false;  // prefill, and sampling once
+    if (Status st = tpr->start(o); !st.ok()) return fail(st);
   }
   std::vector<std::vector<int32_t>> sequences;
   std::string data_name = a.data;
   if (a.data.empty()) {
-    SlowStep step("sampling calibration text from the model");
-    if (Status st = sample_token_sequences(model, a.samples, std::min(a.length, model.config.max_seq_len), a.seed, &sequences);
-        !st.ok())
-      return fail(st);
+    const int32_t start = config.text_start_token();
+    SlowStep step(std::string("sampling calibration text from the model") + (on_host ? "" : " on the GPU"));
+    const Status st = on_host ? sample_token_sequences(model, a.samples, sample_length, a.seed, &sequences)
+                      : start < 0
+                          ? invalid_argument("sampling text from the model: its config names neither bos_token_id nor "
+                                             "eos_token_id to start from; give the text (--data)")
+                          : sample_on_gpu(*tpr, max_batch, start, a.samples, sample_length, a.seed, &sequences);
+    if (!st.ok()) return fail(st);
     step.done();
-    data_name = "sampled from the model: " + std::to_string(a.samples) + " x " + std::to_string(a.length) +
-                " tokens, seeds from " + std::to_string(a.seed);
+    data_name = "sampled from the model" + std::string(on_host ? "" : " on the GPU") + ": " + std::to_string(a.samples) +
+                " x " + std::to_string(a.length) + " tokens, seeds from " + std::to_string(a.seed);
   } else {
     std::unique_ptr<Tokenizer> tokenizer;  // text data needs one; token-id files do not
     if (!is_builtin_model(a.model) && !Tokenizer::find(a.model).empty())
       if (Status st = Tokenizer::load(a.model, &tokenizer); !st.ok()) return fail(st);
-    if (Status st = read_token_sequences(a.data, model.config.vocab_size, &sequences, tokenizer.get()); !st.ok())
+    if (Status st = read_token_sequences(a.data, config.vocab_size, &sequences, tokenizer.get()); !st.ok())
       return fail(st);
   }
   CalibrationStats stats;
   stats.model = a.model;
   stats.data = data_name;
-  Progress progress("calibrating");
-  int64_t total = 0, done = 0;
   // Each sequence from where its text starts: a sampled one after the token it was sampled from
   // (text_start_token: BOS, or EOS for a model without one, as calibrate_on_samples feeds it); data
   // after BOS unless it begins with it already (text is encoded with the tokenizer's BOS), or as it
   // is for a model without BOS.
   const bool sampled = a.data.empty();
-  const int32_t start = sampled ? model.config.text_start_token() : model.config.bos_token;
+  const int32_t start = sampled ? config.text_start_token() : config.bos_token;
   auto needs_start = [&](const std::vector<int32_t>& s) {
     return start >= 0 && (sampled || s.empty() || s[0] != start);
   };
-  for (const auto& s : sequences) total += static_cast<int64_t>(s.size()) + (needs_start(s) ? 1 : 0);
+  std::vector<std::vector<int32_t>> feeds;
+  int64_t total = 0;
   for (const auto& s : sequences) {
     std::vector<int32_t> tokens;
     if (needs_start(s)) tokens.push_back(start);
     tokens.insert(tokens.end(), s.begin(), s.end());
     if (tokens.empty()) continue;
-    const Status st = runtime ? calibrate_on_gpu(*runtime, tokens, chunk, &stats) : calibrate(model, tokens, chunk, &stats);
-    if (!st.ok()) return fail(st);
-    done += static_cast<int64_t>(tokens.size());
-    progress.update(done, total);
+    total += static_cast<int64_t>(tokens.size());
+    feeds.push_back(std::move(tokens));
+  }
+  sequences.clear();
+  const auto measuring = std::chrono::steady_clock::now();
+  Progress progress("calibrating");
+  if (tpr) {
+    if (Status st = calibrate_on_gpu(*tpr, feeds, chunk, &stats, [&](int64_t d, int64_t t) { progress.update(d, t); });
+        !st.ok())
+      return fail(st);
+  } else {
+    int64_t done = 0;
+    for (const auto& tokens : feeds) {
+      if (Status st = calibrate(model, tokens, chunk, &stats); !st.ok()) return fail(st);
+      done += static_cast<int64_t>(tokens.size());
+      progress.update(done, total);
+    }
   }
   progress.finish();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - measuring).count();
+  const double all_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (Status st = stats.save(a.out); !st.ok()) return fail(st);
+  const std::string where = tpr ? (a.tp > 1 ? "GPU runtime over " + std::to_string(a.tp) + " GPUs, bf16" : "GPU runtime, bf16")
+                                : "CPU reference, f32";
   std::printf("calibrated %s on %lld tokens (%s, %s): %zu linear layers -> %s\n", description.c_str(),
-              static_cast<long long>(stats.tokens), data_name.c_str(),
-              runtime ? "GPU runtime, bf16" : "CPU reference, f32", stats.linears.size(), a.out.c_str());
+              static_cast<long long>(stats.tokens), data_name.c_str(), where.c_str(), stats.linears.size(), a.out.c_str());
+  // What it took: the measuring pass, the whole command, and the memory it held.
+  std::string memory = fmt::format("peak host memory {:.2f} GiB", static_cast<double>(peak_rss_bytes()) / (1 << 30));
+  for (int r = 0; tpr && r < a.tp; ++r) {
+    int64_t used = 0, total_bytes = 0;
+    if (gpu_memory_in_use(a.gpu + r, &used, &total_bytes).ok())
+      memory += fmt::format(", GPU {} {:.2f} of {:.2f} GiB", a.gpu + r, static_cast<double>(used) / (1 << 30),
+                            static_cast<double>(total_bytes) / (1 << 30));
+  }
+  std::printf("time: measuring %.2f s (%.0f tokens/s), whole command %.2f s; %s\n", seconds,
+              static_cast<double>(stats.tokens) / std::max(seconds, 1e-9), all_seconds, memory.c_str());
   // The KV cache: an E4M3 cache with unit scales (the engines' default) saturates above 448.
   const KvCacheStats& kv = stats.kv_cache;
   if (!kv.empty()) {
@@ -143,11 +224,15 @@ void add_calibrate_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--seed", args->seed, "without --data: first sampling seed");
   cmd->add_option("--device", args->device,
                   "cpu: the float32 reference (default); cuda: the GPU runtime with BF16 weights and activations\n"
-                  "(dense models; statistics within BF16 rounding of the CPU's)")
+                  "(statistics within BF16 rounding of the CPU's); there a checkpoint directory streams to the GPUs\n"
+                  "and synthetic:NAME is generated on them, without a copy on the host")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--gpu", args->gpu, "with --device cuda: CUDA device ordinal")
       ->check(CLI::Range(0, 1023))
       ->each([args](const std::string&) { args->gpu_given = true; });
+  cmd->add_option("--tp", args->tp, "with --device cuda: tensor-parallel GPUs (--gpu and the next ones)")
+      ->check(CLI::Range(1, 8));
+  add_gpu_launch_flags(cmd, &args->launch);
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 

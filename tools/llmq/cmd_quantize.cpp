@@ -1,6 +1,5 @@
 // llmq quantize: write a quantized checkpoint (vLLM fp8 or compressed-tensors) from a model.
 // A Hugging Face input is streamed tensor by tensor from its memory map.
-#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -36,13 +35,6 @@ struct QuantizeArgs {
   int64_t shard_mb = 4096;
   bool json = false;
 };
-
-// Peak resident set of this process so far, in bytes (Linux reports ru_maxrss in KiB).
-int64_t peak_rss_bytes() {
-  struct rusage usage {};
-  if (::getrusage(RUSAGE_SELF, &usage) != 0) return -1;
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
-}
 
 int run(const QuantizeArgs& a) {
   const auto start = std::chrono::steady_clock::now();

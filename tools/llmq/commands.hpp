@@ -108,6 +108,9 @@ std::vector<std::string> split_commas(const std::string& s);
 Status calibrate_on_samples(const ModelWeights& model, int64_t count, int64_t length, int64_t context,
                             CalibrationStats* stats);
 
+// Peak resident set of this process so far, in bytes (-1 when the system does not say).
+int64_t peak_rss_bytes();
+
 // Threads a CPU command uses: `requested`, or every core when 0.
 int cpu_threads(int requested);
 

@@ -91,6 +91,37 @@ Status KvCacheStats::merge(const std::vector<float>& k, const std::vector<float>
   return {};
 }
 
+Status CalibrationStats::merge(const CalibrationStats& other) {
+  for (const auto& [name, l] : other.linears) {
+    const auto it = linears.find(name);
+    if (it != linears.end() && it->second.in_features != l.in_features)
+      return invalid_argument("calibration statistics: '" + name + "' has " + std::to_string(it->second.in_features) +
+                              " input channels here and " + std::to_string(l.in_features) + " in the measurement folded in");
+    if (l.input_channel_absmax.size() != static_cast<size_t>(l.in_features))
+      return invalid_argument("calibration statistics: '" + name + "' has " + std::to_string(l.input_channel_absmax.size()) +
+                              " channel maxima for " + std::to_string(l.in_features) + " input channels");
+  }
+  if (!other.kv_cache.empty() && !kv_cache.empty() &&
+      (other.kv_cache.layers != kv_cache.layers || other.kv_cache.kv_heads != kv_cache.kv_heads))
+    return invalid_argument("calibration statistics: a KV cache of " + std::to_string(other.kv_cache.layers) + " layers of " +
+                            std::to_string(other.kv_cache.kv_heads) + " KV heads does not fold into " +
+                            std::to_string(kv_cache.layers) + " of " + std::to_string(kv_cache.kv_heads));
+  if (!other.kv_cache.empty())
+    LLMQ_RETURN_IF_ERROR(kv_cache.merge(other.kv_cache.k_absmax, other.kv_cache.v_absmax, other.kv_cache.layers,
+                                        other.kv_cache.kv_heads));  // its sizes are checked before anything changes
+  for (const auto& [name, l] : other.linears) {
+    auto [it, added] = linears.emplace(name, l);
+    if (added) continue;
+    LinearStats& mine = it->second;
+    for (size_t j = 0; j < mine.input_channel_absmax.size(); ++j)
+      mine.input_channel_absmax[j] = std::max(mine.input_channel_absmax[j], l.input_channel_absmax[j]);
+    mine.input_absmax = std::max(mine.input_absmax, l.input_absmax);
+    mine.rows_seen += l.rows_seen;
+  }
+  tokens += other.tokens;
+  return {};
+}
+
 CalibrationBackend::CalibrationBackend(const ModelConfig& config, CalibrationStats* stats)
     : config_(config), stats_(stats) {}
 
