@@ -28,6 +28,52 @@ TEST(Evaluate, AnIdenticalCandidateHasZeroKlAndPplRatioOne) {
   EXPECT_EQ(s.ppl_base, s.ppl_quant);
 }
 
+// Scoring a window's positions on several threads (in pieces appended in order) gives the summary
+// one thread gives, bit for bit, for two candidates scored at once or one at a time.
+TEST(Evaluate, ScoringThreadsChangeNothing) {
+  const ModelWeights model = make_default_model(small_options(0));
+  std::vector<std::vector<int32_t>> seqs;
+  ASSERT_TRUE(sample_token_sequences(model, 3, 40, kEvalSeed, &seqs).ok());
+  std::vector<std::unique_ptr<QuantizedModel>> qms;
+  std::vector<std::unique_ptr<QuantizedLinearBackend>> backends;
+  std::vector<std::unique_ptr<Transformer>> cands;
+  for (const char* name : {"int8-w8a8", "fp8-dynamic"}) {
+    Scheme scheme;
+    ASSERT_TRUE(find_scheme(name, &scheme).ok());
+    qms.push_back(std::make_unique<QuantizedModel>());
+    ASSERT_TRUE(quantize_model(model, scheme, nullptr, {}, qms.back().get()).ok());
+    backends.push_back(std::make_unique<QuantizedLinearBackend>(*qms.back()));
+    cands.push_back(std::make_unique<Transformer>(qms.back()->weights, backends.back().get()));
+  }
+  Transformer base(model);
+  auto run = [&](int threads, int scoring_threads, std::vector<EvalAccumulator::Summary>* out) {
+    EvalOptions options;
+    options.context = 24;
+    options.threads = threads;
+    options.scoring_threads = scoring_threads;
+    std::vector<EvalAccumulator> results;
+    ASSERT_TRUE(evaluate(&base, {cands[0].get(), cands[1].get()}, seqs, options, &results).ok());
+    out->clear();
+    for (const auto& r : results) out->push_back(r.summarize());
+  };
+  std::vector<EvalAccumulator::Summary> one, many, wide;
+  run(1, 1, &one);
+  run(1, 5, &many);   // one candidate at a time, its positions in 5 pieces
+  run(3, 7, &wide);   // both candidates at once, 3 pieces each
+  ASSERT_EQ(one.size(), 2u);
+  EXPECT_GT(one[0].kl.mean, 0.0);
+  for (const auto* other : {&many, &wide})
+    for (size_t m = 0; m < 2; ++m) {
+      EXPECT_EQ((*other)[m].tokens, one[m].tokens);
+      EXPECT_EQ((*other)[m].kl.mean, one[m].kl.mean);
+      EXPECT_EQ((*other)[m].kl.stderr_, one[m].kl.stderr_);
+      EXPECT_EQ((*other)[m].kl_p99, one[m].kl_p99);
+      EXPECT_EQ((*other)[m].top1_agreement.mean, one[m].top1_agreement.mean);
+      EXPECT_EQ((*other)[m].ppl_ratio, one[m].ppl_ratio);
+      EXPECT_EQ((*other)[m].delta_p.mean, one[m].delta_p.mean);
+    }
+}
+
 // The windows built by hand: [BOS] + up to context - 1 tokens, a leading BOS of a sequence
 // dropped, every token of a window predicted from the positions before it.
 TEST(Evaluate, WindowsStartWithBosAndEveryTokenIsScoredOnce) {

@@ -17,6 +17,9 @@ class EvalAccumulator {
   // token. Computed in double with a max-shifted log-softmax.
   Status add(const float* base_logits, const float* quant_logits, int64_t vocab, int32_t target);
   int64_t count() const { return static_cast<int64_t>(kl_.size()); }
+  // Appends another accumulator's positions after these: the same as add()ing them here in order
+  // (so positions scored in pieces on several threads and appended in order give the same summary).
+  void append(const EvalAccumulator& other);
 
   struct Stat {
     double mean = 0, stderr_ = 0;  // stderr_ is the standard error of the mean

@@ -26,6 +26,10 @@ struct EvalOptions {
   // candidates must not share state (a GPU runtime bound to one host thread's device is not).
   // The results are the same for every thread count.
   int threads = 1;
+  // Threads that score a window's positions (the metrics over the vocabulary of every position),
+  // shared by the candidates scored at once; 0: `threads`. Any thread that may run: the scoring
+  // touches no model. The results are the same for every count.
+  int scoring_threads = 0;
 };
 
 Status evaluate(Transformer* base, const std::vector<Transformer*>& candidates,

@@ -8,6 +8,7 @@
 
 #include "commands.hpp"
 #include "engine_setup.hpp"
+#include "eval_data.hpp"
 #include "llmq/calibration.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/model_io.hpp"
@@ -36,27 +37,6 @@ struct CalibrateArgs {
 // Positions per prefill step on the GPU: windows are batched up to this many tokens (the weights
 // are read once per step, so small windows alone would leave a large model memory-bound).
 constexpr int64_t kGpuStepTokens = 8192;
-
-// Sequences sampled on the GPU (a model that is not on the host): `count` of `length` tokens after
-// the start token, temperature 1 and top-p 0.9 as the CPU's sampling, in batches of the runtime's
-// max_batch. (The draws are the GPU sampler's, so the text differs from the CPU's for the same seed.)
-Status sample_on_gpu(TensorParallelRuntime& tpr, int64_t max_batch, int32_t start, int64_t count, int64_t length,
-                     uint64_t seed, std::vector<std::vector<int32_t>>* out) {
-  out->clear();
-  for (int64_t first = 0; first < count; first += max_batch) {
-    const int64_t n = std::min(max_batch, count - first);
-    SamplingOptions s;
-    s.temperature = 1.0f;
-    s.top_p = 0.9f;
-    s.seed = seed + static_cast<uint64_t>(first);
-    std::vector<std::vector<int32_t>> batch;
-    tpr.reset();
-    LLMQ_RETURN_IF_ERROR(tpr.generate(std::vector<int32_t>(static_cast<size_t>(n), start), length, s, &batch));
-    for (auto& b : batch) out->push_back(std::move(b));
-  }
-  tpr.reset();
-  return {};
-}
 
 int run(const CalibrateArgs& a) {
   if (a.gpu_given && a.device != "cuda") return fail(invalid_argument("--gpu: only with --device cuda"));
@@ -123,7 +103,7 @@ int run(const CalibrateArgs& a) {
                       : start < 0
                           ? invalid_argument("sampling text from the model: its config names neither bos_token_id nor "
                                              "eos_token_id to start from; give the text (--data)")
-                          : sample_on_gpu(*tpr, max_batch, start, a.samples, sample_length, a.seed, &sequences);
+                          : sample_sequences_on_gpu(*tpr, max_batch, start, a.samples, sample_length, a.seed, &sequences);
     if (!st.ok()) return fail(st);
     step.done();
     data_name = "sampled from the model" + std::string(on_host ? "" : " on the GPU") + ": " + std::to_string(a.samples) +

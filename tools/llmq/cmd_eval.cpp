@@ -4,14 +4,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.hpp"
+#include "eval_command.hpp"
 #include "eval_data.hpp"
-#include "recipe_flags.hpp"
 #include "eval_table.hpp"
 #include "llmq/evaluate.hpp"
 #include "llmq/gpu_runtime.hpp"
@@ -23,25 +24,6 @@
 
 namespace llmq::cli {
 namespace {
-
-struct EvalArgs {
-  std::string model = "default";  // an explicit --model "" is refused by load_model
-  std::vector<std::string> quantized;
-  std::string schemes;
-  RecipeFlags flags;  // --recipe (one more candidate), --smooth-alpha, --backoff
-  EvalDataArgs data;  // --data, or --samples, --length, --seed
-  std::string stats;
-  int64_t context = 256;
-  int64_t max_tokens = 0;
-  bool json = false;
-  std::string device = "cpu";
-  std::string reference = "cpu";  // cpu: the float32 CPU reference; f32 / bf16: the GPU runtime
-  int gpu = 0;
-  std::string attention;  // comma-separated attention variants; each candidate runs once per variant
-  std::string kv_cache;   // comma-separated KV caches (float, e4m3, e4m3-static); each candidate once per cache
-  bool fp8_fast_accum = false;  // --device cuda: CudaGemmOptions::fp8_fast_accumulation for the candidates
-  int threads = 0;        // 0: every core
-};
 
 // The models the evaluator runs on the GPU (candidates, and the reference with --reference): each
 // on its own runtime sized for one window, called as every position's logits from an empty cache.
@@ -67,11 +49,43 @@ struct GpuWindowModels {
   }
 };
 
+}  // namespace
+
+Status eval_schemes(const EvalArgs& a, bool have_other_candidates, std::vector<Scheme>* out) {
+  std::vector<std::string> scheme_names = split_commas(a.schemes);
+  if (scheme_names.size() == 1 && scheme_names[0] == "all") {
+    scheme_names.clear();
+    for (const Scheme& s : all_schemes()) scheme_names.push_back(s.name);
+  }
+  if (!a.flags.recipe.empty() && !scheme_names.empty())
+    return invalid_argument("--recipe and --scheme: give one of them (each run evaluates one recipe)");
+  if (scheme_names.empty() && !have_other_candidates) scheme_names.push_back(kDefaultScheme);
+  out->assign(scheme_names.size(), Scheme());
+  bool smoothing = false;
+  for (size_t i = 0; i < scheme_names.size(); ++i) {
+    Scheme& s = (*out)[i];
+    LLMQ_RETURN_IF_ERROR(find_scheme(scheme_names[i], &s));
+    smoothing = smoothing || s.smooth_alpha >= 0.0f;
+    const float alpha = s.smooth_alpha >= 0.0f ? a.flags.smooth_alpha : -1.0f;  // for the schemes that smooth
+    LLMQ_RETURN_IF_ERROR(apply_overrides(s, alpha, a.flags.backoff, &s));
+  }
+  if (a.flags.smooth_alpha >= 0.0f && !smoothing && a.flags.recipe.empty())
+    return invalid_argument("--smooth-alpha: none of the schemes smooths (fp8-smoothquant, int8-smoothquant do)");
+  return {};
+}
+
+namespace {
+
 int run(const EvalArgs& a) {
   if (Status st = check_fp8_fast_accum(a.fp8_fast_accum, a.device); !st.ok()) return fail(st);
   if (a.reference != "cpu" && a.device != "cuda")
     return fail(invalid_argument("--reference " + a.reference +
                                  ": the unquantized model runs on the GPU runtime then, beside the candidates (--device cuda)"));
+  if (eval_on_gpus_only(a)) return run_eval_on_gpus(a);
+  if (a.tp != 1)
+    return fail(invalid_argument("--tp: with the model on the GPUs alone (--device cuda, --reference bf16 or f32, --model a "
+                                 "checkpoint directory or synthetic:NAME, no --recipe)"));
+  const auto started = std::chrono::steady_clock::now();
   ModelWeights model;
   std::string description;
   {
@@ -80,23 +94,10 @@ int run(const EvalArgs& a) {
     step.done();
   }
 
-  std::vector<std::string> scheme_names = split_commas(a.schemes);
-  if (scheme_names.size() == 1 && scheme_names[0] == "all") {
-    scheme_names.clear();
-    for (const Scheme& s : all_schemes()) scheme_names.push_back(s.name);
-  }
-  if (!a.flags.recipe.empty() && !scheme_names.empty())
-    return fail(invalid_argument("--recipe and --scheme: give one of them (each run evaluates one recipe)"));
-  if (scheme_names.empty() && a.quantized.empty() && a.flags.recipe.empty()) scheme_names.push_back(kDefaultScheme);
-  std::vector<Scheme> schemes(scheme_names.size());
-  bool need_stats = false, smoothing = false;
-  for (size_t i = 0; i < scheme_names.size(); ++i) {
-    if (Status st = find_scheme(scheme_names[i], &schemes[i]); !st.ok()) return fail(st);
-    smoothing = smoothing || schemes[i].smooth_alpha >= 0.0f;
-    const float alpha = schemes[i].smooth_alpha >= 0.0f ? a.flags.smooth_alpha : -1.0f;  // for the schemes that smooth
-    if (Status st = apply_overrides(schemes[i], alpha, a.flags.backoff, &schemes[i]); !st.ok()) return fail(st);
-    need_stats = need_stats || schemes[i].needs_statistics();
-  }
+  std::vector<Scheme> schemes;
+  if (Status st = eval_schemes(a, !a.quantized.empty() || !a.flags.recipe.empty(), &schemes); !st.ok()) return fail(st);
+  bool need_stats = false;
+  for (const Scheme& s : schemes) need_stats = need_stats || s.needs_statistics();
   // --kv-cache: every candidate once per KV cache (empty: float). e4m3 keeps unit scales (vLLM's and
   // the runtime's default); e4m3-static takes each layer and KV head's calibrated absmax / 448.
   std::vector<std::string> kv_caches = split_commas(a.kv_cache);
@@ -110,8 +111,6 @@ int run(const EvalArgs& a) {
   }
   const bool per_kv_cache = !kv_caches.empty();
   if (!per_kv_cache) kv_caches.push_back("float");
-  if (a.flags.smooth_alpha >= 0.0f && !smoothing && a.flags.recipe.empty())
-    return fail(invalid_argument("--smooth-alpha: none of the schemes smooths (fp8-smoothquant, int8-smoothquant do)"));
   QuantRecipe recipe;
   if (!a.flags.recipe.empty()) {
     if (Status st = load_recipe_flags(a.flags, &recipe); !st.ok()) return fail(st);
@@ -260,72 +259,32 @@ int run(const EvalArgs& a) {
   options.max_tokens = a.max_tokens;
   // GPU candidates stay on this thread (a runtime is bound to the device this thread selected).
   options.threads = a.device == "cuda" ? 1 : cpu_threads(a.threads);
+  options.scoring_threads = cpu_threads(a.threads);
   Progress progress(fmt::format("evaluating {} candidate(s) against the unquantized model", candidates.size()));
   options.progress = [&progress](int64_t done, int64_t total) { progress.update(done, total); };
   std::vector<EvalAccumulator> results;
+  const auto evaluating = std::chrono::steady_clock::now();
   const Status evaluated = base_fn ? evaluate_windows(model.config, base_fn, candidates, sequences, options, &results)
                                    : evaluate_windows(&base, candidates, sequences, options, &results);
   if (!evaluated.ok()) return fail(evaluated);
   progress.finish();
 
-  std::vector<EvalAccumulator::Summary> sums;
-  for (const auto& r : results) sums.push_back(r.summarize());
-  if (a.json) {
-    nlohmann::ordered_json j;
-    j["model"] = description;
-    j["data"] = data_name;
-    j["reference"] = reference_name;
-    j["fp8_fast_accumulation"] = a.device == "cuda" && a.fp8_fast_accum;
-    j["tokens"] = sums.empty() ? 0 : sums[0].tokens;
-    j["ppl_base"] = sums.empty() ? 0 : sums[0].ppl_base;
-    j["results"] = nlohmann::ordered_json::array();
-    for (size_t i = 0; i < sums.size(); ++i) {
-      const auto& s = sums[i];
-      nlohmann::ordered_json weights = nullptr;
-      if (const WeightError* w = candidate_weight_errors[i])
-        weights = {{"rel_l2", w->rel_l2}, {"expert_rel_l2", w->expert_rel_l2}, {"exact_fraction", w->exact_fraction},
-                   {"elements", w->elements}};
-      j["results"].push_back({{"scheme", candidate_labels[i]},
-                              {"kv_cache", candidate_kv[i]},
-                              {"weight_error", weights},
-                              {"ppl", s.ppl_quant},
-                              {"ppl_err", s.ppl_quant_err},
-                              {"ppl_ratio", s.ppl_ratio},
-                              {"ppl_ratio_err", s.ppl_ratio_err},
-                              {"kl_mean", s.kl.mean},
-                              {"kl_mean_err", s.kl.stderr_},
-                              {"kl_median", s.kl_median},
-                              {"kl_p99", s.kl_p99},
-                              {"kl_max", s.kl_max},
-                              {"top1", s.top1_agreement.mean},
-                              {"top1_err", s.top1_agreement.stderr_},
-                              {"delta_p_mean", s.delta_p.mean},
-                              {"delta_p_err", s.delta_p.stderr_},
-                              {"delta_p_rms", s.delta_p_rms}});
-    }
-    std::printf("%s\n", j.dump(2).c_str());
-    return 0;
-  }
-  std::printf("model: %s\ndata:  %s\nreference: %s\ntokens scored: %lld, context %lld\n", description.c_str(),
-              data_name.c_str(), reference_name.c_str(),
-              static_cast<long long>(sums.empty() ? 0 : sums[0].tokens), static_cast<long long>(options.context));
-  if (!sums.empty())
-    std::printf("unquantized perplexity: %.4f +- %.4f\n", sums[0].ppl_base, sums[0].ppl_base_err);
-  // The weights' own error beside the model's: for MoE models the experts' (gpt-oss read from
-  // MXFP4: how far the requantized experts are from the exact MXFP4 values).
-  const bool moe = model.config.is_moe();
-  std::vector<EvalRow> rows;
-  for (size_t i = 0; i < sums.size(); ++i) {
-    const WeightError* w = candidate_weight_errors[i];
-    rows.push_back({candidate_labels[i], sums[i], {w ? fmt::format("{:.2e}", moe ? w->expert_rel_l2 : w->rel_l2) : "-"}});
-  }
-  sort_by_kl(&rows);
-  EvalTableOptions table;
-  table.extra_headers = {"wt err"};
-  table.extra_notes = {std::string("wt err: ||W_q - W|| / ||W|| of the quantized ") + (moe ? "experts" : "weights") +
-                       " (--json: every linear, experts, exact share)"};
-  std::printf("\n%s", eval_table_text(rows, table).c_str());
-  return 0;
+  EvalReport report;
+  const auto now = std::chrono::steady_clock::now();
+  report.seconds = std::chrono::duration<double>(now - evaluating).count();
+  report.total_seconds = std::chrono::duration<double>(now - started).count();
+  report.model = description;
+  report.data = data_name;
+  report.reference = reference_name;
+  report.context = options.context;
+  report.moe = model.config.is_moe();
+  report.fp8_fast_accum = a.device == "cuda" && a.fp8_fast_accum;
+  report.labels = candidate_labels;
+  report.kv_caches = candidate_kv;
+  report.weight_errors = candidate_weight_errors;
+  for (const auto& r : results) report.sums.push_back(r.summarize());
+  report.memory = fmt::format("peak host memory {:.2f} GiB", static_cast<double>(peak_rss_bytes()) / (1 << 30));
+  return print_eval_report(a, report);
 }
 
 }  // namespace
@@ -350,7 +309,13 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--reference", args->reference,
                   "the unquantized model: cpu (float32 reference) or, with --device cuda, f32 / bf16 on the GPU runtime")
       ->check(CLI::IsMember({"cpu", "f32", "bf16"}));
-  cmd->add_option("--gpu", args->gpu, "CUDA device ordinal");
+  cmd->add_option("--gpu", args->gpu, "CUDA device ordinal (the first of --tp)");
+  cmd->add_option("--tp", args->tp,
+                  "GPUs each model is split over, with the model on the GPUs alone: --device cuda, --reference bf16\n"
+                  "or f32 and --model a checkpoint directory or synthetic:NAME (every model then loads, quantizes\n"
+                  "and runs on the devices; the host never holds it)")
+      ->check(CLI::Range(1, 8));
+  add_gpu_launch_flags(cmd, &args->launch);
   add_fp8_fast_accum_flag(cmd, &args->fp8_fast_accum);
   cmd->add_option("--attention", args->attention,
                   "comma-separated attention variants, each candidate run once per variant: float (CPU), bf16, "

@@ -43,6 +43,26 @@ Status load_eval_data(const std::string& model_path, const ModelWeights& model, 
   return {};
 }
 
+Status sample_sequences_on_gpu(TensorParallelRuntime& runtime, int64_t max_batch, int32_t start, int64_t count, int64_t length,
+                               uint64_t seed, std::vector<std::vector<int32_t>>* out) {
+  if (max_batch < 1) return invalid_argument("sampling on the GPU: max_batch " + std::to_string(max_batch));
+  out->clear();
+  Status st;
+  for (int64_t first = 0; first < count && st.ok(); first += max_batch) {
+    const int64_t n = std::min(max_batch, count - first);
+    SamplingOptions s;
+    s.temperature = 1.0f;
+    s.top_p = 0.9f;
+    s.seed = seed + static_cast<uint64_t>(first);
+    std::vector<std::vector<int32_t>> batch;
+    runtime.reset();
+    st = runtime.generate(std::vector<int32_t>(static_cast<size_t>(n), start), length, s, &batch);
+    for (auto& b : batch) out->push_back(std::move(b));
+  }
+  runtime.reset();
+  return st;
+}
+
 Status eval_stats(const ModelWeights& model, const std::string& stats_path, bool needed, int64_t context,
                   CalibrationStats* out, bool* have) {
   *have = false;

@@ -12,6 +12,7 @@
 #include "llmq/calibration.hpp"
 #include "llmq/model.hpp"
 #include "llmq/status.hpp"
+#include "llmq/tensor_parallel.hpp"
 
 namespace llmq::cli {
 
@@ -29,6 +30,13 @@ void add_eval_data_options(CLI::App* cmd, EvalDataArgs* args);
 // is read with the tokenizer found beside `model_path` (none for the built-in models).
 Status load_eval_data(const std::string& model_path, const ModelWeights& model, const EvalDataArgs& args,
                       std::vector<std::vector<int32_t>>* sequences, std::string* name);
+
+// `count` sequences of `length` tokens the model on `runtime` samples after the token `start`
+// (temperature 1, top-p 0.9, as sample_token_sequences on the CPU), in batches of `max_batch` (at
+// most the runtime's); for models the host does not hold. The draws are the GPU sampler's, so the
+// text is not the CPU's for the same seed. Leaves the runtime reset.
+Status sample_sequences_on_gpu(TensorParallelRuntime& runtime, int64_t max_batch, int32_t start, int64_t count, int64_t length,
+                               uint64_t seed, std::vector<std::vector<int32_t>>* out);
 
 // Calibration statistics for the schemes being evaluated: the --stats file when given, else, when
 // `needed`, measured on 32 sequences the model samples (seeds 1000.., other text than the evaluation

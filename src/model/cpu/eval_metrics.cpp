@@ -123,6 +123,14 @@ Status EvalAccumulator::add(const float* base_logits, const float* quant_logits,
   return {};
 }
 
+void EvalAccumulator::append(const EvalAccumulator& other) {
+  kl_.insert(kl_.end(), other.kl_.begin(), other.kl_.end());
+  nll_base_.insert(nll_base_.end(), other.nll_base_.begin(), other.nll_base_.end());
+  nll_quant_.insert(nll_quant_.end(), other.nll_quant_.begin(), other.nll_quant_.end());
+  delta_p_.insert(delta_p_.end(), other.delta_p_.begin(), other.delta_p_.end());
+  top1_same_ += other.top1_same_;
+}
+
 EvalAccumulator::Summary EvalAccumulator::summarize() const {
   Summary s;
   const int64_t n = count();

@@ -101,6 +101,7 @@ Status evaluate_windows(const ModelConfig& c, const WindowLogitsFn& base, const 
   results->assign(candidates.size(), EvalAccumulator());
   const int64_t vocab = c.vocab_size;
   const size_t threads = static_cast<size_t>(std::max(1, options.threads));
+  const size_t scoring_threads = options.scoring_threads > 0 ? static_cast<size_t>(options.scoring_threads) : threads;
   // Task 0 is the base model, task 1 + m candidate m. A window runs in rounds of `threads` tasks
   // (the base in the first): their logits are computed at the same time, then each candidate's
   // positions are scored in order, so every accumulator sees what the one-thread loop gives it.
@@ -126,10 +127,23 @@ Status evaluate_windows(const ModelConfig& c, const WindowLogitsFn& base, const 
                                                  " logits for a window of " + std::to_string(n) + " tokens");
       return {};
     };
-    auto score = [&](size_t m, const std::vector<float>& logits) -> Status {
-      for (int64_t p = 0; p < score_n; ++p)
-        LLMQ_RETURN_IF_ERROR((*results)[m].add(base_logits.data() + p * vocab, logits.data() + p * vocab, vocab,
-                                               w.tokens[static_cast<size_t>(p + 1)]));
+    // A candidate's positions in `pieces` contiguous runs, one thread each, appended in order (the
+    // accumulator then holds what scoring them one by one gives).
+    auto score = [&](size_t m, const std::vector<float>& logits, size_t pieces) -> Status {
+      pieces = std::max<size_t>(1, std::min(pieces, static_cast<size_t>(score_n)));
+      std::vector<EvalAccumulator> part(pieces);
+      std::vector<Status> part_status(pieces);
+      run_in_parallel(pieces, [&](size_t k) {
+        const int64_t begin = score_n * static_cast<int64_t>(k) / static_cast<int64_t>(pieces);
+        const int64_t end = score_n * static_cast<int64_t>(k + 1) / static_cast<int64_t>(pieces);
+        for (int64_t p = begin; p < end && part_status[k].ok(); ++p)
+          part_status[k] = part[k].add(base_logits.data() + p * vocab, logits.data() + p * vocab, vocab,
+                                       w.tokens[static_cast<size_t>(p + 1)]);
+      }, &part_status);
+      for (size_t k = 0; k < pieces; ++k) {
+        LLMQ_RETURN_IF_ERROR(part_status[k]);
+        (*results)[m].append(part[k]);
+      }
       return {};
     };
     size_t next = 0;  // the next candidate to run
@@ -149,7 +163,9 @@ Status evaluate_windows(const ModelConfig& c, const WindowLogitsFn& base, const 
       for (size_t t = 0; t < tasks; ++t) LLMQ_RETURN_IF_ERROR(task_status[t]);
       base_done = true;
       // Scoring: one candidate per thread as well (each has its own accumulator).
-      run_in_parallel(slots, [&](size_t s) { task_status[s] = score(first + s, cand_logits[s]); }, &task_status);
+      const size_t per_candidate = std::max<size_t>(1, scoring_threads / std::max<size_t>(1, slots));
+      run_in_parallel(slots, [&](size_t s) { task_status[s] = score(first + s, cand_logits[s], per_candidate); },
+                      &task_status);
       for (size_t s = 0; s < slots; ++s) LLMQ_RETURN_IF_ERROR(task_status[s]);
     }
     scored += score_n;

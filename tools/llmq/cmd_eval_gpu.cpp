@@ -1,0 +1,205 @@
+// `llmq eval` with the model on the GPUs alone (eval_command.hpp): for models the host cannot hold
+// or compute in float32 (Llama-3-8B and 70B shapes). The reference (BF16 or F32) and every candidate
+// are loaded by GpuModel::load over the same --tp GPUs: a checkpoint directory streams from its
+// memory map, synthetic:NAME is generated there, dynamic schemes are quantized on the device (the
+// codes equal the CPU's), calibrated ones from --stats (llmq calibrate --device cuda measures them),
+// a --quantized directory runs as stored. Every window is one prefill on each; the metrics are
+// evaluate_windows', as on the host route.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+
+#include "engine_setup.hpp"
+#include "eval_command.hpp"
+#include "llmq/device.hpp"
+#include "llmq/evaluate.hpp"
+#include "llmq/gpu_runtime.hpp"
+#include "llmq/model_io.hpp"
+#include "llmq/tensor_parallel.hpp"
+
+namespace llmq::cli {
+namespace {
+
+// Sequences per generate call when the evaluation text is sampled on the reference.
+constexpr int64_t kSampleBatch = 64;
+
+// The models on the GPUs, each over the same --tp devices with a runtime sized for one window.
+struct DeviceModels {
+  std::vector<std::unique_ptr<TensorParallelRuntime>> runtimes;
+
+  Status add(const EvalArgs& a, const GpuModelSource& source, const GpuPrecision& precision, const CalibrationStats* stats,
+             const GpuRuntimeOptions& options, const std::string& what, WindowLogitsFn* out) {
+    Progress progress((source.kind == GpuModelSource::Kind::kSynthetic ? "generating " : "loading ") + what);
+    TensorParallelLoadOptions lo;
+    lo.group = apply_gpu_launch_flags(a.launch);
+    lo.stats = stats;
+    lo.progress = [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
+    std::unique_ptr<TensorParallelRuntime> rt;
+    if (Status st = TensorParallelRuntime::load(a.tp, a.gpu, source, precision, &rt, lo); !st.ok())
+      return Status(st.code(), what + ": " + st.message());
+    progress.finish();
+    LLMQ_RETURN_IF_ERROR(rt->start(options));
+    TensorParallelRuntime* raw = rt.get();
+    runtimes.push_back(std::move(rt));
+    *out = [raw](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
+      raw->reset();
+      return raw->prefill({tokens}, true, logits);
+    };
+    return {};
+  }
+};
+
+}  // namespace
+
+bool eval_on_gpus_only(const EvalArgs& a) {
+  if (a.device != "cuda" || a.reference == "cpu" || !a.flags.recipe.empty()) return false;
+  if (a.model.rfind("synthetic:", 0) == 0) return true;
+  std::error_code ec;
+  return std::filesystem::is_directory(a.model, ec);
+}
+
+int run_eval_on_gpus(const EvalArgs& a) {
+  const auto started = std::chrono::steady_clock::now();
+  CudaDeviceInfo device;  // a machine without a GPU is told so at once, as by every command
+  if (Status st = query_cuda_device(a.gpu, &device); !st.ok()) return fail(st);
+  if (!a.kv_cache.empty())
+    return fail(invalid_argument("--kv-cache: the CPU reference's cache (--device cpu); on the GPU, llmq run / bench / "
+                                 "serve --kv-cache e4m3"));
+  std::vector<Scheme> schemes;
+  if (Status st = eval_schemes(a, !a.quantized.empty(), &schemes); !st.ok()) return fail(st);
+  CalibrationStats stats;
+  bool need_stats = false;
+  for (const Scheme& s : schemes) need_stats = need_stats || s.needs_statistics();
+  if (need_stats && a.stats.empty())
+    return fail(invalid_argument("--stats: a calibrated scheme, and the model is on the GPUs alone (nothing samples "
+                                 "calibration text on the host); run llmq calibrate --device cuda and give --stats"));
+  if (!a.stats.empty())
+    if (Status st = CalibrationStats::load(a.stats, &stats); !st.ok()) return fail(st);
+  std::vector<AttentionVariant> attentions;
+  for (const std::string& name : split_commas(a.attention)) {
+    AttentionVariant v;
+    if (Status st = parse_attention_variant(name, &v); !st.ok()) return fail(invalid_argument("--attention: " + st.message()));
+    if (v == AttentionVariant::kFloat)
+      return fail(invalid_argument("--attention float: CPU only (--device cpu); the GPU runtime's are bf16, half-int8, int8, fp8"));
+    attentions.push_back(v);
+  }
+  const bool per_attention = !attentions.empty();
+  if (!per_attention) attentions.push_back(AttentionVariant::kBf16);
+
+  ModelWeights shape_only;  // the config (and, for a llama2.c file, never reached: not this route)
+  GpuModelSource source;
+  if (Status st = model_shape(a.model, /*seed=*/1, &source, &shape_only, &shape_only.config); !st.ok()) return fail(st);
+  if (!stats.linears.empty())
+    if (Status st = stats.check_matches(shape_only.config); !st.ok()) return fail(st);
+  const ModelConfig& config = shape_only.config;
+  const int64_t context = std::min(a.context, config.max_seq_len);
+  const int64_t sample_length = std::min(a.data.length, config.max_seq_len - 1);
+
+  DeviceModels devices;
+  // The reference first: it samples the evaluation text when no --data is given.
+  WindowLogitsFn base_fn;
+  {
+    GpuRuntimeOptions o;
+    o.max_context = a.data.data.empty() ? std::max(context, sample_length + 1) : context;
+    o.max_step_tokens = context;
+    o.max_batch = a.data.data.empty() ? kSampleBatch : 1;
+    o.cuda_graphs = a.data.data.empty();  // sampling's decode steps
+    GpuPrecision p;
+    if (Status st = parse_gpu_precision(a.reference, &p); !st.ok()) return fail(st);
+    if (Status st = devices.add(a, source, p, nullptr, o, "the reference (" + a.reference + ")", &base_fn); !st.ok())
+      return fail(Status(st.code(), "--reference " + a.reference + ": " + st.message()));
+  }
+  std::vector<std::vector<int32_t>> sequences;
+  std::string data_name;
+  if (a.data.data.empty()) {
+    SlowStep step("sampling evaluation text from the reference on the GPU");
+    const int32_t start = config.text_start_token();
+    if (start < 0)
+      return fail(invalid_argument("sampling text from the model: its config names neither bos_token_id nor eos_token_id "
+                                   "to start from; give the text (--data)"));
+    if (Status st = sample_sequences_on_gpu(*devices.runtimes[0], kSampleBatch, start, a.data.samples, sample_length,
+                                            a.data.seed, &sequences);
+        !st.ok())
+      return fail(st);
+    // A model without BOS keeps its start token first (context, not scored), as on the host route.
+    if (config.bos_token < 0)
+      for (auto& s : sequences) s.insert(s.begin(), start);
+    step.done();
+    data_name = fmt::format("{} sequences sampled from the {} reference on the GPU (T=1, top-p 0.9, seeds {}..)",
+                            a.data.samples, a.reference, a.data.seed);
+  } else if (Status st = load_eval_data(a.model, shape_only, a.data, &sequences, &data_name); !st.ok()) {
+    return fail(st);
+  }
+
+  EvalReport report;
+  std::vector<WindowLogitsFn> candidates;
+  GpuRuntimeOptions o;
+  o.max_context = context;
+  o.max_step_tokens = context;
+  o.fp8_fast_accumulation = a.fp8_fast_accum;
+  o.cuda_graphs = false;  // prefill only
+  for (AttentionVariant attention : attentions) {
+    o.prefill_attention = attention;
+    const std::string with = per_attention ? std::string(" + ") + attention_variant_name(attention) + " attention" : "";
+    for (const Scheme& s : schemes) {
+      GpuPrecision p;
+      p.kind = GpuPrecision::Kind::kScheme;
+      p.scheme = s;  // with --smooth-alpha / --backoff applied
+      candidates.emplace_back();
+      if (Status st = devices.add(a, source, p, need_stats ? &stats : nullptr, o, s.name, &candidates.back()); !st.ok())
+        return fail(st);
+      report.labels.push_back(s.name + with);
+    }
+    for (const std::string& dir : a.quantized) {
+      GpuModelSource q;
+      q.kind = GpuModelSource::Kind::kCheckpoint;
+      q.dir = dir;
+      candidates.emplace_back();
+      if (Status st = devices.add(a, q, gpu_precision(GpuPrecision::Kind::kAsStored), nullptr, o, dir, &candidates.back());
+          !st.ok())
+        return fail(st);
+      if (devices.runtimes.back()->config().vocab_size != config.vocab_size)
+        return fail(invalid_argument("--quantized " + dir + ": a vocabulary of " +
+                                     std::to_string(devices.runtimes.back()->config().vocab_size) + ", the model's is " +
+                                     std::to_string(config.vocab_size)));
+      report.labels.push_back(dir + with);
+    }
+  }
+  EvalOptions options;
+  options.context = context;
+  options.max_tokens = a.max_tokens;
+  options.threads = 1;  // the models one after another (two splits' all-reduces must not interleave)
+  options.scoring_threads = cpu_threads(a.threads);
+  Progress progress(fmt::format("evaluating {} candidate(s) against the {} reference on the GPU", candidates.size(), a.reference));
+  options.progress = [&progress](int64_t done, int64_t total) { progress.update(done, total); };
+  std::vector<EvalAccumulator> results;
+  const auto evaluating = std::chrono::steady_clock::now();
+  if (Status st = evaluate_windows(config, base_fn, candidates, sequences, options, &results); !st.ok()) return fail(st);
+  progress.finish();
+  const auto now = std::chrono::steady_clock::now();
+  report.seconds = std::chrono::duration<double>(now - evaluating).count();
+  report.total_seconds = std::chrono::duration<double>(now - started).count();
+  report.model = a.model;
+  report.data = data_name;
+  report.reference = "the GPU runtime, " + a.reference + " weights" +
+                     (a.tp > 1 ? fmt::format(" (every model over {} GPUs)", a.tp) : std::string());
+  report.context = context;
+  report.moe = config.is_moe();
+  report.fp8_fast_accum = a.fp8_fast_accum;
+  report.kv_caches.assign(candidates.size(), "float");
+  report.weight_errors.assign(candidates.size(), nullptr);
+  for (const auto& r : results) report.sums.push_back(r.summarize());
+  report.memory = fmt::format("peak host memory {:.2f} GiB", static_cast<double>(peak_rss_bytes()) / (1 << 30));
+  for (int r = 0; r < a.tp; ++r) {
+    int64_t used = 0, total = 0;
+    if (gpu_memory_in_use(a.gpu + r, &used, &total).ok())
+      report.memory += fmt::format(", GPU {} {:.2f} of {:.2f} GiB", a.gpu + r, static_cast<double>(used) / (1 << 30),
+                                   static_cast<double>(total) / (1 << 30));
+  }
+  return print_eval_report(a, report);
+}
+
+}  // namespace llmq::cli
