@@ -290,20 +290,18 @@ Status GpuRuntime::Impl::upload_meta(const std::vector<int32_t>& ints) {
 }
 
 // One prefill step over segments (sequence, begin, end) of `tokens`: packs the metadata, runs the
-// forward pass and returns the logits of the rows asked for, tagged with their sequence.
+// forward pass and appends the logits of the rows asked for to *out (null: computed, not copied).
 Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& segs,
                                       const std::vector<std::vector<int32_t>>& tokens, bool all_positions,
-                                      std::vector<std::pair<int64_t, std::vector<float>>>* out) {
-  std::vector<int32_t> tok, pos, tslot, qstart{0}, kvlen, sslot, lmrows, lmseq;
+                                      std::vector<float>* out) {
+  std::vector<int32_t> tok, pos, tslot, qstart{0}, kvlen, sslot, lmrows;
   std::vector<attention::PrefillSequence> seqs;
   int64_t max_q = 0;
   for (const auto& [b, begin, end] : segs) {
     const int64_t start = lengths[static_cast<size_t>(b)];
     for (int64_t i = begin; i < end; ++i) {
-      if (all_positions || i == static_cast<int64_t>(tokens[static_cast<size_t>(b)].size()) - 1) {
+      if (all_positions || i == static_cast<int64_t>(tokens[static_cast<size_t>(b)].size()) - 1)
         lmrows.push_back(static_cast<int32_t>(tok.size()));
-        lmseq.push_back(static_cast<int32_t>(b));
-      }
       tok.push_back(tokens[static_cast<size_t>(b)][static_cast<size_t>(i)]);
       pos.push_back(static_cast<int32_t>(start + i - begin));
       tslot.push_back(static_cast<int32_t>(b));
@@ -338,12 +336,12 @@ Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int6
     const int64_t count = std::min(lm_rows, m.lm_count - first);
     LLMQ_RETURN_IF_ERROR(lm_head(m, first, count));
     if (out == nullptr) continue;  // computed (calibration observes lm_head's input), not wanted
-    std::vector<float> host(static_cast<size_t>(count * c.vocab_size));
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), logits.get(), host.size() * 4, cudaMemcpyDeviceToHost, stream));
+    // Straight into the caller's vector (its capacity reserved by prefill): no row copies.
+    const size_t at = out->size();
+    out->resize(at + static_cast<size_t>(count * c.vocab_size));
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->data() + at, logits.get(), static_cast<size_t>(count * c.vocab_size) * 4,
+                                              cudaMemcpyDeviceToHost, stream));
     LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-    for (int64_t r = 0; r < count; ++r)
-      out->emplace_back(lmseq[static_cast<size_t>(first + r)],
-                        std::vector<float>(host.begin() + r * c.vocab_size, host.begin() + (r + 1) * c.vocab_size));
   }
   for (const auto& [b, begin, end] : segs) lengths[static_cast<size_t>(b)] += end - begin;
   return {};
@@ -366,8 +364,14 @@ Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool
                                 ", position " + std::to_string(i) + ") is outside the vocabulary [0, " +
                                 std::to_string(g.c.vocab_size) + ")");
   }
-  // Pack segments of at most max_step_tokens tokens per step, splitting long sequences.
-  std::vector<std::pair<int64_t, std::vector<float>>> rows;
+  // Pack segments of at most max_step_tokens tokens per step, splitting long sequences. Rows come
+  // out in step order, which is sequence order, then position order.
+  int64_t rows = 0;
+  for (const auto& t : tokens) rows += all_positions ? static_cast<int64_t>(t.size()) : (t.empty() ? 0 : 1);
+  if (logits != nullptr) {
+    logits->clear();
+    logits->reserve(static_cast<size_t>(rows * g.c.vocab_size));
+  }
   std::vector<std::tuple<int64_t, int64_t, int64_t>> segs;
   int64_t used = 0;
   for (size_t b = 0; b < tokens.size(); ++b) {
@@ -378,18 +382,15 @@ Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool
       begin += take;
       used += take;
       if (used == g.options.max_step_tokens) {
-        LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, logits == nullptr ? nullptr : &rows));
+        LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, logits));
         segs.clear();
         used = 0;
       }
     }
   }
-  if (!segs.empty()) LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, logits == nullptr ? nullptr : &rows));
+  if (!segs.empty()) LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, logits));
   if (logits == nullptr) return {};
-  logits->clear();
-  // Rows come out in step order, which is sequence order, then position order.
-  for (auto& [b, row] : rows) logits->insert(logits->end(), row.begin(), row.end());
-  return check_logits(logits->data(), static_cast<int64_t>(rows.size()), g.c.vocab_size, "prefill row ", 0);
+  return check_logits(logits->data(), rows, g.c.vocab_size, "prefill row ", 0);
 }
 
 Status GpuRuntime::decode(const std::vector<int32_t>& tokens, std::vector<float>* logits) {

@@ -108,10 +108,8 @@ Status TensorParallelRuntime::each_runtime(const std::function<Status(int rank, 
 // Every rank computes the same logits and tokens; rank 0's come back, the others' are dropped.
 Status TensorParallelRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool all_positions,
                                       std::vector<float>* logits) {
-  std::vector<std::vector<float>> other(devices_.size());
-  return each_runtime([&](int r, GpuRuntime& rt) {
-    return rt.prefill(tokens, all_positions, logits == nullptr ? nullptr : r == 0 ? logits : &other[r]);
-  });
+  // The other ranks' logits (the same) are computed, not copied back.
+  return each_runtime([&](int r, GpuRuntime& rt) { return rt.prefill(tokens, all_positions, r == 0 ? logits : nullptr); });
 }
 
 Status TensorParallelRuntime::decode(const std::vector<int32_t>& tokens, std::vector<float>* logits) {
