@@ -56,6 +56,23 @@ TensorParallelGroupOptions apply_gpu_launch_flags(const GpuLaunchFlags& flags) {
   return o;
 }
 
+Status gpu_decode_ms(const GpuModelSource& source, const GpuPrecision& precision, int device, double* ms) {
+  std::unique_ptr<GpuModel> model;
+  LLMQ_RETURN_IF_ERROR(GpuModel::load(source, precision, device, &model));
+  GpuRuntimeOptions o;
+  o.max_context = 256;
+  o.max_step_tokens = 256;
+  std::unique_ptr<GpuRuntime> rt;
+  LLMQ_RETURN_IF_ERROR(GpuRuntime::create(*model, o, &rt));
+  LLMQ_RETURN_IF_ERROR(rt->fill_context_for_benchmark(1, 128, 1));
+  std::vector<double> steps;
+  LLMQ_RETURN_IF_ERROR(rt->time_decode(1, 16, 64, &steps));
+  if (steps.empty()) return Status(StatusCode::kInternal, "time_decode returned no steps");
+  std::sort(steps.begin(), steps.end());
+  *ms = steps[steps.size() / 2];
+  return {};
+}
+
 int64_t peak_rss_bytes() {
   struct rusage usage {};
   if (::getrusage(RUSAGE_SELF, &usage) != 0) return -1;

@@ -72,23 +72,6 @@ Status checkpoint_bytes(const ModelWeights& model, const Scheme& scheme, bool un
   return {};
 }
 
-// Median batch-1 decode step of a model on GPU 0, at 128 positions of context, in milliseconds.
-Status gpu_decode_ms(const GpuModelSource& source, GpuPrecision precision, double* ms) {
-  std::unique_ptr<GpuModel> model;
-  LLMQ_RETURN_IF_ERROR(GpuModel::load(source, precision, 0, &model));
-  GpuRuntimeOptions o;
-  o.max_context = 256;
-  o.max_step_tokens = 256;
-  std::unique_ptr<GpuRuntime> rt;
-  LLMQ_RETURN_IF_ERROR(GpuRuntime::create(*model, o, &rt));
-  LLMQ_RETURN_IF_ERROR(rt->fill_context_for_benchmark(1, 128, 1));
-  std::vector<double> steps;
-  LLMQ_RETURN_IF_ERROR(rt->time_decode(1, 16, 64, &steps));
-  std::sort(steps.begin(), steps.end());
-  *ms = steps[steps.size() / 2];
-  return {};
-}
-
 // Whether the demo times decode on the GPU: --device cuda insists, auto asks the machine.
 Status use_gpu(const std::string& device, bool* gpu, std::string* why_not) {
   *gpu = false;
@@ -178,7 +161,7 @@ int run(const DemoArgs& a) {
     host.weights = &model;
     // --device auto: a GPU that cannot run the model (too old, out of memory) drops the speed
     // column with the reason, and the demo goes on; --device cuda insists.
-    if (Status st = gpu_decode_ms(host, gpu_precision(GpuPrecision::Kind::kBF16), &bf16_ms); !st.ok()) {
+    if (Status st = gpu_decode_ms(host, gpu_precision(GpuPrecision::Kind::kBF16), 0, &bf16_ms); !st.ok()) {
       if (a.device == "cuda") return fail(st);
       gpu = false;
       no_gpu = "the GPU could not run the BF16 model: " + st.message();
@@ -188,7 +171,7 @@ int run(const DemoArgs& a) {
       GpuModelSource source;
       source.kind = GpuModelSource::Kind::kHostQuantized;
       source.quantized = &c.model;
-      const Status st = gpu_decode_ms(source, gpu_precision(GpuPrecision::Kind::kAsStored), &c.decode_ms);
+      const Status st = gpu_decode_ms(source, gpu_precision(GpuPrecision::Kind::kAsStored), 0, &c.decode_ms);
       if (!st.ok()) c.gpu_error = st.message();
     }
     step.done();

@@ -22,6 +22,8 @@
 #include "llmq/quant_recipe.hpp"
 #include "llmq/quant_report.hpp"
 #include "llmq/quantized_model.hpp"
+#include "llmq/device.hpp"
+#include "llmq/gpu_runtime.hpp"
 #include "llmq/recipe_search.hpp"
 #include "llmq/tokenizer.hpp"
 #include "llmq/version.hpp"
@@ -50,6 +52,8 @@ struct RecipeArgs {
   bool force = false;
   bool json = false;
   int threads = 0;
+  std::string device = "cpu";  // cuda: the final table's decode times measured on GPU `gpu`
+  int gpu = 0;
 };
 
 // Models evaluated against the float model on the same windows; a null model is the float model.
@@ -118,8 +122,48 @@ Status assignment_cost(const ModelConfig& config, const RecipeRun& run, const st
   return {};
 }
 
+// --device cuda: a batch-1 decode step of every row of the final table and of the BF16 model on the
+// GPU (gpu_decode_ms), each loaded as an engine would run it: a uniform scheme's model as quantized
+// here, the checkpoint as written (the recipe's search row is the same assignment).
+Status measure_on_gpu(const RecipeArgs& a, const ModelWeights& model, const std::vector<const QuantizedModel*>& uniform,
+                      RecipeRun* run) {
+  CudaDeviceInfo info;
+  LLMQ_RETURN_IF_ERROR(query_cuda_device(a.gpu, &info));
+  Progress progress("timing decode on GPU " + std::to_string(a.gpu));
+  const int64_t total = static_cast<int64_t>(uniform.size()) + 2;
+  int64_t done = 0;
+  GpuModelSource s;
+  for (size_t i = 0; i < uniform.size(); ++i) {
+    s.kind = GpuModelSource::Kind::kHostQuantized;
+    s.quantized = uniform[i];
+    LLMQ_RETURN_IF_ERROR(gpu_decode_ms(s, gpu_precision(GpuPrecision::Kind::kAsStored), a.gpu, &run->candidates[i].measured_ms));
+    progress.update(++done, total);
+  }
+  s = GpuModelSource();
+  s.kind = GpuModelSource::Kind::kCheckpoint;
+  s.dir = a.out;
+  double checkpoint_ms = 0;
+  LLMQ_RETURN_IF_ERROR(gpu_decode_ms(s, gpu_precision(GpuPrecision::Kind::kAsStored), a.gpu, &checkpoint_ms));
+  for (RecipeCandidate& c : run->candidates)
+    if (c.is_recipe || c.is_checkpoint) c.measured_ms = checkpoint_ms;
+  progress.update(++done, total);
+  s = GpuModelSource();
+  s.kind = GpuModelSource::Kind::kHost;
+  s.weights = &model;
+  LLMQ_RETURN_IF_ERROR(gpu_decode_ms(s, gpu_precision(GpuPrecision::Kind::kBF16), a.gpu, &run->kept_measured_ms));
+  progress.finish();
+  run->measured_on = fmt::format("{} (GPU {}), batch-1 decode step at 128 positions, median of 64, CUDA graphs", info.name,
+                                 a.gpu);
+  return {};
+}
+
 int run(const RecipeArgs& a) {
   RecipeRun run;
+  if (a.device != "cpu" && a.device != "cuda") return fail(invalid_argument("--device: cpu or cuda, got " + a.device));
+  if (a.device == "cuda") {  // a machine without a GPU is told so before the search
+    CudaDeviceInfo info;
+    if (Status st = query_cuda_device(a.gpu, &info); !st.ok()) return fail(st);
+  }
   run.model = a.model;
   if (Status st = parse_accuracy_budget(a.budget, &run.budget); !st.ok()) return fail(st);
   if (Status st = parse_recipe_objective(a.objective, &run.objective); !st.ok()) return fail(st);
@@ -295,6 +339,12 @@ int run(const RecipeArgs& a) {
   const RecipeAssignment all_kept(run.units.size(), kKeptOption);
   if (Status st = assignment_cost(config, run, schemes, all_kept, &run.kept_bytes, &run.kept_decode_seconds); !st.ok())
     return fail(st);
+  if (a.device == "cuda")
+    if (Status st = measure_on_gpu(a, model, std::vector<const QuantizedModel*>(models.begin(), models.begin() +
+                                                                               static_cast<std::ptrdiff_t>(schemes.size())),
+                                   &run);
+        !st.ok())
+      return fail(st);
 
   if (!a.report.empty()) {
     const QuantReport report = recipe_quant_report(run, today(), library_version());
@@ -352,6 +402,12 @@ void add_recipe_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_flag("--json", args->json, "machine-readable output (sensitivities, the points walked, every candidate)");
   cmd->add_option("--threads", args->threads, "CPU threads (0: every core); that many models evaluated side by side")
       ->check(CLI::Range(0, 4096));
+  cmd->add_option("--device", args->device,
+                  "cpu (default): decode times from the bytes model; cuda: the final table's and the report's decode\n"
+                  "times measured on the GPU (each uniform scheme, the written checkpoint, BF16); the search's costs\n"
+                  "stay the bytes model's")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--gpu", args->gpu, "with --device cuda: CUDA device ordinal")->check(CLI::Range(0, 1023));
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 

@@ -108,6 +108,11 @@ std::vector<std::string> split_commas(const std::string& s);
 Status calibrate_on_samples(const ModelWeights& model, int64_t count, int64_t length, int64_t context,
                             CalibrationStats* stats);
 
+// The median batch-1 decode step of a model on GPU `device`, at 128 positions of context (64 steps
+// after 16 untimed, CUDA graphs on), in milliseconds: what `llmq demo` and `llmq recipe --device
+// cuda` put beside each scheme.
+Status gpu_decode_ms(const GpuModelSource& source, const GpuPrecision& precision, int device, double* ms);
+
 // Peak resident set of this process so far, in bytes (-1 when the system does not say).
 int64_t peak_rss_bytes();
 

@@ -94,10 +94,13 @@ std::string recipe_text(const RecipeRun& run) {
                      run.search.points.size(), counts.uniform, counts.evaluated, run.search.chosen,
                      uniform.empty() ? "" : " (" + uniform + ")");
 
+  // Decode times: measured on the GPU with --device cuda, else the bytes model's.
+  const bool measured = !run.measured_on.empty();
   std::vector<EvalRow> rows;
   for (const RecipeCandidate& c : run.candidates)
     rows.push_back({c.name, c.summary,
-                    {fmt::format("{:.2f}", static_cast<double>(c.bytes) / 1e6), fmt::format("{:.4f}", c.decode_seconds * 1e3),
+                    {fmt::format("{:.2f}", static_cast<double>(c.bytes) / 1e6),
+                     fmt::format("{:.4f}", measured ? c.measured_ms : c.decode_seconds * 1e3),
                      budget_met(run.budget, c.summary) ? "yes" : "no"}});
   sort_by_kl(&rows);
   EvalTableOptions table;
@@ -106,9 +109,12 @@ std::string recipe_text(const RecipeRun& run) {
   table.extra_notes = {
       fmt::format("MB         bytes of the linear layers (weights and scales; what is kept, in BF16): every BF16 {:.2f}",
                   static_cast<double>(run.kept_bytes) / 1e6),
-      fmt::format("decode ms  a model, not a measurement: one batch-1 decode step reading those bytes at {} (H100\n"
-                  "           HBM3; routed experts count k/n); every BF16 {:.4f}",
-                  bandwidth_text(), run.kept_decode_seconds * 1e3),
+      measured ? fmt::format("decode ms  measured: {}; every BF16\n           {:.4f} (--json: the "
+                             "bytes model's too)",
+                             run.measured_on, run.kept_measured_ms)
+               : fmt::format("decode ms  a model, not a measurement: one batch-1 decode step reading those bytes at {} (H100\n"
+                             "           HBM3; routed experts count k/n); every BF16 {:.4f}",
+                             bandwidth_text(), run.kept_decode_seconds * 1e3),
       "meets      whether the row meets the budget " + run.budget.text};
   out += eval_table_text(rows, table);
 
@@ -177,11 +183,15 @@ nlohmann::ordered_json recipe_json(const RecipeRun& run) {
     row.update(summary_json(c.summary));
     row["bytes"] = c.bytes;
     row["decode_ms_model"] = c.decode_seconds * 1e3;
+    row["decode_ms_measured"] = c.measured_ms >= 0 ? nlohmann::ordered_json(c.measured_ms) : nlohmann::ordered_json(nullptr);
     row["meets_budget"] = budget_met(run.budget, c.summary);
     j["candidates"].push_back(std::move(row));
   }
   j["kept_bytes"] = run.kept_bytes;
   j["kept_decode_ms_model"] = run.kept_decode_seconds * 1e3;
+  j["kept_decode_ms_measured"] =
+      run.kept_measured_ms >= 0 ? nlohmann::ordered_json(run.kept_measured_ms) : nlohmann::ordered_json(nullptr);
+  j["decode_measured_on"] = run.measured_on.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(run.measured_on);
   j["recipe"] = nlohmann::ordered_json::parse(recipe_to_json(run.recipe), nullptr, false);
   j["out"] = run.out_dir;
   j["report"] = run.report_html.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(run.report_html);
@@ -193,7 +203,9 @@ QuantReport recipe_quant_report(const RecipeRun& run, const std::string& date, c
   r.model = run.model;
   r.date = date;
   r.llmq_version = version;
-  r.device = "bytes model at " + bandwidth_text() + " (CPU search; decode times are modelled, not measured)";
+  const bool measured = !run.measured_on.empty();
+  r.device = measured ? "decode measured: " + run.measured_on + " (the search's costs: the bytes model at " + bandwidth_text() + ")"
+                      : "bytes model at " + bandwidth_text() + " (CPU search; decode times are modelled, not measured)";
   r.eval_data = fmt::format("{}; {} tokens scored, context {}", run.data, chosen_point(run).summary.tokens, run.context);
   r.budget = run.budget.text;
   r.objective = recipe_objective_name(run.objective);
@@ -207,8 +219,8 @@ QuantReport recipe_quant_report(const RecipeRun& run, const std::string& date, c
   base.top1_agreement = 1.0;
   base.ppl_ratio = 1.0;
   base.linear_weight_bytes = run.kept_bytes;
-  base.decode_ms_per_token = run.kept_decode_seconds * 1e3;
-  base.decode_time_source = "bytes model at " + bandwidth_text();
+  base.decode_ms_per_token = measured ? run.kept_measured_ms : run.kept_decode_seconds * 1e3;
+  base.decode_time_source = measured ? "measured: " + run.measured_on : "bytes model at " + bandwidth_text();
   r.candidates.push_back(base);
   for (const RecipeCandidate& c : run.candidates) {
     QuantReportCandidate q;
@@ -221,7 +233,7 @@ QuantReport recipe_quant_report(const RecipeRun& run, const std::string& date, c
     q.top1_agreement = c.summary.top1_agreement.mean;
     q.ppl_ratio = c.summary.ppl_ratio;
     q.linear_weight_bytes = c.bytes;
-    q.decode_ms_per_token = c.decode_seconds * 1e3;
+    q.decode_ms_per_token = measured ? c.measured_ms : c.decode_seconds * 1e3;
     q.decode_time_source = base.decode_time_source;
     r.candidates.push_back(q);
   }
@@ -264,10 +276,15 @@ QuantReport recipe_quant_report(const RecipeRun& run, const std::string& date, c
     r.kept.push_back({m, m == "lm_head" ? "lm_head: kept by default (--quantize-lm-head searches it too)"
                                         : "MoE router: kept (it decides the routing)"});
 
-  r.notes.push_back(fmt::format("Decode times and sizes are a model, not a measurement: a batch-1 decode step reads "
-                                "every linear layer's weights and scales once at {} (H100 SXM HBM3), routed experts "
-                                "counted at k/n; kept layers in BF16.",
-                                bandwidth_text()));
+  if (measured)
+    r.notes.push_back(fmt::format("Decode times are measured: {}. The search's costs were the bytes model's (a batch-1 "
+                                  "decode step reading every linear layer's bytes once at {}); sizes are bytes.",
+                                  run.measured_on, bandwidth_text()));
+  else
+    r.notes.push_back(fmt::format("Decode times and sizes are a model, not a measurement: a batch-1 decode step reads "
+                                  "every linear layer's weights and scales once at {} (H100 SXM HBM3), routed experts "
+                                  "counted at k/n; kept layers in BF16.",
+                                  bandwidth_text()));
   const WalkCounts counts = walk_counts(run);
   const std::string uniform = uniform_text(run, chosen_point(run));
   r.notes.push_back(fmt::format("Search: {} sensitivity evaluations (each unit alone under each scheme), then {} of {} "

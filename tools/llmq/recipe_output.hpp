@@ -23,6 +23,7 @@ struct RecipeCandidate {
   double decode_seconds = 0.0;  // the bytes model (recipe_search.hpp), not a measurement
   bool is_recipe = false;
   bool is_checkpoint = false;  // the written checkpoint, reloaded
+  double measured_ms = -1.0;   // --device cuda: a batch-1 decode step on the GPU; < 0: not measured
 };
 
 struct RecipeRun {
@@ -40,6 +41,8 @@ struct RecipeRun {
   std::vector<RecipeCandidate> candidates;  // the uniform schemes, then the recipe, then the checkpoint
   int64_t kept_bytes = 0;                 // every linear in BF16
   double kept_decode_seconds = 0.0;
+  double kept_measured_ms = -1.0;         // the BF16 model on the GPU (--device cuda)
+  std::string measured_on;                // "" unless --device cuda: the GPU and how decode was timed
   std::string out_dir;                    // the checkpoint (recipe.json inside it)
   std::string report_html, report_markdown;  // "" when no --report
   const CalibrationStats* stats = nullptr;   // for the report's outliers; may be null
