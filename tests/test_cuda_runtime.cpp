@@ -211,18 +211,23 @@ TEST(GpuRuntime, CheckpointStreamedEqualsHostLoaded) {
   ASSERT_TRUE(load_hf_model(dir, &host).ok());
   const std::vector<int32_t> p = prompt(20, host.config.vocab_size, 9);
   auto logits = [&](const GpuModel& gm) { return prefill_logits(gm, p); };
-  for (const std::string precision : {"bf16", "fp8-dynamic", "int8-w8a8", "fp8-block"}) {
+  // Static activation scales stream too, from calibration statistics (quantize_model's scales).
+  CalibrationStats stats;
+  ASSERT_TRUE(calibrate(host, prompt(48, host.config.vocab_size, 5), 24, &stats).ok());
+  for (const std::string precision :
+       {"bf16", "fp8-dynamic", "int8-w8a8", "fp8-block", "fp8-tensor-static", "fp8-channel-static"}) {
     SCOPED_TRACE("REPRO precision=" + precision);
     std::unique_ptr<GpuModel> streamed, uploaded;
-    Status st = GpuModel::from_checkpoint(dir, precision, 0, &streamed);
+    GpuPrecision gp;
+    ASSERT_TRUE(parse_gpu_precision(precision, &gp).ok());
+    const bool calibrated = gp.kind == GpuPrecision::Kind::kScheme && gp.scheme.needs_statistics();
+    Status st = GpuModel::from_checkpoint(dir, gp, 0, &streamed, {}, {}, calibrated ? &stats : nullptr);
     ASSERT_TRUE(st.ok()) << st.to_string();
     QuantizedModel qm;
     if (precision == "bf16") {
       st = GpuModel::from_float(host, DType::kBF16, 0, &uploaded);
     } else {
-      Scheme scheme;
-      ASSERT_TRUE(find_scheme(precision, &scheme).ok());
-      ASSERT_TRUE(quantize_model(host, scheme, nullptr, {}, &qm).ok());
+      ASSERT_TRUE(quantize_model(host, gp.scheme, calibrated ? &stats : nullptr, {}, &qm).ok());
       st = GpuModel::from_quantized(qm, 0, &uploaded);
     }
     ASSERT_TRUE(st.ok()) << st.to_string();
@@ -235,8 +240,20 @@ TEST(GpuRuntime, CheckpointStreamedEqualsHostLoaded) {
     EXPECT_EQ(differ, 0u);
   }
   std::unique_ptr<GpuModel> bad;
-  const Status st = GpuModel::from_checkpoint(dir, "fp8-tensor-static", 0, &bad);
+  Status st = GpuModel::from_checkpoint(dir, "fp8-tensor-static", 0, &bad);
   EXPECT_NE(st.message().find("calibration"), std::string::npos) << st.to_string();
+  // SmoothQuant rewrites the weights with the statistics' factors: the host's quantizer, not a stream.
+  GpuPrecision smooth;
+  ASSERT_TRUE(parse_gpu_precision("fp8-smoothquant", &smooth).ok());
+  st = GpuModel::from_checkpoint(dir, smooth, 0, &bad, {}, {}, &stats);
+  EXPECT_NE(st.message().find("host"), std::string::npos) << st.to_string();
+  // Statistics of another model are refused by name.
+  CalibrationStats other = stats;
+  other.linears["model.layers.99.mlp.up_proj"] = other.linears.begin()->second;
+  GpuPrecision tensor_static;
+  ASSERT_TRUE(parse_gpu_precision("fp8-tensor-static", &tensor_static).ok());
+  st = GpuModel::from_checkpoint(dir, tensor_static, 0, &bad, {}, {}, &other);
+  EXPECT_NE(st.message().find("model.layers.99.mlp.up_proj"), std::string::npos) << st.to_string();
 }
 
 // A checkpoint that declares static KV-cache scales (llmq quantize --kv-cache-scales) sets an E4M3

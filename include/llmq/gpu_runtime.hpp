@@ -113,11 +113,14 @@ class GpuModel {
                                TensorParallelRank tp = {});
   // An unquantized Hugging Face checkpoint (BF16 / F16 / F32 safetensors, sharded or not) read
   // tensor by tensor from the memory map straight into device memory and quantized there under
-  // `precision` ("bf16" or a dynamic scheme): the host never holds the model. The codes equal those
-  // of the CPU path (cuda_quantize is bit for bit the CPU quantize of the same values).
+  // `precision` ("bf16", a dynamic scheme, or with `stats` a dense model under a scheme with static
+  // per-tensor activation scales and absmax weights, e.g. fp8-tensor-static): the host never holds
+  // the model. The codes and scales equal those of the CPU path (cuda_quantize is bit for bit the
+  // CPU quantize of the same values; a static scale is the statistics' as quantize_model takes it,
+  // the largest of a fused linear's parts').
   static Status from_checkpoint(const std::string& dir, const GpuPrecision& precision, int device,
                                 std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {},
-                                TensorParallelRank tp = {});
+                                TensorParallelRank tp = {}, const CalibrationStats* stats = nullptr);
   // The same with the precision by name (parse_gpu_precision).
   static Status from_checkpoint(const std::string& dir, const std::string& precision, int device,
                                 std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress = {},
@@ -251,7 +254,7 @@ class GpuRuntime {
   // Appends tokens[b] to sequence b (tokens.size() <= max_batch; empty rows add nothing). Logits
   // (float32, row-major, vocab wide) of the last new token of every sequence that got tokens, in
   // order of b, or of every new token when all_positions. logits may be null: the rows are computed
-  // (calibration observes lm_head's input) and not copied back.
+  // (calibration observes lm_head's input) and not copied back. On an error *logits is emptied.
   Status prefill(const std::vector<std::vector<int32_t>>& tokens, bool all_positions, std::vector<float>* logits);
   // One new token for each of sequences 0 .. tokens.size() - 1: logits [tokens.size(), vocab].
   Status decode(const std::vector<int32_t>& tokens, std::vector<float>* logits);
@@ -292,8 +295,10 @@ class GpuRuntime {
   // measures (calibration.hpp: same module names, rows_seen counting the rows each linear read; the
   // weights' statistics from the weights this runtime holds, BF16-rounded under precision bf16).
   // end_calibration waits for the stream and folds the result into *stats (nullptr: discards it)
-  // and detaches the observer; it refuses inputs that held NaN/Inf. Only BF16 / F32 dense models on
-  // one GPU in fixed-slot mode without skip_stages; while calibrating, generate runs without CUDA
+  // and detaches the observer; it refuses inputs that held NaN/Inf. Only BF16 / F32 models (dense or
+  // MoE) in fixed-slot mode without skip_stages; a tensor-parallel rank's statistics are its slices
+  // (local widths, under the whole model's names: merge_tensor_parallel_calibration puts the ranks'
+  // together; TensorParallelRuntime::end_calibration does); while calibrating, generate runs without CUDA
   // graphs and a graph-capturing time_decode is refused (a captured graph would keep the
   // observer's kernels).
   // Off (the default), the forward pass does no extra work.

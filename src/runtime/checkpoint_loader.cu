@@ -12,6 +12,7 @@
 #include "llmq/export.hpp"
 #include "llmq/format.hpp"
 #include "llmq/gpu_runtime.hpp"
+#include "llmq/quantized_model.hpp"
 #include "llmq/safetensors.hpp"
 #include "runtime/shard_linear.hpp"
 #include "runtime/gpu_model_build.hpp"
@@ -32,6 +33,7 @@ struct Loader {
   const Checkpoint& ckpt;
   bool bf16 = true;  // linears in BF16, else quantized under `scheme`
   Scheme scheme;
+  const CalibrationStats* stats = nullptr;  // static activation scales (schemes that need them)
   bool stored_quantized = false;  // the checkpoint's own FP8/INT8 linears, as stored
   QuantizedLinearReader* reader = nullptr;  // with stored_quantized: its quantization_config, parsed once
 
@@ -161,8 +163,29 @@ struct Loader {
       out->act = runtime::ActQuant::kNone;
     } else {
       LLMQ_RETURN_IF_ERROR(runtime::scheme_act_mode(scheme, label, out));
+      if (out->act == runtime::ActQuant::kStaticTensor) LLMQ_RETURN_IF_ERROR(static_scale(names, out));
     }
     return merge(label, std::move(parts), out);
+  }
+
+  // A static activation scale from the statistics, as quantize_model computes it per module; the
+  // largest of a fused linear's modules' (one GEMM quantizes its input once, as the host route's
+  // act_mode merges them).
+  Status static_scale(const std::vector<std::string>& names, GpuLinear* out) const {
+    if (stats == nullptr)
+      return Status(StatusCode::kInternal, out->name + ": a static activation scale without calibration statistics");
+    out->static_scale = 0.0f;
+    for (const std::string& name : names) {
+      const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+      const LinearStats* s = stats->find(module);
+      if (s == nullptr || s->rows_seen == 0)
+        return invalid_argument("--stats: no activation statistics for " + module + " (were they measured on this model?)");
+      float scale = 1.0f;
+      if (scheme.activation.method != ScaleMethod::kUnit)
+        LLMQ_RETURN_IF_ERROR(static_activation_scale(*s, nullptr, scheme.activation, &scale));
+      out->static_scale = std::max(out->static_scale, scale);
+    }
+    return {};
   }
 
   // One part when the pieces concatenate (same kind; blocks only at multiples of 128 rows), so the
@@ -246,7 +269,8 @@ Status load_moe(const Loader& load, const ModelConfig& c, int64_t l, runtime::Gp
 }  // namespace
 
 Status GpuModel::from_checkpoint(const std::string& dir, const GpuPrecision& p, int device,
-                                 std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress, TensorParallelRank tp) {
+                                 std::unique_ptr<GpuModel>* out, const GpuProgressFn& progress, TensorParallelRank tp,
+                                 const CalibrationStats* stats) {
   const std::string precision = p.name();
   std::unique_ptr<Checkpoint> ckpt;
   ModelConfig c;
@@ -274,9 +298,17 @@ Status GpuModel::from_checkpoint(const std::string& dir, const GpuPrecision& p, 
   } else {
     load.bf16 = false;
     load.scheme = p.scheme;
-    if (!runtime::scheme_streams_from_checkpoint(load.scheme))
-      return unsupported("--scheme " + precision + " on the GPU from a checkpoint: static, SmoothQuant and MSE schemes need "
-                         "calibration statistics; quantize with `llmq quantize --stats` first, or use a dynamic scheme");
+    if (!runtime::scheme_streams_from_checkpoint(load.scheme, stats != nullptr, c.is_moe()))
+      return unsupported("--scheme " + precision + " on the GPU from a checkpoint: " +
+                         (stats == nullptr || c.is_moe() || !runtime::weights_quantize_on_device(load.scheme)
+                              ? "static, SmoothQuant and MSE schemes need calibration statistics and the host's "
+                                "quantizer (GpuModel::load with stats); quantize with `llmq quantize --stats` first, or use "
+                                "a dynamic scheme"
+                              : "its activation scales are not static per-tensor ones"));
+    if (load.scheme.needs_statistics()) {
+      LLMQ_RETURN_IF_ERROR(stats->check_matches(c));
+      load.stats = stats;
+    }
   }
   LLMQ_RETURN_IF_ERROR(cuda::select_device(device));
   ModelConfig local;

@@ -23,10 +23,15 @@ extern const char* const kMoeNotF32;
 inline bool weights_quantize_on_device(const Scheme& s) {
   return s.smooth_alpha < 0.0f && s.weight.method == ScaleMethod::kAbsmax;
 }
-// What from_checkpoint quantizes while it streams: such weights, with dynamic activations (static
-// scales come from calibration). GpuModel::load sends every other scheme through the host.
-inline bool scheme_streams_from_checkpoint(const Scheme& s) {
-  return weights_quantize_on_device(s) && !s.needs_statistics();
+// What from_checkpoint quantizes while it streams: such weights, with dynamic activations, or with
+// static per-tensor activation scales when calibration statistics are given (`have_stats`) and the
+// model is dense (an MoE expert no calibration token reached has no scale, and the host route gives
+// it a dynamic one). GpuModel::load sends every other scheme through the host.
+inline bool scheme_streams_from_checkpoint(const Scheme& s, bool have_stats = false, bool moe = false) {
+  if (!weights_quantize_on_device(s)) return false;
+  if (!s.needs_statistics()) return true;
+  return have_stats && !moe && s.quantize_activations && s.activation.source == ScaleSource::kStatic &&
+         s.activation.granularity == Granularity::kPerTensor;
 }
 Status check_config(const ModelConfig& c);
 // Device bytes of the weights (linears BF16 or 8-bit, embeddings and lm_head BF16).

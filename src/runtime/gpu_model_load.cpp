@@ -70,14 +70,15 @@ namespace {
 struct Prepared {
   GpuModelSource source;
   GpuPrecision precision;
+  const CalibrationStats* stats = nullptr;    // a checkpoint streamed under a static scheme
   std::unique_ptr<ModelWeights> weights;      // host routes: the float model
   std::unique_ptr<QuantizedModel> quantized;  // host routes under a scheme
 };
 
 // What from_checkpoint takes: as stored, BF16, or runtime::scheme_streams_from_checkpoint.
-bool streams_from_checkpoint(const GpuPrecision& p) {
+bool streams_from_checkpoint(const GpuPrecision& p, bool have_stats, bool moe) {
   if (p.kind != GpuPrecision::Kind::kScheme) return p.kind != GpuPrecision::Kind::kF32;
-  return runtime::scheme_streams_from_checkpoint(p.scheme);
+  return runtime::scheme_streams_from_checkpoint(p.scheme, have_stats, moe);
 }
 
 // The devices a load will use, [first, first + count): checked before the host reads or quantizes
@@ -127,7 +128,10 @@ Status prepare(const GpuModelSource& s, const GpuPrecision& p, const Calibration
       if (Status st = parse_hf_config(ckpt->config_json(), &config); !st.ok())
         return Status(st.code(), s.dir + "/" + st.message());
       const bool streams = family_layout(config).streams();
-      if (streams && streams_from_checkpoint(p)) return {};  // from_checkpoint reads the header itself
+      if (streams && streams_from_checkpoint(p, stats != nullptr, config.is_moe())) {
+        out->stats = stats;  // static activation scales, when the scheme has them
+        return {};           // from_checkpoint reads the header itself
+      }
       // A quantized checkpoint streams even then (as stored; from_checkpoint refuses any other
       // scheme): the header is read here only on the way to the host route.
       if (is_quantized_checkpoint(*ckpt)) {
@@ -159,7 +163,7 @@ Status load_prepared(const Prepared& pr, int device, std::unique_ptr<GpuModel>* 
     case GpuModelSource::Kind::kSynthetic:
       return GpuModel::synthetic(s.config, p, s.seed, device, out, progress, tp);
     case GpuModelSource::Kind::kCheckpoint:
-      return GpuModel::from_checkpoint(s.dir, p, device, out, progress, tp);
+      return GpuModel::from_checkpoint(s.dir, p, device, out, progress, tp, pr.stats);
     case GpuModelSource::Kind::kHost:
       return GpuModel::from_float(*s.weights, p.kind == GpuPrecision::Kind::kF32 ? DType::kF32 : DType::kBF16, device, out,
                                   tp);

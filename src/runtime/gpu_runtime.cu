@@ -372,25 +372,36 @@ Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool
     logits->clear();
     logits->reserve(static_cast<size_t>(rows * g.c.vocab_size));
   }
-  std::vector<std::tuple<int64_t, int64_t, int64_t>> segs;
-  int64_t used = 0;
-  for (size_t b = 0; b < tokens.size(); ++b) {
-    const int64_t n = static_cast<int64_t>(tokens[b].size());
-    for (int64_t begin = 0; begin < n;) {
-      const int64_t take = std::min(n - begin, g.options.max_step_tokens - used);
-      segs.emplace_back(static_cast<int64_t>(b), begin, begin + take);
-      begin += take;
-      used += take;
-      if (used == g.options.max_step_tokens) {
-        LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, logits));
-        segs.clear();
-        used = 0;
+  auto run_steps = [&]() -> Status {
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> segs;
+    int64_t used = 0;
+    for (size_t b = 0; b < tokens.size(); ++b) {
+      const int64_t n = static_cast<int64_t>(tokens[b].size());
+      for (int64_t begin = 0; begin < n;) {
+        const int64_t take = std::min(n - begin, g.options.max_step_tokens - used);
+        segs.emplace_back(static_cast<int64_t>(b), begin, begin + take);
+        begin += take;
+        used += take;
+        if (used == g.options.max_step_tokens) {
+          LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, logits));
+          segs.clear();
+          used = 0;
+        }
       }
     }
+    if (!segs.empty()) LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, logits));
+    // Without logits nothing waited for the stream: its errors belong to this call, not a later one.
+    if (logits == nullptr) LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
+    return {};
+  };
+  if (Status st = run_steps(); !st.ok()) {
+    if (logits != nullptr) logits->clear();  // no partial rows
+    return st;
   }
-  if (!segs.empty()) LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, logits));
   if (logits == nullptr) return {};
-  return check_logits(logits->data(), rows, g.c.vocab_size, "prefill row ", 0);
+  const Status checked = check_logits(logits->data(), rows, g.c.vocab_size, "prefill row ", 0);
+  if (!checked.ok()) logits->clear();
+  return checked;
 }
 
 Status GpuRuntime::decode(const std::vector<int32_t>& tokens, std::vector<float>* logits) {

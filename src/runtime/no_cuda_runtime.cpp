@@ -21,7 +21,7 @@ GpuModel::~GpuModel() = default;
 Status GpuModel::from_float(const ModelWeights&, DType, int, std::unique_ptr<GpuModel>*, TensorParallelRank) { return no_cuda(); }
 Status GpuModel::from_quantized(const QuantizedModel&, int, std::unique_ptr<GpuModel>*, TensorParallelRank) { return no_cuda(); }
 Status GpuModel::from_checkpoint(const std::string&, const GpuPrecision&, int, std::unique_ptr<GpuModel>*,
-                                 const GpuProgressFn&, TensorParallelRank) {
+                                 const GpuProgressFn&, TensorParallelRank, const CalibrationStats*) {
   return no_cuda();
 }
 Status GpuModel::synthetic(const ModelConfig&, const GpuPrecision&, uint64_t, int, std::unique_ptr<GpuModel>*,

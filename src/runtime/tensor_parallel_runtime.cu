@@ -134,11 +134,15 @@ Status TensorParallelRuntime::generate(const std::vector<int32_t>& first, int64_
 }
 
 Status TensorParallelRuntime::begin_calibration() {
-  const Status st = each_runtime([](int, GpuRuntime& rt) { return rt.begin_calibration(); });
-  if (!st.ok())  // the ranks that began detach again
+  std::vector<char> began(devices_.size(), 0);  // by rank: began in this call
+  const Status st = each_runtime([&](int r, GpuRuntime& rt) {
+    LLMQ_RETURN_IF_ERROR(rt.begin_calibration());
+    began[static_cast<size_t>(r)] = 1;
+    return Status();
+  });
+  if (!st.ok())  // the ranks that began here detach again (one calibrating before stays so)
     (void)on_every_rank([&](int r) {
-      GpuRuntime* rt = static_cast<size_t>(r) < runtimes_.size() ? runtimes_[static_cast<size_t>(r)].get() : nullptr;
-      return rt == nullptr ? Status() : rt->end_calibration(nullptr);
+      return began[static_cast<size_t>(r)] ? runtimes_[static_cast<size_t>(r)]->end_calibration(nullptr) : Status();
     });
   return st;
 }

@@ -69,7 +69,8 @@ int run(const CalibrateArgs& a) {
   }
   const bool on_host = a.device == "cpu" || source.kind == GpuModelSource::Kind::kHost;
   const int64_t chunk = std::min(a.context, config.max_seq_len);
-  const int64_t sample_length = std::min(a.length, config.max_seq_len);
+  // Sampled text: `length` tokens after the start token (the GPU's runtime then holds one more).
+  const int64_t sample_length = std::min(a.length, on_host ? config.max_seq_len : config.max_seq_len - 1);
   // --device cuda, set up before any sampling so that a machine without a GPU fails at once: the
   // model's linears in BF16 over --tp GPUs, observed as the CPU path is (calibrate_on_gpu).
   std::unique_ptr<TensorParallelRuntime> tpr;

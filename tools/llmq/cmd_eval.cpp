@@ -312,8 +312,8 @@ void add_eval_command(CLI::App& app, std::vector<Command>* commands) {
   cmd->add_option("--gpu", args->gpu, "CUDA device ordinal (the first of --tp)");
   cmd->add_option("--tp", args->tp,
                   "GPUs each model is split over, with the model on the GPUs alone: --device cuda, --reference bf16\n"
-                  "or f32 and --model a checkpoint directory or synthetic:NAME (every model then loads, quantizes\n"
-                  "and runs on the devices; the host never holds it)")
+                  "or f32 and --model a checkpoint directory or synthetic:NAME (the models then load, quantize and\n"
+                  "run on the devices; an f32 reference and SmoothQuant / MSE schemes still pass through the host)")
       ->check(CLI::Range(1, 8));
   add_gpu_launch_flags(cmd, &args->launch);
   add_fp8_fast_accum_flag(cmd, &args->fp8_fast_accum);

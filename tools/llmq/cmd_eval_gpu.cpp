@@ -2,8 +2,9 @@
 // or compute in float32 (Llama-3-8B and 70B shapes). The reference (BF16 or F32) and every candidate
 // are loaded by GpuModel::load over the same --tp GPUs: a checkpoint directory streams from its
 // memory map, synthetic:NAME is generated there, dynamic schemes are quantized on the device (the
-// codes equal the CPU's), calibrated ones from --stats (llmq calibrate --device cuda measures them),
-// a --quantized directory runs as stored. Every window is one prefill on each; the metrics are
+// codes equal the CPU's), static-activation ones too with statistics (--stats, else calibrated here
+// on the reference), a --quantized directory runs as stored. What still goes through the host: an F32
+// reference and SmoothQuant / MSE schemes (GpuModel::load reads the float model there). Every window is one prefill on each; the metrics are
 // evaluate_windows', as on the host route.
 #include <fmt/format.h>
 
@@ -65,17 +66,15 @@ int run_eval_on_gpus(const EvalArgs& a) {
   const auto started = std::chrono::steady_clock::now();
   CudaDeviceInfo device;  // a machine without a GPU is told so at once, as by every command
   if (Status st = query_cuda_device(a.gpu, &device); !st.ok()) return fail(st);
-  if (!a.kv_cache.empty())
-    return fail(invalid_argument("--kv-cache: the CPU reference's cache (--device cpu); on the GPU, llmq run / bench / "
-                                 "serve --kv-cache e4m3"));
+  for (const std::string& k : split_commas(a.kv_cache))
+    if (k != "float")
+      return fail(invalid_argument("--kv-cache " + k + ": the CPU reference's cache (--device cpu); on the GPU, llmq run "
+                                   "/ bench / serve --kv-cache e4m3"));
   std::vector<Scheme> schemes;
   if (Status st = eval_schemes(a, !a.quantized.empty(), &schemes); !st.ok()) return fail(st);
   CalibrationStats stats;
   bool need_stats = false;
   for (const Scheme& s : schemes) need_stats = need_stats || s.needs_statistics();
-  if (need_stats && a.stats.empty())
-    return fail(invalid_argument("--stats: a calibrated scheme, and the model is on the GPUs alone (nothing samples "
-                                 "calibration text on the host); run llmq calibrate --device cuda and give --stats"));
   if (!a.stats.empty())
     if (Status st = CalibrationStats::load(a.stats, &stats); !st.ok()) return fail(st);
   std::vector<AttentionVariant> attentions;
@@ -97,16 +96,26 @@ int run_eval_on_gpus(const EvalArgs& a) {
   const ModelConfig& config = shape_only.config;
   const int64_t context = std::min(a.context, config.max_seq_len);
   const int64_t sample_length = std::min(a.data.length, config.max_seq_len - 1);
+  // Synthetic weights take fixed static scales (8/448, GpuModel::synthetic): statistics would not reach them.
+  if (need_stats && source.kind == GpuModelSource::Kind::kSynthetic)
+    return fail(invalid_argument("--scheme: a calibrated scheme on synthetic weights (their static scales are fixed, not "
+                                 "calibrated); evaluate it on a checkpoint (llmq make-checkpoint writes one)"));
+  // Without --stats a calibrated scheme is calibrated here, on the reference, on other text than the
+  // evaluation's (as the host route does: 32 sampled sequences, seeds 1000..).
+  const bool calibrate_here = need_stats && a.stats.empty();
+  const int64_t calibration_length = std::min<int64_t>(128, config.max_seq_len - 1);
+  const bool samples = a.data.data.empty() || calibrate_here;
 
   DeviceModels devices;
-  // The reference first: it samples the evaluation text when no --data is given.
+  // The reference first: it samples the evaluation text when no --data is given, and the
+  // calibration text when statistics are needed and not given.
   WindowLogitsFn base_fn;
   {
     GpuRuntimeOptions o;
-    o.max_context = a.data.data.empty() ? std::max(context, sample_length + 1) : context;
-    o.max_step_tokens = context;
-    o.max_batch = a.data.data.empty() ? kSampleBatch : 1;
-    o.cuda_graphs = a.data.data.empty();  // sampling's decode steps
+    o.max_context = samples ? std::max({context, sample_length + 1, calibration_length + 1}) : context;
+    o.max_step_tokens = std::max(context, o.max_context);
+    o.max_batch = samples ? kSampleBatch : 1;
+    o.cuda_graphs = samples;  // sampling's decode steps
     GpuPrecision p;
     if (Status st = parse_gpu_precision(a.reference, &p); !st.ok()) return fail(st);
     if (Status st = devices.add(a, source, p, nullptr, o, "the reference (" + a.reference + ")", &base_fn); !st.ok())
@@ -134,6 +143,25 @@ int run_eval_on_gpus(const EvalArgs& a) {
     return fail(st);
   }
 
+  if (calibrate_here) {
+    const int32_t start = config.text_start_token();
+    if (start < 0)
+      return fail(invalid_argument("--stats: the scheme needs calibration statistics, and the model's config names neither "
+                                   "BOS nor EOS to sample calibration text after; run llmq calibrate --data FILE and give --stats"));
+    SlowStep step("calibrating on the reference (32 sampled sequences, seeds 1000..1031)");
+    std::vector<std::vector<int32_t>> text;
+    TensorParallelRuntime& reference = *devices.runtimes[0];
+    if (Status st = sample_sequences_on_gpu(reference, kSampleBatch, start, 32, calibration_length, 1000, &text); !st.ok())
+      return fail(st);
+    for (auto& t : text) t.insert(t.begin(), start);  // from the token it was sampled after, as llmq calibrate feeds it
+    if (Status st = calibrate_on_gpu(reference, text, std::min(context, reference.runtime(0).options().max_context), &stats);
+        !st.ok())
+      return fail(Status(st.code(), "calibrating on the reference: " + st.message()));
+    step.done();
+    std::fprintf(stderr, "llmq: no --stats: calibrated on the %s reference, 32 sequences sampled on the GPU (seeds 1000..), "
+                 "%lld tokens\n", a.reference.c_str(), static_cast<long long>(stats.tokens));
+  }
+
   EvalReport report;
   std::vector<WindowLogitsFn> candidates;
   GpuRuntimeOptions o;
@@ -149,7 +177,7 @@ int run_eval_on_gpus(const EvalArgs& a) {
       p.kind = GpuPrecision::Kind::kScheme;
       p.scheme = s;  // with --smooth-alpha / --backoff applied
       candidates.emplace_back();
-      if (Status st = devices.add(a, source, p, need_stats ? &stats : nullptr, o, s.name, &candidates.back()); !st.ok())
+      if (Status st = devices.add(a, source, p, s.needs_statistics() ? &stats : nullptr, o, s.name, &candidates.back()); !st.ok())
         return fail(st);
       report.labels.push_back(s.name + with);
     }
@@ -165,7 +193,7 @@ int run_eval_on_gpus(const EvalArgs& a) {
         return fail(invalid_argument("--quantized " + dir + ": a vocabulary of " +
                                      std::to_string(devices.runtimes.back()->config().vocab_size) + ", the model's is " +
                                      std::to_string(config.vocab_size)));
-      report.labels.push_back(dir + with);
+      report.labels.push_back(dir + " (" + devices.runtimes.back()->model(0).precision() + ")" + with);
     }
   }
   EvalOptions options;

@@ -54,6 +54,7 @@ struct RecipeArgs {
   int threads = 0;
   std::string device = "cpu";  // cuda: the final table's decode times measured on GPU `gpu`
   int gpu = 0;
+  bool gpu_given = false;
 };
 
 // Models evaluated against the float model on the same windows; a null model is the float model.
@@ -124,7 +125,9 @@ Status assignment_cost(const ModelConfig& config, const RecipeRun& run, const st
 
 // --device cuda: a batch-1 decode step of every row of the final table and of the BF16 model on the
 // GPU (gpu_decode_ms), each loaded as an engine would run it: a uniform scheme's model as quantized
-// here, the checkpoint as written (the recipe's search row is the same assignment).
+// here, the checkpoint as written (the recipe's search row is the same assignment). A row the GPU
+// cannot run (a scheme it lacks) keeps the bytes model's time and says why; the BF16 baseline and
+// the device itself must work.
 Status measure_on_gpu(const RecipeArgs& a, const ModelWeights& model, const std::vector<const QuantizedModel*>& uniform,
                       RecipeRun* run) {
   CudaDeviceInfo info;
@@ -133,20 +136,31 @@ Status measure_on_gpu(const RecipeArgs& a, const ModelWeights& model, const std:
   const int64_t total = static_cast<int64_t>(uniform.size()) + 2;
   int64_t done = 0;
   GpuModelSource s;
+  auto time = [&](const GpuModelSource& source, RecipeCandidate* c) {
+    double ms = -1.0;
+    if (const Status st = gpu_decode_ms(source, gpu_precision(GpuPrecision::Kind::kAsStored), a.gpu, &ms); !st.ok()) {
+      c->measured_ms = -1.0;
+      c->measure_error = st.message();
+    } else {
+      c->measured_ms = ms;
+    }
+    progress.update(++done, total);
+  };
   for (size_t i = 0; i < uniform.size(); ++i) {
     s.kind = GpuModelSource::Kind::kHostQuantized;
     s.quantized = uniform[i];
-    LLMQ_RETURN_IF_ERROR(gpu_decode_ms(s, gpu_precision(GpuPrecision::Kind::kAsStored), a.gpu, &run->candidates[i].measured_ms));
-    progress.update(++done, total);
+    time(s, &run->candidates[i]);
   }
   s = GpuModelSource();
   s.kind = GpuModelSource::Kind::kCheckpoint;
   s.dir = a.out;
-  double checkpoint_ms = 0;
-  LLMQ_RETURN_IF_ERROR(gpu_decode_ms(s, gpu_precision(GpuPrecision::Kind::kAsStored), a.gpu, &checkpoint_ms));
+  RecipeCandidate checkpoint;
+  time(s, &checkpoint);
   for (RecipeCandidate& c : run->candidates)
-    if (c.is_recipe || c.is_checkpoint) c.measured_ms = checkpoint_ms;
-  progress.update(++done, total);
+    if (c.is_recipe || c.is_checkpoint) {
+      c.measured_ms = checkpoint.measured_ms;
+      c.measure_error = checkpoint.measure_error;
+    }
   s = GpuModelSource();
   s.kind = GpuModelSource::Kind::kHost;
   s.weights = &model;
@@ -160,6 +174,7 @@ Status measure_on_gpu(const RecipeArgs& a, const ModelWeights& model, const std:
 int run(const RecipeArgs& a) {
   RecipeRun run;
   if (a.device != "cpu" && a.device != "cuda") return fail(invalid_argument("--device: cpu or cuda, got " + a.device));
+  if (a.gpu_given && a.device != "cuda") return fail(invalid_argument("--gpu: only with --device cuda"));
   if (a.device == "cuda") {  // a machine without a GPU is told so before the search
     CudaDeviceInfo info;
     if (Status st = query_cuda_device(a.gpu, &info); !st.ok()) return fail(st);
@@ -407,7 +422,9 @@ void add_recipe_command(CLI::App& app, std::vector<Command>* commands) {
                   "times measured on the GPU (each uniform scheme, the written checkpoint, BF16); the search's costs\n"
                   "stay the bytes model's")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--gpu", args->gpu, "with --device cuda: CUDA device ordinal")->check(CLI::Range(0, 1023));
+  cmd->add_option("--gpu", args->gpu, "with --device cuda: CUDA device ordinal")
+      ->check(CLI::Range(0, 1023))
+      ->each([args](const std::string&) { args->gpu_given = true; });
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 

@@ -100,7 +100,8 @@ std::string recipe_text(const RecipeRun& run) {
   for (const RecipeCandidate& c : run.candidates)
     rows.push_back({c.name, c.summary,
                     {fmt::format("{:.2f}", static_cast<double>(c.bytes) / 1e6),
-                     fmt::format("{:.4f}", measured ? c.measured_ms : c.decode_seconds * 1e3),
+                     measured && c.measured_ms < 0 ? std::string("-")
+                                                   : fmt::format("{:.4f}", measured ? c.measured_ms : c.decode_seconds * 1e3),
                      budget_met(run.budget, c.summary) ? "yes" : "no"}});
   sort_by_kl(&rows);
   EvalTableOptions table;
@@ -184,6 +185,7 @@ nlohmann::ordered_json recipe_json(const RecipeRun& run) {
     row["bytes"] = c.bytes;
     row["decode_ms_model"] = c.decode_seconds * 1e3;
     row["decode_ms_measured"] = c.measured_ms >= 0 ? nlohmann::ordered_json(c.measured_ms) : nlohmann::ordered_json(nullptr);
+    if (!c.measure_error.empty()) row["decode_measure_error"] = c.measure_error;
     row["meets_budget"] = budget_met(run.budget, c.summary);
     j["candidates"].push_back(std::move(row));
   }
@@ -233,8 +235,10 @@ QuantReport recipe_quant_report(const RecipeRun& run, const std::string& date, c
     q.top1_agreement = c.summary.top1_agreement.mean;
     q.ppl_ratio = c.summary.ppl_ratio;
     q.linear_weight_bytes = c.bytes;
-    q.decode_ms_per_token = measured ? c.measured_ms : c.decode_seconds * 1e3;
-    q.decode_time_source = base.decode_time_source;
+    q.decode_ms_per_token = measured && c.measured_ms >= 0 ? c.measured_ms : c.decode_seconds * 1e3;
+    q.decode_time_source = measured && c.measured_ms < 0
+                               ? "bytes model at " + bandwidth_text() + " (the GPU could not time it: " + c.measure_error + ")"
+                               : base.decode_time_source;
     r.candidates.push_back(q);
   }
 

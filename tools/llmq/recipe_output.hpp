@@ -24,6 +24,7 @@ struct RecipeCandidate {
   bool is_recipe = false;
   bool is_checkpoint = false;  // the written checkpoint, reloaded
   double measured_ms = -1.0;   // --device cuda: a batch-1 decode step on the GPU; < 0: not measured
+  std::string measure_error{};  // why the GPU could not time it (then measured_ms < 0)
 };
 
 struct RecipeRun {

@@ -92,14 +92,22 @@ Status KvCacheStats::merge(const std::vector<float>& k, const std::vector<float>
 }
 
 Status CalibrationStats::merge(const CalibrationStats& other) {
+  // Every entry either side would touch holds in_features maxima of each kind, checked first.
+  auto sized = [](const std::string& name, const LinearStats& l) -> Status {
+    const size_t k = static_cast<size_t>(std::max<int64_t>(l.in_features, 0));
+    if (l.input_channel_absmax.size() != k || l.weight_channel_absmax.size() != k)
+      return invalid_argument("calibration statistics: '" + name + "' has " + std::to_string(l.input_channel_absmax.size()) +
+                              " input and " + std::to_string(l.weight_channel_absmax.size()) + " weight channel maxima for " +
+                              std::to_string(l.in_features) + " input channels");
+    return {};
+  };
   for (const auto& [name, l] : other.linears) {
     const auto it = linears.find(name);
     if (it != linears.end() && it->second.in_features != l.in_features)
       return invalid_argument("calibration statistics: '" + name + "' has " + std::to_string(it->second.in_features) +
                               " input channels here and " + std::to_string(l.in_features) + " in the measurement folded in");
-    if (l.input_channel_absmax.size() != static_cast<size_t>(l.in_features))
-      return invalid_argument("calibration statistics: '" + name + "' has " + std::to_string(l.input_channel_absmax.size()) +
-                              " channel maxima for " + std::to_string(l.in_features) + " input channels");
+    LLMQ_RETURN_IF_ERROR(sized(name, l));
+    if (it != linears.end()) LLMQ_RETURN_IF_ERROR(sized(name, it->second));
   }
   if (!other.kv_cache.empty() && !kv_cache.empty() &&
       (other.kv_cache.layers != kv_cache.layers || other.kv_cache.kv_heads != kv_cache.kv_heads))
