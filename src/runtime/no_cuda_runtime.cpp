@@ -99,6 +99,8 @@ Status TensorParallelRuntime::generate(const std::vector<int32_t>&, int64_t, con
                                        std::vector<std::vector<int32_t>>*) {
   return no_cuda();
 }
+Status TensorParallelRuntime::begin_calibration() { return no_cuda(); }
+Status TensorParallelRuntime::end_calibration(CalibrationStats*) { return no_cuda(); }
 Status TensorParallelRuntime::fill_context_for_benchmark(int64_t, int64_t, uint64_t) { return no_cuda(); }
 Status TensorParallelRuntime::time_decode(int64_t, int64_t, int64_t, std::vector<double>*) { return no_cuda(); }
 Status TensorParallelRuntime::time_prefill(int64_t, uint64_t, double*) { return no_cuda(); }
