@@ -1,18 +1,21 @@
 // The whole load path of a Hugging Face checkpoint, not only its parsers: config.json and one
 // model.safetensors from the input are written into a directory and opened the way every command
 // opens a model (open_hf_checkpoint: config semantics, header, the config-vs-tensor checks), then
-// loaded into float32 weights (load_hf_model: dequantization of 8-bit weights included).
+// loaded into float32 weights (load_hf_model: dequantization of 8-bit weights included), and its
+// static KV-cache scales read (read_kv_cache_scales).
 // Input layout: 4 bytes little-endian n, then n bytes of config.json, then the safetensors file.
 // Invariants: an error names the directory; a model that loads matches its own config (every
 // layer, tensor shapes as the config says) and holds only finite weights.
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <string>
 
 #include "fuzz_support.hpp"
+#include "llmq/export.hpp"
 #include "llmq/safetensors.hpp"
 
 namespace {
@@ -63,6 +66,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Status loaded = load_hf_model(dir, &w);
   fuzz::require_named_error(loaded, dir);
   fuzz::require(opened.ok() || !loaded.ok(), "load_hf_model accepted what open_hf_checkpoint refuses");
+  if (opened.ok()) {
+    // Static KV-cache scales (quantization_config.kv_cache_scheme + each attention's k_scale /
+    // v_scale): refused by name, or one finite positive scale per layer and KV head.
+    bool declared = false;
+    std::vector<float> k, v;
+    const Status kv = read_kv_cache_scales(*ckpt, config, &declared, &k, &v);
+    fuzz::require_named_error(kv, dir);
+    const size_t n = static_cast<size_t>(config.n_layers * config.n_kv_heads);
+    fuzz::require(!kv.ok() || !declared || (k.size() == n && v.size() == n), "KV scales of the wrong count");
+    for (const std::vector<float>* s : {&k, &v})
+      for (float x : *s) fuzz::require(!kv.ok() || (std::isfinite(x) && x > 0.0f), "a KV scale that is not finite positive");
+  }
   if (!loaded.ok()) return 0;
   fuzz::require(w.config.validate().ok(), "loaded a model whose config validate() refuses");
   fuzz::require(static_cast<int64_t>(w.layers.size()) == w.config.n_layers, "layer count differs from the config");
