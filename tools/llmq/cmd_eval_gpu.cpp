@@ -64,8 +64,6 @@ bool eval_on_gpus_only(const EvalArgs& a) {
 
 int run_eval_on_gpus(const EvalArgs& a) {
   const auto started = std::chrono::steady_clock::now();
-  CudaDeviceInfo device;  // a machine without a GPU is told so at once, as by every command
-  if (Status st = query_cuda_device(a.gpu, &device); !st.ok()) return fail(st);
   for (const std::string& k : split_commas(a.kv_cache))
     if (k != "float")
       return fail(invalid_argument("--kv-cache " + k + ": the CPU reference's cache (--device cpu); on the GPU, llmq run "
@@ -102,6 +100,9 @@ int run_eval_on_gpus(const EvalArgs& a) {
                                  "calibrated); evaluate it on a checkpoint (llmq make-checkpoint writes one)"));
   // Without --stats a calibrated scheme is calibrated here, on the reference, on other text than the
   // evaluation's (as the host route does: 32 sampled sequences, seeds 1000..).
+  // The arguments above are checked first; then a machine without a GPU is told so, before any work.
+  CudaDeviceInfo device;
+  if (Status st = query_cuda_device(a.gpu, &device); !st.ok()) return fail(st);
   const bool calibrate_here = need_stats && a.stats.empty();
   const int64_t calibration_length = std::min<int64_t>(128, config.max_seq_len - 1);
   const bool samples = a.data.data.empty() || calibrate_here;
