@@ -75,6 +75,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz::require_named_error(kv, dir);
     const size_t n = static_cast<size_t>(config.n_layers * config.n_kv_heads);
     fuzz::require(!kv.ok() || !declared || (k.size() == n && v.size() == n), "KV scales of the wrong count");
+    fuzz::require(!kv.ok() || declared || (k.empty() && v.empty()), "KV scales without a declaration");
     for (const std::vector<float>* s : {&k, &v})
       for (float x : *s) fuzz::require(!kv.ok() || (std::isfinite(x) && x > 0.0f), "a KV scale that is not finite positive");
   }

@@ -177,12 +177,13 @@ struct Loader {
     out->static_scale = 0.0f;
     for (const std::string& name : names) {
       const std::string module = name.substr(0, name.size() - std::string(".weight").size());
-      const LinearStats* s = stats->find(module);
-      if (s == nullptr || s->rows_seen == 0)
-        return invalid_argument("--stats: no activation statistics for " + module + " (were they measured on this model?)");
-      float scale = 1.0f;
-      if (scheme.activation.method != ScaleMethod::kUnit)
+      float scale = 1.0f;  // a unit scale needs no statistics (quantize_linear's rule)
+      if (scheme.activation.method != ScaleMethod::kUnit) {
+        const LinearStats* s = stats->find(module);
+        if (s == nullptr || s->rows_seen == 0)
+          return invalid_argument("--stats: no activation statistics for " + module + " (were they measured on this model?)");
         LLMQ_RETURN_IF_ERROR(static_activation_scale(*s, nullptr, scheme.activation, &scale));
+      }
       out->static_scale = std::max(out->static_scale, scale);
     }
     return {};

@@ -114,8 +114,15 @@ Status prepare(const GpuModelSource& s, const GpuPrecision& p, const Calibration
                Prepared* out) {
   out->source = s;
   out->precision = p;
+  // Statistics are used by calibrated schemes only, and never silently dropped for them.
+  const bool calibrated = p.kind == GpuPrecision::Kind::kScheme && p.scheme.needs_statistics();
   switch (s.kind) {
     case GpuModelSource::Kind::kSynthetic:
+      if (calibrated && stats != nullptr)
+        return invalid_argument(p.scheme.name + " on synthetic weights: their static activation scales are fixed (8/448), "
+                                "not taken from the statistics; give a checkpoint, or no statistics");
+      if (stats != nullptr) LLMQ_RETURN_IF_ERROR(stats->check_matches(s.config));
+      return {};
     case GpuModelSource::Kind::kHostQuantized:
       return {};
     case GpuModelSource::Kind::kCheckpoint: {
@@ -127,6 +134,7 @@ Status prepare(const GpuModelSource& s, const GpuPrecision& p, const Calibration
       ModelConfig config;
       if (Status st = parse_hf_config(ckpt->config_json(), &config); !st.ok())
         return Status(st.code(), s.dir + "/" + st.message());
+      if (stats != nullptr) LLMQ_RETURN_IF_ERROR(stats->check_matches(config));  // measured on this model?
       const bool streams = family_layout(config).streams();
       if (streams && streams_from_checkpoint(p, stats != nullptr, config.is_moe())) {
         out->stats = stats;  // static activation scales, when the scheme has them

@@ -349,6 +349,7 @@ Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int6
 
 Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool all_positions, std::vector<float>* logits) {
   Impl& g = *impl_;
+  if (logits != nullptr) logits->clear();  // whatever happens below, no earlier call's rows stay
   LLMQ_RETURN_IF_ERROR(g.fixed_slots("prefill"));
   if (static_cast<int64_t>(tokens.size()) > g.options.max_batch)
     return invalid_argument("prefill: " + std::to_string(tokens.size()) + " sequences, the runtime holds " +

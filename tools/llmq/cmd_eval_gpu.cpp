@@ -99,27 +99,40 @@ int run_eval_on_gpus(const EvalArgs& a) {
     return fail(invalid_argument("--scheme: a calibrated scheme on synthetic weights (their static scales are fixed, not "
                                  "calibrated); evaluate it on a checkpoint (llmq make-checkpoint writes one)"));
   // Without --stats a calibrated scheme is calibrated here, on the reference, on other text than the
-  // evaluation's (as the host route does: 32 sampled sequences, seeds 1000..).
-  // The arguments above are checked first; then a machine without a GPU is told so, before any work.
-  CudaDeviceInfo device;
-  if (Status st = query_cuda_device(a.gpu, &device); !st.ok()) return fail(st);
+  // evaluation's (as the host route does: 32 sampled sequences, from seed 1000).
   const bool calibrate_here = need_stats && a.stats.empty();
   const int64_t calibration_length = std::min<int64_t>(128, config.max_seq_len - 1);
   const bool samples = a.data.data.empty() || calibrate_here;
+  if (samples && config.text_start_token() < 0)
+    return fail(invalid_argument(std::string(a.data.data.empty() ? "sampling evaluation text" : "--stats: sampling calibration text") +
+                                 " from the model: its config names neither bos_token_id nor eos_token_id to start from; "
+                                 "give the text (--data) and the statistics (--stats)"));
+  GpuPrecision reference_precision;
+  if (Status st = parse_gpu_precision(a.reference, &reference_precision); !st.ok()) return fail(st);
+  // The arguments above are checked first; then a machine without a GPU is told so, before any work.
+  CudaDeviceInfo device;
+  if (Status st = query_cuda_device(a.gpu, &device); !st.ok()) return fail(st);
 
   DeviceModels devices;
   // The reference first: it samples the evaluation text when no --data is given, and the
   // calibration text when statistics are needed and not given.
+  // Its runtime is sized for sampling first (then started again for one window at a time).
   WindowLogitsFn base_fn;
+  GpuRuntimeOptions window;
+  window.max_context = context;
+  window.max_step_tokens = context;
+  window.cuda_graphs = false;  // prefill only
   {
-    GpuRuntimeOptions o;
-    o.max_context = samples ? std::max({context, sample_length + 1, calibration_length + 1}) : context;
-    o.max_step_tokens = std::max(context, o.max_context);
-    o.max_batch = samples ? kSampleBatch : 1;
-    o.cuda_graphs = samples;  // sampling's decode steps
-    GpuPrecision p;
-    if (Status st = parse_gpu_precision(a.reference, &p); !st.ok()) return fail(st);
-    if (Status st = devices.add(a, source, p, nullptr, o, "the reference (" + a.reference + ")", &base_fn); !st.ok())
+    GpuRuntimeOptions o = window;
+    if (samples) {
+      o.max_context = std::max(a.data.data.empty() ? sample_length + 1 : int64_t{0}, calibration_length + 1);
+      o.max_context = std::max(o.max_context, calibrate_here ? context : int64_t{0});
+      o.max_step_tokens = o.max_context;
+      o.max_batch = kSampleBatch;
+      o.cuda_graphs = true;  // sampling's decode steps
+    }
+    if (Status st = devices.add(a, source, reference_precision, nullptr, o, "the reference (" + a.reference + ")", &base_fn);
+        !st.ok())
       return fail(Status(st.code(), "--reference " + a.reference + ": " + st.message()));
   }
   std::vector<std::vector<int32_t>> sequences;
@@ -127,9 +140,6 @@ int run_eval_on_gpus(const EvalArgs& a) {
   if (a.data.data.empty()) {
     SlowStep step("sampling evaluation text from the reference on the GPU");
     const int32_t start = config.text_start_token();
-    if (start < 0)
-      return fail(invalid_argument("sampling text from the model: its config names neither bos_token_id nor eos_token_id "
-                                   "to start from; give the text (--data)"));
     if (Status st = sample_sequences_on_gpu(*devices.runtimes[0], kSampleBatch, start, a.data.samples, sample_length,
                                             a.data.seed, &sequences);
         !st.ok())
@@ -146,10 +156,7 @@ int run_eval_on_gpus(const EvalArgs& a) {
 
   if (calibrate_here) {
     const int32_t start = config.text_start_token();
-    if (start < 0)
-      return fail(invalid_argument("--stats: the scheme needs calibration statistics, and the model's config names neither "
-                                   "BOS nor EOS to sample calibration text after; run llmq calibrate --data FILE and give --stats"));
-    SlowStep step("calibrating on the reference (32 sampled sequences, seeds 1000..1031)");
+    SlowStep step("calibrating on the reference (32 sequences it samples, seed 1000)");
     std::vector<std::vector<int32_t>> text;
     TensorParallelRuntime& reference = *devices.runtimes[0];
     if (Status st = sample_sequences_on_gpu(reference, kSampleBatch, start, 32, calibration_length, 1000, &text); !st.ok())
@@ -159,9 +166,12 @@ int run_eval_on_gpus(const EvalArgs& a) {
         !st.ok())
       return fail(Status(st.code(), "calibrating on the reference: " + st.message()));
     step.done();
-    std::fprintf(stderr, "llmq: no --stats: calibrated on the %s reference, 32 sequences sampled on the GPU (seeds 1000..), "
+    std::fprintf(stderr, "llmq: no --stats: calibrated on the %s reference, 32 sequences sampled on the GPU (seed 1000), "
                  "%lld tokens\n", a.reference.c_str(), static_cast<long long>(stats.tokens));
   }
+  // The reference now evaluates one window at a time: its sampling-sized cache goes.
+  if (samples)
+    if (Status st = devices.runtimes[0]->start(window); !st.ok()) return fail(st);
 
   EvalReport report;
   std::vector<WindowLogitsFn> candidates;
