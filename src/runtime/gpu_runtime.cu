@@ -290,10 +290,11 @@ Status GpuRuntime::Impl::upload_meta(const std::vector<int32_t>& ints) {
 }
 
 // One prefill step over segments (sequence, begin, end) of `tokens`: packs the metadata, runs the
-// forward pass and appends the logits of the rows asked for to *out (null: computed, not copied).
+// forward pass and writes the logits of the rows asked for at row *out_rows of `out` onwards,
+// advancing it (out null: computed, not copied).
 Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& segs,
                                       const std::vector<std::vector<int32_t>>& tokens, bool all_positions,
-                                      std::vector<float>* out) {
+                                      float* out, int64_t* out_rows) {
   std::vector<int32_t> tok, pos, tslot, qstart{0}, kvlen, sslot, lmrows;
   std::vector<attention::PrefillSequence> seqs;
   int64_t max_q = 0;
@@ -336,12 +337,11 @@ Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int6
     const int64_t count = std::min(lm_rows, m.lm_count - first);
     LLMQ_RETURN_IF_ERROR(lm_head(m, first, count));
     if (out == nullptr) continue;  // computed (calibration observes lm_head's input), not wanted
-    // Straight into the caller's vector (its capacity reserved by prefill): no row copies.
-    const size_t at = out->size();
-    out->resize(at + static_cast<size_t>(count * c.vocab_size));
-    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->data() + at, logits.get(), static_cast<size_t>(count * c.vocab_size) * 4,
-                                              cudaMemcpyDeviceToHost, stream));
+    // Straight into the caller's vector (sized once by prefill): no row copies.
+    LLMQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out + *out_rows * c.vocab_size, logits.get(),
+                                              static_cast<size_t>(count * c.vocab_size) * 4, cudaMemcpyDeviceToHost, stream));
     LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    *out_rows += count;
   }
   for (const auto& [b, begin, end] : segs) lengths[static_cast<size_t>(b)] += end - begin;
   return {};
@@ -349,7 +349,9 @@ Status GpuRuntime::Impl::prefill_step(const std::vector<std::tuple<int64_t, int6
 
 Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool all_positions, std::vector<float>* logits) {
   Impl& g = *impl_;
-  if (logits != nullptr) logits->clear();  // whatever happens below, no earlier call's rows stay
+  // Whatever happens below, no earlier call's rows stay (kept only as capacity: see the resize below).
+  std::vector<float> earlier;
+  if (logits != nullptr) earlier.swap(*logits);
   LLMQ_RETURN_IF_ERROR(g.fixed_slots("prefill"));
   if (static_cast<int64_t>(tokens.size()) > g.options.max_batch)
     return invalid_argument("prefill: " + std::to_string(tokens.size()) + " sequences, the runtime holds " +
@@ -369,10 +371,14 @@ Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool
   // out in step order, which is sequence order, then position order.
   int64_t rows = 0;
   for (const auto& t : tokens) rows += all_positions ? static_cast<int64_t>(t.size()) : (t.empty() ? 0 : 1);
+  // The rows' vector at its final size at once: a caller passing the same vector for windows of
+  // one length (an evaluation) gets its memory back with no zero fill (resize of an equal size).
   if (logits != nullptr) {
-    logits->clear();
-    logits->reserve(static_cast<size_t>(rows * g.c.vocab_size));
+    earlier.resize(static_cast<size_t>(rows * g.c.vocab_size));
+    logits->swap(earlier);
   }
+  float* out = logits == nullptr ? nullptr : logits->data();
+  int64_t out_rows = 0;
   auto run_steps = [&]() -> Status {
     std::vector<std::tuple<int64_t, int64_t, int64_t>> segs;
     int64_t used = 0;
@@ -384,13 +390,15 @@ Status GpuRuntime::prefill(const std::vector<std::vector<int32_t>>& tokens, bool
         begin += take;
         used += take;
         if (used == g.options.max_step_tokens) {
-          LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, logits));
+          LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, out, &out_rows));
           segs.clear();
           used = 0;
         }
       }
     }
-    if (!segs.empty()) LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, logits));
+    if (!segs.empty()) LLMQ_RETURN_IF_ERROR(g.prefill_step(segs, tokens, all_positions, out, &out_rows));
+    if (out_rows != (out == nullptr ? 0 : rows))
+      return Status(StatusCode::kInternal, "prefill: " + std::to_string(out_rows) + " rows of logits for " + std::to_string(rows));
     // Without logits nothing waited for the stream: its errors belong to this call, not a later one.
     if (logits == nullptr) LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g.stream));
     return {};

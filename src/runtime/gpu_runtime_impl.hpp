@@ -248,7 +248,7 @@ struct GpuRuntime::Impl {
   Status upload_meta(const std::vector<int32_t>& ints);
   Status prefill_step(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& segs,
                       const std::vector<std::vector<int32_t>>& tokens, bool all_positions,
-                      std::vector<float>* out);
+                      float* out, int64_t* out_rows);
   Status decode_graph(int64_t batch, const SamplingOptions& s, cudaGraphExec_t* exec);
   Status decode_body(int64_t batch, const SamplingOptions& s);
   Status start_decode_state(const std::vector<int32_t>& first);
