@@ -81,6 +81,17 @@ TEST(CalibrationMerge, TwoRunsFoldedEqualOneRunOverBoth) {
     st = first.merge(bad);
     EXPECT_NE(st.message().find("KV heads"), std::string::npos) << st.message();
     expect_same(first, kept, "after a refused KV merge");
+    // Either side's entry with maxima of another length than its in_features is refused by name.
+    CalibrationStats broken = first;
+    LinearStats& entry = broken.linears.begin()->second;
+    entry.weight_channel_absmax.push_back(1.0f);
+    const CalibrationStats broken_kept = broken;
+    st = broken.merge(second);
+    EXPECT_NE(st.message().find(broken.linears.begin()->first), std::string::npos) << st.message();
+    expect_same(broken, broken_kept, "after merging into a broken entry");
+    st = first.merge(broken_kept);
+    EXPECT_NE(st.message().find(broken.linears.begin()->first), std::string::npos) << st.message();
+    expect_same(first, kept, "after merging a broken entry in");
   }
 }
 
