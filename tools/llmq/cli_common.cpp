@@ -79,6 +79,17 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+std::string memory_text(int first_gpu, int gpus) {
+  std::string out = fmt::format("peak host memory {:.2f} GiB", static_cast<double>(peak_rss_bytes()) / (1 << 30));
+  for (int d = first_gpu; d < first_gpu + gpus; ++d) {
+    int64_t used = 0, total = 0;
+    if (gpu_memory_in_use(d, &used, &total).ok())
+      out += fmt::format(", GPU {} {:.2f} of {:.2f} GiB", d, static_cast<double>(used) / (1 << 30),
+                         static_cast<double>(total) / (1 << 30));
+  }
+  return out;
+}
+
 Status gpu_model_source(const std::string& model, uint64_t seed, GpuModelSource* out, ModelWeights* host) {
   const std::string prefix = "synthetic:";
   GpuModelSource s;

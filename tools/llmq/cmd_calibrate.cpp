@@ -162,13 +162,7 @@ int run(const CalibrateArgs& a) {
   std::printf("calibrated %s on %lld tokens (%s, %s): %zu linear layers -> %s\n", description.c_str(),
               static_cast<long long>(stats.tokens), data_name.c_str(), where.c_str(), stats.linears.size(), a.out.c_str());
   // What it took: the measuring pass, the whole command, and the memory it held.
-  std::string memory = fmt::format("peak host memory {:.2f} GiB", static_cast<double>(peak_rss_bytes()) / (1 << 30));
-  for (int r = 0; tpr && r < a.tp; ++r) {
-    int64_t used = 0, total_bytes = 0;
-    if (gpu_memory_in_use(a.gpu + r, &used, &total_bytes).ok())
-      memory += fmt::format(", GPU {} {:.2f} of {:.2f} GiB", a.gpu + r, static_cast<double>(used) / (1 << 30),
-                            static_cast<double>(total_bytes) / (1 << 30));
-  }
+  const std::string memory = memory_text(a.gpu, tpr ? a.tp : 0);
   std::printf("time: measuring %.2f s (%.0f tokens/s), whole command %.2f s; %s\n", seconds,
               static_cast<double>(stats.tokens) / std::max(seconds, 1e-9), all_seconds, memory.c_str());
   // The KV cache: an E4M3 cache with unit scales (the engines' default) saturates above 448.

@@ -283,7 +283,7 @@ int run(const EvalArgs& a) {
   report.kv_caches = candidate_kv;
   report.weight_errors = candidate_weight_errors;
   for (const auto& r : results) report.sums.push_back(r.summarize());
-  report.memory = fmt::format("peak host memory {:.2f} GiB", static_cast<double>(peak_rss_bytes()) / (1 << 30));
+  report.memory = memory_text(a.gpu, a.device == "cuda" ? 1 : 0);
   return print_eval_report(a, report);
 }
 

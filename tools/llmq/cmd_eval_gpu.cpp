@@ -231,13 +231,7 @@ int run_eval_on_gpus(const EvalArgs& a) {
   report.kv_caches.assign(candidates.size(), "float");
   report.weight_errors.assign(candidates.size(), nullptr);
   for (const auto& r : results) report.sums.push_back(r.summarize());
-  report.memory = fmt::format("peak host memory {:.2f} GiB", static_cast<double>(peak_rss_bytes()) / (1 << 30));
-  for (int r = 0; r < a.tp; ++r) {
-    int64_t used = 0, total = 0;
-    if (gpu_memory_in_use(a.gpu + r, &used, &total).ok())
-      report.memory += fmt::format(", GPU {} {:.2f} of {:.2f} GiB", a.gpu + r, static_cast<double>(used) / (1 << 30),
-                                   static_cast<double>(total) / (1 << 30));
-  }
+  report.memory = memory_text(a.gpu, a.tp);
   return print_eval_report(a, report);
 }
 

@@ -116,6 +116,10 @@ Status gpu_decode_ms(const GpuModelSource& source, const GpuPrecision& precision
 // Peak resident set of this process so far, in bytes (-1 when the system does not say).
 int64_t peak_rss_bytes();
 
+// What a command held, for its closing line: "peak host memory X GiB" and, for each of the `gpus`
+// devices from `first_gpu` (none: 0), ", GPU n used of total GiB" as in use now.
+std::string memory_text(int first_gpu, int gpus);
+
 // Threads a CPU command uses: `requested`, or every core when 0.
 int cpu_threads(int requested);
 
