@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "engine_setup.hpp"
 #include "llmq/device.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/model_io.hpp"
@@ -83,16 +84,11 @@ Status load_gpu_model(const BenchArgs& a, const std::string& precision, int tp, 
   ModelWeights host;
   GpuModelSource source;
   LLMQ_RETURN_IF_ERROR(gpu_model_source(a.model, a.seed, &source, &host));
-  const std::string what = (source.kind == GpuModelSource::Kind::kSynthetic ? "generating " : "loading ") + a.model + " " +
-                           precision + (tp > 1 ? " over " + std::to_string(tp) + " GPUs" : "");
-  Progress progress(what);
   TensorParallelLoadOptions o;
   o.expert_parallel = a.ep;
   o.group = apply_gpu_launch_flags(a.launch);
-  o.progress = [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
-  const Status st = TensorParallelRuntime::load(tp, a.device, source, p, out, o);
-  progress.finish();
-  return st;
+  return load_on_gpus(tp, a.device, source, p, a.model + " " + precision + (tp > 1 ? " over " + std::to_string(tp) + " GPUs" : ""),
+                      o, out);
 }
 
 // --fit: the longest context that `batch` sequences can have with this model and KV-cache format

@@ -76,15 +76,13 @@ int run(const CalibrateArgs& a) {
   std::unique_ptr<TensorParallelRuntime> tpr;
   int64_t max_batch = 1;
   if (a.device == "cuda") {
-    Progress progress((source.kind == GpuModelSource::Kind::kSynthetic ? "generating " : "loading ") + a.model +
-                      " onto " + (a.tp > 1 ? std::to_string(a.tp) + " GPUs" : "GPU " + std::to_string(a.gpu)) + " (bf16)");
     TensorParallelLoadOptions lo;
     lo.group = apply_gpu_launch_flags(a.launch);
-    lo.progress = [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
-    if (Status st = TensorParallelRuntime::load(a.tp, a.gpu, source, gpu_precision(GpuPrecision::Kind::kBF16), &tpr, lo);
+    const std::string onto = a.tp > 1 ? std::to_string(a.tp) + " GPUs" : "GPU " + std::to_string(a.gpu);
+    if (Status st = load_on_gpus(a.tp, a.gpu, source, gpu_precision(GpuPrecision::Kind::kBF16), a.model + " onto " + onto + " (bf16)",
+                                 lo, &tpr);
         !st.ok())
       return fail(st);
-    progress.finish();
     GpuRuntimeOptions o;
     // Windows of `chunk` positions (and, sampling on the GPU, sequences of the start token and
     // sample_length more), batched up to kGpuStepTokens positions per step.

@@ -14,6 +14,7 @@
 #include "eval_command.hpp"
 #include "eval_data.hpp"
 #include "eval_table.hpp"
+#include "llmq/device.hpp"
 #include "llmq/evaluate.hpp"
 #include "llmq/gpu_runtime.hpp"
 #include "llmq/export.hpp"
@@ -23,33 +24,6 @@
 #include "llmq/safetensors.hpp"
 
 namespace llmq::cli {
-namespace {
-
-// The models the evaluator runs on the GPU (candidates, and the reference with --reference): each
-// on its own runtime sized for one window, called as every position's logits from an empty cache.
-struct GpuWindowModels {
-  std::vector<std::unique_ptr<GpuModel>> models;
-  std::vector<std::shared_ptr<GpuRuntime>> runtimes;
-  Status add(std::unique_ptr<GpuModel> gm, int64_t context, AttentionVariant attention, bool fp8_fast_accum, WindowLogitsFn* out) {
-    GpuRuntimeOptions o;
-    o.fp8_fast_accumulation = fp8_fast_accum;
-    o.max_context = context;
-    o.max_step_tokens = context;
-    o.prefill_attention = attention;
-    std::unique_ptr<GpuRuntime> rt;
-    LLMQ_RETURN_IF_ERROR(GpuRuntime::create(*gm, o, &rt));
-    std::shared_ptr<GpuRuntime> shared = std::move(rt);
-    runtimes.push_back(shared);
-    models.push_back(std::move(gm));
-    *out = [shared](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
-      shared->reset();
-      return shared->prefill({tokens}, true, logits);
-    };
-    return {};
-  }
-};
-
-}  // namespace
 
 Status eval_schemes(const EvalArgs& a, bool have_other_candidates, std::vector<Scheme>* out) {
   std::vector<std::string> scheme_names = split_commas(a.schemes);
@@ -154,6 +128,12 @@ int run(const EvalArgs& a) {
   }
   const bool per_attention = !attentions.empty();
   if (!per_attention) attentions.push_back(a.device == "cuda" ? AttentionVariant::kBf16 : AttentionVariant::kFloat);
+  // The arguments above are checked first; then a machine without a GPU is told so, before any
+  // quantizing.
+  if (a.device == "cuda") {
+    CudaDeviceInfo device;
+    if (Status st = query_cuda_device(a.gpu, &device); !st.ok()) return fail(st);
+  }
 
   std::vector<std::string> labels;
   std::vector<std::unique_ptr<QuantizedModel>> qmodels;
@@ -190,6 +170,10 @@ int run(const EvalArgs& a) {
   GpuWindowModels on_gpu;
   EvalOptions options;
   options.context = std::min(a.context, model.config.max_seq_len);
+  GpuRuntimeOptions window;  // a GPU model's runtime: one window at a time, prefill only
+  window.max_context = options.context;
+  window.max_step_tokens = options.context;
+  window.cuda_graphs = false;
   std::vector<std::string> candidate_labels;
   std::vector<const WeightError*> candidate_weight_errors;
   // The static KV scales each candidate runs with: a --quantized checkpoint's declared ones, read
@@ -216,7 +200,6 @@ int run(const EvalArgs& a) {
     if (a.device == "cuda") {
       // The candidate runs on the GPU runtime; the base stays the CPU float reference. A
       // --quantized directory streams to the device as `llmq run/bench` load it.
-      std::unique_ptr<GpuModel> gm;
       GpuModelSource source;
       if (i >= built) {
         source.kind = GpuModelSource::Kind::kCheckpoint;
@@ -225,10 +208,14 @@ int run(const EvalArgs& a) {
         source.kind = GpuModelSource::Kind::kHostQuantized;
         source.quantized = &*qm;
       }
-      const Status loaded = GpuModel::load(source, gpu_precision(GpuPrecision::Kind::kAsStored), a.gpu, &gm);
-      if (!loaded.ok()) return fail(loaded);
+      GpuRuntimeOptions o = window;
+      o.prefill_attention = attention;
+      o.fp8_fast_accumulation = a.fp8_fast_accum;
       candidates.emplace_back();
-      if (Status st = on_gpu.add(std::move(gm), options.context, attention, a.fp8_fast_accum, &candidates.back()); !st.ok()) return fail(st);
+      if (Status st = on_gpu.add(a, source, gpu_precision(GpuPrecision::Kind::kAsStored), nullptr, o, candidate_labels.back(),
+                                 &candidates.back());
+          !st.ok())
+        return fail(st);
       continue;
     }
     backends.push_back(std::make_unique<QuantizedLinearBackend>(*qm));
@@ -248,11 +235,11 @@ int run(const EvalArgs& a) {
   WindowLogitsFn base_fn;
   std::string reference_name = "the CPU reference, float32";
   if (a.reference != "cpu") {
-    std::unique_ptr<GpuModel> gm;
-    const DType dt = a.reference == "f32" ? DType::kF32 : DType::kBF16;
-    if (Status st = GpuModel::from_float(model, dt, a.gpu, &gm); !st.ok())
-      return fail(Status(st.code(), "--reference " + a.reference + ": " + st.message()));
-    if (Status st = on_gpu.add(std::move(gm), options.context, AttentionVariant::kBf16, false, &base_fn); !st.ok())
+    GpuModelSource source;
+    source.kind = GpuModelSource::Kind::kHost;
+    source.weights = &model;
+    const GpuPrecision precision = gpu_precision(a.reference == "f32" ? GpuPrecision::Kind::kF32 : GpuPrecision::Kind::kBF16);
+    if (Status st = on_gpu.add(a, source, precision, nullptr, window, "the reference (" + a.reference + ")", &base_fn); !st.ok())
       return fail(Status(st.code(), "--reference " + a.reference + ": " + st.message()));
     reference_name = "the GPU runtime, " + a.reference + " weights";
   }

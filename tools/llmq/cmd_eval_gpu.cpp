@@ -27,33 +27,26 @@ namespace {
 // Sequences per generate call when the evaluation text is sampled on the reference.
 constexpr int64_t kSampleBatch = 64;
 
-// The models on the GPUs, each over the same --tp devices with a runtime sized for one window.
-struct DeviceModels {
-  std::vector<std::unique_ptr<TensorParallelRuntime>> runtimes;
-
-  Status add(const EvalArgs& a, const GpuModelSource& source, const GpuPrecision& precision, const CalibrationStats* stats,
-             const GpuRuntimeOptions& options, const std::string& what, WindowLogitsFn* out) {
-    Progress progress((source.kind == GpuModelSource::Kind::kSynthetic ? "generating " : "loading ") + what);
-    TensorParallelLoadOptions lo;
-    lo.group = apply_gpu_launch_flags(a.launch);
-    lo.stats = stats;
-    lo.progress = [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
-    std::unique_ptr<TensorParallelRuntime> rt;
-    if (Status st = TensorParallelRuntime::load(a.tp, a.gpu, source, precision, &rt, lo); !st.ok())
-      return Status(st.code(), what + ": " + st.message());
-    progress.finish();
-    LLMQ_RETURN_IF_ERROR(rt->start(options));
-    TensorParallelRuntime* raw = rt.get();
-    runtimes.push_back(std::move(rt));
-    *out = [raw](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
-      raw->reset();
-      return raw->prefill({tokens}, true, logits);
-    };
-    return {};
-  }
-};
-
 }  // namespace
+
+Status GpuWindowModels::add(const EvalArgs& a, const GpuModelSource& source, const GpuPrecision& precision,
+                            const CalibrationStats* stats, const GpuRuntimeOptions& options, const std::string& what,
+                            WindowLogitsFn* out) {
+  TensorParallelLoadOptions lo;
+  lo.group = apply_gpu_launch_flags(a.launch);
+  lo.stats = stats;
+  std::unique_ptr<TensorParallelRuntime> rt;
+  if (Status st = load_on_gpus(a.tp, a.gpu, source, precision, what, lo, &rt); !st.ok())
+    return Status(st.code(), what + ": " + st.message());
+  LLMQ_RETURN_IF_ERROR(rt->start(options));
+  TensorParallelRuntime* raw = rt.get();
+  runtimes.push_back(std::move(rt));
+  *out = [raw](const std::vector<int32_t>& tokens, std::vector<float>* logits) {
+    raw->reset();
+    return raw->prefill({tokens}, true, logits);
+  };
+  return {};
+}
 
 bool eval_on_gpus_only(const EvalArgs& a) {
   if (a.device != "cuda" || a.reference == "cpu" || !a.flags.recipe.empty()) return false;
@@ -113,7 +106,7 @@ int run_eval_on_gpus(const EvalArgs& a) {
   CudaDeviceInfo device;
   if (Status st = query_cuda_device(a.gpu, &device); !st.ok()) return fail(st);
 
-  DeviceModels devices;
+  GpuWindowModels devices;
   // The reference first: it samples the evaluation text when no --data is given, and the
   // calibration text when statistics are needed and not given.
   // Its runtime is sized for sampling first (then started again for one window at a time).

@@ -24,6 +24,15 @@ Status model_shape(const std::string& model, uint64_t seed, GpuModelSource* sour
   return {};
 }
 
+Status load_on_gpus(int tp, int gpu, const GpuModelSource& source, const GpuPrecision& precision, const std::string& what,
+                    TensorParallelLoadOptions options, std::unique_ptr<TensorParallelRuntime>* out) {
+  Progress progress((source.kind == GpuModelSource::Kind::kSynthetic ? "generating " : "loading ") + what);
+  options.progress = [&progress](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
+  LLMQ_RETURN_IF_ERROR(TensorParallelRuntime::load(tp, gpu, source, precision, out, options));
+  progress.finish();
+  return {};
+}
+
 Status start_gpu_engine(const GpuEngineFlags& f, const GpuModelSource& source, int64_t max_model_len, GpuEngine* g) {
   // The runtime's own limits, named by the command's options.
   if (f.max_running > 1024)
@@ -35,12 +44,9 @@ Status start_gpu_engine(const GpuEngineFlags& f, const GpuModelSource& source, i
   if (f.kv_cache != "bf16" && f.kv_cache != "e4m3") return invalid_argument("--kv-cache: bf16 or e4m3, got " + f.kv_cache);
   GpuPrecision p;
   LLMQ_RETURN_IF_ERROR(parse_gpu_precision(f.precision, &p));
-  Progress progress((source.kind == GpuModelSource::Kind::kSynthetic ? "generating " : "loading ") + f.model + " " + f.precision);
   TensorParallelLoadOptions lo;
   lo.group = apply_gpu_launch_flags(f.launch);
-  lo.progress = [&](int64_t done, int64_t total, const std::string&) { progress.update(done, total); };
-  LLMQ_RETURN_IF_ERROR(TensorParallelRuntime::load(f.tp, f.gpu, source, p, &g->tpr, lo));
-  progress.finish();
+  LLMQ_RETURN_IF_ERROR(load_on_gpus(f.tp, f.gpu, source, p, f.model + " " + f.precision, lo, &g->tpr));
   GpuRuntimeOptions o;
   o.max_batch = f.max_running;
   o.max_context = max_model_len;

@@ -49,6 +49,12 @@ struct GpuEngine {
 // weights are: a synthetic model's config, a checkpoint's config.json, or the host model loaded.
 Status model_shape(const std::string& model, uint64_t seed, GpuModelSource* source, ModelWeights* host, ModelConfig* config);
 
+// TensorParallelRuntime::load with a progress line on stderr, "generating WHAT" for a synthetic
+// model and "loading WHAT" otherwise (options.progress is set here): how every command puts a model
+// on its GPUs.
+Status load_on_gpus(int tp, int gpu, const GpuModelSource& source, const GpuPrecision& precision, const std::string& what,
+                    TensorParallelLoadOptions options, std::unique_ptr<TensorParallelRuntime>* out);
+
 Status start_gpu_engine(const GpuEngineFlags& f, const GpuModelSource& source, int64_t max_model_len, GpuEngine* g);
 
 // The options `llmq serve` and `llmq chat` share (add_serving_engine_options names them).

@@ -8,10 +8,15 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "commands.hpp"
 #include "eval_data.hpp"
 #include "llmq/eval_metrics.hpp"
+#include "llmq/evaluate.hpp"
+#include "llmq/gpu_runtime.hpp"
 #include "llmq/quantized_model.hpp"
+#include "llmq/tensor_parallel.hpp"
 #include "recipe_flags.hpp"
 
 namespace llmq::cli {
@@ -57,6 +62,16 @@ struct EvalReport {
 };
 // Prints the table (or --json) and returns the command's exit code.
 int print_eval_report(const EvalArgs& a, const EvalReport& r);
+
+// The models an evaluation runs on GPUs, for both routes: each loaded over --tp GPUs from --gpu
+// (load_on_gpus) with a runtime of its own sized by `options`, and read as a window-logits function
+// (a window is one prefill from an empty cache).
+struct GpuWindowModels {
+  std::vector<std::unique_ptr<TensorParallelRuntime>> runtimes;  // in the order added
+  // `what` names the model in the progress line and in an error.
+  Status add(const EvalArgs& a, const GpuModelSource& source, const GpuPrecision& precision, const CalibrationStats* stats,
+             const GpuRuntimeOptions& options, const std::string& what, WindowLogitsFn* out);
+};
 
 // The route with the model on the GPUs alone (see above); the caller chose it (eval_on_gpus_only).
 bool eval_on_gpus_only(const EvalArgs& a);
