@@ -15,8 +15,11 @@
 // The BF16 / E4M3-cache kernels read a paged cache (attention.hpp's KvPages): --block-size B
 // positions a block (default 16), the identity table (each sequence's blocks in order) or with
 // --shuffle-blocks a seeded random permutation of the blocks (scattered rows; compare the times).
-// Usage: bench_cuda_attention [iterations] [--quick] [--json FILE] [--8bit-lengths N,N,..] [--window W] [--sinks]
-//        [--block-size B] [--shuffle-blocks]
+// --decode B:L,B:L-L2,..: only decode cases, batch B at L keys each or with lengths spread evenly
+// over [L, L2] in a seeded order (a serving step's: the longest sequences finish last); GB/s counts
+// the keys read.
+// Usage: bench_cuda_attention [iterations] [--quick] [--json FILE] [--8bit-lengths N,N,..] [--decode B:L[-L2],..]
+//        [--window W] [--sinks] [--block-size B] [--shuffle-blocks]
 // (--json: one JSON line per printed row; --quick: 5 iterations unless a count is given)
 #include <cuda_runtime.h>
 
@@ -216,8 +219,16 @@ void bench_half_int8(int64_t n, bool causal, int iters, int mode = 0) {  // 0 ha
   json_row(prefill_fields(mode == 2 ? "fp8" : mode == 1 ? "full-int8" : "half-int8", n, causal, ms, tops));
 }
 
-void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
-  const int64_t q_elems = batch * kHeads * kHeadDim, kv_elems = batch * kv_len * kKvHeads * kHeadDim;
+// kv_max > kv_len: the sequences' lengths spread evenly over [kv_len, kv_max] in a seeded order (a
+// serving step's mixed lengths: the longest sequences finish last); the cache holds kv_max each.
+void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false, int64_t kv_max = 0) {
+  kv_max = std::max(kv_max, kv_len);
+  std::vector<int64_t> lengths(static_cast<size_t>(batch), kv_len);
+  for (int64_t b = 0; b < batch && batch > 1; ++b) lengths[b] = kv_len + (kv_max - kv_len) * b / (batch - 1);
+  std::shuffle(lengths.begin(), lengths.end(), std::mt19937_64(7));
+  int64_t keys = 0;
+  for (int64_t l : lengths) keys += l;
+  const int64_t q_elems = batch * kHeads * kHeadDim, kv_elems = batch * kv_max * kKvHeads * kHeadDim;
   const int64_t kv_bytes = e4m3 ? 0 : kv_elems * 2;  // the BF16 cache (none for E4M3)
   DeviceMem q(q_elems * 2), k(kv_bytes), v(kv_bytes), out(q_elems * 2), meta(2 * batch * 4);
   llmq::bench::fill_bf16<<<llmq::bench::grid_for(q_elems), 256>>>(q.as<__nv_bfloat16>(), q_elems, 4);
@@ -228,11 +239,11 @@ void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
   const E4m3Cache cache8(e4m3 ? kv_elems : 0, kKvHeads);
   std::vector<int32_t> host_meta(2 * batch);
   for (int64_t b = 0; b < batch; ++b) {
-    host_meta[b] = static_cast<int32_t>(kv_len);
+    host_meta[b] = static_cast<int32_t>(lengths[b]);
     host_meta[batch + b] = static_cast<int32_t>(b);
   }
   BENCH_CHECK(cudaMemcpy(meta.p, host_meta.data(), host_meta.size() * 4, cudaMemcpyHostToDevice));
-  const int64_t ws_bytes = llmq::attention::decode_attention_workspace_bytes(batch, kHeads, kHeadDim, kv_len);
+  const int64_t ws_bytes = llmq::attention::decode_attention_workspace_bytes(batch, kHeads, kHeadDim, kv_max);
   DeviceMem ws(ws_bytes);
   llmq::attention::DecodeAttentionArgs a;
   a.q = q.as<uint16_t>();
@@ -241,25 +252,27 @@ void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false) {
   a.out = out.as<uint16_t>();
   a.kv_len = meta.as<int32_t>();
   a.slot = meta.as<int32_t>() + batch;
-  const BenchPages pages(batch, kv_len);
+  const BenchPages pages(batch, kv_max);
   a.pages = pages.pages;
   a.batch = batch;
   a.n_heads = kHeads;
   a.n_kv_heads = kKvHeads;
   a.head_dim = kHeadDim;
-  a.max_kv_len = kv_len;
+  a.max_kv_len = kv_max;
   a.softmax_scale = 0.08838834764831845f;
   a.workspace = ws.p;
   a.workspace_bytes = ws_bytes;
   set_window_and_sinks(&a, true);
   if (e4m3) cache8.set(&a, kKvHeads);
   const double ms = time_ms(iters, [&] { BENCH_CHECK(llmq::attention::decode_attention(a, nullptr)); });
-  const double gbs = 2.0 * kv_elems * (e4m3 ? 1 : 2) / (ms * 1e-3) / 1e9;  // K and V, BF16 or E4M3
-  std::printf("decode   batch=%-3lld kv=%-6lld  %8.1f us  %7.0f GB/s (KV cache read)%s\n", static_cast<long long>(batch),
-              static_cast<long long>(kv_len), ms * 1e3, gbs, e4m3 ? "  e4m3" : "");
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "\"bench\": \"attention_decode\", \"kv_cache\": \"%s\", \"batch\": %lld, \"kv_len\": %lld, \"us\": %.2f, \"gbs\": %.0f",
-                e4m3 ? "e4m3" : "bf16", static_cast<long long>(batch), static_cast<long long>(kv_len), ms * 1e3, gbs);
+  // K and V of every key read, BF16 or E4M3
+  const double gbs = 2.0 * static_cast<double>(keys) * kKvHeads * kHeadDim * (e4m3 ? 1 : 2) / (ms * 1e-3) / 1e9;
+  const std::string lens = kv_max > kv_len ? std::to_string(kv_len) + "-" + std::to_string(kv_max) : std::to_string(kv_len);
+  std::printf("decode   batch=%-3lld kv=%-9s  %8.1f us  %7.0f GB/s (KV cache read)%s\n", static_cast<long long>(batch),
+              lens.c_str(), ms * 1e3, gbs, e4m3 ? "  e4m3" : "");
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "\"bench\": \"attention_decode\", \"kv_cache\": \"%s\", \"batch\": %lld, \"kv_len\": %lld, \"kv_max\": %lld, \"us\": %.2f, \"gbs\": %.0f",
+                e4m3 ? "e4m3" : "bf16", static_cast<long long>(batch), static_cast<long long>(kv_len), static_cast<long long>(kv_max), ms * 1e3, gbs);
   json_row(buf);
 }
 
@@ -405,8 +418,25 @@ int main(int argc, char** argv) {
   llmq::bench::comma_list(app.add_option("--8bit-lengths", only_8bit,
                                          "only the full-INT8 and FP8 prefill (v_t, +quantize) at these lengths"))
       ->check(llmq::bench::at_least(1, "a token at least"));
+  std::vector<std::string> only_decode;  // --decode: just these decode cases
+  llmq::bench::comma_list(app.add_option("--decode", only_decode,
+                                         "only decode, at these B:L or B:L-L2 (batch B, L keys each, or spread over [L, L2]), "
+                                         "both caches"));
   llmq::bench::parse_command_line(app, argc, argv);
   if (quick && count->count() == 0) iters = 5;
+  struct DecodeCase {
+    long long batch, keys, max_keys;
+  };
+  std::vector<DecodeCase> decode_cases;
+  for (const std::string& c : only_decode) {
+    long long b = 0, l = 0, l2 = 0;
+    const int got = std::sscanf(c.c_str(), "%lld:%lld-%lld", &b, &l, &l2);
+    if (got < 2 || b < 1 || b > 65535 || l < 1 || (got == 3 && l2 < l)) {
+      std::fprintf(stderr, "--decode: '%s' is not B:L or B:L-L2 (1 <= B <= 65535, 1 <= L <= L2)\n", c.c_str());
+      return 2;
+    }
+    decode_cases.push_back({b, l, got == 3 ? l2 : 0});
+  }
   if (!json_path.empty()) {
     g_json = std::fopen(json_path.c_str(), "w");
     if (g_json == nullptr) {
@@ -426,6 +456,12 @@ int main(int argc, char** argv) {
     const std::vector<float> host(static_cast<size_t>(kHeads), 0.5f);
     BENCH_CHECK(cudaMemcpy(sink_logits.p, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
     g_sink_logits = sink_logits.as<float>();
+  }
+  if (!decode_cases.empty()) {
+    for (const DecodeCase& c : decode_cases)
+      for (bool e4m3 : {false, true}) bench_decode(c.batch, c.keys, iters, e4m3, c.max_keys);
+    if (g_json != nullptr) std::fclose(g_json);
+    return 0;
   }
   if (!only_8bit.empty()) {
     for (int64_t n : only_8bit)
