@@ -6,9 +6,9 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "llmq/scheduler.hpp"
@@ -89,7 +89,8 @@ class Engine {
     SamplingParams params;
     int64_t draws = 0;
   };
-  std::map<int64_t, Live> live_;  // live requests' sampling state
+  std::unordered_map<int64_t, Live> live_;  // live requests' sampling state (nodes stay put)
+  std::vector<Live*> sampled_live_;          // the step's, by sampled row
   std::vector<float> logits_;
   std::vector<float> row_copy_;  // a row's logits before the host sampler changes them (logprobs)
   std::vector<RowDraw> rows_;

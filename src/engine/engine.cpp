@@ -79,25 +79,21 @@ Status Engine::step(std::vector<TokenEvent>* events) {
   const StepPlan plan = scheduler_->schedule();
   if (plan.chunks.empty()) return {};
   std::vector<int32_t> sampled;
-  // (request, sampled row) of the rows that asked for logprobs; empty (and nothing computed) when none did.
+  // Each sampled row's request state, found once; (request, sampled row) of the rows that asked for
+  // logprobs: empty (and nothing computed) when none did.
+  sampled_live_.clear();
   std::vector<std::pair<int64_t, size_t>> asked;
-  {
-    size_t row = 0;
-    for (const StepChunk& c : plan.chunks)
-      if (c.sample) {
-        if (live_.at(c.request).params.logprobs >= 0) asked.emplace_back(c.request, row);
-        ++row;
-      }
-  }
+  for (const StepChunk& c : plan.chunks)
+    if (c.sample) {
+      Live& l = live_.at(c.request);
+      if (l.params.logprobs >= 0) asked.emplace_back(c.request, sampled_live_.size());
+      sampled_live_.push_back(&l);
+    }
   row_logprobs_.clear();
   if (!asked.empty()) row_logprobs_.resize(static_cast<size_t>(plan.samples));
   if (backend_->samples_itself()) {
     rows_.clear();
-    for (const StepChunk& c : plan.chunks)
-      if (c.sample) {
-        const Live& l = live_.at(c.request);
-        rows_.push_back({l.params, l.draws});
-      }
+    for (const Live* l : sampled_live_) rows_.push_back({l->params, l->draws});
     if (Status st = backend_->forward_sample(plan, rows_, &sampled, &row_logprobs_); !st.ok()) return failed_ = st;
     if (static_cast<int64_t>(sampled.size()) != plan.samples ||
         (!asked.empty() && static_cast<int64_t>(row_logprobs_.size()) != plan.samples))
@@ -110,23 +106,19 @@ Status Engine::step(std::vector<TokenEvent>* events) {
     if (static_cast<int64_t>(logits_.size()) != plan.samples * vocab)
       return failed_ = Status(StatusCode::kInternal, "backend: " + std::to_string(logits_.size()) + " logits for " +
                                                std::to_string(plan.samples) + " samples of " + std::to_string(vocab));
-    int64_t row = 0;
-    for (const StepChunk& c : plan.chunks) {
-      if (!c.sample) continue;
-      Live& l = live_.at(c.request);
-      float* x = &logits_[static_cast<size_t>(row * vocab)];
+    for (size_t row = 0; row < sampled_live_.size(); ++row) {
+      Live& l = *sampled_live_[row];
+      float* x = &logits_[row * static_cast<size_t>(vocab)];
       if (l.params.logprobs < 0) {
         sampled.push_back(l.sampler->sample(x));
       } else {  // the sampler rewrites the row (temperature, softmax): the logprobs are of the logits themselves
         row_copy_.assign(x, x + vocab);
         sampled.push_back(l.sampler->sample(x));
-        row_logprobs_[static_cast<size_t>(row)] = host_logprobs(row_copy_.data(), vocab, sampled.back(), l.params.logprobs);
+        row_logprobs_[row] = host_logprobs(row_copy_.data(), vocab, sampled.back(), l.params.logprobs);
       }
-      ++row;
     }
   }
-  for (const StepChunk& c : plan.chunks)
-    if (c.sample) ++live_.at(c.request).draws;
+  for (Live* l : sampled_live_) ++l->draws;
   const size_t first = events->size();
   if (Status st = scheduler_->update(plan, sampled, events); !st.ok()) return failed_ = st;
   if (!asked.empty()) {  // each request has at most one sampled row in a step

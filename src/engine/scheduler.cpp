@@ -77,6 +77,11 @@ void Scheduler::preempt(int64_t id) {
   ++stats_.preemptions;
 }
 
+void Scheduler::release(int64_t id) {
+  (void)pool_->release(live_.at(id).table);
+  live_.erase(id);
+}
+
 void Scheduler::finish(int64_t id) {
   Sequence& s = live_.at(id);
   (void)pool_->release(s.table);
@@ -112,6 +117,7 @@ StepChunk Scheduler::chunk_of(int64_t id, Sequence& s, int64_t count) const {
 
 StepPlan Scheduler::schedule() {
   StepPlan plan;
+  plan.chunks.reserve(std::min(running_.size() + waiting_.size(), static_cast<size_t>(options_.max_running)));
   int64_t budget = options_.max_batched_tokens;
   // A preemption only removes the newest running sequence, never one placed before it in this step,
   // so a chunk made when its sequence is placed stays valid.
@@ -180,6 +186,9 @@ Status Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampl
   in_flight_ = false;
   size_t next = 0;
   const int64_t bs = pool_->block_size();
+  // Requests that ended in this step leave running_ in one pass at the end (many end in the same
+  // step when their lengths are alike: one search of running_ each would be quadratic).
+  std::vector<int64_t> ended;
   for (const StepChunk& c : plan.chunks) {
     const auto it = live_.find(c.request);
     if (it == live_.end() || cancelling_.count(c.request) != 0) {  // cancelled meanwhile: its token is dropped
@@ -208,7 +217,16 @@ Status Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampl
     else if (s.generated >= s.spec.max_new_tokens || static_cast<int64_t>(s.tokens.size()) >= options_.max_model_len)
       e.finish = FinishReason::kLength;
     events->push_back(e);
-    if (e.finish != FinishReason::kNone) finish(c.request);
+    if (e.finish != FinishReason::kNone) {
+      release(c.request);
+      ended.push_back(c.request);
+    }
+  }
+  if (!ended.empty()) {  // running_ in order, without the ended (each was running: it had a chunk)
+    std::sort(ended.begin(), ended.end());
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [&](int64_t id) { return std::binary_search(ended.begin(), ended.end(), id); }),
+                   running_.end());
   }
   for (const int64_t id : cancelling_)
     if (live_.count(id) != 0) finish(id);
