@@ -17,7 +17,7 @@
 // --shuffle-blocks a seeded random permutation of the blocks (scattered rows; compare the times).
 // --decode B:L,B:L-L2,..: only decode cases, batch B at L keys each or with lengths spread evenly
 // over [L, L2] in a seeded order (a serving step's: the longest sequences finish last); GB/s counts
-// the keys read.
+// the keys read (as every decode case, without --window's cut).
 // Usage: bench_cuda_attention [iterations] [--quick] [--json FILE] [--8bit-lengths N,N,..] [--decode B:L[-L2],..]
 //        [--window W] [--sinks] [--block-size B] [--shuffle-blocks]
 // (--json: one JSON line per printed row; --quick: 5 iterations unless a count is given)
@@ -219,12 +219,14 @@ void bench_half_int8(int64_t n, bool causal, int iters, int mode = 0) {  // 0 ha
   json_row(prefill_fields(mode == 2 ? "fp8" : mode == 1 ? "full-int8" : "half-int8", n, causal, ms, tops));
 }
 
-// kv_max > kv_len: the sequences' lengths spread evenly over [kv_len, kv_max] in a seeded order (a
-// serving step's mixed lengths: the longest sequences finish last); the cache holds kv_max each.
-void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false, int64_t kv_max = 0) {
+// spread_to > kv_len: the sequences' lengths spread evenly over [kv_len, spread_to] in a seeded order (a
+// serving step's mixed lengths: the longest sequences finish last); the cache holds the longest, in whole blocks.
+void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false, int64_t spread_to = 0) {
+  int64_t kv_max = spread_to;
   kv_max = std::max(kv_max, kv_len);
+  kv_max = (kv_max + g_block_size - 1) / g_block_size * g_block_size;  // whole blocks (BenchPages)
   std::vector<int64_t> lengths(static_cast<size_t>(batch), kv_len);
-  for (int64_t b = 0; b < batch && batch > 1; ++b) lengths[b] = kv_len + (kv_max - kv_len) * b / (batch - 1);
+  for (int64_t b = 0; b < batch && batch > 1 && spread_to > kv_len; ++b) lengths[b] = kv_len + (spread_to - kv_len) * b / (batch - 1);
   std::shuffle(lengths.begin(), lengths.end(), std::mt19937_64(7));
   int64_t keys = 0;
   for (int64_t l : lengths) keys += l;
@@ -267,12 +269,12 @@ void bench_decode(int64_t batch, int64_t kv_len, int iters, bool e4m3 = false, i
   const double ms = time_ms(iters, [&] { BENCH_CHECK(llmq::attention::decode_attention(a, nullptr)); });
   // K and V of every key read, BF16 or E4M3
   const double gbs = 2.0 * static_cast<double>(keys) * kKvHeads * kHeadDim * (e4m3 ? 1 : 2) / (ms * 1e-3) / 1e9;
-  const std::string lens = kv_max > kv_len ? std::to_string(kv_len) + "-" + std::to_string(kv_max) : std::to_string(kv_len);
+  const std::string lens = spread_to > kv_len ? std::to_string(kv_len) + "-" + std::to_string(spread_to) : std::to_string(kv_len);
   std::printf("decode   batch=%-3lld kv=%-9s  %8.1f us  %7.0f GB/s (KV cache read)%s\n", static_cast<long long>(batch),
               lens.c_str(), ms * 1e3, gbs, e4m3 ? "  e4m3" : "");
   char buf[320];
   std::snprintf(buf, sizeof buf, "\"bench\": \"attention_decode\", \"kv_cache\": \"%s\", \"batch\": %lld, \"kv_len\": %lld, \"kv_max\": %lld, \"us\": %.2f, \"gbs\": %.0f",
-                e4m3 ? "e4m3" : "bf16", static_cast<long long>(batch), static_cast<long long>(kv_len), static_cast<long long>(kv_max), ms * 1e3, gbs);
+                e4m3 ? "e4m3" : "bf16", static_cast<long long>(batch), static_cast<long long>(kv_len), static_cast<long long>(std::max(spread_to, kv_len)), ms * 1e3, gbs);
   json_row(buf);
 }
 
@@ -430,8 +432,10 @@ int main(int argc, char** argv) {
   std::vector<DecodeCase> decode_cases;
   for (const std::string& c : only_decode) {
     long long b = 0, l = 0, l2 = 0;
-    const int got = std::sscanf(c.c_str(), "%lld:%lld-%lld", &b, &l, &l2);
-    if (got < 2 || b < 1 || b > 65535 || l < 1 || (got == 3 && l2 < l)) {
+    int end = 0, end2 = 0;
+    const int got = std::sscanf(c.c_str(), "%lld:%lld%n-%lld%n", &b, &l, &end, &l2, &end2);
+    const size_t used = static_cast<size_t>(got == 3 ? end2 : end);
+    if (got < 2 || used != c.size() || b < 1 || b > 65535 || l < 1 || (got == 3 && l2 < l)) {
       std::fprintf(stderr, "--decode: '%s' is not B:L or B:L-L2 (1 <= B <= 65535, 1 <= L <= L2)\n", c.c_str());
       return 2;
     }

@@ -365,5 +365,35 @@ TEST(EngineScheduler, ASequenceFillingTheContextEndsWithLength) {
   EXPECT_TRUE(rig.pool.all_free());
 }
 
+// A plan refused part way through update() (a chunk's start no longer the sequence's): the requests
+// that ended before the refused chunk have left live and running both, so the scheduler stays whole.
+TEST(EngineScheduler, APlanRefusedInUpdateLeavesTheSchedulerWhole) {
+  Rig rig(16, 4, 32);
+  RequestSpec one;
+  one.prompt = {1, 2, 3};
+  one.max_new_tokens = 1;  // ends with its first token
+  RequestSpec more = one;
+  more.max_new_tokens = 8;
+  int64_t a = 0, b = 0;
+  ASSERT_TRUE(rig.s->add(one, &a).ok());
+  ASSERT_TRUE(rig.s->add(more, &b).ok());
+  StepPlan plan = rig.s->schedule();
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  ASSERT_EQ(plan.chunks[0].request, a);
+  std::vector<int32_t> sampled;
+  rig.model.run(plan, &sampled);
+  plan.chunks[1].start += 1;  // b's chunk is not what was scheduled
+  std::vector<TokenEvent> events;
+  EXPECT_EQ(rig.s->update(plan, sampled, &events).code(), StatusCode::kInvalidArgument);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish, FinishReason::kLength);
+  EXPECT_EQ(rig.s->running(), 1) << "a ended: only b runs";
+  EXPECT_EQ(rig.s->tokens_of(a), nullptr);
+  EXPECT_EQ(rig.s->cancel(a).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(rig.s->cancel(b).ok());
+  EXPECT_TRUE(rig.s->idle());
+  EXPECT_TRUE(rig.pool.all_free());
+}
+
 }  // namespace
 }  // namespace llmq::engine

@@ -189,14 +189,24 @@ Status Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampl
   // Requests that ended in this step leave running_ in one pass at the end (many end in the same
   // step when their lengths are alike: one search of running_ each would be quadratic).
   std::vector<int64_t> ended;
+  const auto leave_running = [&] {  // running_ in order, without the ended (each was running: it had a chunk)
+    if (ended.empty()) return;
+    std::sort(ended.begin(), ended.end());
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [&](int64_t id) { return std::binary_search(ended.begin(), ended.end(), id); }),
+                   running_.end());
+    ended.clear();
+  };
   for (const StepChunk& c : plan.chunks) {
     const auto it = live_.find(c.request);
     if (it == live_.end() || cancelling_.count(c.request) != 0) {  // cancelled meanwhile: its token is dropped
       next += c.sample ? 1 : 0;
       continue;
     }
-    if (it->second.computed != c.start)
+    if (it->second.computed != c.start) {
+      leave_running();  // those that ended before it are gone from live_: keep running_ the same
       return invalid_argument("plan: request " + std::to_string(c.request) + " has changed since it was scheduled");
+    }
     Sequence& s = it->second;
     s.computed += c.count;
     stats_.computed_tokens += c.count;
@@ -222,12 +232,7 @@ Status Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampl
       ended.push_back(c.request);
     }
   }
-  if (!ended.empty()) {  // running_ in order, without the ended (each was running: it had a chunk)
-    std::sort(ended.begin(), ended.end());
-    running_.erase(std::remove_if(running_.begin(), running_.end(),
-                                  [&](int64_t id) { return std::binary_search(ended.begin(), ended.end(), id); }),
-                   running_.end());
-  }
+  leave_running();
   for (const int64_t id : cancelling_)
     if (live_.count(id) != 0) finish(id);
   cancelling_.clear();
