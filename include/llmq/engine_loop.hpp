@@ -28,10 +28,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "llmq/engine.hpp"
@@ -122,7 +122,7 @@ class EngineLoop {
   std::condition_variable added_;   // a submission was answered
   std::vector<Submission*> inbox_;  // submitted, not yet added (each owned by its waiting submitter)
   std::vector<int64_t> cancels_;    // cancelled by cancel(), not yet in the engine
-  std::map<int64_t, Stream> streams_;  // requests whose final event is not delivered yet
+  std::unordered_map<int64_t, Stream> streams_;  // requests whose final event is not delivered yet (found per event, under mu_)
   bool stopping_ = false, draining_ = false;
   Status error_;
   Snapshot snapshot_;
