@@ -121,11 +121,12 @@ struct Workload {
   int64_t blocks, block_size, budget, max_running, max_model_len;
   bool prefix_caching;
   bool cancel_some;
+  bool no_preemption = false;
 };
 
 // Runs `n` random requests arriving over the first steps; returns each one's tokens and finish.
 std::map<int64_t, Served> serve(const Workload& w, int64_t n, uint64_t seed, std::vector<RequestSpec>* specs,
-                                SchedulerStats* stats, KvBlockPool* pool_out = nullptr) {
+                                SchedulerStats* stats, KvBlockPool* pool_out = nullptr, int64_t* most_running = nullptr) {
   KvBlockPool pool;
   EXPECT_TRUE(KvBlockPool::create(w.blocks, w.block_size, &pool).ok());
   SchedulerOptions o;
@@ -133,6 +134,7 @@ std::map<int64_t, Served> serve(const Workload& w, int64_t n, uint64_t seed, std
   o.max_running = w.max_running;
   o.max_model_len = w.max_model_len;
   o.prefix_caching = w.prefix_caching;
+  o.no_preemption = w.no_preemption;
   std::unique_ptr<Scheduler> s;
   EXPECT_TRUE(Scheduler::create(&pool, o, &s).ok());
   FakePagedModel model(w.blocks, w.block_size);
@@ -172,6 +174,8 @@ std::map<int64_t, Served> serve(const Workload& w, int64_t n, uint64_t seed, std
       }
     }
     const StepPlan plan = s->schedule();
+    if (w.no_preemption) EXPECT_EQ(plan.preempted, 0) << "step " << step;
+    if (most_running != nullptr) *most_running = std::max(*most_running, s->running());
     EXPECT_LE(plan.tokens, w.budget);
     EXPECT_LE(static_cast<int64_t>(plan.chunks.size()), w.max_running);
     std::vector<int32_t> sampled;
@@ -243,6 +247,25 @@ TEST(EngineScheduler, ConcurrentRequestsUnderPreemptionAndPrefixSharingGiveTheir
   const auto got3 = serve(roomy, 80, 11, &specs2, &stats2);
   expect_every_request_as_alone(got3, specs2, roomy.max_model_len);
   EXPECT_EQ(stats2.preemptions, 0);
+}
+
+// no_preemption on the workload that preempts routinely: never a preemption, still several
+// requests at once (admission is not one at a time), every request's tokens as alone, and every
+// block free at the end; with the prefix cache and cancellations too.
+TEST(EngineScheduler, NoPreemptionAdmitsOnlyWhatTheCacheCanFinish) {
+  for (const bool cancel : {false, true}) {
+    SCOPED_TRACE(cancel ? "with cancellations" : "without cancellations");
+    Workload tight{15, 4, 16, 8, 48, true, cancel};
+    tight.no_preemption = true;
+    std::vector<RequestSpec> specs;
+    SchedulerStats stats;
+    int64_t most = 0;
+    const auto got = serve(tight, 80, 11, &specs, &stats, nullptr, &most);
+    expect_every_request_as_alone(got, specs, tight.max_model_len);
+    EXPECT_EQ(stats.preemptions, 0);
+    EXPECT_GT(most, 1) << "requests should still share steps";
+    EXPECT_GT(stats.prefix_hit_tokens, 0) << "the shared openings should hit the prefix cache";
+  }
 }
 
 TEST(EngineScheduler, CancellationsAtAnyStepFreeEverythingAndLeaveOthersExact) {

@@ -31,6 +31,11 @@ struct SchedulerOptions {
   int64_t max_waiting = 1024;         // requests queued; add() past it is refused
   int64_t max_model_len = 0;          // positions per sequence, prompt and output (required)
   bool prefix_caching = true;
+  // Admission without eviction (TensorRT-LLM's "guaranteed no evict"): a waiting request is
+  // admitted only while the free blocks cover what every running sequence and it may still need,
+  // up to each one's longest output (max_new_tokens, or the context); so no step ever preempts.
+  // Fewer requests run at once when outputs end early; a request's tokens are the same either way.
+  bool no_preemption = false;
 };
 
 struct RequestSpec {
@@ -125,6 +130,11 @@ class Scheduler {
 
   Scheduler(KvBlockPool* pool, const SchedulerOptions& options) : pool_(pool), options_(options) {}
   int64_t blocks_for(int64_t positions) const { return (positions + pool_->block_size() - 1) / pool_->block_size(); }
+  // The positions a request may reach: every token but the last one sampled has its KV computed,
+  // and the last token of a full context sits at position max_model_len - 1.
+  int64_t max_positions(const RequestSpec& spec) const;
+  // Blocks a sequence may still take before it ends (no_preemption's promise to it).
+  int64_t blocks_to_come(const Sequence& s) const;
   bool grow(Sequence& s, int64_t positions);  // blocks to cover `positions`; false when none free
   void preempt(int64_t id);
   void finish(int64_t id);  // leaves and frees its blocks

@@ -35,11 +35,7 @@ Status Scheduler::add(RequestSpec spec, int64_t* id) {
   if (prompt >= options_.max_model_len)
     return invalid_argument("prompt: " + std::to_string(prompt) + " tokens, the model's context holds " +
                             std::to_string(options_.max_model_len) + " (with at least one output token)");
-  // The positions it may reach: every token but the last one sampled has its KV computed, and the
-  // last token of a full context sits at position max_model_len - 1.
-  // (max_new_tokens clamped first: a client's "unlimited" INT64_MAX must not overflow the sum.)
-  const int64_t new_tokens = std::min(spec.max_new_tokens, options_.max_model_len);
-  const int64_t positions = std::min(options_.max_model_len - 1, prompt + new_tokens - 1);
+  const int64_t positions = max_positions(spec);
   if (blocks_for(positions) > pool_->usable_blocks())
     return invalid_argument("request: " + std::to_string(positions) + " positions need " + std::to_string(blocks_for(positions)) +
                             " KV blocks of " + std::to_string(pool_->block_size()) + " tokens, the whole cache holds " +
@@ -54,6 +50,16 @@ Status Scheduler::add(RequestSpec spec, int64_t* id) {
   live_.emplace(*id, std::move(s));
   waiting_.push_back(*id);
   return {};
+}
+
+int64_t Scheduler::max_positions(const RequestSpec& spec) const {
+  // (max_new_tokens clamped first: a client's "unlimited" INT64_MAX must not overflow the sum.)
+  const int64_t new_tokens = std::min(spec.max_new_tokens, options_.max_model_len);
+  return std::min(options_.max_model_len - 1, static_cast<int64_t>(spec.prompt.size()) + new_tokens - 1);
+}
+
+int64_t Scheduler::blocks_to_come(const Sequence& s) const {
+  return std::max<int64_t>(0, blocks_for(max_positions(s.spec)) - static_cast<int64_t>(s.table.size()));
 }
 
 const std::vector<int32_t>* Scheduler::tokens_of(int64_t id) const {
@@ -147,6 +153,10 @@ StepPlan Scheduler::schedule() {
     budget -= count;
     ++i;
   }
+  // no_preemption: the blocks the running sequences may still take, which admissions must leave free.
+  int64_t promised = 0;
+  if (options_.no_preemption)
+    for (const int64_t id : running_) promised += blocks_to_come(live_.at(id));
   // Waiting sequences, front first, unless this step had to preempt.
   while (plan.preempted == 0 && budget > 0 && !waiting_.empty() &&
          static_cast<int64_t>(running_.size()) < options_.max_running) {
@@ -158,7 +168,10 @@ StepPlan Scheduler::schedule() {
     s.computed = hit;
     s.published = hit / pool_->block_size();
     const int64_t count = std::min(budget, static_cast<int64_t>(s.tokens.size()) - s.computed);
-    if (!grow(s, s.computed + count)) {  // no room: give the hits back and wait
+    // (The hits taken above are out of the free count already: a free published block they took
+    // back is one block fewer for the promise.)
+    const bool promise_kept = !options_.no_preemption || promised + blocks_to_come(s) <= pool_->free_blocks();
+    if (!promise_kept || !grow(s, s.computed + count)) {  // no room: give the hits back and wait
       (void)pool_->release(s.table);
       s.table.clear();
       s.computed = s.published = 0;
@@ -173,6 +186,7 @@ StepPlan Scheduler::schedule() {
     running_.push_back(id);
     add_chunk(id, s, count);
     budget -= count;
+    if (options_.no_preemption) promised += blocks_to_come(s);
   }
   in_flight_ = !plan.chunks.empty();
   return plan;

@@ -47,6 +47,7 @@ struct ServeArgs {
   int64_t block_size = 16;
   int64_t kv_blocks = 0;
   bool no_prefix_cache = false;
+  bool no_preemption = false;
   uint64_t seed = 1;
   std::string json_path;
   // --device cuda
@@ -142,6 +143,7 @@ int run_serve(const ServeArgs& a) {
   so.max_waiting = a.requests;
   so.max_model_len = max_model_len;
   so.prefix_caching = !a.no_prefix_cache;
+  so.no_preemption = a.no_preemption;
   std::unique_ptr<engine::Engine> eng;
   if (Status st = engine::Engine::create(backend, &pool, so, &eng); !st.ok()) return fail(st);
 
@@ -218,7 +220,7 @@ int run_serve(const ServeArgs& a) {
               {"tp", a.tp}, {"graphs", gpu && !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"fp8_fast_accumulation", gpu && a.fp8_fast_accum}, {"max_model_len", max_model_len}, {"dataset", a.dataset}, {"rate", a.rate},
               {"kv_blocks_peak", peak_blocks}, {"kv_blocks", pool.usable_blocks()}, {"block_size", a.block_size},
               {"preemptions", stats.preemptions}, {"prefix_hit_rate", hit_rate}, {"max_batched_tokens", a.max_batched_tokens},
-              {"max_running", a.max_running}, {"decode_steps", decode_steps.to_json()},
+              {"max_running", a.max_running}, {"no_preemption", a.no_preemption}, {"decode_steps", decode_steps.to_json()},
               {"prefill_steps", prefill_steps.to_json()}};
     j.update(serve_metrics_json(m));
     out << j.dump() << "\n";
@@ -262,6 +264,8 @@ void add_bench_serve_command(CLI::App* bench, std::vector<Command>* commands) {
   s->add_option("--kv-blocks", args->kv_blocks, "KV blocks (0: enough for every request at once)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   s->add_flag("--no-prefix-cache", args->no_prefix_cache, "turn prefix caching off");
+  s->add_flag("--no-preemption", args->no_preemption,
+              "admit a request only while the cache holds every running request's longest output too (no step preempts)");
   s->add_option("--seed", args->seed, "seed of the workload");
   s->add_option("--json", args->json_path, "append a JSON line here");
   add_bench_serve_url_options(s, &args->url);

@@ -65,6 +65,7 @@ struct ServingFlags {
   int64_t max_num_batched_tokens = 2048;
   int64_t max_model_len = 0;  // 0: the model's context
   int64_t max_waiting = 1024;
+  bool no_preemption = false;  // SchedulerOptions::no_preemption
   std::string chat_template;  // a file; empty: the model directory's
   GpuEngineFlags gpu;
 };
