@@ -275,9 +275,9 @@ void EngineLoop::run() {
       out.emplace_back(it->second, e);
       if (e.finish != FinishReason::kNone) it->second->ended = true;
     }
-    if (!st.ok()) end_all();  // after this step's tokens, so that each final event comes last
+    queue(&out);                // this step's tokens first, then (a failed step) each request's final event
+    if (!st.ok()) end_all();
     publish();
-    queue(&out);
   }
 }
 

@@ -86,8 +86,9 @@ void add_serving_engine_options(CLI::App* s, ServingFlags* f, bool one_sequence)
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   s->add_option("--max-model-len", f->max_model_len, "positions per request (0: the model's context)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
-  s->add_flag("--no-preemption", f->no_preemption,
-              "admit a request only while the cache holds every running request's longest output too (no step preempts)");
+  if (!one_sequence)  // one sequence at a time always fits (add() refuses what could not)
+    s->add_flag("--no-preemption", f->no_preemption,
+                "admit a request only while the cache holds every running request's longest output too (no step preempts)");
   s->add_option("--chat-template", f->chat_template, "a Jinja chat template file (default: the model directory's)");
   s->add_option("--block-size", f->gpu.block_size, "KV block size in tokens")->check(CLI::Range(int64_t{1}, int64_t{1024}));
   s->add_option("--kv-blocks", f->gpu.kv_blocks, "KV blocks (0: what fits)")->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
