@@ -28,7 +28,8 @@ def load_object(path):
 
 def variant(row):
     precision = row.get("precision", "?")
-    return precision + (" fast-accum" if row.get("fp8_fast_accumulation") else "")
+    return (precision + (" fast-accum" if row.get("fp8_fast_accumulation") else "") +
+            (" no-preemption" if row.get("no_preemption") else ""))
 
 
 def fmt(x):
@@ -53,10 +54,10 @@ def main():
         if isinstance(p, dict) and "output_tokens_per_s" in p:
             mark = "" if p.get("complete") else " (incomplete)"
             peers[(p.get("dataset"), p.get("requests"))] = (p["output_tokens_per_s"], mark)
-    cols = ["fp8-dynamic", "fp8-dynamic fast-accum", "fp8-tensor-static", "bf16", "int8-w8a8"]
-    print("| dataset, requests | llmq FP8 | FP8 fast-accum | FP8 per-tensor | BF16 | INT8 | FP8 / BF16 | transformers BF16 |"
-          " llmq FP8 / peer |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    cols = ["fp8-dynamic", "fp8-dynamic fast-accum", "fp8-dynamic no-preemption", "fp8-tensor-static", "bf16", "int8-w8a8"]
+    print("| dataset, requests | llmq FP8 | FP8 fast-accum | FP8 no-preemption | FP8 per-tensor | BF16 | INT8 | FP8 / BF16 |"
+          " transformers BF16 | llmq FP8 / peer |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for key in sorted(set(ours) | set(peers), key=lambda k: (str(k[0]), k[1] or 0)):
         row = ours.get(key, {})
         peer, mark = peers.get(key, (None, ""))
