@@ -154,6 +154,7 @@ std::map<int64_t, Served> serve(const Workload& w, int64_t n, uint64_t seed, std
     specs->push_back(r);
   }
   std::map<int64_t, Served> out;
+  int64_t held_most = 0;     // blocks held as each plan goes out
   std::vector<int64_t> ids;  // by spec index
   size_t arrived = 0;
   std::set<int64_t> cancelled;
@@ -174,6 +175,7 @@ std::map<int64_t, Served> serve(const Workload& w, int64_t n, uint64_t seed, std
       }
     }
     const StepPlan plan = s->schedule();
+    held_most = std::max(held_most, pool.usable_blocks() - pool.free_blocks());
     if (w.no_preemption) EXPECT_EQ(plan.preempted, 0) << "step " << step;
     if (most_running != nullptr) *most_running = std::max(*most_running, s->running());
     EXPECT_LE(plan.tokens, w.budget);
@@ -191,6 +193,8 @@ std::map<int64_t, Served> serve(const Workload& w, int64_t n, uint64_t seed, std
   EXPECT_TRUE(s->idle());
   EXPECT_TRUE(pool.all_free()) << "a block leaked";
   *stats = s->stats();
+  EXPECT_EQ(stats->peak_blocks, held_most);
+  EXPECT_LE(stats->peak_blocks, w.blocks - 1);
   if (pool_out != nullptr) *pool_out = std::move(pool);
   return out;
 }

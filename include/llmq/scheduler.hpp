@@ -87,6 +87,7 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0;       // of requests admitted for the first time
   int64_t prefix_hit_tokens = 0;   // of those, found in the prefix cache
   int64_t computed_tokens = 0;     // positions computed over all steps (recomputation included)
+  int64_t peak_blocks = 0;         // the most blocks held at once (as a plan goes out: its sequences' blocks included)
 };
 
 class Scheduler {

@@ -189,6 +189,7 @@ StepPlan Scheduler::schedule() {
     if (options_.no_preemption) promised += blocks_to_come(s);
   }
   in_flight_ = !plan.chunks.empty();
+  stats_.peak_blocks = std::max(stats_.peak_blocks, pool_->usable_blocks() - pool_->free_blocks());
   return plan;
 }
 

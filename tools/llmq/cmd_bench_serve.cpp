@@ -149,7 +149,6 @@ int run_serve(const ServeArgs& a) {
 
   std::vector<engine::RequestTimeline> timeline(work.size());
   std::map<int64_t, size_t> index;  // engine id -> request
-  int64_t peak_blocks = 0;
   // Where the wall time goes, step by step: a step that computed one position per sampled token is
   // decode-only (a CUDA graph on the GPU); any other carries prefill chunks (run eagerly).
   struct StepKind {
@@ -186,7 +185,6 @@ int run_serve(const ServeArgs& a) {
     kind.steps += 1;
     kind.positions += positions;
     kind.seconds += std::chrono::duration<double>(Clock::now() - step_start).count();
-    peak_blocks = std::max(peak_blocks, pool.usable_blocks() - pool.free_blocks());
     const double t = now_s();
     for (const auto& e : events) timeline[index.at(e.request)].token_s.push_back(t);
   }
@@ -199,7 +197,7 @@ int run_serve(const ServeArgs& a) {
              a.rate > 0 ? fmt::format("Poisson {:g} requests/s", a.rate) : std::string("all at once"));
   print_serve_metrics(m);
   fmt::print("  KV blocks {} of {} at most ({} tokens each), {} preemptions, prefix hits {:.1f}% of prompt tokens\n",
-             peak_blocks, pool.usable_blocks(), a.block_size, stats.preemptions, 100.0 * hit_rate);
+             stats.peak_blocks, pool.usable_blocks(), a.block_size, stats.preemptions, 100.0 * hit_rate);
   const auto step_line = [](const char* what, const StepKind& k) {
     return k.steps == 0 ? fmt::format("0 {}", what)
                         : fmt::format("{} {} ({:.2f} ms, {:.0f} positions each, {:.2f} s)", k.steps, what,
@@ -218,7 +216,7 @@ int run_serve(const ServeArgs& a) {
     json j = {{"kind", "serve"}, {"device", device}, {"date", today()}, {"commit", kBuildCommit},
               {"model", a.model}, {"precision", gpu ? a.precision : "f32"}, {"kv_cache", gpu ? a.kv_cache : "f32"},
               {"tp", a.tp}, {"graphs", gpu && !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"fp8_fast_accumulation", gpu && a.fp8_fast_accum}, {"max_model_len", max_model_len}, {"dataset", a.dataset}, {"rate", a.rate},
-              {"kv_blocks_peak", peak_blocks}, {"kv_blocks", pool.usable_blocks()}, {"block_size", a.block_size},
+              {"kv_blocks_peak", stats.peak_blocks}, {"kv_blocks", pool.usable_blocks()}, {"block_size", a.block_size},
               {"preemptions", stats.preemptions}, {"prefix_hit_rate", hit_rate}, {"max_batched_tokens", a.max_batched_tokens},
               {"max_running", a.max_running}, {"no_preemption", a.no_preemption}, {"decode_steps", decode_steps.to_json()},
               {"prefill_steps", prefill_steps.to_json()}};
