@@ -128,6 +128,7 @@ struct Agreement {
 struct Setup {
   int64_t blocks, block_size, budget, max_running;
   bool sampled, cancel_some;
+  bool no_preemption = false;  // SchedulerOptions::no_preemption
 };
 
 // Serves `reqs` through one engine over `backend` with random arrivals (and cancellations); returns
@@ -140,6 +141,7 @@ void serve(GpuBackend* backend, const ModelWeights& w, const Setup& s, const std
   o.max_batched_tokens = s.budget;
   o.max_running = s.max_running;
   o.max_model_len = w.config.max_seq_len;
+  o.no_preemption = s.no_preemption;
   std::unique_ptr<Engine> engine;
   const Status created = Engine::create(backend, &pool, o, &engine);
   ASSERT_TRUE(created.ok()) << created.to_string();
@@ -223,7 +225,9 @@ void serve_and_compare(const ModelWeights& w, const Margins& m, const Setup& s, 
   if (!s.sampled) {
     EXPECT_GE(static_cast<double>(agree.argmax), m.min_argmax * static_cast<double>(agree.positions));
   }
-  if (s.blocks < 24) {
+  if (s.no_preemption) {
+    EXPECT_EQ(stats.preemptions, 0) << "admission without eviction";
+  } else if (s.blocks < 24) {
     EXPECT_GT(stats.preemptions, 0) << "the small cache should preempt";
   }
   EXPECT_GT(stats.prefix_hit_tokens, 0) << "the shared openings should hit the prefix cache";
@@ -235,6 +239,7 @@ TEST(GpuEngine, GreedyServedConcurrentlyMatchesTheCpuReference) {
   serve_and_compare(w, kDefaultModelMargins, {200, 16, 64, 16, false, false}, 24, 1, true);  // roomy, graphs
   serve_and_compare(w, kDefaultModelMargins, {14, 4, 16, 6, false, false}, 24, 2, true);     // 13 blocks of 4: preemption
   serve_and_compare(w, kDefaultModelMargins, {14, 4, 16, 6, false, false}, 16, 3, false);    // no graphs
+  serve_and_compare(w, kDefaultModelMargins, {14, 4, 16, 6, false, false, true}, 24, 2, true);  // the same cache, no preemption
 }
 
 TEST(GpuEngine, GreedyStories260KServedConcurrentlyMatchesTheCpuReference) {

@@ -60,6 +60,7 @@ std::vector<int32_t> alone(const ModelWeights& w, const Req& r, int64_t max_mode
 struct Setup {
   int64_t blocks, block_size, budget, max_running;
   bool sampled, cancel_some;
+  bool no_preemption = false;  // SchedulerOptions::no_preemption
 };
 
 void serve_and_compare(const ModelWeights& w, const Setup& s, int n, uint32_t seed) {
@@ -71,6 +72,7 @@ void serve_and_compare(const ModelWeights& w, const Setup& s, int n, uint32_t se
   o.max_batched_tokens = s.budget;
   o.max_running = s.max_running;
   o.max_model_len = w.config.max_seq_len;
+  o.no_preemption = s.no_preemption;
   std::unique_ptr<Engine> engine;
   ASSERT_TRUE(Engine::create(backend.get(), &pool, o, &engine).ok());
   std::mt19937 rng(seed);
@@ -118,7 +120,9 @@ void serve_and_compare(const ModelWeights& w, const Setup& s, int n, uint32_t se
       ASSERT_EQ(tokens, want) << "request " << id;
     }
   }
-  if (s.blocks < 20) {
+  if (s.no_preemption) {
+    EXPECT_EQ(engine->scheduler().stats().preemptions, 0) << "admission without eviction";
+  } else if (s.blocks < 20) {
     EXPECT_GT(engine->scheduler().stats().preemptions, 0) << "the small cache should preempt";
   }
   EXPECT_GT(engine->scheduler().stats().prefix_hit_tokens, 0) << "the shared openings should hit the prefix cache";
@@ -133,6 +137,13 @@ TEST(EngineCpu, GreedyServedConcurrentlyEqualsEachRequestAlone) {
 TEST(EngineCpu, SampledRequestsKeepTheirOwnGeneratorsAndCancellationsFreeEverything) {
   const ModelWeights w = small_model();
   serve_and_compare(w, {12, 4, 16, 6, true, true}, 24, 3);
+}
+
+// The cache that preempts above, with admission without eviction: no preemption, the same tokens.
+TEST(EngineCpu, NoPreemptionServesEveryRequestAsAloneWithoutPreempting) {
+  const ModelWeights w = small_model();
+  serve_and_compare(w, {12, 4, 16, 6, false, false, true}, 24, 2);
+  serve_and_compare(w, {12, 4, 16, 6, true, true, true}, 24, 3);
 }
 
 TEST(EngineCpu, RefusesTokensOutsideTheVocabularyAndBadSampling) {
