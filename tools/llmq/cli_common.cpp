@@ -48,6 +48,17 @@ Status check_fp8_fast_accum(bool flag, const std::string& device) {
   return {};
 }
 
+void add_gpu_ordinal_option(CLI::App* app, int* gpu, bool* given) {
+  app->add_option("--gpu", *gpu, "with --device cuda: CUDA device ordinal")
+      ->check(CLI::Range(0, 1023))
+      ->each([given](const std::string&) { *given = true; });
+}
+
+Status check_gpu_option(bool given, const std::string& device) {
+  if (given && device != "cuda") return invalid_argument("--gpu: only with --device cuda");
+  return {};
+}
+
 TensorParallelGroupOptions apply_gpu_launch_flags(const GpuLaunchFlags& flags) {
   set_programmatic_dependent_launch(flags.pdl == "on");
   TensorParallelGroupOptions o;

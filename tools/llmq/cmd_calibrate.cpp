@@ -39,7 +39,7 @@ struct CalibrateArgs {
 constexpr int64_t kGpuStepTokens = 8192;
 
 int run(const CalibrateArgs& a) {
-  if (a.gpu_given && a.device != "cuda") return fail(invalid_argument("--gpu: only with --device cuda"));
+  if (Status st = check_gpu_option(a.gpu_given, a.device); !st.ok()) return fail(st);
   if (a.tp != 1 && a.device != "cuda") return fail(invalid_argument("--tp: only with --device cuda"));
   // The output rules before any work (output_dir.hpp; save() decides again as it writes): never the
   // model, its tokenizer or the data, nor a file inside them; an existing file only when it is
@@ -200,9 +200,7 @@ void add_calibrate_command(CLI::App& app, std::vector<Command>* commands) {
                   "(statistics within BF16 rounding of the CPU's); there a checkpoint directory streams to the GPUs\n"
                   "and synthetic:NAME is generated on them, without a copy on the host")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--gpu", args->gpu, "with --device cuda: CUDA device ordinal")
-      ->check(CLI::Range(0, 1023))
-      ->each([args](const std::string&) { args->gpu_given = true; });
+  add_gpu_ordinal_option(cmd, &args->gpu, &args->gpu_given);
   cmd->add_option("--tp", args->tp, "with --device cuda: tensor-parallel GPUs (--gpu and the next ones)")
       ->check(CLI::Range(1, 8));
   add_gpu_launch_flags(cmd, &args->launch);

@@ -174,7 +174,7 @@ Status measure_on_gpu(const RecipeArgs& a, const ModelWeights& model, const std:
 int run(const RecipeArgs& a) {
   RecipeRun run;
   if (a.device != "cpu" && a.device != "cuda") return fail(invalid_argument("--device: cpu or cuda, got " + a.device));
-  if (a.gpu_given && a.device != "cuda") return fail(invalid_argument("--gpu: only with --device cuda"));
+  if (Status st = check_gpu_option(a.gpu_given, a.device); !st.ok()) return fail(st);
   if (a.device == "cuda") {  // a machine without a GPU is told so before the search
     CudaDeviceInfo info;
     if (Status st = query_cuda_device(a.gpu, &info); !st.ok()) return fail(st);
@@ -422,9 +422,7 @@ void add_recipe_command(CLI::App& app, std::vector<Command>* commands) {
                   "times measured on the GPU (each uniform scheme, the written checkpoint, BF16); the search's costs\n"
                   "stay the bytes model's")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--gpu", args->gpu, "with --device cuda: CUDA device ordinal")
-      ->check(CLI::Range(0, 1023))
-      ->each([args](const std::string&) { args->gpu_given = true; });
+  add_gpu_ordinal_option(cmd, &args->gpu, &args->gpu_given);
   commands->push_back({cmd, [args] { return run(*args); }});
 }
 

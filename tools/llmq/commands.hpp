@@ -54,6 +54,11 @@ TensorParallelGroupOptions apply_gpu_launch_flags(const GpuLaunchFlags& flags);
 void add_fp8_fast_accum_flag(CLI::App* app, bool* flag);
 Status check_fp8_fast_accum(bool flag, const std::string& device);
 
+// --gpu ORDINAL of a command whose --device is cpu by default (calibrate, recipe): *given says
+// whether it was given, and check_gpu_option refuses it by name off the GPU.
+void add_gpu_ordinal_option(CLI::App* app, int* gpu, bool* given);
+Status check_gpu_option(bool given, const std::string& device);
+
 // Where --model's weights come from: "synthetic:NAME" (seeded, generated on the device), a Hugging
 // Face directory (streamed from its memory map), else a model loaded on the host into *host.
 Status gpu_model_source(const std::string& model, uint64_t seed, GpuModelSource* out, ModelWeights* host);
