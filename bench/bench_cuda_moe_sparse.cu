@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
                << "\n";
       };
       int call = 0;
-      auto grouped = [&](MoeGemmKernel kernel, bool bf16 = false) {
+      auto grouped = [&](MoeGemmKernel kernel, bool bf16 = false, bool fast = false) {
         const int i = call++ % n_sets;
         MoeGroupedGemm g;
         g.rows = P;
@@ -154,6 +154,7 @@ int main(int argc, char** argv) {
         g.w_scale = ws[static_cast<size_t>(i)].as<float>();
         g.d = y.as<uint16_t>();
         g.decode_tiles_per_cta = decode_tiles;
+        g.fast_accumulation = fast;
         if (bf16) {  // BF16 experts: the baseline FP8 is measured against, same kernels
           g.a = a16.p;
           g.a_dtype = DType::kBF16;
@@ -174,7 +175,11 @@ int main(int argc, char** argv) {
       }
       emit("bf16", queued_median_us([&] { grouped(MoeGemmKernel::kAuto, true); }, runs));
       if (max_rows <= 512) emit("decode", queued_median_us([&] { grouped(MoeGemmKernel::kDecode); }, runs));
-      if (prop.major == 9) emit("wgmma", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma); }, runs));
+      if (prop.major == 9) {
+        emit("wgmma", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma); }, runs));
+        // The tensor core's own accumulator over all of K (torch_moe_peers.py's *_fast peer).
+        emit("wg-fast", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma, false, true); }, runs));
+      }
       // The dense path: every token through every expert (one strided-batched GEMM + post-scale).
       auto dense = [&] {
         const int i = call++ % n_sets;

@@ -2,7 +2,8 @@
 """PyTorch peers for llmq's MoE grouped-GEMM benchmark: one grouped GEMM, the expert up-projection
 of an MoE layer, y[rows of expert e] = x_perm[rows of e] @ W[e]^T, timed on the same device as
 llmq's kernels. Peers: torch._scaled_grouped_mm (FP8 e4m3, row-wise activation scales x
-per-(expert, channel) weight scales, BF16 out), torch._grouped_mm (BF16), a per-expert loop of
+per-(expert, channel) weight scales, BF16 out; promoting to FP32 as by default, and with
+use_fast_accum=True), torch._grouped_mm (BF16), a per-expert loop of
 torch.mm (BF16, host-known group sizes), and a 1 GiB device-to-device copy (bandwidth ceiling).
 
 Routing is deterministic round-robin, identical to the C++ bench: token t goes to experts
@@ -32,7 +33,8 @@ FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
 SHAPES = {"mixtral-8x7b": dict(experts=8, top_k=2, k=4096, n=14336),
           "gpt-oss-20b": dict(experts=32, top_k=4, k=2880, n=2880)}
-PEERS = ["torch_scaled_grouped_mm_fp8", "torch_grouped_mm_bf16", "bf16_per_expert_loop"]
+PEERS = ["torch_scaled_grouped_mm_fp8", "torch_scaled_grouped_mm_fp8_fast", "torch_grouped_mm_bf16",
+         "bf16_per_expert_loop"]
 
 
 def group_sizes(tokens, experts, top_k):
@@ -105,6 +107,12 @@ def scaled_grouped_mm(a, b, sa, sb, offs):
         except (TypeError, ValueError, RuntimeError) as e:
             errors.append(f"{name}: {str(e)[:160]}")
     raise RuntimeError(" | ".join(errors))
+
+
+def scaled_grouped_mm_fast(a, b, sa, sb, offs):
+    """The same GEMM accumulated in the tensor core over all of K (CUTLASS's FP8FastAccum schedules):
+    the peer of llmq's MoeGroupedGemm::fast_accumulation."""
+    return torch._scaled_grouped_mm(a, b, scale_a=sa, scale_b=sb, offs=offs, out_dtype=BF16, use_fast_accum=True)
 
 
 def rel_fro(y, ref):
@@ -199,6 +207,8 @@ def main():
 
             peers = [
                 ("torch_scaled_grouped_mm_fp8", 1, lambda b, sb: scaled_grouped_mm(a8, b, sa, sb, offs),
+                 b8_sets[:sets_needed(active * N * K)]),
+                ("torch_scaled_grouped_mm_fp8_fast", 1, lambda b, sb: scaled_grouped_mm_fast(a8, b, sa, sb, offs),
                  b8_sets[:sets_needed(active * N * K)]),
                 ("torch_grouped_mm_bf16", 2, lambda b: torch._grouped_mm(x16, b, offs=offs),
                  [(b,) for b in b16_sets[:sets_needed(active * N * K * 2)]]),

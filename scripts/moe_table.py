@@ -28,7 +28,8 @@ def main():
         if r.get("bench") == "moe_grouped_peer" and "us" in r and "shape" in r:
             peers.setdefault((r["shape"], r["tokens"]), {})[r["peer"]] = r["us"]
     head = (f"{'shape':>13} {'tok':>5} | {'llmq us':>8} {'kernel':>8} {'%copy':>6} | {'vs torch fp8':>12} "
-            f"{'vs torch bf16':>13} {'vs bf16 loop':>12} | {'dense/sparse':>12} {'llmq bf16/fp8':>13}")
+            f"{'vs torch bf16':>13} {'vs bf16 loop':>12} | {'dense/sparse':>12} {'llmq bf16/fp8':>13} | "
+            f"{'fast vs torch fast':>18}")
     print(head)
     for (shape, t), v in sorted(ours.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         auto = next((r for k, r in v.items() if k.startswith("auto")), None)
@@ -40,9 +41,13 @@ def main():
             return f"{peer_us / auto['us']:.2f}x" if peer_us else "-"
 
         dense = v.get("dense", {}).get("us")
+        # Both accumulating in the tensor core over all of K: llmq's wg-fast row against torch's.
+        fast_us, torch_fast = v.get("wg-fast", {}).get("us"), p.get("torch_scaled_grouped_mm_fp8_fast")
+        fast = f"{torch_fast / fast_us:.2f}x" if fast_us and torch_fast else "-"
         print(f"{shape:>13} {t:>5} | {auto['us']:8.1f} {auto['variant'][5:]:>8} {100 * auto['fraction_of_copy']:5.1f}% | "
               f"{ratio(p.get('torch_scaled_grouped_mm_fp8')):>12} {ratio(p.get('torch_grouped_mm_bf16')):>13} "
-              f"{ratio(p.get('bf16_per_expert_loop')):>12} | {ratio(dense):>12} {ratio(v.get('bf16', {}).get('us')):>13}")
+              f"{ratio(p.get('bf16_per_expert_loop')):>12} | {ratio(dense):>12} {ratio(v.get('bf16', {}).get('us')):>13} | "
+              f"{fast:>18}")
 
 
 if __name__ == "__main__":

@@ -204,12 +204,14 @@ void check_scheme(const GpuModel& gpu_model, Transformer* cpu_quantized, Transfo
 struct LongPrefill {
   Compare vs_ref, gpu_cost, ref_cost;
 };
+// fp8_fast_accumulation: GpuRuntimeOptions' (the FP8 GEMMs' and experts' tensor-core accumulation).
 void long_prefill(const GpuModel& gm, Transformer* cpu_quantized, Transformer* cpu_float, int64_t n,
-                  const std::string& what, LongPrefill* out) {
+                  const std::string& what, LongPrefill* out, bool fp8_fast_accumulation = false) {
   const int64_t V = gm.config().vocab_size;
   GpuRuntimeOptions o;
   o.max_context = 256;
   o.max_step_tokens = 256;
+  o.fp8_fast_accumulation = fp8_fast_accumulation;
   std::unique_ptr<GpuRuntime> rt;
   ASSERT_TRUE(GpuRuntime::create(gm, o, &rt).ok());
   const std::vector<int32_t> p = prompt(n, V, 13);

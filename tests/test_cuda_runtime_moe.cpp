@@ -83,6 +83,15 @@ TEST(GpuRuntime, MoeModelMatchesCpuReference) {
   // (measured: 1 row of 160 at 0.91). A wrong scale, layout or permutation hits every row.
   EXPECT_LE(vs_ref.over_garbage_bound, n / 40) << "rows further than " << kSchemeGarbageBound << " from the CPU reference";
   EXPECT_LE(gpu_cost.rms_rel(), kSchemeAccuracyFactor * ref_cost.rms_rel() + kSchemeAccuracySlack);
+  {
+    // --fp8-fast-accum: the experts' wgmma GEMMs (MoeGroupedGemm::fast_accumulation) and the dense
+    // FP8 GEMMs accumulate in the tensor core over all of K: held to the same bounds.
+    LongPrefill fast;
+    long_prefill(*gm, &cpu, &cpu_float, n, "moe 8x top-2 fp8-dynamic fast-accum", &fast, true);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_LE(fast.vs_ref.over_garbage_bound, n / 40);
+    EXPECT_LE(fast.gpu_cost.rms_rel(), kSchemeAccuracyFactor * fast.ref_cost.rms_rel() + kSchemeAccuracySlack);
+  }
 
   // Graphs vs no graphs: the same greedy tokens.
   std::vector<std::vector<int32_t>> with_graphs, without;

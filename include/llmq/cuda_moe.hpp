@@ -161,6 +161,10 @@ struct MoeGroupedGemm {
   // [experts, n / 128, ceil(k / 128)] (n a multiple of 128), a_scale [rows of A, ceil(k / 128)];
   // both kernels apply them per K block (the wgmma kernel per 128, the decode kernel per 64).
   bool block_scales = false;
+  // Per-channel FP8 experts in the wgmma kernel: accumulate over all of K in the tensor core's own
+  // accumulator (fewer bits than FP32) instead of promoting every 128 of K, like cuBLASLt's FAST_ACCUM
+  // (CudaGemmOptions::fp8_fast_accumulation). The decode kernel's accumulation does not change.
+  bool fast_accumulation = false;
   uint16_t* d = nullptr;           // BF16 [rows, n]
   // Decode kernel: 16-row tiles per CTA (1, 2, 3 or 4); 0 lets the planner choose. A tuning knob for
   // benchmarks (bench_cuda_moe_sparse --decode-tiles); the planner's choice is measured best.

@@ -195,8 +195,9 @@ struct GpuRuntimeOptions {
   // N answers on first use of each M class and keeps the fastest (CudaGemmOptions: tuning adds a
   // few milliseconds per new shape class, and results may differ across processes in the last bits).
   int gemm_autotune = 1;
-  // CudaGemmOptions::fp8_fast_accumulation for the model's cuBLASLt FP8 GEMMs (MoE experts' own
-  // grouped kernel promotes to FP32 every 128 of K either way).
+  // CudaGemmOptions::fp8_fast_accumulation for the model's cuBLASLt FP8 GEMMs, and
+  // MoeGroupedGemm::fast_accumulation for per-channel FP8 experts in the wgmma grouped kernel
+  // (block-scaled experts still promote every 128 of K).
   bool fp8_fast_accumulation = false;
 };
 

@@ -15,6 +15,8 @@
 //   * FP8 accumulation promoted to FP32 every K block: the tensor core's FP8 accumulator keeps
 //     fewer bits than FP32 (DeepSeek-V3's report; cuBLASLt without FAST_ACCUM promotes too), so
 //     each 128-wide K block is accumulated fresh in `part` and added to `acc` in FP32.
+//     MoeGroupedGemm::fast_accumulation opts out: the tensor core accumulates over all of K with one
+//     K block in flight (as cuBLASLt's FAST_ACCUM and CUTLASS's FP8FastAccum schedules do).
 //   * Epilogue: acc * (a_scale[row] * w_scale[e, col]) rounded once to BF16, the CPU reference's
 //     operation order.
 #include <cuda.h>
@@ -77,8 +79,9 @@ struct GroupedParams {
 
 // kBf16: BF16 experts (A and W BF16, k counts bytes, no scales); else E4M3 with scales: per row x
 // per channel in the epilogue, or (kBlock) 1x128 activation blocks x 128x128 weight blocks applied
-// at each K block's promotion (a 128 x 128 tile is one weight block: n % 128 == 0).
-template <bool kBf16, bool kBlock = false>
+// at each K block's promotion (a 128 x 128 tile is one weight block: n % 128 == 0). kFast: E4M3
+// accumulated in the tensor core over all of K (no promotion), the BF16 form's loop.
+template <bool kBf16, bool kBlock = false, bool kFast = false>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a,
                                  const __grid_constant__ CUtensorMap tmap_w, GroupedParams p) {
@@ -162,9 +165,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int tile = static_cast<int>(blockIdx.x); tile < num_tiles; tile += static_cast<int>(gridDim.x)) {
       int e, mb, nb;
       coords(tile, &e, &mb, &nb);
-      if constexpr (kBf16) {
-        // BF16 accumulates in FP32 in the tensor core: straight into acc, one K block's group in
-        // flight (wait_group 1) while the slot before it is released, as the INT8 GEMM does.
+      // The epilogue's operands, requested before the K loop so that their latency hides behind it
+      // (loaded after it, each tile's 32 dependent scale loads a thread stalled the tensor core:
+      // ncu, Mixtral shapes at 4096 tokens, long-scoreboard stalls 2.3 cycles an instruction).
+      // acc[4j + 0, 1]: row r, columns 8j + 2t, +1; acc[4j + 2, 3]: row r + 8 (r = 16 warp +
+      // lane / 4, t = lane % 4), the wgmma D fragment layout.
+      const int rows_e = offsets[e + 1] - offsets[e];
+      const int r0 = mb * kBlockM + consumer * 64 + warp * 16 + lane / 4;
+      const int64_t prow0 = offsets[e] + r0;
+      const bool ok0 = r0 < rows_e, ok1 = r0 + 8 < rows_e;
+      constexpr bool kUnscaled = kBf16 || kBlock;  // scales applied per K block (block) or none (BF16)
+      float sa0 = 1.0f, sa1 = 1.0f;
+      float sb[kBlockN / 8][2];
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) sb[j][0] = sb[j][1] = 1.0f;
+      if constexpr (!kUnscaled) {
+        sa0 = ok0 ? p.a_scale[prow0] : 0.0f;
+        sa1 = ok1 ? p.a_scale[prow0 + 8] : 0.0f;
+        const float* ws = p.w_scale + static_cast<int64_t>(e) * p.n;
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+          const int col = nb * kBlockN + 8 * j + 2 * (lane % 4);
+          sb[j][0] = col < p.n ? ws[col] : 0.0f;
+          sb[j][1] = col + 1 < p.n ? ws[col + 1] : 0.0f;
+        }
+      }
+      if constexpr (kBf16 || kFast) {
+        // BF16 accumulates in FP32 in the tensor core (and E4M3 under kFast in the tensor core's own
+        // accumulator): straight into acc, one K block's group in flight (wait_group 1) while the
+        // slot before it is released, as the INT8 GEMM does.
         int prev_stage = 0;
         for (int kb = 0; kb < k_blocks; ++kb) {
           ring.wait_full(stage, phase);
@@ -172,9 +201,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint32_t b_tile = stage_a(stage) + kABytes;
           wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < kBlockK / 32; ++kk)  // 16 BF16 (32 bytes) of K per instruction
-            wgmma_m64n128k16_bf16(acc, make_smem_desc_k_sw128(a_tile + 32u * kk),
-                                  make_smem_desc_k_sw128(b_tile + 32u * kk), (kb > 0 || kk > 0) ? 1 : 0);
+          for (int kk = 0; kk < kBlockK / 32; ++kk) {  // 32 bytes of K per instruction: 16 BF16 or 32 E4M3
+            const int accumulate = (kb > 0 || kk > 0) ? 1 : 0;
+            if constexpr (kBf16)
+              wgmma_m64n128k16_bf16(acc, make_smem_desc_k_sw128(a_tile + 32u * kk),
+                                    make_smem_desc_k_sw128(b_tile + 32u * kk), accumulate);
+            else
+              wgmma_m64n128k32_e4m3(acc, make_smem_desc_k_sw128(a_tile + 32u * kk),
+                                    make_smem_desc_k_sw128(b_tile + 32u * kk), accumulate);
+          }
           wgmma_commit_group();
           wgmma_wait_group<1>();
           fence_registers(acc);
@@ -192,10 +227,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         // Block scales: K block kb's partial sums times a_scale[row, kb] * w_scale[expert's
         // 128-row block nb, kb], added in FP32. The scales are requested before the block's wgmma
         // so their latency hides behind it.
-        const int rows_e = offsets[e + 1] - offsets[e];
-        const int r0 = mb * kBlockM + consumer * 64 + warp * 16 + lane / 4;
-        const int64_t prow0 = offsets[e] + r0;
-        const bool ok0 = r0 < rows_e, ok1 = r0 + 8 < rows_e;
         const float* sa0p = p.a_scale + prow0 * p.scale_k_blocks;
         const float* sa1p = sa0p + 8 * p.scale_k_blocks;
         const float* swp = p.w_scale + (static_cast<int64_t>(e) * p.n_blocks + nb) * p.scale_k_blocks;
@@ -203,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.0f;
         for (int kb = 0; kb < k_blocks; ++kb) {
           const float sw = swp[kb];
-          const float sa0 = ok0 ? sa0p[kb] : 0.0f, sa1 = ok1 ? sa1p[kb] : 0.0f;
+          const float ba0 = ok0 ? sa0p[kb] : 0.0f, ba1 = ok1 ? sa1p[kb] : 0.0f;
           ring.wait_full(stage, phase);
           const uint32_t a_tile = stage_a(stage) + a_offset;
           const uint32_t b_tile = stage_a(stage) + kABytes;
@@ -216,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_wait_group<0>();
           fence_registers(part);
           if (lane == 0) ring.release(stage);
-          const float f0 = __fmul_rn(sa0, sw), f1 = __fmul_rn(sa1, sw);
+          const float f0 = __fmul_rn(ba0, sw), f1 = __fmul_rn(ba1, sw);
 #pragma unroll
           for (int j = 0; j < kBlockN / 8; ++j) {
             acc[4 * j] += part[4 * j] * f0;
@@ -256,22 +287,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      // acc[4j + 0, 1]: row r, columns 8j + 2t, +1; acc[4j + 2, 3]: row r + 8 (r = 16 warp +
-      // lane / 4, t = lane % 4), the wgmma D fragment layout.
-      const int rows_e = offsets[e + 1] - offsets[e];
-      const int r0 = mb * kBlockM + consumer * 64 + warp * 16 + lane / 4;
-      const int64_t prow0 = offsets[e] + r0;
-      const bool ok0 = r0 < rows_e, ok1 = r0 + 8 < rows_e;
-      constexpr bool kUnscaled = kBf16 || kBlock;  // scales already applied (block) or none (BF16)
-      const float sa0 = kUnscaled ? 1.0f : (ok0 ? p.a_scale[prow0] : 0.0f);
-      const float sa1 = kUnscaled ? 1.0f : (ok1 ? p.a_scale[prow0 + 8] : 0.0f);
-      const float* ws = kUnscaled ? nullptr : p.w_scale + static_cast<int64_t>(e) * p.n;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
         const int col = nb * kBlockN + 8 * j + 2 * (lane % 4);
         if (col >= p.n) continue;
         const bool two = col + 1 < p.n;
-        const float sb0 = kUnscaled ? 1.0f : ws[col], sb1 = kUnscaled ? 1.0f : (two ? ws[col + 1] : 0.0f);
+        const float sb0 = sb[j][0], sb1 = sb[j][1];
         auto put = [&](int64_t row, float sa, float v0, float v1) {
           const uint16_t b0 = __bfloat16_as_ushort(__float2bfloat16_rn(v0 * __fmul_rn(sa, sb0)));
           uint16_t* dst = p.d + row * p.n + col;
@@ -297,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // The device's facts are cuda::current_device_facts' (cached: this runs per expert linear per layer).
 using cuda::DeviceFacts;
 
-template <bool kBf16, bool kBlock = false>
+template <bool kBf16, bool kBlock = false, bool kFast = false>
 Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_t stream) {
   // Rows as bytes: TMA copies them whatever the element type.
   const int64_t k_bytes = g.k * (kBf16 ? 2 : 1);
@@ -315,12 +336,12 @@ Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_
   p.n_blocks = static_cast<int>(ceil_div(g.n, kBlockN));
   p.scale_k_blocks = static_cast<int>(ceil_div(g.k, 128));
   const size_t smem = smem_bytes(g.experts);
-  LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(moe_grouped_gemm_sm90_kernel<kBf16, kBlock>),
+  LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(moe_grouped_gemm_sm90_kernel<kBf16, kBlock, kFast>),
                                                 static_cast<int>(smem_bytes(kMaxExperts)), dev.ordinal));
   // Upper bound on tiles: each expert adds at most one partial M-block to ceil(rows / 128).
   const int64_t max_tiles = (ceil_div(g.rows, kBlockM) + g.experts) * p.n_blocks;
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, dev.sms));
-  moe_grouped_gemm_sm90_kernel<kBf16, kBlock><<<grid, kThreads, smem, stream>>>(map_a, map_w, p);
+  moe_grouped_gemm_sm90_kernel<kBf16, kBlock, kFast><<<grid, kThreads, smem, stream>>>(map_a, map_w, p);
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("moe_grouped_gemm_sm90_kernel");
   return {};
 }
@@ -344,6 +365,8 @@ Status check(const MoeGroupedGemm& g) {
   const bool bf16 = g.w_dtype == DType::kBF16;
   if (bf16 && (g.a_dtype != DType::kBF16 || g.a_scale != nullptr || g.w_scale != nullptr))
     return invalid_argument("w_dtype: BF16 experts take BF16 activations and no scales (a_scale and w_scale null)");
+  if (g.fast_accumulation && (bf16 || g.block_scales || g.a_dtype != DType::kE4M3))
+    return invalid_argument("fast_accumulation: per-channel FP8 (e4m3) experts and activations only");
   if (g.rows == 0) return {};
   if (g.expert_offsets == nullptr) return invalid_argument("expert_offsets: null device pointer");
   if (g.a == nullptr) return invalid_argument("a: null device pointer");
@@ -393,7 +416,8 @@ Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemm
     if (g.a_rows != nullptr) return invalid_argument("a_rows: the wgmma kernel reads contiguous rows (gather first)");
     if (g.a_dtype != g.w_dtype) return invalid_argument("a_dtype: the wgmma kernel takes A in the weights' type (e4m3 or bf16)");
     if (g.block_scales) return moe::launch_wgmma<false, true>(g, dev, s);  // a_rows refused above
-    return g.w_dtype == DType::kBF16 ? moe::launch_wgmma<true>(g, dev, s) : moe::launch_wgmma<false>(g, dev, s);
+    if (g.w_dtype == DType::kBF16) return moe::launch_wgmma<true>(g, dev, s);
+    return g.fast_accumulation ? moe::launch_wgmma<false, false, true>(g, dev, s) : moe::launch_wgmma<false>(g, dev, s);
   }
   return moe::decode_grouped_gemm(g, stream);
 }

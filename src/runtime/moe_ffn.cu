@@ -85,7 +85,8 @@ Status check_moe_linear(const GpuLinear& l) {
 namespace {
 
 // The grouped GEMM of one expert linear over the step's permuted rows.
-MoeGroupedGemm grouped(const GpuMoe& moe, const GpuLinear& l, const MoeBuffers& buf, int64_t tokens) {
+MoeGroupedGemm grouped(const GpuMoe& moe, const GpuLinear& l, const MoeBuffers& buf, int64_t tokens,
+                       const LinearContext& ctx) {
   MoeGroupedGemm g;
   g.rows = tokens * moe.top_k;
   // Expert parallelism: only this rank's experts, whose rows the routing put at offsets
@@ -100,6 +101,7 @@ MoeGroupedGemm grouped(const GpuMoe& moe, const GpuLinear& l, const MoeBuffers& 
   g.w_scale = l.parts[0].w_scale.as<float>();  // null for BF16 experts
   g.a_dtype = l.parts[0].w_dtype;
   g.block_scales = l.parts[0].scale_kind == WeightScale::kBlock128;
+  g.fast_accumulation = ctx.fp8_fast_accumulation && g.w_dtype == DType::kE4M3 && !g.block_scales;
   return g;
 }
 
@@ -167,7 +169,7 @@ Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf
   const bool block = moe.block();
   const bool decode = decode_sized(tokens, ctx);
   const MoeGemmKernel kernel = decode ? MoeGemmKernel::kDecode : MoeGemmKernel::kWgmma;
-  MoeGroupedGemm g1 = grouped(moe, moe.gate_up, buf, tokens);
+  MoeGroupedGemm g1 = grouped(moe, moe.gate_up, buf, tokens, ctx);
   const bool bf16 = moe.bf16();
   if (decode) {
     // The token rows in place: no gather.
@@ -232,7 +234,7 @@ Status moe_ffn(const GpuMoe& moe, const LinearPlan& router_plan, MoeBuffers& buf
   // rank's share (the all-reduce after the block adds the ranks').
   if (moe.held() < moe.experts)
     LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buf.down_out.get(), 0, static_cast<size_t>(slots * dim * 2), ctx.stream));
-  MoeGroupedGemm g2 = grouped(moe, moe.down, buf, tokens);
+  MoeGroupedGemm g2 = grouped(moe, moe.down, buf, tokens, ctx);
   g2.a = buf.act_codes.get();
   g2.a_scale = bf16 ? nullptr : buf.act_scales.as<float>();
   g2.d = buf.down_out.as<uint16_t>();

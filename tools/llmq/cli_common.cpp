@@ -40,7 +40,7 @@ void add_gpu_launch_flags(CLI::App* app, GpuLaunchFlags* flags) {
 void add_fp8_fast_accum_flag(CLI::App* app, bool* flag) {
   app->add_flag("--fp8-fast-accum", *flag,
                 "cuda: FP8 GEMMs accumulate in the tensor core's own accumulator (cuBLASLt FAST_ACCUM, as vLLM's and "
-                "TensorRT-LLM's do): faster, further from the CPU reference");
+                "TensorRT-LLM's do; per-channel FP8 MoE experts too): faster, further from the CPU reference");
 }
 
 Status check_fp8_fast_accum(bool flag, const std::string& device) {
