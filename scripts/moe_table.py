@@ -2,7 +2,8 @@
 """Joins bench_cuda_moe_sparse's JSON lines with torch_moe_peers.py's (same session, same routing)
 into one table per shape: llmq's sparse grouped GEMM (the kernel auto picks), the fraction of copy
 bandwidth its active expert weights stream at, and the ratios against torch._scaled_grouped_mm
-(FP8), torch._grouped_mm (BF16), the BF16 per-expert loop and llmq's dense path and llmq's own BF16 experts.
+(FP8), torch._grouped_mm (BF16), the BF16 per-expert loop and llmq's dense path and llmq's own BF16 experts;
+last, llmq's wgmma kernel with fast accumulation (wg-fast) against torch's use_fast_accum=True.
 
 usage: moe_table.py LLMQ_JSONL TORCH_JSONL"""
 import json

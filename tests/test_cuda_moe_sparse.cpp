@@ -615,6 +615,11 @@ TEST(CudaMoeSparse, RefusesBadArgumentsNamingThem) {
   const Status fast = cuda_moe_grouped_gemm(fast_block, nullptr);
   EXPECT_EQ(fast.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(fast.message().find("fast_accumulation"), std::string::npos) << fast.to_string();
+  MoeGroupedGemm fast_bf16 = g;  // BF16 experts accumulate in FP32 already: the flag is refused, not ignored
+  fast_bf16.fast_accumulation = true;
+  fast_bf16.a_dtype = DType::kBF16;
+  fast_bf16.w_dtype = DType::kBF16;
+  EXPECT_NE(cuda_moe_grouped_gemm(fast_bf16, nullptr).message().find("fast_accumulation"), std::string::npos);
 
   MoeCombineArgs c;
   c.tokens = 2;
