@@ -8,7 +8,7 @@
 // bytes between two uses of one set exceed 2x L2. Per row: time, the active experts' weight bytes
 // over time and as a fraction of the measured copy bandwidth (bytes read + written per second,
 // cudaMemcpy device to device), TFLOPS over the routed rows.
-// Usage: bench_cuda_moe_sparse [--shape mixtral-8x7b|gpt-oss-20b|llama3-8b[-qkv|-o|-gateup|-down]|all]
+// Usage: bench_cuda_moe_sparse [--shape mixtral-8x7b|gpt-oss-20b|qwen3-30b-a3b|llama3-8b[-qkv|-o|-gateup|-down]|all]
 //                              [--tokens 1,4,...]
 //                              [--json FILE] [--quick] [--decode-tiles N] [--commit C]
 #include <cstring>
@@ -36,6 +36,7 @@ struct MoeShape {
 // projection shapes: the yardstick for an FP8 GEMM of llmq's own (docs/engine.md: the GEMMs are
 // about half of a serving step).
 const MoeShape kShapes[] = {{"mixtral-8x7b", 8, 2, 4096, 14336},    {"gpt-oss-20b", 32, 4, 2880, 2880},
+                            {"qwen3-30b-a3b", 128, 8, 2048, 1536},
                             {"llama3-8b-qkv", 1, 1, 4096, 6144},     {"llama3-8b-o", 1, 1, 4096, 4096},
                             {"llama3-8b-gateup", 1, 1, 4096, 28672}, {"llama3-8b-down", 1, 1, 14336, 4096}};
 
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
   CLI::App app{"bench_cuda_moe_sparse: the sparse MoE expert GEMM (cuda_moe_grouped_gemm) with the dense path"};
   last_value_wins(app);
   app.add_option("--shape", shape_name, "the MoE shape")
-      ->check(CLI::IsMember({"mixtral-8x7b", "gpt-oss-20b", "llama3-8b-qkv", "llama3-8b-o", "llama3-8b-gateup",
+      ->check(CLI::IsMember({"mixtral-8x7b", "gpt-oss-20b", "qwen3-30b-a3b", "llama3-8b-qkv", "llama3-8b-o", "llama3-8b-gateup",
                              "llama3-8b-down", "llama3-8b", "all"}))
       ->capture_default_str();
   comma_list(app.add_option("--tokens", tokens_list, "token counts, comma-separated")->capture_default_str())
@@ -139,7 +140,7 @@ int main(int argc, char** argv) {
                << "\n";
       };
       int call = 0;
-      auto grouped = [&](MoeGemmKernel kernel, bool bf16 = false, bool fast = false) {
+      auto grouped = [&](MoeGemmKernel kernel, bool bf16 = false, bool fast = false, int64_t block_rows = 0) {
         const int i = call++ % n_sets;
         MoeGroupedGemm g;
         g.rows = P;
@@ -155,6 +156,7 @@ int main(int argc, char** argv) {
         g.d = y.as<uint16_t>();
         g.decode_tiles_per_cta = decode_tiles;
         g.fast_accumulation = fast;
+        g.wgmma_block_rows = block_rows;
         if (bf16) {  // BF16 experts: the baseline FP8 is measured against, same kernels
           g.a = a16.p;
           g.a_dtype = DType::kBF16;
@@ -179,6 +181,9 @@ int main(int argc, char** argv) {
         emit("wgmma", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma); }, runs));
         // The tensor core's own accumulator over all of K (torch_moe_peers.py's *_fast peer).
         emit("wg-fast", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma, false, true); }, runs));
+        // Both tile heights (the kernel picks 64 rows where the experts average at most 64).
+        emit("wg-r64", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma, false, false, 64); }, runs));
+        emit("wg-r128", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma, false, false, 128); }, runs));
       }
       // The dense path: every token through every expert (one strided-batched GEMM + post-scale).
       auto dense = [&] {

@@ -9,7 +9,7 @@ torch.mm (BF16, host-known group sizes), and a 1 GiB device-to-device copy (band
 Routing is deterministic round-robin, identical to the C++ bench: token t goes to experts
 (t*top_k + s) % E for s in 0..top_k-1; rows are grouped expert-major, offs = int32 cumulative group
 ends (length E), P = T*top_k rows. Shapes: mixtral-8x7b (E 8, top_k 2, K 4096, N 14336) and
-gpt-oss-20b (E 32, top_k 4, K 2880, N 2880).
+gpt-oss-20b (E 32, top_k 4, K 2880, N 2880) and qwen3-30b-a3b (E 128, top_k 8, K 2048, N 1536).
 
 Method: random normal data, 1% of K columns of x scaled by 20 (outliers), no zeros;
 FP8 operands quantized with absmax/448 scales; warm-up 5, then 30 timed runs (10 with --quick),
@@ -17,7 +17,7 @@ CUDA events, median; the weights rotate through 2..4 distinct sets so that the a
 bytes over all sets exceed 2x L2. --check compares _scaled_grouped_mm (and _grouped_mm) against a
 float reference for the smallest token counts (relative Frobenius error). JSON lines to --json.
 
-usage: torch_moe_peers.py [--shape all|mixtral-8x7b|gpt-oss-20b] [--tokens 1,4,16,64,512,4096]
+usage: torch_moe_peers.py [--shape all|mixtral-8x7b|gpt-oss-20b|qwen3-30b-a3b] [--tokens 1,4,16,64,512,4096]
                           [--json FILE] [--quick] [--check]"""
 import argparse
 import json
@@ -32,7 +32,8 @@ MAX_SETS = 4
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
 SHAPES = {"mixtral-8x7b": dict(experts=8, top_k=2, k=4096, n=14336),
-          "gpt-oss-20b": dict(experts=32, top_k=4, k=2880, n=2880)}
+          "gpt-oss-20b": dict(experts=32, top_k=4, k=2880, n=2880),
+          "qwen3-30b-a3b": dict(experts=128, top_k=8, k=2048, n=1536)}
 PEERS = ["torch_scaled_grouped_mm_fp8", "torch_scaled_grouped_mm_fp8_fast", "torch_grouped_mm_bf16",
          "bf16_per_expert_loop"]
 

@@ -15,6 +15,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_support.hpp"
@@ -262,6 +263,7 @@ TEST(CudaMoeSparse, GroupedGemmMatchesTheCpuReferenceOnSkewedRoutings) {
         MoeGemmKernel kernel;
         bool rows_in_place;
         bool fast = false;  // MoeGroupedGemm::fast_accumulation
+        int64_t block_rows = 0;  // MoeGroupedGemm::wgmma_block_rows (0: the kernel's choice)
       };
       std::vector<Variant> variants = {{MoeGemmKernel::kDecode, true}, {MoeGemmKernel::kDecode, false}};
       CudaDeviceInfo info;
@@ -269,11 +271,15 @@ TEST(CudaMoeSparse, GroupedGemmMatchesTheCpuReferenceOnSkewedRoutings) {
       if (info.major == 9 && info.minor == 0) {
         variants.push_back({MoeGemmKernel::kWgmma, false});
         variants.push_back({MoeGemmKernel::kWgmma, false, true});
+        variants.push_back({MoeGemmKernel::kWgmma, false, false, 64});  // both tile heights on every routing
+        variants.push_back({MoeGemmKernel::kWgmma, false, false, 128});
+        variants.push_back({MoeGemmKernel::kWgmma, false, true, 64});
       }
       for (const Variant& v : variants) {
         SCOPED_TRACE(testing::repro(31, P, K, std::string("experts=") + std::to_string(E) + " n=" + std::to_string(N) +
                                                   " " + skew_name(skew) + " kernel=" + moe_gemm_kernel_name(v.kernel) +
-                                                  (v.rows_in_place ? " a_rows" : " gathered") + (v.fast ? " fast" : "")));
+                                                  (v.rows_in_place ? " a_rows" : " gathered") + (v.fast ? " fast" : "") +
+                                                  " block_rows=" + std::to_string(v.block_rows)));
         CUDA_ASSERT(d_y.fill_bytes(0xFF));
         MoeGroupedGemm g;
         g.rows = P;
@@ -295,6 +301,7 @@ TEST(CudaMoeSparse, GroupedGemmMatchesTheCpuReferenceOnSkewedRoutings) {
         g.w_scale = d_ws.get();
         g.d = d_y.get();
         g.fast_accumulation = v.fast;
+        g.wgmma_block_rows = v.block_rows;
         const Status st = cuda_moe_grouped_gemm(g, nullptr, v.kernel);
         ASSERT_TRUE(st.ok()) << st.to_string();
         CUDA_ASSERT(cudaDeviceSynchronize());
@@ -319,10 +326,11 @@ TEST(CudaMoeSparse, GroupedGemmMatchesTheCpuReferenceOnSkewedRoutings) {
           EXPECT_LT(err, v.fast ? 1e-2 : 4e-3) << "expert " << e << " (" << sizes[e] << " rows)";
           worst = std::max(worst, err);
         }
-        std::printf("  E=%lld tokens=%lld rows=%lld K=%lld N=%lld %-7s %-6s %-8s worst expert rel frobenius %.2e\n",
+        std::printf("  E=%lld tokens=%lld rows=%lld K=%lld N=%lld %-7s %-6s %-8s rows/tile %3lld worst expert rel frobenius %.2e\n",
                     static_cast<long long>(E), static_cast<long long>(c.tokens), static_cast<long long>(P),
                     static_cast<long long>(K), static_cast<long long>(N), skew_name(skew),
-                    moe_gemm_kernel_name(v.kernel), v.rows_in_place ? "a_rows" : v.fast ? "fast" : "gathered", worst);
+                    moe_gemm_kernel_name(v.kernel), v.rows_in_place ? "a_rows" : v.fast ? "fast" : "gathered",
+                    static_cast<long long>(v.block_rows), worst);
       }
     }
   }
@@ -359,14 +367,17 @@ TEST(CudaMoeSparse, Bf16GroupedGemmMatchesTheCpuReference) {
       CUDA_ASSERT(d_w.upload(w));
       CUDA_ASSERT(d_off.upload(off));
       CUDA_ASSERT(d_rt.upload(row_token));
-      std::vector<std::pair<MoeGemmKernel, bool>> variants = {{MoeGemmKernel::kDecode, true}, {MoeGemmKernel::kDecode, false}};
+      // (kernel, rows in place, the wgmma kernel's tile rows: 0 its choice)
+      std::vector<std::tuple<MoeGemmKernel, bool, int64_t>> variants = {{MoeGemmKernel::kDecode, true, 0},
+                                                                        {MoeGemmKernel::kDecode, false, 0}};
       CudaDeviceInfo info;
       ASSERT_TRUE(query_cuda_device(0, &info).ok());
-      if (info.major == 9 && info.minor == 0) variants.push_back({MoeGemmKernel::kWgmma, false});
-      for (const auto& [kernel, in_place] : variants) {
+      if (info.major == 9 && info.minor == 0)
+        for (const int64_t rows : {64, 128}) variants.push_back({MoeGemmKernel::kWgmma, false, rows});
+      for (const auto& [kernel, in_place, block_rows] : variants) {
         SCOPED_TRACE(testing::repro(41, P, K, std::string("bf16 experts=") + std::to_string(E) + " n=" + std::to_string(N) +
                                                   " " + skew_name(skew) + " kernel=" + moe_gemm_kernel_name(kernel) +
-                                                  (in_place ? " a_rows" : " gathered")));
+                                                  (in_place ? " a_rows" : " gathered") + " block_rows=" + std::to_string(block_rows)));
         CUDA_ASSERT(d_y.fill_bytes(0xFF));
         MoeGroupedGemm g;
         g.rows = P;
@@ -377,6 +388,7 @@ TEST(CudaMoeSparse, Bf16GroupedGemmMatchesTheCpuReference) {
         g.expert_offsets = d_off.get();
         g.a_dtype = DType::kBF16;
         g.w_dtype = DType::kBF16;
+        g.wgmma_block_rows = block_rows;
         if (in_place) {
           g.a = d_x.get();
           g.a_rows = d_rt.get();
@@ -615,6 +627,9 @@ TEST(CudaMoeSparse, RefusesBadArgumentsNamingThem) {
   const Status fast = cuda_moe_grouped_gemm(fast_block, nullptr);
   EXPECT_EQ(fast.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(fast.message().find("fast_accumulation"), std::string::npos) << fast.to_string();
+  MoeGroupedGemm odd_tiles = g;  // the wgmma kernel's tiles are 64 or 128 rows
+  odd_tiles.wgmma_block_rows = 96;
+  EXPECT_NE(cuda_moe_grouped_gemm(odd_tiles, nullptr).message().find("wgmma_block_rows"), std::string::npos);
   MoeGroupedGemm fast_bf16 = g;  // BF16 experts accumulate in FP32 already: the flag is refused, not ignored
   fast_bf16.fast_accumulation = true;
   fast_bf16.a_dtype = DType::kBF16;

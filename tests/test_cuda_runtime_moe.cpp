@@ -9,8 +9,8 @@ namespace {
 
 // A Mixtral-style model (8 experts, top-2; dim 256, expert hidden 512) in fp8-dynamic through the
 // sparse top-k path: routing, grouped expert GEMMs and the combine, judged as every scheme is
-// (check_scheme) against the CPU reference of the same quantized model. The 24-token prompt and the
-// decode steps take the decode-size grouped kernel; a 160-token prefill takes the gather + wgmma
+// (check_scheme) against the CPU reference of the same quantized model. The decode steps of one or two
+// rows take the decode-size grouped kernel; the 24-token prompt and a 160-token prefill the gather + wgmma
 // kernel (on sm_90). Then greedy generation in CUDA graphs equals step-by-step decoding: the MoE
 // block has no host sync, so it is captured like a dense layer.
 TEST(GpuRuntime, MoeModelMatchesCpuReference) {
@@ -33,9 +33,9 @@ TEST(GpuRuntime, MoeModelMatchesCpuReference) {
   QuantizedLinearBackend backend(qm);
   Transformer cpu(qm.weights, &backend);
   Transformer cpu_float(w);
-  check_scheme(*gm, &cpu, &cpu_float, "moe 8x top-2 fp8-dynamic (decode kernel)");
+  check_scheme(*gm, &cpu, &cpu_float, "moe 8x top-2 fp8-dynamic");
   {
-    // 128x128 weight blocks and 1x128 activation blocks (decode-size kernel here).
+    // 128x128 weight blocks and 1x128 activation blocks (the decode kernel in the decode steps).
     CudaDeviceInfo info;
     ASSERT_TRUE(query_cuda_device(0, &info).ok());
     Scheme block;

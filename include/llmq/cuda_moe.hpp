@@ -135,10 +135,14 @@ enum class MoeGemmKernel {
   kAuto,    // decode when max_rows_per_expert <= kMoeDecodeMaxRows, else wgmma (sm_90) or decode
   kDecode,  // the decode GEMM's streaming kernel, one grid slice per (expert, 16-row chunk):
             // CTAs of empty experts and chunks exit before reading a byte
-  kWgmma,   // persistent TMA + wgmma kernel over 128 x 128 tiles of every expert (sm_90a); FP32
-            // accumulators promoted every 128 K (no FP8 fast-accumulation drift); a_rows unsupported
+  kWgmma,   // persistent TMA + wgmma kernel over 128- or 64-row x 128 tiles of every expert (sm_90a);
+            // FP32 accumulators promoted every 128 K (no FP8 fast-accumulation drift); a_rows unsupported
 };
-inline constexpr int64_t kMoeDecodeMaxRows = 64;
+// Up to here the decode kernel: at 1 and 2 tokens it streams the routed experts' weights faster than
+// the wgmma kernel's 64-row tiles, from 8 tokens slower on every shape measured (H200, one session:
+// Mixtral 8 tokens 140 vs 124 us, gpt-oss-20b 88 vs 79, Qwen3-30B-A3B 71 vs 60; at 4, 122 vs 130
+// for Mixtral, 49 vs 45 and 39 vs 34 for the other two).
+inline constexpr int64_t kMoeDecodeMaxRows = 4;
 
 struct MoeGroupedGemm {
   int64_t rows = 0;     // permuted rows (tokens * top_k): the extent of d and, without a_rows, of A
@@ -169,6 +173,9 @@ struct MoeGroupedGemm {
   // Decode kernel: 16-row tiles per CTA (1, 2, 3 or 4); 0 lets the planner choose. A tuning knob for
   // benchmarks (bench_cuda_moe_sparse --decode-tiles); the planner's choice is measured best.
   int decode_tiles_per_cta = 0;
+  // wgmma kernel: tiles of 64 or 128 rows; 0 lets the kernel choose (64 where the experts average at
+  // most 64 rows). A tuning knob for benchmarks and tests (bench_cuda_moe_sparse --wgmma-rows).
+  int64_t wgmma_block_rows = 0;
 };
 Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemmKernel kernel = MoeGemmKernel::kAuto);
 // The one rule for kAuto: the decode kernel when any expert gets at most kMoeDecodeMaxRows rows, when

@@ -179,6 +179,11 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
   LLMQ_WGMMA_SS("m64n128k32.f32.e4m3.e4m3", LLMQ_WGMMA_REGS64, LLMQ_WGMMA_D64("+f", 0), 64, 65, 66, ", 1, 1");
 }
 
+// D[64 x 64] (+)= A[64 x 32] * B[64 x 32]^T in FP32, E4M3 (the 64-column form of the above).
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  LLMQ_WGMMA_SS("m64n64k32.f32.e4m3.e4m3", LLMQ_WGMMA_REGS32, LLMQ_WGMMA_D32("+f", 0), 32, 33, 34, ", 1, 1");
+}
+
 // D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T in FP32, both BF16 from shared memory (K-major: the
 // same 128-byte swizzled rows, now 64 BF16 each, so a 16-element K step is again 32 bytes). The
 // trailing immediates: scale-a, scale-b (1) and transpose-a, transpose-b (0: K-major).
@@ -186,6 +191,10 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t d
                                                       int accumulate) {
   LLMQ_WGMMA_SS("m64n128k16.f32.bf16.bf16", LLMQ_WGMMA_REGS64, LLMQ_WGMMA_D64("+f", 0), 64, 65, 66,
                 ", 1, 1, 0, 0");
+}
+// D[64 x 64] (+)= A[64 x 16] * B[64 x 16]^T in FP32, BF16 (the 64-column form of the above).
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  LLMQ_WGMMA_SS("m64n64k16.f32.bf16.bf16", LLMQ_WGMMA_REGS32, LLMQ_WGMMA_D32("+f", 0), 32, 33, 34, ", 1, 1, 0, 0");
 }
 
 // The register-A forms flash attention needs: Q's fragments stay in registers for every key tile,

@@ -47,22 +47,51 @@ using sm90::wgmma_commit_group;
 using sm90::wgmma_fence;
 using sm90::wgmma_m64n128k16_bf16;
 using sm90::wgmma_m64n128k32_e4m3;
+using sm90::wgmma_m64n64k16_bf16;
+using sm90::wgmma_m64n64k32_e4m3;
 using sm90::wgmma_wait_group;
 
-constexpr int kBlockM = 128;
 constexpr int kBlockN = 128;
 constexpr int kBlockK = 128;  // one 128-byte swizzle row of E4M3
 constexpr int kThreads = 384;
-constexpr int kStages = 6;
-constexpr uint32_t kABytes = kBlockM * kBlockK;
 constexpr uint32_t kBBytes = kBlockN * kBlockK;
-constexpr uint32_t kStageBytes = kABytes + kBBytes;
 constexpr int kMaxExperts = 1024;
+
+// A tile is kBlockM rows x 128 columns. 128 rows: each consumer warpgroup takes 64 rows and every
+// column. 64 rows, for experts that average at most 64 rows (decode steps of many-expert models:
+// Qwen3-30B-A3B's 512 tokens x top-8 over 128 experts are 32 rows an expert): each warpgroup takes
+// the 64 rows and half the columns, so an expert's padding rows cost half the tensor work and the
+// A bytes of a 128-row tile.
+template <int kBlockM>
+struct Tile {
+  static_assert(kBlockM == 128 || kBlockM == 64, "tiles of 128 or 64 rows");
+  static constexpr int kWgCols = kBlockM == 128 ? 128 : 64;  // the columns one consumer warpgroup owns
+  static constexpr int kStages = kBlockM == 128 ? 6 : 8;
+  static constexpr uint32_t kABytes = kBlockM * kBlockK;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  // Consumer warpgroup c's A rows and B rows (bytes into a stage).
+  static __device__ __forceinline__ uint32_t a_offset(int c) { return kBlockM == 128 ? c * 64u * kBlockK : 0u; }
+  static __device__ __forceinline__ uint32_t b_offset(int c) { return kBlockM == 128 ? 0u : c * 64u * kBlockK; }
+};
+
+// The consumer's wgmma of 32 bytes of K over its kWgCols columns.
+template <int kWgCols>
+__device__ __forceinline__ void mma_e4m3(float (&d)[kWgCols / 2], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (kWgCols == 128) wgmma_m64n128k32_e4m3(d, a, b, accumulate);
+  else wgmma_m64n64k32_e4m3(d, a, b, accumulate);
+}
+template <int kWgCols>
+__device__ __forceinline__ void mma_bf16(float (&d)[kWgCols / 2], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (kWgCols == 128) wgmma_m64n128k16_bf16(d, a, b, accumulate);
+  else wgmma_m64n64k16_bf16(d, a, b, accumulate);
+}
 
 // Ring, barriers, the expert table (offsets and first tiles, [experts + 1] each) and the 1024
 // bytes lost to aligning the base.
+template <int kBlockM>
 size_t smem_bytes(int64_t experts) {
-  return kStages * kStageBytes + 2 * kStages * 8 + 2 * sizeof(int32_t) * (experts + 1) + 1024;
+  using S = Tile<kBlockM>;
+  return S::kStages * S::kStageBytes + 2 * S::kStages * 8 + 2 * sizeof(int32_t) * (experts + 1) + 1024;
 }
 
 struct GroupedParams {
@@ -81,7 +110,7 @@ struct GroupedParams {
 // per channel in the epilogue, or (kBlock) 1x128 activation blocks x 128x128 weight blocks applied
 // at each K block's promotion (a 128 x 128 tile is one weight block: n % 128 == 0). kFast: E4M3
 // accumulated in the tensor core over all of K (no promotion), the BF16 form's loop.
-template <bool kBf16, bool kBlock = false, bool kFast = false>
+template <bool kBf16, bool kBlock, bool kFast, int kBlockM>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a,
                                  const __grid_constant__ CUtensorMap tmap_w, GroupedParams p) {
@@ -89,6 +118,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kConsumerWarps = 8;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  using S = Tile<kBlockM>;
+  constexpr int kStages = S::kStages;
+  constexpr uint32_t kABytes = S::kABytes, kStageBytes = S::kStageBytes;
+  constexpr int kWgCols = S::kWgCols;
   using Ring = sm90::StageRing<kStages>;
   const Ring ring{base + kStages * kStageBytes};
   auto stage_a = [&](int s) { return base + static_cast<uint32_t>(s) * kStageBytes; };
@@ -157,11 +190,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int consumer = warpgroup - 1;
     const int warp = thread_in_group / 32;
     const int lane = thread_in_group % 32;
-    const uint32_t a_offset = static_cast<uint32_t>(consumer) * 64u * kBlockK;
+    const uint32_t a_offset = S::a_offset(consumer), b_offset = S::b_offset(consumer);
     int stage = 0;
     uint32_t phase = 0;
-    float acc[kBlockN / 2];
-    float part[kBlockN / 2];
+    float acc[kWgCols / 2];
+    float part[kWgCols / 2];
     for (int tile = static_cast<int>(blockIdx.x); tile < num_tiles; tile += static_cast<int>(gridDim.x)) {
       int e, mb, nb;
       coords(tile, &e, &mb, &nb);
@@ -171,21 +204,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       // acc[4j + 0, 1]: row r, columns 8j + 2t, +1; acc[4j + 2, 3]: row r + 8 (r = 16 warp +
       // lane / 4, t = lane % 4), the wgmma D fragment layout.
       const int rows_e = offsets[e + 1] - offsets[e];
-      const int r0 = mb * kBlockM + consumer * 64 + warp * 16 + lane / 4;
+      const int r0 = mb * kBlockM + (kBlockM == 128 ? consumer * 64 : 0) + warp * 16 + lane / 4;
+      const int col0 = nb * kBlockN + (kBlockM == 128 ? 0 : consumer * 64) + 2 * (lane % 4);
       const int64_t prow0 = offsets[e] + r0;
       const bool ok0 = r0 < rows_e, ok1 = r0 + 8 < rows_e;
       constexpr bool kUnscaled = kBf16 || kBlock;  // scales applied per K block (block) or none (BF16)
       float sa0 = 1.0f, sa1 = 1.0f;
-      float sb[kBlockN / 8][2];
+      float sb[kWgCols / 8][2];
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) sb[j][0] = sb[j][1] = 1.0f;
+      for (int j = 0; j < kWgCols / 8; ++j) sb[j][0] = sb[j][1] = 1.0f;
       if constexpr (!kUnscaled) {
         sa0 = ok0 ? p.a_scale[prow0] : 0.0f;
         sa1 = ok1 ? p.a_scale[prow0 + 8] : 0.0f;
         const float* ws = p.w_scale + static_cast<int64_t>(e) * p.n;
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-          const int col = nb * kBlockN + 8 * j + 2 * (lane % 4);
+        for (int j = 0; j < kWgCols / 8; ++j) {
+          const int col = col0 + 8 * j;
           sb[j][0] = col < p.n ? ws[col] : 0.0f;
           sb[j][1] = col + 1 < p.n ? ws[col + 1] : 0.0f;
         }
@@ -198,17 +232,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kb = 0; kb < k_blocks; ++kb) {
           ring.wait_full(stage, phase);
           const uint32_t a_tile = stage_a(stage) + a_offset;
-          const uint32_t b_tile = stage_a(stage) + kABytes;
+          const uint32_t b_tile = stage_a(stage) + kABytes + b_offset;
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < kBlockK / 32; ++kk) {  // 32 bytes of K per instruction: 16 BF16 or 32 E4M3
             const int accumulate = (kb > 0 || kk > 0) ? 1 : 0;
             if constexpr (kBf16)
-              wgmma_m64n128k16_bf16(acc, make_smem_desc_k_sw128(a_tile + 32u * kk),
-                                    make_smem_desc_k_sw128(b_tile + 32u * kk), accumulate);
+              mma_bf16<kWgCols>(acc, make_smem_desc_k_sw128(a_tile + 32u * kk), make_smem_desc_k_sw128(b_tile + 32u * kk),
+                                accumulate);
             else
-              wgmma_m64n128k32_e4m3(acc, make_smem_desc_k_sw128(a_tile + 32u * kk),
-                                    make_smem_desc_k_sw128(b_tile + 32u * kk), accumulate);
+              mma_e4m3<kWgCols>(acc, make_smem_desc_k_sw128(a_tile + 32u * kk), make_smem_desc_k_sw128(b_tile + 32u * kk),
+                                accumulate);
           }
           wgmma_commit_group();
           wgmma_wait_group<1>();
@@ -231,25 +265,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float* sa1p = sa0p + 8 * p.scale_k_blocks;
         const float* swp = p.w_scale + (static_cast<int64_t>(e) * p.n_blocks + nb) * p.scale_k_blocks;
 #pragma unroll
-        for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.0f;
+        for (int i = 0; i < kWgCols / 2; ++i) acc[i] = 0.0f;
         for (int kb = 0; kb < k_blocks; ++kb) {
           const float sw = swp[kb];
           const float ba0 = ok0 ? sa0p[kb] : 0.0f, ba1 = ok1 ? sa1p[kb] : 0.0f;
           ring.wait_full(stage, phase);
           const uint32_t a_tile = stage_a(stage) + a_offset;
-          const uint32_t b_tile = stage_a(stage) + kABytes;
+          const uint32_t b_tile = stage_a(stage) + kABytes + b_offset;
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < kBlockK / 32; ++kk)
-            wgmma_m64n128k32_e4m3(part, make_smem_desc_k_sw128(a_tile + 32u * kk),
-                                  make_smem_desc_k_sw128(b_tile + 32u * kk), kk > 0 ? 1 : 0);
+            mma_e4m3<kWgCols>(part, make_smem_desc_k_sw128(a_tile + 32u * kk), make_smem_desc_k_sw128(b_tile + 32u * kk),
+                              kk > 0 ? 1 : 0);
           wgmma_commit_group();
           wgmma_wait_group<0>();
           fence_registers(part);
           if (lane == 0) ring.release(stage);
           const float f0 = __fmul_rn(ba0, sw), f1 = __fmul_rn(ba1, sw);
 #pragma unroll
-          for (int j = 0; j < kBlockN / 8; ++j) {
+          for (int j = 0; j < kWgCols / 8; ++j) {
             acc[4 * j] += part[4 * j] * f0;
             acc[4 * j + 1] += part[4 * j + 1] * f0;
             acc[4 * j + 2] += part[4 * j + 2] * f1;
@@ -265,22 +299,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         // (Measured on an H200: keeping a block in flight between promotions, or promoting every
         // 2 or 4 blocks in that form, ran 20-35% slower at 4096 tokens than this plain loop.)
 #pragma unroll
-        for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.0f;
+        for (int i = 0; i < kWgCols / 2; ++i) acc[i] = 0.0f;
         for (int kb = 0; kb < k_blocks; ++kb) {
           ring.wait_full(stage, phase);
           const uint32_t a_tile = stage_a(stage) + a_offset;
-          const uint32_t b_tile = stage_a(stage) + kABytes;
+          const uint32_t b_tile = stage_a(stage) + kABytes + b_offset;
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < kBlockK / 32; ++kk)  // 32 E4M3 (32 bytes) of K per instruction
-            wgmma_m64n128k32_e4m3(part, make_smem_desc_k_sw128(a_tile + 32u * kk),
-                                  make_smem_desc_k_sw128(b_tile + 32u * kk), kk > 0 ? 1 : 0);
+            mma_e4m3<kWgCols>(part, make_smem_desc_k_sw128(a_tile + 32u * kk), make_smem_desc_k_sw128(b_tile + 32u * kk),
+                              kk > 0 ? 1 : 0);
           wgmma_commit_group();
           wgmma_wait_group<0>();
           fence_registers(part);
           if (lane == 0) ring.release(stage);
 #pragma unroll
-          for (int i = 0; i < kBlockN / 2; ++i) acc[i] += part[i];
+          for (int i = 0; i < kWgCols / 2; ++i) acc[i] += part[i];
           if (++stage == kStages) {
             stage = 0;
             phase ^= 1u;
@@ -288,8 +322,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        const int col = nb * kBlockN + 8 * j + 2 * (lane % 4);
+      for (int j = 0; j < kWgCols / 8; ++j) {
+        const int col = col0 + 8 * j;
         if (col >= p.n) continue;
         const bool two = col + 1 < p.n;
         const float sb0 = sb[j][0], sb1 = sb[j][1];
@@ -318,8 +352,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // The device's facts are cuda::current_device_facts' (cached: this runs per expert linear per layer).
 using cuda::DeviceFacts;
 
-template <bool kBf16, bool kBlock = false, bool kFast = false>
-Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_t stream) {
+template <bool kBf16, bool kBlock, bool kFast, int kBlockM>
+Status launch_tiles(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_t stream) {
   // Rows as bytes: TMA copies them whatever the element type.
   const int64_t k_bytes = g.k * (kBf16 ? 2 : 1);
   CUtensorMap map_a, map_w;
@@ -335,15 +369,29 @@ Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_
   p.k = static_cast<int>(k_bytes);
   p.n_blocks = static_cast<int>(ceil_div(g.n, kBlockN));
   p.scale_k_blocks = static_cast<int>(ceil_div(g.k, 128));
-  const size_t smem = smem_bytes(g.experts);
-  LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(moe_grouped_gemm_sm90_kernel<kBf16, kBlock, kFast>),
-                                                static_cast<int>(smem_bytes(kMaxExperts)), dev.ordinal));
-  // Upper bound on tiles: each expert adds at most one partial M-block to ceil(rows / 128).
+  const size_t smem = smem_bytes<kBlockM>(g.experts);
+  const auto kernel = moe_grouped_gemm_sm90_kernel<kBf16, kBlock, kFast, kBlockM>;
+  LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(kernel),
+                                                static_cast<int>(smem_bytes<kBlockM>(kMaxExperts)), dev.ordinal));
+  // Upper bound on tiles: each expert adds at most one partial M-block to ceil(rows / kBlockM).
   const int64_t max_tiles = (ceil_div(g.rows, kBlockM) + g.experts) * p.n_blocks;
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, dev.sms));
-  moe_grouped_gemm_sm90_kernel<kBf16, kBlock, kFast><<<grid, kThreads, smem, stream>>>(map_a, map_w, p);
+  kernel<<<grid, kThreads, smem, stream>>>(map_a, map_w, p);
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("moe_grouped_gemm_sm90_kernel");
   return {};
+}
+
+// Tiles of 64 rows where the experts average at most 64 rows (rows / experts: the routing's
+// counts stay on the device), else 128; MoeGroupedGemm::wgmma_block_rows overrides.
+int64_t block_rows_for(const MoeGroupedGemm& g) {
+  if (g.wgmma_block_rows != 0) return g.wgmma_block_rows;
+  return ceil_div(g.rows, g.experts) <= 64 ? 64 : 128;
+}
+
+template <bool kBf16, bool kBlock = false, bool kFast = false>
+Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_t stream) {
+  return block_rows_for(g) == 64 ? launch_tiles<kBf16, kBlock, kFast, 64>(g, dev, stream)
+                                 : launch_tiles<kBf16, kBlock, kFast, 128>(g, dev, stream);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -365,6 +413,8 @@ Status check(const MoeGroupedGemm& g) {
   const bool bf16 = g.w_dtype == DType::kBF16;
   if (bf16 && (g.a_dtype != DType::kBF16 || g.a_scale != nullptr || g.w_scale != nullptr))
     return invalid_argument("w_dtype: BF16 experts take BF16 activations and no scales (a_scale and w_scale null)");
+  if (g.wgmma_block_rows != 0 && g.wgmma_block_rows != 64 && g.wgmma_block_rows != 128)
+    return invalid_argument("wgmma_block_rows: 0 (the kernel's choice), 64 or 128, got " + std::to_string(g.wgmma_block_rows));
   if (g.fast_accumulation && (bf16 || g.block_scales || g.a_dtype != DType::kE4M3))
     return invalid_argument("fast_accumulation: per-channel FP8 (e4m3) experts and activations only");
   if (g.rows == 0) return {};

@@ -6,8 +6,8 @@
 //      over a few warps and read once for every token (at most 8), the logits written to `logits`;
 //      the last CTA to finish routes. The weights do not depend on earlier kernels, so they are
 //      prefetched into L2 before the programmatic-launch wait;
-//   1. a warp per token (given an arrival counter, larger batches over CTAs of two tokens per
-//      warp; the fused router's tokens in the last CTA): the max by warp reduction (exact in any order); the softmax's sum in expert
+//   1. a warp per token (given an arrival counter, larger batches over CTAs of a token per warp;
+//      the fused router's tokens in the last CTA): the max by warp reduction (exact in any order); the softmax's sum in expert
 //      order by one lane (as the CPU reference sums, so the weights do not depend on the warp
 //      layout); the top_k by k passes of "next largest after the previous pick" in (key
 //      descending, id ascending) order, each a lane-strided scan and a warp arg-max (ties to the
@@ -143,8 +143,11 @@ __device__ void route_token(const MoeRouteArgs& a, const float* l, int64_t t, fl
       for (int j = 0; j < slots; ++j)
         if (lane + 32 * j < E) terms[lane + 32 * j] = weight(logit_of(j, lane + 32 * j), mx);
       __syncwarp();
-      if (lane == 0)
+      // Unrolled, the loads run ahead of the adds, which stay in expert order (the same sum).
+      if (lane == 0) {
+#pragma unroll 8
         for (int e = 0; e < E; ++e) sum += terms[e];
+      }
     } else if (lane == 0) {
       for (int e = 0; e < E; ++e) sum += weight(logit(e), mx);
     }
@@ -400,8 +403,8 @@ Status cuda_moe_route(const MoeRouteArgs& a, CudaStream stream) {
   const size_t smem = sizeof(int32_t) * static_cast<size_t>(words);
   // The fused router: warps per expert row so that each lane has about two 16-byte loads per
   // token (one memory round trip), a power of two up to 32; the grid covers the experts.
-  // Otherwise, with a counter, the top-k is spread over CTAs of two tokens per warp and the last
-  // CTA ranks; without one, one CTA does everything.
+  // Otherwise, with a counter, the top-k is spread over CTAs of a token per warp and the last CTA
+  // ranks; without one, one CTA does everything.
   int split = 1;
   unsigned grid = 1;
   int64_t tokens_per_cta = a.tokens;
@@ -410,7 +413,7 @@ Status cuda_moe_route(const MoeRouteArgs& a, CudaStream stream) {
     split = std::min(split, warps);
     grid = static_cast<unsigned>((a.experts + warps / split - 1) / (warps / split));
   } else if (a.arrivals != nullptr && a.tokens > 0) {
-    tokens_per_cta = 2 * warps;
+    tokens_per_cta = warps;
     grid = static_cast<unsigned>((a.tokens + tokens_per_cta - 1) / tokens_per_cta);
   }
   auto kernel = threads == kMaxThreads ? moe_route_kernel<kMaxThreads> : moe_route_kernel<256>;
