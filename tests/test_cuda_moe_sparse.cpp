@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cuda_support.hpp"
@@ -468,11 +469,15 @@ TEST(CudaMoeSparse, BlockScaledGroupedGemmMatchesTheCpuReference) {
       CUDA_ASSERT(d_as.upload(as));
       CUDA_ASSERT(d_ws.upload(ws));
       CUDA_ASSERT(d_off.upload(off));
-      for (const MoeGemmKernel kernel : {MoeGemmKernel::kDecode, MoeGemmKernel::kWgmma}) {
+      // (kernel, the wgmma kernel's tile rows) with both tile heights forced on every routing.
+      for (const auto& [kernel, block_rows] : {std::pair{MoeGemmKernel::kDecode, int64_t{0}},
+                                               std::pair{MoeGemmKernel::kWgmma, int64_t{64}},
+                                               std::pair{MoeGemmKernel::kWgmma, int64_t{128}}}) {
       if (kernel == MoeGemmKernel::kWgmma && !(info.major == 9 && info.minor == 0)) continue;
       CUDA_ASSERT(d_y.fill_bytes(0xFF));
       SCOPED_TRACE(testing::repro(51, P, K, std::string("block experts=") + std::to_string(E) + " n=" + std::to_string(N) + " " +
-                                                skew_name(skew) + " kernel=" + moe_gemm_kernel_name(kernel)));
+                                                skew_name(skew) + " kernel=" + moe_gemm_kernel_name(kernel) +
+                                                " block_rows=" + std::to_string(block_rows)));
       MoeGroupedGemm g;
       g.rows = P;
       g.experts = E;
@@ -485,6 +490,7 @@ TEST(CudaMoeSparse, BlockScaledGroupedGemmMatchesTheCpuReference) {
       g.w = d_w.get();
       g.w_scale = d_ws.get();
       g.block_scales = true;
+      g.wgmma_block_rows = block_rows;
       g.d = d_y.get();
       const Status st = cuda_moe_grouped_gemm(g, nullptr, kernel);
       ASSERT_TRUE(st.ok()) << st.to_string();

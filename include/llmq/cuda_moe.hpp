@@ -173,10 +173,14 @@ struct MoeGroupedGemm {
   // Decode kernel: 16-row tiles per CTA (1, 2, 3 or 4); 0 lets the planner choose. A tuning knob for
   // benchmarks (bench_cuda_moe_sparse --decode-tiles); the planner's choice is measured best.
   int decode_tiles_per_cta = 0;
-  // wgmma kernel: tiles of 64 or 128 rows; 0 lets the kernel choose (64 where the experts average at
-  // most 64 rows). A tuning knob for benchmarks and tests (bench_cuda_moe_sparse --wgmma-rows).
+  // wgmma kernel: tiles of 64 or 128 rows; 0: moe_wgmma_block_rows(rows, experts). Set by callers
+  // that know better (expert parallelism: all the rows over all the experts, not this rank's), by
+  // tests, and by bench_cuda_moe_sparse's wg-r64 / wg-r128 rows.
   int64_t wgmma_block_rows = 0;
 };
+// The one rule for the wgmma kernel's tile height: 64 rows where `rows` over `experts` average at
+// most 64 (the routing's per-expert counts stay on the device), else 128.
+int64_t moe_wgmma_block_rows(int64_t rows, int64_t experts);
 Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemmKernel kernel = MoeGemmKernel::kAuto);
 // The one rule for kAuto: the decode kernel when any expert gets at most kMoeDecodeMaxRows rows, when
 // A is read in place through a_rows or in another type than the weights, or where sm_90a code cannot

@@ -59,7 +59,8 @@ Status decode_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream) {
   // The planner counts the CTAs that will run: one N-range per expert the rows can reach
   // (min(experts, rows); at decode each routed expert is about one chunk). Measured on an H200
   // (scripts/gpu-moe-tune): planning for one slice chose 1-2 tiles per CTA where 4 ran 15-22%
-  // faster (gpt-oss-20b, 1-64 tokens), and left a down projection's few CTAs unsplit.
+  // faster (gpt-oss-20b, 1-64 tokens, measured before the runtime kept this kernel to <= 4 tokens:
+  // kMoeDecodeMaxRows), and left a down projection's few CTAs unsplit.
   group.busy_slices = std::max<int64_t>(1, std::min(g.experts, g.rows));
   DecodeGemmConfig cfg;
   cfg.tiles_per_cta = g.decode_tiles_per_cta;  // checked by the planner: 0, 1, 2, 3 or 4

@@ -2,11 +2,12 @@
 // in one launch, the group sizes read on the device (no host sync, graph capturable).
 //
 // The wgmma kernel follows llmq's INT8 GEMM (src/cuda/int8_gemm_sm90.cu): persistent, warp-
-// specialised, 384 threads; warpgroup 0 produces (one thread issues TMA copies of A [128 x 128]
-// and W [128 x 128] E4M3 tiles, 128-byte swizzled, into a 6-stage ring), warpgroups 1 and 2 consume
-// (each 64 rows of the 128 x 128 tile, 4 wgmma m64n128k32 per K block). What is new:
+// specialised, 384 threads; warpgroup 0 produces (one thread issues TMA copies of A [kBlockM x 128]
+// and W [128 x 128] E4M3 tiles, 128-byte swizzled, into a ring of 6 (128-row tiles) or 8 (64-row)
+// stages), warpgroups 1 and 2 consume (128 rows: each 64 rows x 128 columns, 4 wgmma m64n128k32 per
+// K block; 64 rows: each the 64 rows x 64 columns, m64n64k32; Tile below). What is new:
 //   * Tiles over variable groups. Each CTA reads expert_offsets once and builds in shared memory
-//     the first tile of every expert: expert e has ceil(rows_e / 128) M-blocks x ceil(n / 128)
+//     the first tile of every expert: expert e has ceil(rows_e / kBlockM) M-blocks x ceil(n / 128)
 //     N-blocks. Tile t belongs to the last expert whose first tile is <= t (a binary search);
 //     within an expert the M-blocks of one N-block are consecutive, so the CTAs running together
 //     share the expert's weight panel in L2 (weights are the large operand at MoE sizes). Rows of
@@ -108,7 +109,7 @@ struct GroupedParams {
 
 // kBf16: BF16 experts (A and W BF16, k counts bytes, no scales); else E4M3 with scales: per row x
 // per channel in the epilogue, or (kBlock) 1x128 activation blocks x 128x128 weight blocks applied
-// at each K block's promotion (a 128 x 128 tile is one weight block: n % 128 == 0). kFast: E4M3
+// at each K block's promotion (a tile's 128 columns lie in one weight block: n % 128 == 0). kFast: E4M3
 // accumulated in the tensor core over all of K (no promotion), the BF16 form's loop.
 template <bool kBf16, bool kBlock, bool kFast, int kBlockM>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -381,11 +382,8 @@ Status launch_tiles(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_
   return {};
 }
 
-// Tiles of 64 rows where the experts average at most 64 rows (rows / experts: the routing's
-// counts stay on the device), else 128; MoeGroupedGemm::wgmma_block_rows overrides.
 int64_t block_rows_for(const MoeGroupedGemm& g) {
-  if (g.wgmma_block_rows != 0) return g.wgmma_block_rows;
-  return ceil_div(g.rows, g.experts) <= 64 ? 64 : 128;
+  return g.wgmma_block_rows != 0 ? g.wgmma_block_rows : moe_wgmma_block_rows(g.rows, g.experts);
 }
 
 template <bool kBf16, bool kBlock = false, bool kFast = false>
@@ -444,6 +442,10 @@ MoeGemmKernel pick(const MoeGroupedGemm& g, const DeviceFacts& dev) {
 }
 
 }  // namespace moe
+
+int64_t moe_wgmma_block_rows(int64_t rows, int64_t experts) {
+  return experts > 0 && ceil_div(rows, experts) <= 64 ? 64 : 128;
+}
 
 MoeGemmKernel moe_gemm_kernel_for(int64_t max_rows_per_expert, bool rows_in_place, bool same_types, int sm_major,
                                   int sm_minor) {

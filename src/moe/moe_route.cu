@@ -397,7 +397,8 @@ Status cuda_moe_route(const MoeRouteArgs& a, CudaStream stream) {
       return invalid_argument("router_x / router_w: must be 16-byte aligned");
   }
   // Decode sizes take CTAs of 8 warps (no register spills: a lane's logits stay in registers; the
-  // fused router then spreads over more CTAs); larger batches one CTA of 32, a warp per token.
+  // fused router then spreads over more CTAs); larger batches CTAs of 32 warps, a token a warp
+  // (one CTA for every token when there is no arrival counter).
   const int threads = a.tokens <= 64 ? 256 : kMaxThreads, warps = threads / 32;
   const int64_t words = (2 + warps + (a.experts <= kWeightBufferExperts ? warps : 0)) * a.experts;
   const size_t smem = sizeof(int32_t) * static_cast<size_t>(words);

@@ -102,6 +102,8 @@ MoeGroupedGemm grouped(const GpuMoe& moe, const GpuLinear& l, const MoeBuffers& 
   g.a_dtype = l.parts[0].w_dtype;
   g.block_scales = l.parts[0].scale_kind == WeightScale::kBlock128;
   g.fast_accumulation = ctx.fp8_fast_accumulation && g.w_dtype == DType::kE4M3 && !g.block_scales;
+  // The rows spread over every expert, not only this rank's (g.rows counts all of them).
+  g.wgmma_block_rows = moe_wgmma_block_rows(g.rows, moe.experts);
   return g;
 }
 
