@@ -196,6 +196,19 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t d
 __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
   LLMQ_WGMMA_SS("m64n64k16.f32.bf16.bf16", LLMQ_WGMMA_REGS32, LLMQ_WGMMA_D32("+f", 0), 32, 33, 34, ", 1, 1, 0, 0");
 }
+// Dispatch by the compile-time tile width, as wgmma_s8 does: 32 bytes of K of E4M3 or BF16.
+template <int kN>
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  static_assert(kN == 64 || kN == 128, "wgmma_e4m3: N must be 64 or 128");
+  if constexpr (kN == 64) wgmma_m64n64k32_e4m3(d, desc_a, desc_b, accumulate);
+  if constexpr (kN == 128) wgmma_m64n128k32_e4m3(d, desc_a, desc_b, accumulate);
+}
+template <int kN>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  static_assert(kN == 64 || kN == 128, "wgmma_bf16: N must be 64 or 128");
+  if constexpr (kN == 64) wgmma_m64n64k16_bf16(d, desc_a, desc_b, accumulate);
+  if constexpr (kN == 128) wgmma_m64n128k16_bf16(d, desc_a, desc_b, accumulate);
+}
 
 // The register-A forms flash attention needs: Q's fragments stay in registers for every key tile,
 // and P goes from the score accumulators to the P V product without a trip through shared memory.

@@ -46,10 +46,8 @@ using sm90::smem_u32;
 using sm90::tma_load_2d;
 using sm90::wgmma_commit_group;
 using sm90::wgmma_fence;
-using sm90::wgmma_m64n128k16_bf16;
-using sm90::wgmma_m64n128k32_e4m3;
-using sm90::wgmma_m64n64k16_bf16;
-using sm90::wgmma_m64n64k32_e4m3;
+using sm90::wgmma_bf16;
+using sm90::wgmma_e4m3;
 using sm90::wgmma_wait_group;
 
 constexpr int kBlockN = 128;
@@ -74,18 +72,6 @@ struct Tile {
   static __device__ __forceinline__ uint32_t a_offset(int c) { return kBlockM == 128 ? c * 64u * kBlockK : 0u; }
   static __device__ __forceinline__ uint32_t b_offset(int c) { return kBlockM == 128 ? 0u : c * 64u * kBlockK; }
 };
-
-// The consumer's wgmma of 32 bytes of K over its kWgCols columns.
-template <int kWgCols>
-__device__ __forceinline__ void mma_e4m3(float (&d)[kWgCols / 2], uint64_t a, uint64_t b, int accumulate) {
-  if constexpr (kWgCols == 128) wgmma_m64n128k32_e4m3(d, a, b, accumulate);
-  else wgmma_m64n64k32_e4m3(d, a, b, accumulate);
-}
-template <int kWgCols>
-__device__ __forceinline__ void mma_bf16(float (&d)[kWgCols / 2], uint64_t a, uint64_t b, int accumulate) {
-  if constexpr (kWgCols == 128) wgmma_m64n128k16_bf16(d, a, b, accumulate);
-  else wgmma_m64n64k16_bf16(d, a, b, accumulate);
-}
 
 // Ring, barriers, the expert table (offsets and first tiles, [experts + 1] each) and the 1024
 // bytes lost to aligning the base.
@@ -239,10 +225,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int kk = 0; kk < kBlockK / 32; ++kk) {  // 32 bytes of K per instruction: 16 BF16 or 32 E4M3
             const int accumulate = (kb > 0 || kk > 0) ? 1 : 0;
             if constexpr (kBf16)
-              mma_bf16<kWgCols>(acc, make_smem_desc_k_sw128(a_tile + 32u * kk), make_smem_desc_k_sw128(b_tile + 32u * kk),
+              wgmma_bf16<kWgCols>(acc, make_smem_desc_k_sw128(a_tile + 32u * kk), make_smem_desc_k_sw128(b_tile + 32u * kk),
                                 accumulate);
             else
-              mma_e4m3<kWgCols>(acc, make_smem_desc_k_sw128(a_tile + 32u * kk), make_smem_desc_k_sw128(b_tile + 32u * kk),
+              wgmma_e4m3<kWgCols>(acc, make_smem_desc_k_sw128(a_tile + 32u * kk), make_smem_desc_k_sw128(b_tile + 32u * kk),
                                 accumulate);
           }
           wgmma_commit_group();
@@ -276,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < kBlockK / 32; ++kk)
-            mma_e4m3<kWgCols>(part, make_smem_desc_k_sw128(a_tile + 32u * kk), make_smem_desc_k_sw128(b_tile + 32u * kk),
+            wgmma_e4m3<kWgCols>(part, make_smem_desc_k_sw128(a_tile + 32u * kk), make_smem_desc_k_sw128(b_tile + 32u * kk),
                               kk > 0 ? 1 : 0);
           wgmma_commit_group();
           wgmma_wait_group<0>();
@@ -308,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < kBlockK / 32; ++kk)  // 32 E4M3 (32 bytes) of K per instruction
-            mma_e4m3<kWgCols>(part, make_smem_desc_k_sw128(a_tile + 32u * kk), make_smem_desc_k_sw128(b_tile + 32u * kk),
+            wgmma_e4m3<kWgCols>(part, make_smem_desc_k_sw128(a_tile + 32u * kk), make_smem_desc_k_sw128(b_tile + 32u * kk),
                               kk > 0 ? 1 : 0);
           wgmma_commit_group();
           wgmma_wait_group<0>();
