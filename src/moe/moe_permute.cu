@@ -33,10 +33,13 @@ __global__ void moe_combine_kernel(MoeCombineArgs a) {
   llmq::detail::pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   constexpr int kMaxTopK = 16;
-  int64_t rows[kMaxTopK];
-  float w[kMaxTopK];
-  const float* bias[kMaxTopK];  // each slot's expert's bias row, or null
-  for (int s = 0; s < a.top_k; ++s) {
+  // The token's slots, read once for the CTA into shared memory (per-thread arrays indexed by the
+  // runtime slot lived in local memory: 320 bytes of stack a thread, read in every column step).
+  __shared__ int64_t rows[kMaxTopK];
+  __shared__ float w[kMaxTopK];
+  __shared__ const float* bias[kMaxTopK];  // each slot's expert's bias row, or null
+  if (threadIdx.x < a.top_k) {
+    const int s = static_cast<int>(threadIdx.x);
     rows[s] = a.slot_rows[t * a.top_k + s];
     w[s] = a.topk_weights[t * a.top_k + s];
     bias[s] = nullptr;
@@ -45,6 +48,7 @@ __global__ void moe_combine_kernel(MoeCombineArgs a) {
       if (e >= 0 && e < a.bias_experts) bias[s] = a.bias + e * a.n;
     }
   }
+  __syncthreads();
   const __nv_bfloat16* y = reinterpret_cast<const __nv_bfloat16*>(a.y);
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
   const int64_t first = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * kVec;
@@ -52,6 +56,8 @@ __global__ void moe_combine_kernel(MoeCombineArgs a) {
     float acc[kVec];
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc[i] = 0.0f;
+    // Unrolled, the slots' loads run ahead of the adds, which stay in slot order (the CPU's).
+#pragma unroll 4
     for (int s = 0; s < a.top_k; ++s) {
       __align__(16) __nv_bfloat16 v[kVec];
       if constexpr (kVec == 8)
