@@ -65,7 +65,9 @@ struct SharedStorage {
   alignas(1024) unsigned char k[kStages][kKTileBytes];   // 1024-aligned: the 128-byte swizzle's atom
   alignas(1024) unsigned char vt[kStages][kVTileBytes];
   // Per key / channel {scale, -1.5 * 2^23 * scale} (small_int_times' pair), written by the
-  // producer: a consumer reads a column pair's four floats in one 16-byte load.
+  // producer: a consumer reads a column pair's four floats in one 16-byte load. FP8 needs no
+  // magic product: the first half holds the plain scales (a column pair in one 8-byte load; the
+  // pairs cost FP8 two 4-byte loads a pair, 64 a tile, measured in the SASS).
   float2 k_scale[kStages][kBlockN];
   float2 v_scale[kStages][kHeadDim];
   uint64_t full[kStages], empty[kStages];
@@ -177,8 +179,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_wait(smem_u32(&sh.empty[s]), ((it / kStages) & 1) ^ 1);
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
-        sh.k_scale[s][lane + 32 * j] = make_float2(ks[j], -kRoundMagic * ks[j]);
-        sh.v_scale[s][lane + 32 * j] = make_float2(sv[j], -kRoundMagic * sv[j]);
+        if constexpr (kFp8) {
+          reinterpret_cast<float*>(sh.k_scale[s])[lane + 32 * j] = ks[j];
+          reinterpret_cast<float*>(sh.v_scale[s])[lane + 32 * j] = sv[j];
+        } else {
+          sh.k_scale[s][lane + 32 * j] = make_float2(ks[j], -kRoundMagic * ks[j]);
+          sh.v_scale[s][lane + 32 * j] = make_float2(sv[j], -kRoundMagic * sv[j]);
+        }
       }
       __syncwarp();
       if (lane == 0) {
@@ -274,15 +281,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     const auto& st = as_tiles(sacc);
 #pragma unroll
     for (int n = 0; n < kBlockN / 8; ++n) {
-      const float4 k4 = *reinterpret_cast<const float4*>(&sh.k_scale[s][n * 8 + 2 * t]);  // keys 2t, 2t + 1
+      if constexpr (kFp8) {
+        const float2 k2 = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(sh.k_scale[s]) + n * 8 + 2 * t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float scale = e & 1 ? k4.z : k4.x, neg_magic_scale = e & 1 ? k4.w : k4.y;
-        if constexpr (kFp8) {
-          sc[n][e] = st[n][e] * scale;
-        } else {
-          sc[n][e] = small_int_times(st[n][e], scale, neg_magic_scale);  // |Q K^T| <= 128 * 127^2 < 2^22
-        }
+        for (int e = 0; e < 4; ++e) sc[n][e] = st[n][e] * (e & 1 ? k2.y : k2.x);  // keys 2t, 2t + 1
+      } else {
+        const float4 k4 = *reinterpret_cast<const float4*>(&sh.k_scale[s][n * 8 + 2 * t]);  // keys 2t, 2t + 1
+#pragma unroll
+        for (int e = 0; e < 4; ++e)  // |Q K^T| <= 128 * 127^2 < 2^22
+          sc[n][e] = small_int_times(st[n][e], e & 1 ? k4.z : k4.x, e & 1 ? k4.w : k4.y);
       }
     }
     if (key0 + kBlockN > p.kv_len || (p.causal && key0 + kBlockN - 1 > pos0 + wg * 64) || (kWindow && key0 < window_edge)) {
@@ -314,7 +321,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     fence_registers(pv);
     fence_registers(p_frag);  // read by P V_it until here
-    fold_pv_tile<kHeadDim>(as_tiles(o), as_tiles(pv), corr, carry, sh.v_scale[s], t);  // the scale pairs
+    if constexpr (kFp8) {
+      fold_pv_tile<kHeadDim>(as_tiles(o), as_tiles(pv), corr, carry, reinterpret_cast<const float*>(sh.v_scale[s]), t);
+    } else {
+      fold_pv_tile<kHeadDim>(as_tiles(o), as_tiles(pv), corr, carry, sh.v_scale[s], t);  // the scale pairs
+    }
     release(s);
   };
   if (n_active > 0) {

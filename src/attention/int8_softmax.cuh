@@ -45,6 +45,33 @@ __device__ __forceinline__ float small_int_times(int32_t i, float scale, float n
   return __fmaf_rn(__int_as_float(i + kRoundMagicBits), scale, neg_magic_scale);
 }
 
+// Four E4M3 codes (round to nearest, saturating to +-448) in one register, bytes low to high
+// e4m3(a0), e4m3(a1), e4m3(b0), e4m3(b1): two conversions whose 16-bit halves ptxas merges in
+// place (through __nv_cvt_float2_to_fp8x2 each half came back zero-extended and took a mask and a
+// permute to join).
+__device__ __forceinline__ uint32_t e4m3x4(float a0, float a1, float b0, float b1) {
+  uint32_t word;
+  asm("{\n.reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"  // the first source goes to the upper byte
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(word)
+      : "f"(a0), "f"(a1), "f"(b0), "f"(b1));
+  return word;
+}
+// The four codes of an e4m3x4 word decoded exactly as FP16 pairs: lo (bytes 0, 1), hi (bytes 2, 3).
+__device__ __forceinline__ void e4m3x4_to_half2x2(uint32_t word, __half2& lo, __half2& hi) {
+  uint32_t a, b;
+  asm("{\n.reg .b16 lo, hi;\n"
+      "mov.b32 {lo, hi}, %2;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, lo;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
+      : "=r"(a), "=r"(b)
+      : "r"(word));
+  lo = *reinterpret_cast<const __half2*>(&a);
+  hi = *reinterpret_cast<const __half2*>(&b);
+}
+
 template <int kKeys, bool kFp8>
 __device__ __forceinline__ void quantize_p_tile(const float (&s)[kKeys / 8][4], const float (&row_scale)[2],
                                                 float (&row_max)[2], float (&frame)[2], float (&row_sum)[2],
@@ -53,9 +80,9 @@ __device__ __forceinline__ void quantize_p_tile(const float (&s)[kKeys / 8][4], 
   using attention::mma::fast_exp2;
   constexpr int kKeyTiles = kKeys / 8;
   // INT8: p_bits[n][e] holds the byte of P in its low 8 bits (the packing drops the rest).
-  // FP8: codes[n][r] holds row r's two codes of n-tile n (keys 2t, 2t + 1).
+  // FP8: words[n / 2][r] holds row r's codes of n-tiles n, n + 1 (keys 2t, 2t + 1 of each).
   uint32_t p_bits[kFp8 ? 1 : kKeyTiles][4];
-  uint32_t codes[kFp8 ? kKeyTiles : 1][2];
+  uint32_t words[kFp8 ? kKeyTiles / 2 : 1][2];
   float fp8_sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -72,16 +99,23 @@ __device__ __forceinline__ void quantize_p_tile(const float (&s)[kKeys / 8][4], 
       corr[r] = m == old ? 1.f : fast_exp2(old - m);
       carry[r] = 1.f;
       const float shift = m == -INFINITY ? 0.f : m - kFp8POffset;
-      // Two codes per conversion; the row sum of the decoded pairs in FP16, two chains of at most
-      // 8 pairs (P <= 256 with 3-bit mantissas: each sum stays <= 2048, a few ulp of FP16 rounding).
+      // Four codes per register (n-tiles n, n + 1: the A fragment's word), two conversions; the
+      // row sum of the decoded pairs in FP16, two chains of at most 8 pairs (P <= 256 with 3-bit
+      // mantissas: each sum stays <= 2048, a few ulp of FP16 rounding).
       __half2 sum2[2] = {__float2half2_rn(0.f), __float2half2_rn(0.f)};
 #pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-        const float2 x = make_float2(fast_exp2(__fmaf_rn(s[n][2 * r], row_scale[r], -shift)),
-                                     fast_exp2(__fmaf_rn(s[n][2 * r + 1], row_scale[r], -shift)));
-        const __nv_fp8x2_storage_t c = __nv_cvt_float2_to_fp8x2(x, __NV_SATFINITE, __NV_E4M3);
-        codes[n][r] = c;
-        sum2[n % 2] = __hadd2(sum2[n % 2], __half2(__nv_cvt_fp8x2_to_halfraw2(c, __NV_E4M3)));
+      for (int n = 0; n < kKeyTiles; n += 2) {
+        float x[2][2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) x[h][e] = fast_exp2(__fmaf_rn(s[n + h][2 * r + e], row_scale[r], -shift));
+        const uint32_t word = e4m3x4(x[0][0], x[0][1], x[1][0], x[1][1]);
+        words[n / 2][r] = word;
+        __half2 lo, hi;
+        e4m3x4_to_half2x2(word, lo, hi);
+        sum2[0] = __hadd2(sum2[0], lo);
+        sum2[1] = __hadd2(sum2[1], hi);
       }
       const float2 s0 = __half22float2(sum2[0]), s1 = __half22float2(sum2[1]);
       fp8_sum[r] = (s0.x + s0.y) + (s1.x + s1.y);
@@ -105,12 +139,11 @@ __device__ __forceinline__ void quantize_p_tile(const float (&s)[kKeys / 8][4], 
   }
 #pragma unroll
   for (int kk = 0; kk < kKeys / 32; ++kk) {
-    if constexpr (kFp8) {  // a pair of codes per n-tile already: one permute per register
+    if constexpr (kFp8) {  // whole fragment words already
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        p_frag[kk][2 * h] = __byte_perm(codes[4 * kk + 2 * h][0], codes[4 * kk + 2 * h + 1][0], 0x5410);
-        p_frag[kk][2 * h + 1] = __byte_perm(codes[4 * kk + 2 * h][1], codes[4 * kk + 2 * h + 1][1], 0x5410);
-      }
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) p_frag[kk][2 * h + r] = words[2 * kk + h][r];
     } else {
       const auto pack = [&](int n, int e) {  // keys 2t, 2t+1 of n-tile n and of n-tile n + 1, row of e
         return __byte_perm(__byte_perm(p_bits[n][e], p_bits[n][e + 1], 0x0040),
