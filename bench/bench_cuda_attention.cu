@@ -289,7 +289,7 @@ struct QuantizedInputs {
   DeviceMem qkv, q8, k8, v_t, v_dummy, qs, ks, vs, k_mean, out;  // vs: room for 64-key blocks
   llmq::AttentionQuantizeArgs qa;
   llmq::FullInt8AttentionArgs f;
-  QuantizedInputs(int64_t n_, bool fp8, bool causal)
+  QuantizedInputs(int64_t n_, bool fp8, bool causal, bool v_channel = false)
       : n(n_), qkv(n_ * kWidth * 2), q8(n_ * kHeads * kHeadDim), k8(n_ * kKvHeads * kHeadDim),
         v_t(kKvHeads * kHeadDim * llmq::attention_v_t_stride(n_)), v_dummy(n_ * kKvHeads * kHeadDim),
         qs(n_ * kHeads * 4), ks(n_ * kKvHeads * 4), vs(kKvHeads * ((n_ + 63) / 64) * kHeadDim * 4),
@@ -314,6 +314,7 @@ struct QuantizedInputs {
     qa.v_scale = vs.as<float>();
     qa.k_mean = k_mean.as<float>();
     BENCH_CHECK(llmq::cuda_attention_v_block(kHeadDim, &v_block));  // 128 where the Hopper kernel runs
+    if (v_channel) v_block = 0;  // V per channel (FP8, Hopper)
     qa.v_block = f.v_block = v_block;
     f.qk.q_len = f.qk.kv_len = n;
     f.qk.heads = kHeads;
@@ -334,7 +335,7 @@ struct QuantizedInputs {
   // Bytes the quantize reads and writes: BF16 Q, K, V in; codes, v_t's padding and scales out.
   int64_t input_bytes() const { return n * kWidth * 2; }
   int64_t bytes_moved() const {
-    const int64_t tiles = (n + v_block - 1) / v_block;
+    const int64_t tiles = v_block == 0 ? 1 : (n + v_block - 1) / v_block;
     return input_bytes() + n * (kHeads + kKvHeads) * kHeadDim + kKvHeads * kHeadDim * llmq::attention_v_t_stride(n) +
            n * (kHeads + kKvHeads) * 4 + kKvHeads * tiles * kHeadDim * 4;
   }
@@ -368,8 +369,8 @@ void bench_quantize(int64_t n, bool fp8, bool smooth_k, int iters) {
 
 // Full-INT8 or FP8 attention on the quantize's outputs (V as v_t), alone and with the quantize in
 // front of it: what quantizing BF16 Q, K, V on the fly costs.
-void bench_quantized_attention(int64_t n, bool causal, int iters, bool fp8) {
-  QuantizedInputs in(n, fp8, causal);
+void bench_quantized_attention(int64_t n, bool causal, int iters, bool fp8, bool v_channel = false) {
+  QuantizedInputs in(n, fp8, causal, v_channel);
   BENCH_CHECK(llmq::cuda_quantize_attention_inputs(in.qa, nullptr));
   auto attention = [&] {
     BENCH_CHECK(fp8 ? llmq::cuda_fp8_attention(in.f, nullptr) : llmq::cuda_full_int8_attention(in.f, nullptr));
@@ -381,12 +382,12 @@ void bench_quantized_attention(int64_t n, bool causal, int iters, bool fp8) {
   });
   const double pairs = causal ? 0.5 * static_cast<double>(n) * static_cast<double>(n + 1) : static_cast<double>(n) * n;
   const double flops = 4.0 * pairs * kHeadDim * kHeads;
-  const char* name = fp8 ? "fp8      " : "full-int8";
+  const char* name = v_channel ? "fp8-vch  " : fp8 ? "fp8      " : "full-int8";
   std::printf("prefill  n=%-5lld %-6s %s  %8.3f ms  %7.1f TOP/s  v_t\n", static_cast<long long>(n), causal ? "causal" : "full",
               name, alone, flops / (alone * 1e-3) / 1e12);
   std::printf("prefill  n=%-5lld %-6s %s  %8.3f ms  %7.1f TOP/s  +quantize\n", static_cast<long long>(n),
               causal ? "causal" : "full", name, both, flops / (both * 1e-3) / 1e12);
-  const std::string kernel = fp8 ? "fp8" : "full-int8";
+  const std::string kernel = v_channel ? "fp8-v-channel" : fp8 ? "fp8" : "full-int8";
   json_row(prefill_fields((kernel + "-v_t").c_str(), n, causal, alone, flops / (alone * 1e-3) / 1e12));
   json_row(prefill_fields((kernel + "+quantize").c_str(), n, causal, both, flops / (both * 1e-3) / 1e12));
 }
@@ -467,10 +468,16 @@ int main(int argc, char** argv) {
     if (g_json != nullptr) std::fclose(g_json);
     return 0;
   }
+  int64_t hopper_v_block = 64;
+  BENCH_CHECK(llmq::cuda_attention_v_block(kHeadDim, &hopper_v_block));
+  const bool hopper_8bit = hopper_v_block == 128;  // the Hopper kernel runs: FP8 with V per channel too
   if (!only_8bit.empty()) {
     for (int64_t n : only_8bit)
       for (bool causal : {false, true})
-        for (bool fp8 : {false, true}) bench_quantized_attention(n, causal, iters, fp8);
+        for (int mode : {0, 1, 2}) {  // full-INT8, FP8, FP8 with V per channel (Hopper only)
+          if (mode == 2 && !hopper_8bit) continue;
+          bench_quantized_attention(n, causal, iters, mode > 0, mode == 2);
+        }
     if (g_json != nullptr) std::fclose(g_json);
     return 0;
   }
@@ -482,6 +489,7 @@ int main(int argc, char** argv) {
       bench_half_int8(n, causal, iters, 2);
       bench_quantized_attention(n, causal, iters, false);
       bench_quantized_attention(n, causal, iters, true);
+      if (hopper_8bit) bench_quantized_attention(n, causal, iters, true, true);
     }
   for (int64_t n : {2048, 8192, 32768})
     for (bool fp8 : {false, true}) bench_quantize(n, fp8, false, iters);

@@ -67,11 +67,13 @@ QuantAttentionOptions spec_of(Kernel k, int64_t v_block = 64) {
 
 // One case: N(0,1) inputs, the specification and float results on the host, the kernel on the same
 // codes, and the assertions.
-void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed = false) {
+// v_channel (FP8, Hopper): V with one scale per channel over all keys (v_block 0), against the
+// specification's VScaling::kPerChannel with the kernel's 128-key tiles.
+void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed = false, bool v_channel = false) {
   SCOPED_TRACE(std::string(kernel_name(kernel)) + " q_len=" + std::to_string(c.q_len) + " kv_len=" +
                std::to_string(c.kv_len) + " heads=" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) +
                " d=" + std::to_string(c.d) + (c.causal ? " causal" : "") + (v_transposed ? " v_t" : "") +
-               " window=" + std::to_string(c.window) + (c.sinks ? " sinks" : ""));
+               " window=" + std::to_string(c.window) + (c.sinks ? " sinks" : "") + (v_channel ? " v per channel" : ""));
   const bool fp8 = kernel == Kernel::kFp8;
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -94,7 +96,9 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed
   // With v_t, the block the device's fastest kernel takes (128 for the Hopper kernel at d = 128).
   int64_t v_block = 64;
   if (v_transposed) ASSERT_TRUE(cuda_attention_v_block(c.d, &v_block).ok());
-  ASSERT_TRUE(quant_attention_reference(p, spec_of(kernel, v_block), q.data(), k.data(), v.data(), want_spec.data()).ok());
+  QuantAttentionOptions spec = spec_of(kernel, v_block);
+  if (v_channel) spec.v_scaling = VScaling::kPerChannel;
+  ASSERT_TRUE(quant_attention_reference(p, spec, q.data(), k.data(), v.data(), want_spec.data()).ok());
   QuantAttentionOptions fo;
   fo.variant = AttentionVariant::kFloat;
   ASSERT_TRUE(quant_attention_reference(p, fo, q.data(), k.data(), v.data(), want_float.data()).ok());
@@ -107,7 +111,7 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed
   if (kernel == Kernel::kHalfInt8) {
     for (size_t i = 0; i < v.size(); ++i) v16[i] = float_to_bf16_bits(v[i]);
   } else {
-    quantize_v_blocks(v, c.kv_len, c.kv_heads, c.d, fp8, &v8, &vs, v_block);
+    quantize_v_blocks(v, c.kv_len, c.kv_heads, c.d, fp8, &v8, &vs, v_channel ? c.kv_len : v_block);  // all keys: one block
   }
   DeviceBuffer<int8_t> dq(q8.size()), dk(k8.size()), dv8(v8.size());
   DeviceBuffer<float> dqs(qs.size()), dks(ks.size()), dvs(vs.size());
@@ -149,7 +153,7 @@ void check_kernel(Kernel kernel, const Case& c, uint64_t seed, bool v_transposed
   a.v = v_transposed ? nullptr : dv8.get();  // with v_t only: the Hopper kernel at d = 128 on sm_90
   a.v_t = v_transposed ? dvt.get() : nullptr;
   a.v_scale = dvs.get();
-  a.v_block = v_block;
+  a.v_block = v_channel ? 0 : v_block;
   const Status st = kernel == Kernel::kHalfInt8   ? cuda_half_int8_attention(a.qk, nullptr)
                     : kernel == Kernel::kFullInt8 ? cuda_full_int8_attention(a, nullptr)
                                                   : cuda_fp8_attention(a, nullptr);
@@ -236,6 +240,21 @@ TEST(CudaFp8Attention, TransposedVMatchesTheCpuSpecification) {
   check_kernel(Kernel::kFp8, {700, 1000, 4, 1, 128, true}, 19, true);
 }
 
+// V per channel (v_block 0): the Hopper kernel that accumulates P V across tiles in the tensor core.
+TEST(CudaFp8Attention, VPerChannelMatchesTheCpuSpecification) {
+  LLMQ_REQUIRE_GPU();
+  int64_t v_block = -1;
+  ASSERT_TRUE(cuda_attention_v_block(128, &v_block, true).ok());  // FP8's choice: 0 where the Hopper kernel runs
+  if (v_block != 0) GTEST_SKIP() << "V per channel runs on the Hopper kernel only (sm_90a, d = 128)";
+  for (const Case& c : kCases)
+    if (c.d == 128) check_kernel(Kernel::kFp8, c, 41, true, true);
+  check_kernel(Kernel::kFp8, {700, 1000, 4, 1, 128, true}, 43, true, true);
+  check_kernel(Kernel::kFp8, {640, 640, 4, 2, 128, false}, 47, true, true);
+  check_kernel(Kernel::kFp8, {700, 1000, 4, 1, 128, true, 300, true}, 53, true, true);
+  check_kernel(Kernel::kFp8, {200, 200, 4, 2, 128, true, 1, true}, 59, true, true);
+  check_kernel(Kernel::kFp8, {70, 300, 8, 2, 128, true, 129, true}, 61, true, true);
+}
+
 // Windows of 1 key, under a tile, across tiles and past kv_len, with and without sinks (and sinks
 // alone); a cached prefix; causal (a window needs it).
 const Case kWindowCases[] = {{200, 200, 4, 2, 128, true, 1, true},   {333, 333, 4, 4, 64, true, 50, false},
@@ -305,6 +324,13 @@ TEST(CudaFullInt8Attention, RefusesAVBlockNoKernelTakes) {
   const Status wide = cuda_full_int8_attention(a, nullptr);
   EXPECT_NE(wide.code(), StatusCode::kOk);
   EXPECT_NE(wide.message().find("v_block 128"), std::string::npos) << wide.message();
+  a.v_block = 0;  // V per channel: FP8 only
+  const Status channel = cuda_full_int8_attention(a, nullptr);
+  EXPECT_EQ(channel.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(channel.message().find("v_block 0"), std::string::npos) << channel.message();
+  const Status channel_fp8 = cuda_fp8_attention(a, nullptr);  // d = 64, V token-major: not the Hopper kernel
+  EXPECT_NE(channel_fp8.code(), StatusCode::kOk);
+  EXPECT_NE(channel_fp8.message().find("v_block 0"), std::string::npos) << channel_fp8.message();
 }
 
 }  // namespace

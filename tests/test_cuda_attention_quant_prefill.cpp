@@ -98,7 +98,7 @@ void run_paged(const QuantCase& c, const KvProblem& p, StepInputs* in, std::vect
 void run_contiguous(const QuantCase& c, const KvProblem& p, StepInputs* in, std::vector<uint16_t>* out) {
   const int64_t d = c.head_dim, q_row = c.n_heads * d, kv_row = c.n_kv_heads * d;
   int64_t v_block = 64;
-  ASSERT_TRUE(cuda_attention_v_block(d, &v_block).ok());
+  ASSERT_TRUE(cuda_attention_v_block(d, &v_block, c.variant == AttentionVariant::kFp8).ok());  // as the runtime
   CUDA_ASSERT(in->out.fill_bytes(0xFF));
   for (size_t b = 0; b < in->seqs.size(); ++b) {
     const attention::PrefillSequence& s = in->seqs[b];
@@ -108,7 +108,7 @@ void run_contiguous(const QuantCase& c, const KvProblem& p, StepInputs* in, std:
       std::memcpy(&k[pos * kv_row], &p.k_cache[at], kv_row * 2);
       std::memcpy(&v[pos * kv_row], &p.v_cache[at], kv_row * 2);
     }
-    const int64_t tiles = (s.kv_len + v_block - 1) / v_block;
+    const int64_t tiles = v_block == 0 ? 1 : (s.kv_len + v_block - 1) / v_block;  // 0: V per channel
     DeviceBuffer<uint16_t> dk(k.size()), dv(v.size());
     DeviceBuffer<int8_t> q8(static_cast<size_t>(s.q_len * q_row)), k8(k.size()),
         v_t(static_cast<size_t>(kv_row * attention_v_t_stride(s.kv_len)));

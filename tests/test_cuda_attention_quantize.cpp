@@ -126,7 +126,9 @@ struct Outputs {
 
 void check_case(const Case& c, const Variant& var, uint64_t seed, bool check_determinism = false) {
   SCOPED_TRACE(describe(c, var, seed));
-  const int64_t width = (c.heads + 2 * c.kv_heads) * c.d, tiles = (c.kv_len + var.v_block - 1) / var.v_block;
+  // v_block 0 (V per channel over all keys) is the host quantizer's one block of every key.
+  const int64_t v_block = var.v_block == 0 ? std::max<int64_t>(c.kv_len, 1) : var.v_block;
+  const int64_t width = (c.heads + 2 * c.kv_heads) * c.d, tiles = (c.kv_len + v_block - 1) / v_block;
   const int64_t vt_size = c.kv_heads * c.d * attention_v_t_stride(c.kv_len);
   const std::vector<uint16_t> qkv = make_qkv(c, seed);
 
@@ -208,7 +210,7 @@ void check_case(const Case& c, const Variant& var, uint64_t seed, bool check_det
   }
   quantize_rows(k, c.kv_len, c.kv_heads, c.d, var.fp8, &want.k8, &want.ks);
   std::vector<int8_t> v_codes;
-  quantize_v_blocks(v, c.kv_len, c.kv_heads, c.d, var.fp8, &v_codes, &want.vs, var.v_block);
+  quantize_v_blocks(v, c.kv_len, c.kv_heads, c.d, var.fp8, &v_codes, &want.vs, v_block);
   want.v_t = transpose_v_codes(v_codes, c.kv_len, c.kv_heads, c.d);  // zeros past kv_len
 
   expect_bit_equal(got.q8, want.q8, "q8");
@@ -221,8 +223,9 @@ void check_case(const Case& c, const Variant& var, uint64_t seed, bool check_det
   if (var.quantize_v) {
     expect_bit_equal(got.v_t, want.v_t, "v_t");
     expect_bit_equal(got.vs, want.vs, "v_scale");
-    EXPECT_EQ(got.vs[static_cast<size_t>(((c.kv_heads - 1) * tiles + tiles - 1) * c.d + c.d / 2)], 1.f)
-        << "v_scale of the all-zero block";
+    if (var.v_block != 0)  // per channel the channel is zero in its last block only
+      EXPECT_EQ(got.vs[static_cast<size_t>(((c.kv_heads - 1) * tiles + tiles - 1) * c.d + c.d / 2)], 1.f)
+          << "v_scale of the all-zero block";
     // The padding: the columns of keys kv_len .. stride - 1. Within the last 32-key group the kappa
     // order interleaves them with real keys' columns (key 39 sits in column 45), so "columns at or
     // beyond kv_len" is not the set: the columns are attention_v_t_column of the missing keys.
@@ -277,6 +280,16 @@ TEST(CudaAttentionQuantize, VBlocksOf128MatchTheHostQuantizers) {
   for (const Case& c : kCases)
     if (c.d <= 128)
       for (bool fp8 : {false, true}) check_case(c, {fp8, false, true, 128}, ++seed, !fp8 && c.kv_len == 600);
+}
+
+// V per channel over all keys (v_block 0, E4M3 only; head_dim <= 128): the absmax pass, the blocks
+// quantized with its scales, the scales written last. kv_len 600: two absmax chunks' atomics.
+TEST(CudaAttentionQuantize, VPerChannelMatchesTheHostQuantizers) {
+  LLMQ_REQUIRE_GPU();
+  uint64_t seed = 500;
+  for (const Case& c : kCases)
+    if (c.d <= 128) check_case(c, {true, false, true, 0}, ++seed, c.kv_len == 600);
+  check_case({4, 1500, 2, 2, 128}, {true, true, true, 0}, 599);  // three chunks, smooth_k
 }
 
 TEST(CudaAttentionQuantize, HalfInt8LeavesVAlone) {
@@ -368,6 +381,7 @@ TEST(CudaAttentionQuantize, RefusesBadArguments) {
       {"v_t", kInvalid, [](AttentionQuantizeArgs* a) { a->v_t = codes + 8; }},
       {"v_scale", kInvalid, [](AttentionQuantizeArgs* a) { a->v_scale = nullptr; }},
       {"v_block", kInvalid, [](AttentionQuantizeArgs* a) { a->v_block = 96; }},
+      {"v_block", kInvalid, [](AttentionQuantizeArgs* a) { a->v_block = 0; }},  // per channel: E4M3 only
   };
   for (const Bad& b : bad) {
     AttentionQuantizeArgs a = good;

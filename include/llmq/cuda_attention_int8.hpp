@@ -48,11 +48,14 @@ Status cuda_half_int8_attention(const HalfInt8AttentionArgs& a, CudaStream strea
 // block_kv): 64, or 128 for the Hopper kernel (which runs only with 128: its tile; wgmma at N = 64
 // and a fold of P V into O every 64 keys cost it a third of its speed).
 // cuda_attention_v_block says which one the current device runs fastest.
+// v_block 0 (FP8 only, the Hopper kernel): one scale per (kv head, channel) over all keys (the
+// specification's VScaling::kPerChannel with block_kv 128). P V then accumulates into O inside the
+// tensor core across tiles, which the per-tile scales prevent (FlashAttention-3's schedule).
 struct FullInt8AttentionArgs {
   HalfInt8AttentionArgs qk;        // q_len .. q_scale, k, k_scale, out as above; qk.v unused
   const int8_t* v = nullptr;       // [kv_len, kv_heads, head_dim], or null when v_t is given
   const int8_t* v_t = nullptr;     // [kv_heads, head_dim, attention_v_t_stride(kv_len)], see below
-  const float* v_scale = nullptr;  // [kv_heads, ceil(kv_len / v_block), head_dim]
+  const float* v_scale = nullptr;  // [kv_heads, ceil(kv_len / v_block), head_dim]; v_block 0: [kv_heads, head_dim]
   int64_t v_block = 64;
 };
 
@@ -69,13 +72,15 @@ constexpr int64_t attention_v_t_column(int64_t key) {
 Status cuda_full_int8_attention(const FullInt8AttentionArgs& a, CudaStream stream);
 
 // The v_block the current device's fastest 8-bit attention kernel takes at this head_dim (given
-// v_t): 128 where the Hopper kernel runs, else 64. Quantize V with it (AttentionQuantizeArgs).
-Status cuda_attention_v_block(int64_t head_dim, int64_t* v_block);
+// v_t): 128 where the Hopper kernel runs, else 64; for FP8 (fp8 true) on the Hopper kernel 0, V per
+// channel. Quantize V with it (AttentionQuantizeArgs).
+Status cuda_attention_v_block(int64_t head_dim, int64_t* v_block, bool fp8 = false);
 
 // FP8 (the specification's kFp8 with block-scaled V): the same arguments, every 8-bit operand an
 // E4M3 code (the int8_t pointers carry the bytes); scales per token for Q/K (a per-tensor scale is
 // given as that value for every token) and per (tile, channel) for V; P = e4m3(2^(s - m + 8))
-// against the running maximum, E4M3 x E4M3 products in FP32 (fresh per tile). sm_89+.
+// against the running maximum, E4M3 x E4M3 products in FP32 (fresh per tile). sm_89+. With v_block
+// 0 (V per channel; Hopper) P V accumulates across tiles in the tensor core's FP32 accumulators.
 Status cuda_fp8_attention(const FullInt8AttentionArgs& a, CudaStream stream);
 
 // Fused per-token quantization of BF16 Q, K and V into the 8-bit kernels' inputs, as the CPU
@@ -95,7 +100,7 @@ struct AttentionQuantizeArgs {
   int8_t* q8 = nullptr;  float* q_scale = nullptr;        // [q_len, heads, d], [heads, q_len]
   int8_t* k8 = nullptr;  float* k_scale = nullptr;        // [kv_len, kv_heads, d], [kv_heads, kv_len]
   int8_t* v_t = nullptr; float* v_scale = nullptr;        // as FullInt8AttentionArgs
-  int64_t v_block = 64;     // keys per V scale block: 64 or 128 (as FullInt8AttentionArgs)
+  int64_t v_block = 64;     // keys per V scale block: 64 or 128, or 0 (E4M3 only): per channel over all keys
   float* k_mean = nullptr;  // smooth_k: device workspace [kv_heads, head_dim] (holds the means after)
 };
 Status cuda_quantize_attention_inputs(const AttentionQuantizeArgs& a, CudaStream stream);

@@ -13,6 +13,9 @@
 //     in kappa order; the words meet in shared memory and leave as coalesced 16-byte stores of
 //     v_block-byte row pieces of v_t. Keys past kv_len load as 0 and encode to 0, which is the zero
 //     padding of v_t.
+//   V per channel (v_block 0, E4M3): v_channel_absmax_kernel takes each channel's absmax over all
+//     keys into v_scale (zeroed first), v_blocks_kernel quantizes 128-key blocks with the scales
+//     that gives, and v_channel_scale_kernel turns the absmax into the scale once they all read it.
 //   smooth_k (k_mean_partial_kernel, k_mean_finalize_kernel): per-channel sums of K over chunks of
 //     128 tokens in double, then the mean, as the specification computes it (double sum, float
 //     cast); the K rows then subtract it in float before the absmax.
@@ -155,7 +158,8 @@ struct VParams {
   int64_t row_stride = 0, kv_len = 0, kv_heads = 0, tiles = 0, v_t_stride = 0;
   int d = 0;
   int8_t* v_t = nullptr;      // [kv_heads, d, v_t_stride]
-  float* v_scale = nullptr;   // [kv_heads, tiles, d]
+  float* v_scale = nullptr;   // [kv_heads, tiles, d]; per channel: [kv_heads, d], the absmax until v_channel_scale_kernel
+  bool per_channel = false;   // v_block 0: every block takes its channels' absmax over all keys from v_scale
   qk::EncodeParams enc;
 };
 
@@ -203,10 +207,14 @@ __global__ void v_blocks_kernel(const VParams p) {
   __syncthreads();
   for (int c = threadIdx.x; c < p.d; c += blockDim.x) {
     float m = 0.f;
-    for (int k = 0; k < kVQuads; ++k) m = fmaxf(m, red[k * p.d + c]);
+    if (p.per_channel) {
+      m = p.v_scale[g * p.d + c];  // written by v_channel_absmax_kernel
+    } else {
+      for (int k = 0; k < kVQuads; ++k) m = fmaxf(m, red[k * p.d + c]);
+    }
     const float s = scale_of<kFp8>(m);
     inv_s[c] = qk::div_rn(1.f, s);
-    if (j < p.tiles) p.v_scale[(g * p.tiles + j) * p.d + c] = s;  // past them: a block of padding
+    if (!p.per_channel && j < p.tiles) p.v_scale[(g * p.tiles + j) * p.d + c] = s;  // past them: a block of padding
   }
   __syncthreads();
 #pragma unroll
@@ -226,6 +234,45 @@ __global__ void v_blocks_kernel(const VParams p) {
     *reinterpret_cast<uint4*>(out + c * p.v_t_stride + 16 * k) =
         *reinterpret_cast<const uint4*>(vt + vt_smem_offset<kBlock>(c, 4 * k));
   }
+}
+
+// ---- V per channel (v_block 0): the channels' absmax over all keys first, then the blocks.
+
+constexpr int kChannelChunk = 512;  // keys per CTA of the absmax
+
+// Grid (chunks, kv heads), kThreads threads: thread (row r, octet o) takes 8 channels of keys r,
+// r + rows, .. of its chunk; the CTA's maxima go to v_scale (zeroed before) by an integer atomicMax,
+// which orders non-negative floats as their bits do.
+__global__ void __launch_bounds__(kThreads) v_channel_absmax_kernel(const VParams p) {
+  __shared__ float red[kThreads * 8];  // [rows][d], rows * d <= 8 kThreads
+  const int octets = p.d / 8, rows = kThreads / octets;
+  const int o = threadIdx.x % octets, r = threadIdx.x / octets;
+  const int64_t g = blockIdx.y, t0 = static_cast<int64_t>(blockIdx.x) * kChannelChunk;
+  const int64_t t1 = t0 + kChannelChunk < p.kv_len ? t0 + kChannelChunk : p.kv_len;
+  if (r < rows) {
+    float m[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int64_t t = t0 + r; t < t1; t += rows) {
+      float x[8];
+      bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(p.v + t * p.row_stride + g * p.d + 8 * o)), x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) m[i] = fmaxf(m[i], fabsf(x[i]));
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) red[r * p.d + 8 * o + i] = m[i];
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < p.d; c += blockDim.x) {
+    float m = 0.f;
+    for (int k = 0; k < rows; ++k) m = fmaxf(m, red[k * p.d + c]);
+    atomicMax(reinterpret_cast<int*>(p.v_scale + g * p.d + c), __float_as_int(m));
+  }
+}
+
+// The absmax in v_scale turned into the scale, in place, once every block has read it.
+template <bool kFp8>
+__global__ void v_channel_scale_kernel(float* v_scale, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) v_scale[i] = scale_of<kFp8>(v_scale[i]);
 }
 
 // ---- smooth_k: K's per-channel mean over the kv_len tokens, per kv head.
@@ -351,8 +398,9 @@ Status check_args(const AttentionQuantizeArgs& a) {
     LLMQ_RETURN_IF_ERROR(check_out("k_scale", a.k_scale, 4));
     if (a.smooth_k) LLMQ_RETURN_IF_ERROR(check_out("k_mean", a.k_mean, 4));
     if (a.quantize_v) {
-      if (a.v_block != 64 && !(a.v_block == 128 && a.head_dim <= 128))
-        return invalid_argument("v_block: must be 64, or 128 with head_dim <= 128, got " + str(a.v_block));
+      if (a.v_block != 64 && !((a.v_block == 128 || (a.v_block == 0 && a.fp8)) && a.head_dim <= 128))
+        return invalid_argument("v_block: must be 64, or 128 with head_dim <= 128, or (E4M3, per channel) 0 with "
+                                "head_dim <= 128, got " + str(a.v_block) + (a.fp8 ? "" : " (INT8)"));
       LLMQ_RETURN_IF_ERROR(check_part("v", a.v, "v_row_stride", a.v_row_stride, a.kv_heads, a.head_dim));
       LLMQ_RETURN_IF_ERROR(check_out("v_t", a.v_t, 16));
       LLMQ_RETURN_IF_ERROR(check_out("v_scale", a.v_scale, 4));
@@ -448,13 +496,20 @@ Status cuda_quantize_attention_inputs(const AttentionQuantizeArgs& a, CudaStream
     v.row_stride = a.v_row_stride;
     v.kv_len = a.kv_len;
     v.kv_heads = a.kv_heads;
-    v.tiles = (a.kv_len + a.v_block - 1) / a.v_block;
+    v.per_channel = a.v_block == 0;
+    const int block = v.per_channel ? 128 : static_cast<int>(a.v_block), quads = block / 4;
+    v.tiles = (a.kv_len + block - 1) / block;
     v.v_t_stride = attention_v_t_stride(a.kv_len);
     v.d = d;
     v.v_t = a.v_t;
     v.v_scale = a.v_scale;
     v.enc = enc;
-    const int block = static_cast<int>(a.v_block), quads = block / 4;
+    if (v.per_channel) {
+      LLMQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.v_scale, 0, static_cast<size_t>(a.kv_heads * d) * sizeof(float), s));
+      const unsigned chunks = static_cast<unsigned>((a.kv_len + kChannelChunk - 1) / kChannelChunk);
+      v_channel_absmax_kernel<<<dim3(chunks, static_cast<unsigned>(a.kv_heads)), kThreads, 0, s>>>(v);
+      LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("v_channel_absmax_kernel");
+    }
     const size_t smem = static_cast<size_t>(quads * d + d) * sizeof(float) + static_cast<size_t>(d) * block;
     // Every block of v_t's columns, those past the keys too: they are written as zeros.
     const dim3 grid(static_cast<unsigned>(v.v_t_stride / block), static_cast<unsigned>(a.kv_heads));
@@ -467,6 +522,11 @@ Status cuda_quantize_attention_inputs(const AttentionQuantizeArgs& a, CudaStream
       else v_blocks_kernel<false, 64><<<grid, threads, smem, s>>>(v);
     }
     LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("v_blocks_kernel");
+    if (v.per_channel) {
+      const int64_t n = a.kv_heads * d;
+      v_channel_scale_kernel<true><<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(a.v_scale, n);
+      LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("v_channel_scale_kernel");
+    }
   }
   return {};
 }

@@ -13,6 +13,9 @@
 //     B the V^T tile (u8 x s8 -> INT32 exact, or E4M3 -> FP32 fresh per tile); fold_pv_tile adds
 //     it to O with the tile's V scales one tile later, under the next tile's S = Q K^T. The query's
 //     scale rides in the softmax's per-row exponent factor, so a score costs one FMA before it.
+//   FP8 with V per channel (v_block 0, kVChannel): P V accumulates into O in the wgmma itself and
+//     the tile's softmax runs under the previous tile's P V (FlashAttention-3's schedule); V's
+//     scales multiply O once, in the epilogue.
 //   Sliding window: the producer starts at the tile holding the CTA's first row's oldest key (tiles
 //     before every row's window are never loaded); both consumer warpgroups start there too (the
 //     ping-pong counts tiles from it), edge tiles take the mask. Sinks: sink_share in the epilogue.
@@ -78,7 +81,7 @@ struct Sm90Params {
   const int8_t* q;
   const float* q_scale;  // [heads, q_len]
   const float* k_scale;  // [kv_heads, kv_len]
-  const float* v_scale;  // [kv_heads, kv_tiles, 128]
+  const float* v_scale;  // [kv_heads, kv_tiles, 128], or [kv_heads, 128] (kVChannel)
   uint16_t* out;
   int q_len, kv_len, heads, group, kv_tiles;
   float scale_log2;
@@ -92,15 +95,17 @@ __device__ __forceinline__ void named_barrier_sync(int id) { asm volatile("bar.s
 __device__ __forceinline__ void named_barrier_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 
 // acc = A B over kSteps k steps of 32, as one commit group: A from register fragments, B from
-// shared memory (its descriptor moves 32 bytes, 2 units, per step); the first step overwrites acc.
+// shared memory (its descriptor moves 32 bytes, 2 units, per step); the first step overwrites acc
+// (kAccumulate, FP8 only: acc += A B).
 // E4M3 x E4M3 (kFp8), else INT8 B times signed (kSignedA: Q) or unsigned (P) 8-bit A.
-template <bool kFp8, bool kSignedA, typename Acc, int kSteps>
+template <bool kFp8, bool kSignedA, typename Acc, int kSteps, bool kAccumulate = false>
 __device__ __forceinline__ void wgmma_rs_product(Acc (&acc)[64], uint32_t (&a)[kSteps][4], uint64_t desc) {
+  static_assert(kFp8 || !kAccumulate, "INT8 products are fresh per tile");
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < kSteps; ++k) {
     if constexpr (kFp8) {
-      if (k == 0) wgmma_m64n128k32_e4m3_rs<false>(acc, a[k], desc);
+      if (k == 0 && !kAccumulate) wgmma_m64n128k32_e4m3_rs<false>(acc, a[k], desc);
       else wgmma_m64n128k32_e4m3_rs<true>(acc, a[k], desc + 2 * k);
     } else if constexpr (kSignedA) {
       if (k == 0) wgmma_m64n128k32_s8_rs<false>(acc, a[k], desc);
@@ -123,7 +128,10 @@ __device__ __forceinline__ T (&as_tiles(T (&flat)[N]))[N / 4][4] {
 // kWindow: a sliding window is set (p.window > 0); kSinks: p.sinks is given. Instances of their
 // own, so the plain kernel keeps every register (the consumers run at the limit: ptxas spills a
 // few bytes more when the window's bounds or the sink epilogue are merely possible).
-template <bool kFp8, bool kWindow, bool kSinks>
+// kVChannel (FP8 only): V has one scale per channel for the whole sequence (v_block 0), so P V
+// accumulates into O inside the wgmma itself, across tiles, and the scale is applied once at the
+// end; the schedule is then FlashAttention-3's (see the consumer loop).
+template <bool kFp8, bool kWindow, bool kSinks, bool kVChannel = false>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
                           const Sm90Params p) {
@@ -174,14 +182,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int j = 0; j < kPerLane; ++j) {
         const int i = lane + 32 * j;
         ks[j] = key0 + i < p.kv_len ? p.k_scale[k_scale_row + key0 + i] : 0.f;
-        sv[j] = vs[i];
+        sv[j] = kVChannel ? 0.f : vs[i];  // kVChannel: the consumers' epilogue reads V's scales
       }
       mbarrier_wait(smem_u32(&sh.empty[s]), ((it / kStages) & 1) ^ 1);
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
         if constexpr (kFp8) {
           reinterpret_cast<float*>(sh.k_scale[s])[lane + 32 * j] = ks[j];
-          reinterpret_cast<float*>(sh.v_scale[s])[lane + 32 * j] = sv[j];
+          if constexpr (!kVChannel) reinterpret_cast<float*>(sh.v_scale[s])[lane + 32 * j] = sv[j];
         } else {
           sh.k_scale[s][lane + 32 * j] = make_float2(ks[j], -kRoundMagic * ks[j]);
           sh.v_scale[s][lane + 32 * j] = make_float2(sv[j], -kRoundMagic * sv[j]);
@@ -270,13 +278,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // One tile; kHasNext: whether S_{it+1} is issued under the fold. Two instances, not a branch:
   // S's accumulators defined on one path only would be copied at the join, which makes ptxas wait
   // for the product there.
-  const auto step = [&](int it, auto has_next) {
+  // The scores of tile it (complete in sacc) turned into P (p_out) and the factors of its fold:
+  // acc * sk, the mask, quantize_p_tile (which applies row_scale).
+  const auto scores_to_p = [&](int it, uint32_t (&p_out)[kBlockN / 32][4], float (&corr)[2], float (&carry)[2]) {
     const int s = it % kStages;
     const int key0 = (tile_begin + it) * kBlockN;
-    wgmma_wait_group<0>();  // S_it (and nothing else is in flight)
-    fence_registers(sacc);
-
-    // Scores without the query's scale (quantize_p_tile applies row_scale): acc * sk, the mask, P.
     float sc[kBlockN / 8][4];
     const auto& st = as_tiles(sacc);
 #pragma unroll
@@ -302,18 +308,34 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (key >= limit || (kWindow && key < key_lo[e / 2])) sc[n][e] = -INFINITY;
         }
     }
+    quantize_p_tile<kBlockN, kFp8>(sc, row_scale, row_max, frame, row_sum, p_out, corr, carry);
+  };
+  // Ping-pong around turn `turn`'s products.
+  const auto turn_begin = [&](int turn) {
+    if (turn < n_turns) named_barrier_sync(1 + wg);
+  };
+  const auto turn_end = [&](int turn) {
+    if (turn < n_turns && !(wg == 1 && turn == n_turns - 1)) named_barrier_arrive(2 - wg);
+  };
+  // One tile; kHasNext: whether S_{it+1} is issued under the fold. Two instances, not a branch:
+  // S's accumulators defined on one path only would be copied at the join, which makes ptxas wait
+  // for the product there.
+  const auto step = [&](int it, auto has_next) {
+    const int s = it % kStages;
+    wgmma_wait_group<0>();  // S_it (and nothing else is in flight)
+    fence_registers(sacc);
     float corr[2], carry[2];
     uint32_t p_frag[kBlockN / 32][4];
-    quantize_p_tile<kBlockN, kFp8>(sc, row_scale, row_max, frame, row_sum, p_frag, corr, carry);
+    scores_to_p(it, p_frag, corr, carry);
 
     // P V, fresh per tile (INT32 exact, or FP32: the two-level accumulation of FP8).
     Acc pv[kHeadDim / 2];
     const uint64_t desc_v = make_smem_desc_k_sw128(smem_u32(sh.vt[s]));
     fence_registers(p_frag);  // P complete before the fence (else ptxas injects one before each product)
-    if (it < n_turns) named_barrier_sync(1 + wg);
+    turn_begin(it);
     wgmma_rs_product<kFp8, false>(pv, p_frag, desc_v);  // P V (unsigned P x INT8 V, or E4M3)
     if constexpr (decltype(has_next)::value) issue_scores(it + 1);
-    if (it < n_turns && !(wg == 1 && it == n_turns - 1)) named_barrier_arrive(2 - wg);
+    turn_end(it);
     if constexpr (decltype(has_next)::value) {
       wgmma_wait_group<1>();  // P V_it
     } else {
@@ -328,7 +350,60 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     release(s);
   };
-  if (n_active > 0) {
+  if constexpr (kVChannel) {
+    // O += P_j V_j by the wgmma itself (O in the frame of the running maximum, V unscaled). Per
+    // iteration j (FlashAttention-3's intra-warpgroup overlap): issue S_j and P_{j-1} V_{j-1}
+    // together, wait for S_j only, turn S_j into P_j while P_{j-1} V_{j-1} runs, then wait for it.
+    // Both waits retire products issued in the same iteration. O takes P_{j-1}'s correction
+    // (its frame change) before P_{j-1} V_{j-1} adds to it, when O is not in flight.
+    if (n_active > 0) {
+      // P alternates between two sets of registers: P_{j-1} is read by the product in flight while
+      // P_j is written (a copy from one set to the other made ptxas serialize every wgmma).
+      uint32_t p_even[kBlockN / 32][4], p_odd[kBlockN / 32][4];
+      float corr[2], carry[2];
+      issue_scores(0);
+      wgmma_wait_group<0>();
+      fence_registers(sacc);
+      scores_to_p(0, p_even, corr, carry);
+      // O takes P's correction, then P_tile V_tile is issued (after S_{tile+1} when there is one).
+      const auto issue_pv = [&](int tile, uint32_t (&p_frag)[kBlockN / 32][4], auto with_scores) {
+        if (!__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) {
+#pragma unroll
+          for (int i = 0; i < kHeadDim / 2; ++i) o[i] *= corr[(i / 2) % 2];  // row e / 2 of the [n][e] view
+        }
+        fence_registers(p_frag);
+        turn_begin(tile);
+        if constexpr (decltype(with_scores)::value) issue_scores(tile + 1);
+        wgmma_rs_product<true, false, float, kBlockN / 32, true>(o, p_frag, make_smem_desc_k_sw128(smem_u32(sh.vt[tile % kStages])));
+        turn_end(tile);
+      };
+      // Tile `tile` + 1's scores into P while P_tile V_tile runs.
+      const auto overlap = [&](int tile, uint32_t (&p_cur)[kBlockN / 32][4], uint32_t (&p_next)[kBlockN / 32][4]) {
+        issue_pv(tile, p_cur, std::true_type{});
+        wgmma_wait_group<1>();  // S_{tile+1}
+        fence_registers(sacc);
+        scores_to_p(tile + 1, p_next, corr, carry);
+        wgmma_wait_group<0>();  // P_tile V_tile
+        fence_registers(o);
+        fence_registers(p_cur);
+        release(tile % kStages);
+      };
+      int it = 0;
+      for (; it + 2 < n_active; it += 2) {
+        overlap(it, p_even, p_odd);
+        overlap(it + 1, p_odd, p_even);
+      }
+      if (it + 1 < n_active) {
+        overlap(it, p_even, p_odd);
+        issue_pv(it + 1, p_odd, std::false_type{});
+      } else {
+        issue_pv(it, p_even, std::false_type{});
+      }
+      wgmma_wait_group<0>();
+      fence_registers(o);
+      release((n_active - 1) % kStages);
+    }
+  } else if (n_active > 0) {
     issue_scores(0);
     for (int it = 0; it + 1 < n_active; ++it) step(it, std::true_type{});
     step(n_active - 1, std::false_type{});
@@ -348,16 +423,27 @@ __global__ void __launch_bounds__(kThreads, 1)
                                          : nullptr;
     if constexpr (kSinks) sink[r] = sink_share<kFp8 ? kSinkFp8 : kSinkInt8>(p.sinks[head], frame[r]);
   }
+  if constexpr (kVChannel) {  // V's per-channel scales, once: channels 8d + 2t, 8d + 2t + 1
+    const float* vs = p.v_scale + static_cast<int64_t>(kv_head) * kHeadDim;
+#pragma unroll
+    for (int d = 0; d < kHeadDim / 8; ++d) {
+      const float2 v2 = *reinterpret_cast<const float2*>(vs + d * 8 + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[4 * d + e] *= e & 1 ? v2.y : v2.x;
+    }
+  }
   store_normalized_rows<kHeadDim, kSinks>(as_tiles(o), row_sum, sink, out_row, t);
 #endif
 }
 
 using Sm90Kernel = void (*)(const CUtensorMap, const CUtensorMap, const Sm90Params);
-template <bool kFp8> Sm90Kernel sm90_kernel_for(bool window, bool sinks) {
-  if (window) return sinks ? attention_sm90_kernel<kFp8, true, true> : attention_sm90_kernel<kFp8, true, false>;
-  return sinks ? attention_sm90_kernel<kFp8, false, true> : attention_sm90_kernel<kFp8, false, false>;
+template <bool kFp8, bool kVChannel = false> Sm90Kernel sm90_kernel_for(bool window, bool sinks) {
+  if (window)
+    return sinks ? attention_sm90_kernel<kFp8, true, true, kVChannel> : attention_sm90_kernel<kFp8, true, false, kVChannel>;
+  return sinks ? attention_sm90_kernel<kFp8, false, true, kVChannel> : attention_sm90_kernel<kFp8, false, false, kVChannel>;
 }
-Sm90Kernel sm90_kernel_for(bool fp8, bool window, bool sinks) {
+Sm90Kernel sm90_kernel_for(bool fp8, bool v_channel, bool window, bool sinks) {
+  if (v_channel) return sm90_kernel_for<true, true>(window, sinks);
   return fp8 ? sm90_kernel_for<true>(window, sinks) : sm90_kernel_for<false>(window, sinks);
 }
 
@@ -378,7 +464,7 @@ bool sm90_attention_runs(int64_t head_dim, const cuda::DeviceFacts& dev) {
 }
 
 bool sm90_attention_applies(const FullInt8AttentionArgs& f, const cuda::DeviceFacts& dev) {
-  return f.v_t != nullptr && f.v_block == kBlockN && sm90_attention_runs(f.qk.head_dim, dev);
+  return f.v_t != nullptr && (f.v_block == kBlockN || f.v_block == 0) && sm90_attention_runs(f.qk.head_dim, dev);
 }
 
 Status sm90_8bit_attention(const FullInt8AttentionArgs& f, bool fp8, float scale_log2, const cuda::DeviceFacts& dev,
@@ -409,7 +495,7 @@ Status sm90_8bit_attention(const FullInt8AttentionArgs& f, bool fp8, float scale
   p.causal = a.causal;
   p.sinks = a.sinks;
   p.window = a.window < a.kv_len ? static_cast<int>(a.window) : 0;  // a longer window masks nothing
-  const auto kernel = sm90_kernel_for(fp8, p.window > 0, p.sinks != nullptr);
+  const auto kernel = sm90_kernel_for(fp8, f.v_block == 0, p.window > 0, p.sinks != nullptr);
   LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes, dev.ordinal));
   const dim3 grid(static_cast<unsigned>((a.q_len + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.heads));
   kernel<<<grid, kThreads, kSmemBytes, static_cast<cudaStream_t>(stream)>>>(tmap_k, tmap_v, p);

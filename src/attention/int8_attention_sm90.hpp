@@ -10,7 +10,8 @@ namespace llmq::attention {
 
 // Head_dim 128, an sm_90 device, and the library built with sm_90a code.
 bool sm90_attention_runs(int64_t head_dim, const cuda::DeviceFacts& dev);
-// ... and V given transposed (v_t) in blocks of 128 keys (the kernel's tile).
+// ... and V given transposed (v_t) in blocks of 128 keys (the kernel's tile), or (FP8: the caller
+// checks) with one scale per channel (v_block 0).
 bool sm90_attention_applies(const FullInt8AttentionArgs& f, const cuda::DeviceFacts& dev);
 
 // Arguments already validated; scale_log2 = softmax scale * log2(e).

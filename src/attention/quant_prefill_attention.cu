@@ -65,8 +65,9 @@ Status QuantPrefillAttention::allocate(AttentionVariant variant, int64_t heads, 
     return unsupported("--attention " + std::string(attention_variant_name(variant)) +
                        ": the 8-bit attention kernels take head_dim 64 or 128, this model has " + std::to_string(head_dim));
   heads_ = heads, kv_heads_ = kv_heads, head_dim_ = head_dim, max_q_ = max_q, max_kv_ = max_kv;
-  LLMQ_RETURN_IF_ERROR(cuda_attention_v_block(head_dim, &v_block_));  // 128 where the Hopper kernel runs
-  const int64_t tiles = (max_kv + v_block_ - 1) / v_block_;
+  // 128 where the Hopper kernel runs; FP8 there: 0, V per channel.
+  LLMQ_RETURN_IF_ERROR(cuda_attention_v_block(head_dim, &v_block_, variant == AttentionVariant::kFp8));
+  const int64_t tiles = v_block_ == 0 ? 1 : (max_kv + v_block_ - 1) / v_block_;
   LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(max_q * heads * head_dim, "8-bit attention Q", &q8_));
   LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(max_q * heads * 4, "8-bit attention Q scales", &q_scale_));
   LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(max_kv * kv_heads * head_dim, "8-bit attention K", &k8_));

@@ -43,7 +43,7 @@ class QuantPrefillAttention {
  private:
   AttentionVariant variant_ = AttentionVariant::kBf16;
   int64_t heads_ = 0, kv_heads_ = 0, head_dim_ = 0, max_q_ = 0, max_kv_ = 0;
-  int64_t v_block_ = 64;  // keys per V scale block: the block the fastest kernel on the device takes
+  int64_t v_block_ = 64;  // keys per V scale block: the block the fastest kernel on the device takes (0: per channel)
   cuda::DeviceAllocation q8_, q_scale_, k8_, k_scale_, v_t_, v_scale_;
   cuda::DeviceAllocation k_rows_, v_rows_;  // [max_kv, kv_heads, head_dim] BF16: a sequence's K / V gathered from the paged cache
 };

@@ -82,6 +82,7 @@ const Row kRows[] = {
       {"int8 llmq, 128-key tiles (H)", AttentionVariant::kFullInt8, QkScaling::kPerToken, VScaling::kPerBlock, 255, false, true, 128},
       {"fp8 llmq (V per block)", AttentionVariant::kFp8, QkScaling::kPerToken, VScaling::kPerBlock, 127, false},
       {"fp8 llmq, 128-key tiles (H)", AttentionVariant::kFp8, QkScaling::kPerToken, VScaling::kPerBlock, 127, false, false, 128},
+      {"fp8 llmq, V per channel (H)", AttentionVariant::kFp8, QkScaling::kPerToken, VScaling::kPerChannel, 127, false, false, 128},
       {"bf16", AttentionVariant::kBf16, QkScaling::kPerToken, VScaling::kPerTensor, 127, false},
 };
 
