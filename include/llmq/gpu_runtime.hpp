@@ -171,8 +171,9 @@ struct GpuRuntimeOptions {
   DType kv_cache_dtype = DType::kBF16;
   // Prefill attention: kBf16 (the BF16 flash-attention kernel), or 8-bit (kHalfInt8, kFullInt8,
   // kFp8: the INT8 / FP8 kernels of cuda_attention_int8.hpp on Q, K and V quantized per step, with
-  // the options kernel_attention_options gives; head_dim 64 or 128, BF16 KV cache). Decode
-  // attention stays BF16.
+  // the options kernel_attention_options gives, except that the Hopper kernel takes V in blocks of
+  // 128 keys (INT8) or per channel (FP8): cuda_attention_v_block; head_dim 64 or 128, BF16 KV
+  // cache). Decode attention stays BF16.
   AttentionVariant prefill_attention = AttentionVariant::kBf16;
   // The KV cache is paged (blocks of kv_block_size positions, addressed through block tables by
   // every attention kernel). A power of two in [1, 1024]; 16 by default: the kernels address each

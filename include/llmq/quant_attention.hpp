@@ -50,7 +50,8 @@ struct QuantAttentionOptions {
 // the paper; full-INT8 with V per (64-key block, channel), unsigned P (255 levels) against the
 // tile's row maximum; FP8 with V per block and P against the running maximum. kFloat / kBf16:
 // plain options of that variant. block_kv is the mma.sync kernels' 64; the Hopper kernel runs the
-// same options with block_kv = 128 (its tile and V block: cuda_attention_v_block).
+// same options with block_kv = 128 (its tile and V block: cuda_attention_v_block), and for FP8
+// with V per channel (VScaling::kPerChannel; cuda_attention_v_block gives 0).
 QuantAttentionOptions kernel_attention_options(AttentionVariant v);
 
 struct AttentionProblem {

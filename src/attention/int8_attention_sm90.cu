@@ -427,9 +427,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float* vs = p.v_scale + static_cast<int64_t>(kv_head) * kHeadDim;
 #pragma unroll
     for (int d = 0; d < kHeadDim / 8; ++d) {
-      const float2 v2 = *reinterpret_cast<const float2*>(vs + d * 8 + 2 * t);
+      const float v0 = vs[d * 8 + 2 * t], v1 = vs[d * 8 + 2 * t + 1];  // 4-byte loads: v_scale is only 4-byte aligned
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[4 * d + e] *= e & 1 ? v2.y : v2.x;
+      for (int e = 0; e < 4; ++e) o[4 * d + e] *= e & 1 ? v1 : v0;
     }
   }
   store_normalized_rows<kHeadDim, kSinks>(as_tiles(o), row_sum, sink, out_row, t);

@@ -46,10 +46,12 @@ __device__ __forceinline__ float small_int_times(int32_t i, float scale, float n
 }
 
 // Four E4M3 codes (round to nearest, saturating to +-448) in one register, bytes low to high
-// e4m3(a0), e4m3(a1), e4m3(b0), e4m3(b1): two conversions whose 16-bit halves ptxas merges in
-// place (through __nv_cvt_float2_to_fp8x2 each half came back zero-extended and took a mask and a
-// permute to join).
+// e4m3(a0), e4m3(a1), e4m3(b0), e4m3(b1): on sm_89+ two conversions whose 16-bit halves ptxas
+// merges in place (through __nv_cvt_float2_to_fp8x2 each half came back zero-extended and took a
+// mask and a permute to join). Older targets (the portable build's compute_80 PTX, where these
+// instructions do not exist) take cuda_fp8.h's software path, same codes.
 __device__ __forceinline__ uint32_t e4m3x4(float a0, float a1, float b0, float b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   uint32_t word;
   asm("{\n.reg .b16 lo, hi;\n"
       "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"  // the first source goes to the upper byte
@@ -58,9 +60,15 @@ __device__ __forceinline__ uint32_t e4m3x4(float a0, float a1, float b0, float b
       : "=r"(word)
       : "f"(a0), "f"(a1), "f"(b0), "f"(b1));
   return word;
+#else
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a0, a1), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b0, b1), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+#endif
 }
 // The four codes of an e4m3x4 word decoded exactly as FP16 pairs: lo (bytes 0, 1), hi (bytes 2, 3).
 __device__ __forceinline__ void e4m3x4_to_half2x2(uint32_t word, __half2& lo, __half2& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   uint32_t a, b;
   asm("{\n.reg .b16 lo, hi;\n"
       "mov.b32 {lo, hi}, %2;\n"
@@ -70,6 +78,10 @@ __device__ __forceinline__ void e4m3x4_to_half2x2(uint32_t word, __half2& lo, __
       : "r"(word));
   lo = *reinterpret_cast<const __half2*>(&a);
   hi = *reinterpret_cast<const __half2*>(&b);
+#else
+  lo = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xffffu), __NV_E4M3));
+  hi = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), __NV_E4M3));
+#endif
 }
 
 template <int kKeys, bool kFp8>
