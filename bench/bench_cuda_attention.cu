@@ -35,6 +35,7 @@
 #include "cuda_bench_support.cuh"
 #include "llmq/cuda_attention_int8.hpp"
 #include "attention/attention.hpp"
+#include "attention/bf16_attention_sm90.hpp"
 
 namespace {
 
@@ -174,6 +175,32 @@ void bench_prefill(int64_t n, bool causal, llmq::attention::PrefillKernel kernel
               e4m3 ? "  e4m3" : "");
   std::string kname = kernel == llmq::attention::PrefillKernel::kCudaCore ? "simt" : "mma";
   json_row(prefill_fields((kname + (e4m3 ? "-e4m3" : "")).c_str(), n, causal, ms, tflops));
+}
+
+// The Hopper BF16 wgmma kernel (attention/bf16_attention_sm90.hpp) on the same shapes: Q, K and V^T
+// as its inputs (V^T's values arbitrary: timing only, the tests check the values).
+void bench_bf16_sm90(int64_t n, bool causal, int iters) {
+  const int64_t q_elems = n * kHeads * kHeadDim, kv_elems = n * kKvHeads * kHeadDim;
+  const int64_t vt_elems = kKvHeads * kHeadDim * llmq::attention_v_t_stride(n);
+  DeviceMem q(q_elems * 2), k(kv_elems * 2), vt(vt_elems * 2), out(q_elems * 2);
+  llmq::bench::fill_bf16<<<llmq::bench::grid_for(q_elems), 256>>>(q.as<__nv_bfloat16>(), q_elems, 1);
+  llmq::bench::fill_bf16<<<llmq::bench::grid_for(kv_elems), 256>>>(k.as<__nv_bfloat16>(), kv_elems, 2);
+  llmq::bench::fill_bf16<<<llmq::bench::grid_for(vt_elems), 256>>>(vt.as<__nv_bfloat16>(), vt_elems, 3);
+  llmq::attention::Bf16AttentionArgs a;
+  a.q_len = a.kv_len = n;
+  a.heads = kHeads;
+  a.kv_heads = kKvHeads;
+  a.causal = causal;
+  a.q = q.as<uint16_t>();
+  a.k = k.as<uint16_t>();
+  a.v_t = vt.as<uint16_t>();
+  a.out = out.as<uint16_t>();
+  const double ms = time_ms(iters, [&] { BENCH_CHECK(llmq::attention::sm90_bf16_attention(a, nullptr)); });
+  const double pairs = causal ? 0.5 * static_cast<double>(n) * static_cast<double>(n + 1) : static_cast<double>(n) * n;
+  const double tflops = 4.0 * pairs * kHeadDim * kHeads / (ms * 1e-3) / 1e12;
+  std::printf("prefill  n=%-5lld %-6s wgmma %8.3f ms  %7.1f TFLOP/s  bf16\n", static_cast<long long>(n),
+              causal ? "causal" : "full", ms, tflops);
+  json_row(prefill_fields("bf16-wgmma", n, causal, ms, tflops));
 }
 
 // The INT8 kernels (llmq/cuda_attention_int8.hpp) on the same shapes: INT8 Q, K with per-token
@@ -478,6 +505,11 @@ int main(int argc, char** argv) {
           if (mode == 2 && !hopper_8bit) continue;
           bench_quantized_attention(n, causal, iters, mode > 0, mode == 2);
         }
+    for (int64_t n : only_8bit)  // beside them, BF16: the mma.sync kernel and (Hopper) the wgmma one
+      for (bool causal : {false, true}) {
+        bench_prefill(n, causal, llmq::attention::PrefillKernel::kAuto, iters);
+        if (hopper_8bit) bench_bf16_sm90(n, causal, iters);
+      }
     if (g_json != nullptr) std::fclose(g_json);
     return 0;
   }

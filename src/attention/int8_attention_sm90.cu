@@ -46,6 +46,8 @@ using sm90::mbarrier_arrive;
 using sm90::mbarrier_arrive_expect_tx;
 using sm90::mbarrier_init;
 using sm90::mbarrier_wait;
+using sm90::named_barrier_arrive;
+using sm90::named_barrier_sync;
 using sm90::smem_u32;
 using sm90::tma_load_2d;
 using sm90::wgmma_commit_group;
@@ -90,9 +92,6 @@ struct Sm90Params {
   int window;            // 0, or below kv_len (read with kWindow)
 };
 
-// Named barriers 1, 2 over both consumer warpgroups (256 threads): wait at one's own, arrive at the other's.
-__device__ __forceinline__ void named_barrier_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void named_barrier_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 
 // acc = A B over kSteps k steps of 32, as one commit group: A from register fragments, B from
 // shared memory (its descriptor moves 32 bytes, 2 units, per step); the first step overwrites acc
@@ -262,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Warpgroup 1 lets warpgroup 0 go first, and skips its last hand-over (nobody waits for it).
   // Measured on an H200 at 8k: full-INT8 551 -> 625 TOP/s, FP8 667 -> 698.
   const int n_turns = min(n_active, active_tiles(1 - wg));
-  if (wg == 1 && n_turns > 0) named_barrier_arrive(1);
+  if (wg == 1 && n_turns > 0) named_barrier_arrive<kConsumers * 128>(1);
   Acc sacc[kBlockN / 2];
   const auto issue_scores = [&](int tile) {
     const int stage = tile % kStages;
@@ -312,10 +311,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // Ping-pong around turn `turn`'s products.
   const auto turn_begin = [&](int turn) {
-    if (turn < n_turns) named_barrier_sync(1 + wg);
+    if (turn < n_turns) named_barrier_sync<kConsumers * 128>(1 + wg);
   };
   const auto turn_end = [&](int turn) {
-    if (turn < n_turns && !(wg == 1 && turn == n_turns - 1)) named_barrier_arrive(2 - wg);
+    if (turn < n_turns && !(wg == 1 && turn == n_turns - 1)) named_barrier_arrive<kConsumers * 128>(2 - wg);
   };
   // One tile; kHasNext: whether S_{it+1} is issued under the fold. Two instances, not a branch:
   // S's accumulators defined on one path only would be copied at the join, which makes ptxas wait

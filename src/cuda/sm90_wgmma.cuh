@@ -4,7 +4,8 @@
 //   * A and B from shared memory: m64nNk32 .s32.s8.s8 (N = 64, 128, 256: the INT8 GEMM),
 //     m64n128k32 .f32.e4m3.e4m3 and m64n128k16 .f32.bf16.bf16 (the MoE grouped GEMM);
 //   * A from registers (RS), B from shared memory: m64n128k32 .s32.s8.s8, .s32.u8.s8 and
-//     .f32.e4m3.e4m3 (the 8-bit flash attention: Q K^T and P V).
+//     .f32.e4m3.e4m3 (the 8-bit flash attention: Q K^T and P V), m64n128k16 .f32.bf16.bf16 (the
+//     BF16 flash attention).
 // Internal; CUDA sources only. Every function here must be called from code compiled for sm_90a
 // (LLMQ_SM90A): other passes compile the Hopper kernels' bodies away.
 #pragma once
@@ -56,6 +57,18 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #if LLMQ_SM90A
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 #endif
+}
+
+// Named barrier `id` (1-15; 0 is __syncthreads') over kThreads threads: sync waits for them all,
+// arrive counts this warp in and goes on. The attention kernels' two consumer warpgroups take turns
+// with a pair of them (ping-pong).
+template <int kThreads>
+__device__ __forceinline__ void named_barrier_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+template <int kThreads>
+__device__ __forceinline__ void named_barrier_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 
 // Orders this warpgroup's earlier register writes before the next wgmma reads its accumulators.
@@ -241,6 +254,17 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[64], const u
     LLMQ_WGMMA_RS64("m64n128k32.f32.e4m3.e4m3", "+f", 1, ", 1, 1");
   } else {
     LLMQ_WGMMA_RS64("m64n128k32.f32.e4m3.e4m3", "=f", 0, ", 1, 1");
+  }
+}
+
+// O[64 x 128] (+)= P[64 x 16] Vt[128 x 16]^T (or S = Q K^T): BF16 x BF16 -> FP32, B K-major (not
+// transposed), scale-a / scale-b 1.
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (kAccumulate) {
+    LLMQ_WGMMA_RS64("m64n128k16.f32.bf16.bf16", "+f", 1, ", 1, 1, 0");
+  } else {
+    LLMQ_WGMMA_RS64("m64n128k16.f32.bf16.bf16", "=f", 0, ", 1, 1, 0");
   }
 }
 
