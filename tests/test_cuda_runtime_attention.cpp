@@ -25,13 +25,13 @@ namespace {
 constexpr int64_t kPrompt = 150;  // three 64-key tiles; chunks of kChunk queries
 constexpr int64_t kChunk = 64;
 
-ModelWeights model_with_head_dim(int64_t head_dim) {
+ModelWeights model_with_head_dim(int64_t head_dim, int64_t max_seq_len = 256) {
   DefaultModelOptions o;
   o.dim = 256;
   o.n_heads = o.dim / head_dim;
   o.n_kv_heads = o.n_heads / 2;
   o.n_layers = 2;
-  o.max_seq_len = 256;
+  o.max_seq_len = max_seq_len;
   return make_default_model(o);
 }
 
@@ -93,6 +93,47 @@ TEST(GpuRuntimeAttention, EightBitPrefillAsAccurateAsTheSpecification) {
       EXPECT_GE(gpu_vs_spec.top1_agree, kMinTop1Agreement * static_cast<double>(gpu_vs_spec.rows));
     }
   }
+}
+
+// BF16 prefill of one long prompt on Hopper takes the wgmma kernel (attention/bf16_prefill_attention.hpp:
+// one sequence of at least 256 queries, head_dim 128); prefilled in chunks of 128 queries the same
+// prompt takes the batched mma.sync kernel. The two runs' logits agree to BF16 attention's rounding,
+// and both stay as close to the float model as BF16 attention is. (Elsewhere both runs take the
+// mma.sync kernel: the comparison then holds trivially.)
+TEST(GpuRuntimeAttention, LongBf16PrefillMatchesChunkedPrefill) {
+  LLMQ_REQUIRE_GPU();
+  constexpr int64_t n = 320;
+  const ModelWeights w = model_with_head_dim(128, 512);
+  const int64_t vocab = w.config.vocab_size;
+  std::unique_ptr<GpuModel> gm;
+  ASSERT_TRUE(GpuModel::from_float(w, DType::kBF16, 0, &gm).ok());
+  const std::vector<int32_t> p = prompt(n, vocab, 17);
+  const auto run = [&](int64_t chunk) {
+    GpuRuntimeOptions o;
+    o.max_context = 512;
+    o.max_step_tokens = chunk;
+    std::unique_ptr<GpuRuntime> rt;
+    std::vector<float> out;
+    const Status st = GpuRuntime::create(*gm, o, &rt);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    if (st.ok()) EXPECT_TRUE(rt->prefill({p}, true, &out).ok());
+    return out;
+  };
+  const std::vector<float> whole = run(512), chunked = run(128);
+  Transformer t(w);
+  std::vector<float> cpu(static_cast<size_t>(n * vocab));
+  ASSERT_TRUE(t.forward(p.data(), n, 0, cpu.data()).ok());
+  Compare between, whole_cost, chunked_cost;
+  compare_rows(whole, chunked, vocab, &between);
+  compare_rows(whole, cpu, vocab, &whole_cost);
+  compare_rows(chunked, cpu, vocab, &chunked_cost);
+  std::printf("  BF16 prefill of %lld: whole vs chunked RMS rel %.4f (worst %.4f, top-1 %lld / %lld); from float: whole %.4f, "
+              "chunked %.4f\n",
+              static_cast<long long>(n), between.rms_rel(), between.worst_rel, static_cast<long long>(between.top1_agree),
+              static_cast<long long>(between.rows), whole_cost.rms_rel(), chunked_cost.rms_rel());
+  EXPECT_LT(whole_cost.rms_rel(), 1.25 * chunked_cost.rms_rel() + 1e-3);
+  EXPECT_LT(between.rms_rel(), chunked_cost.rms_rel());
+  EXPECT_GE(between.top1_agree, kMinTop1Agreement * static_cast<double>(between.rows));
 }
 
 TEST(GpuRuntimeAttention, RefusesWhatTheKernelsCannotTake) {

@@ -55,6 +55,20 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
+Status check_prefill_sequence(const PrefillSequence& s, int64_t max_q, int64_t max_kv, const KvPages& pages,
+                              const char* what) {
+  if (s.q_len > max_q || s.kv_len > max_kv || s.q_len > s.kv_len)
+    return invalid_argument(std::string(what) + ": sequence of " + std::to_string(s.q_len) + " queries over " +
+                            std::to_string(s.kv_len) + " keys exceeds the buffers (" + std::to_string(max_q) + ", " +
+                            std::to_string(max_kv) + ")");
+  if (s.kv_len > pages.capacity())
+    return invalid_argument(std::string(what) + ": sequence of " + std::to_string(s.kv_len) + " keys exceeds pages.capacity() " +
+                            std::to_string(pages.capacity()));
+  if (s.slot < 0 || s.slot > INT32_MAX)
+    return invalid_argument(std::string(what) + ": slot (block-table row) " + std::to_string(s.slot) + " not in [0, 2^31)");
+  return {};
+}
+
 Status QuantPrefillAttention::allocate(AttentionVariant variant, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                        int64_t max_q, int64_t max_kv) {
   variant_ = AttentionVariant::kBf16;
@@ -95,15 +109,7 @@ Status QuantPrefillAttention::run(const uint16_t* q, const uint16_t* k_cache, co
   const int64_t q_row = heads_ * head_dim_, kv_row = kv_heads_ * head_dim_;
   for (const PrefillSequence& s : seqs) {
     if (s.q_len <= 0) continue;
-    if (s.q_len > max_q_ || s.kv_len > max_kv_ || s.q_len > s.kv_len)
-      return invalid_argument("8-bit prefill attention: sequence of " + std::to_string(s.q_len) + " queries over " +
-                              std::to_string(s.kv_len) + " keys exceeds the buffers (" + std::to_string(max_q_) + ", " +
-                              std::to_string(max_kv_) + ")");
-    if (s.kv_len > pages.capacity())
-      return invalid_argument("8-bit prefill attention: sequence of " + std::to_string(s.kv_len) + " keys exceeds pages.capacity() " +
-                              std::to_string(pages.capacity()));
-    if (s.slot < 0 || s.slot > INT32_MAX)
-      return invalid_argument("8-bit prefill attention: slot (block-table row) " + std::to_string(s.slot) + " not in [0, 2^31)");
+    LLMQ_RETURN_IF_ERROR(check_prefill_sequence(s, max_q_, max_kv_, pages, "8-bit prefill attention"));
     uint16_t* k_rows = k_rows_.as<uint16_t>();
     uint16_t* v_rows = v_rows_.as<uint16_t>();
     LLMQ_RETURN_IF_ERROR(gather_kv_rows(k_cache, v_cache, pages, s.slot, s.kv_len, kv_row, k_rows, v_rows, stream));

@@ -24,6 +24,11 @@ struct PrefillSequence {
   int64_t q_begin = 0, q_len = 0, kv_len = 0, slot = 0;
 };
 
+// A sequence of a prefill step against buffers of max_q queries and max_kv keys and the pages: the
+// error names `what` and the numbers.
+Status check_prefill_sequence(const PrefillSequence& s, int64_t max_q, int64_t max_kv, const KvPages& pages,
+                              const char* what);
+
 class QuantPrefillAttention {
  public:
   // variant: kHalfInt8, kFullInt8 or kFp8 (kBf16: inactive, allocates nothing). Buffers for up to

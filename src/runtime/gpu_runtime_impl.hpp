@@ -23,6 +23,7 @@
 #include "runtime/calibration_observer.hpp"
 #include "runtime/gpu_model_impl.hpp"
 #include "runtime/model_plan.hpp"
+#include "attention/bf16_prefill_attention.hpp"
 #include "attention/quant_prefill_attention.hpp"
 #include "runtime/row_kernels.hpp"
 #include "core/int_math.hpp"
@@ -136,6 +137,7 @@ struct GpuRuntime::Impl {
   DeviceAllocation gemm_workspace, quant_workspace, attn_workspace, argmax_workspace;
   DeviceAllocation logits_flag;  // int32, set by the device when a sampled row is NaN/Inf or constant
   attention::QuantPrefillAttention quant_attention;  // --attention int8 / fp8 / half-int8
+  attention::Bf16PrefillAttention bf16_attention;    // BF16 prefill of one long sequence on Hopper (wgmma)
   const TensorParallelGroup* group = nullptr;  // a model split over several GPUs (tensor_parallel.hpp)
   int tp_rank = 0;
   runtime::RowPeerSum peer;  // the group's all-reduce folded into the norms (ranks 0: none)
