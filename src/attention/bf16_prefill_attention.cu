@@ -60,18 +60,33 @@ __global__ void __launch_bounds__(kGatherThreads)
 
 }  // namespace
 
+namespace {
+
+// The one decision of whether the path exists for these shapes on the current device (allocate and
+// bytes_for both ask it, so the memory a runtime is sized for is what it takes).
+Status path_runs(int64_t head_dim, int64_t max_keys, bool bf16_cache, bool* runs) {
+  *runs = false;
+  if (head_dim != kHeadDim || !bf16_cache || max_keys <= 0) return {};
+  cuda::DeviceFacts dev;
+  LLMQ_RETURN_IF_ERROR(cuda::current_device_facts(&dev));
+  *runs = sm90_bf16_attention_runs(dev);
+  return {};
+}
+
+}  // namespace
+
 int64_t Bf16PrefillAttention::bytes_for(int64_t kv_heads, int64_t head_dim, int64_t max_keys, bool bf16_cache) {
-  if (head_dim != kHeadDim || !bf16_cache) return 0;
+  bool runs = false;
+  if (!path_runs(head_dim, max_keys, bf16_cache, &runs).ok() || !runs) return 0;
   const int64_t keys = std::min(max_keys, kMaxKeys);
   return keys * kv_heads * kHeadDim * 2 + kv_heads * kHeadDim * attention_v_t_stride(keys) * 2;
 }
 
 Status Bf16PrefillAttention::allocate(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys, bool bf16_cache) {
   active_ = false;
-  if (head_dim != kHeadDim || !bf16_cache || max_keys <= 0) return {};
-  cuda::DeviceFacts dev;
-  LLMQ_RETURN_IF_ERROR(cuda::current_device_facts(&dev));
-  if (!sm90_bf16_attention_runs(dev)) return {};
+  bool runs = false;
+  LLMQ_RETURN_IF_ERROR(path_runs(head_dim, max_keys, bf16_cache, &runs));
+  if (!runs) return {};
   heads_ = heads, kv_heads_ = kv_heads, max_keys_ = std::min(max_keys, kMaxKeys);
   LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(max_keys_ * kv_heads * kHeadDim * 2, "BF16 attention K rows", &k_rows_));
   LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(kv_heads * kHeadDim * attention_v_t_stride(max_keys_) * 2,

@@ -25,8 +25,8 @@ class Bf16PrefillAttention {
   // Queries from which a lone sequence takes this path: below, the gather and the extra launch
   // are not worth it.
   static constexpr int64_t kMinQueries = 256;
-  // Device bytes allocate takes for these shapes (0 where it stays inactive); `max_keys`: the
-  // positions a sequence may hold.
+  // Device bytes allocate takes for these shapes on the current device (0 where it stays
+  // inactive, or where the device cannot be asked); `max_keys`: the positions a sequence may hold.
   static int64_t bytes_for(int64_t kv_heads, int64_t head_dim, int64_t max_keys, bool bf16_cache);
 
   // Active where the Hopper kernel runs (head_dim 128, an sm_90 GPU, sm_90a code) and the cache is
