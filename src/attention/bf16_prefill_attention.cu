@@ -2,9 +2,11 @@
 // cache, then the Hopper BF16 wgmma attention.
 //   gather_k_and_v_t_kernel: a CTA per (64-key tile, kv head). K: each 16-byte piece of the tile's
 //     rows copied through the block table into [kv_len, kv_heads, 128]. V: the tile's rows staged in
-//     shared memory (rows padded to 136 elements so that the column reads spread over the banks),
-//     then written as 128 channel rows of 64 keys (128 bytes each) of V^T; keys past kv_len up to
-//     the stride (a multiple of 128) write zeros, the padding the wgmma kernel reads.
+//     shared memory, then written as 128 channel rows of 64 keys (128 bytes each) of V^T; keys past
+//     kv_len up to the stride (a multiple of 128) write zeros, the padding the wgmma kernel reads.
+//     The rows' padding to 136 elements does not spread the column reads: the eight rows 8 apart
+//     that a warp reads together meet in one bank (8-way conflicts; a column swizzle is the fix,
+//     not yet measured). The kernel moves each element once, small beside the attention.
 #include "attention/bf16_prefill_attention.hpp"
 
 #include <cuda_runtime.h>
@@ -25,7 +27,7 @@ namespace {
 constexpr int kHeadDim = 128;
 constexpr int kTileKeys = 64;
 constexpr int kGatherThreads = 256;
-constexpr int kPitch = kHeadDim + 8;  // shared-memory row of the V tile, in BF16 elements
+constexpr int kPitch = kHeadDim + 8;  // shared-memory row of the V tile, in BF16 elements (16-byte aligned rows)
 
 __global__ void __launch_bounds__(kGatherThreads)
     gather_k_and_v_t_kernel(const uint4* k_cache, const uint16_t* v_cache, KvPages pages, int table_row, int kv_len,

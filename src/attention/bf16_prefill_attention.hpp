@@ -1,9 +1,11 @@
-// The runtime's BF16 prefill attention on Hopper for steps of one long sequence (a prompt's
+// The runtime's BF16 prefill attention on Hopper for steps of one long prefill sequence (a prompt's
 // prefill, `bench e2e --prefill`): its K rows are gathered from the paged cache into a contiguous
 // buffer and its V rows transposed into V^T in the same kernel, then the wgmma kernel
-// (bf16_attention_sm90.hpp) runs. Steps of several sequences (the serving engine's mixed batches)
-// keep the batched mma.sync kernel of attention.hpp: a gather and a launch per sequence would cost
-// them more than the faster kernel saves. Internal host header, no CUDA headers.
+// (bf16_attention_sm90.hpp) runs. A step whose prefill part is several sequences (the serving
+// engine's batches of short prompts) keeps the batched mma.sync kernel of attention.hpp: a gather and
+// a launch per sequence would cost it more than the faster kernel saves. (A step of decode rows and
+// one prefill chunk of >= 256 queries takes this path for the chunk.) Internal host header, no CUDA
+// headers.
 #pragma once
 
 #include <cstdint>

@@ -84,18 +84,21 @@ Status GpuRuntime::kv_blocks_that_fit(const GpuModel& model, const GpuRuntimeOpt
   LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(model.device()));
   int64_t free_b = 0, total_b = 0;
   const Status info = runtime::device_memory_info(&free_b, &total_b);
+  // Asked on the model's device: what a runtime allocates there depends on it (the Hopper BF16
+  // prefill path's buffers).
+  const int64_t besides = bytes_besides_cache(model, options);
   LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
   LLMQ_RETURN_IF_ERROR(info);
   // Workspaces, graphs and cuBLASLt's own memory: a fixed margin beside the activations.
   constexpr int64_t kMargin = int64_t{512} << 20;
   const int64_t budget = static_cast<int64_t>(static_cast<double>(total_b) * gpu_memory_utilization) - (total_b - free_b) -
-                         bytes_besides_cache(model, options) - kMargin;
+                         besides - kMargin;
   const int64_t per_block = kv_block_bytes(model, options);
   *blocks = budget > 0 ? std::min<int64_t>(budget / per_block, (int64_t{1} << 31) / options.kv_block_size - 1) : 0;
   if (*blocks < 2)
     return invalid_argument("--gpu-memory-utilization " + std::to_string(gpu_memory_utilization) + ": no room for a KV cache (" +
                             runtime::format_bytes(free_b) + " free of " + runtime::format_bytes(total_b) + ", activations " +
-                            runtime::format_bytes(bytes_besides_cache(model, options)) + ")");
+                            runtime::format_bytes(besides) + ")");
   return {};
 }
 
