@@ -22,6 +22,7 @@
 
 #include "attention/attention_mma.cuh"
 #include "attention/bf16_attention_sm90.hpp"
+#include "attention/int8_softmax.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/sm90_tma.cuh"
 #include "cuda/sm90_wgmma.cuh"
@@ -259,18 +260,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     release(it % kStages);
   }
 
+  uint16_t* out_row[2];  // O / l as BF16, straight from registers (int8_softmax.cuh's epilogue, no sink)
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    if (row_lo + 8 * r >= q_rows) continue;
-    uint16_t* dst = p.out + (static_cast<int64_t>(q0 + row_lo + 8 * r) * p.heads + head) * kHeadDim;
-#pragma unroll
-    for (int d = 0; d < kHeadDim / 8; ++d)
-      *reinterpret_cast<uint32_t*>(dst + d * 8 + 2 * t) = pack_bf16x2(o[4 * d + 2 * r] * inv, o[4 * d + 2 * r + 1] * inv);
-  }
+  for (int r = 0; r < 2; ++r)
+    out_row[r] = row_lo + 8 * r < q_rows ? p.out + (static_cast<int64_t>(q0 + row_lo + 8 * r) * p.heads + head) * kHeadDim
+                                         : nullptr;
+  const float no_sink[2] = {0.f, 0.f};
+  store_normalized_rows<kHeadDim, false>(*reinterpret_cast<const float(*)[kHeadDim / 8][4]>(&o), row_sum, no_sink, out_row, t);
 #endif
 }
 

@@ -4,9 +4,9 @@
 //     rows copied through the block table into [kv_len, kv_heads, 128]. V: the tile's rows staged in
 //     shared memory, then written as 128 channel rows of 64 keys (128 bytes each) of V^T; keys past
 //     kv_len up to the stride (a multiple of 128) write zeros, the padding the wgmma kernel reads.
-//     The rows' padding to 136 elements does not spread the column reads: the eight rows 8 apart
-//     that a warp reads together meet in one bank (8-way conflicts; a column swizzle is the fix,
-//     not yet measured). The kernel moves each element once, small beside the attention.
+//     The tile's 16-byte pieces are XOR-swizzled by the row's 8-row group (piece p of row k at p ^
+//     ((k / 8) % 8)): the eight rows 8 apart that a warp reads together then sit in eight different
+//     bank groups (unswizzled they met in one bank: 8-way conflicts).
 #include "attention/bf16_prefill_attention.hpp"
 
 #include <cuda_runtime.h>
@@ -27,7 +27,7 @@ namespace {
 constexpr int kHeadDim = 128;
 constexpr int kTileKeys = 64;
 constexpr int kGatherThreads = 256;
-constexpr int kPitch = kHeadDim + 8;  // shared-memory row of the V tile, in BF16 elements (16-byte aligned rows)
+constexpr int kPitch = kHeadDim;  // shared-memory row of the V tile, in BF16 elements
 
 __global__ void __launch_bounds__(kGatherThreads)
     gather_k_and_v_t_kernel(const uint4* k_cache, const uint16_t* v_cache, KvPages pages, int table_row, int kv_len,
@@ -44,7 +44,8 @@ __global__ void __launch_bounds__(kGatherThreads)
       k_out[(static_cast<int64_t>(key) * kv_heads + g) * kPieces + piece] = __ldg(k_cache + src);
       v = __ldg(reinterpret_cast<const uint4*>(v_cache) + src);
     }
-    *reinterpret_cast<uint4*>(tile + (i / kPieces) * kPitch + piece * 8) = v;
+    const int row = i / kPieces;
+    *reinterpret_cast<uint4*>(tile + row * kPitch + (piece ^ ((row >> 3) & 7)) * 8) = v;
   }
   __syncthreads();
   // V^T row (g, c): keys key0 .. key0 + 63, eight a thread.
@@ -52,9 +53,11 @@ __global__ void __launch_bounds__(kGatherThreads)
     const int c = i / (kTileKeys / 8), k8 = i % (kTileKeys / 8);
     uint32_t w[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      w[j] = static_cast<uint32_t>(tile[(8 * k8 + 2 * j) * kPitch + c]) |
-             (static_cast<uint32_t>(tile[(8 * k8 + 2 * j + 1) * kPitch + c]) << 16);
+    for (int j = 0; j < 4; ++j) {  // rows 8 k8 + 2j and + 1: their 8-row group is k8
+      const int col = c ^ (8 * (k8 & 7));
+      w[j] = static_cast<uint32_t>(tile[(8 * k8 + 2 * j) * kPitch + col]) |
+             (static_cast<uint32_t>(tile[(8 * k8 + 2 * j + 1) * kPitch + col]) << 16);
+    }
     *reinterpret_cast<uint4*>(v_t + (static_cast<int64_t>(g) * kHeadDim + c) * stride + key0 + 8 * k8) =
         make_uint4(w[0], w[1], w[2], w[3]);
   }
