@@ -8,8 +8,8 @@
 //     sizes 1, 16, 64; garbage entries past each sequence's blocks; BF16 and E4M3 caches) land
 //     exactly, byte for byte, as they do in the identity layout, and no other cache byte changes.
 // Every kernel form is run: the register kernel (8-aligned rows up to 16384 wide; the GLU only up to
-// 64 rows), the shared-memory kernel with 8-wide (wider rows, the GLU of more rows) and with scalar
-// accesses (n % 8 != 0); both rope_kv kernels, against each other. Outputs are BF16: within 1 BF16 ulp of the host
+// 64 rows), the GLU kernel of more rows (8-aligned, up to 14336 wide), the shared-memory kernel with
+// 8-wide (wider rows) and with scalar accesses (n % 8 != 0), each with BF16 and E4M3 outputs; both rope_kv kernels, against each other. Outputs are BF16: within 1 BF16 ulp of the host
 // (device expf and summation order move the float value by a few float ulps); the residual exactly.
 // Skips visibly without a GPU.
 #include <cuda_runtime.h>
@@ -65,7 +65,12 @@ TEST(CudaRowOps, GluWithClampAndGroupBiasesMatchesTheHost) {
   LLMQ_REQUIRE_GPU();
   const GluCase cases[] = {{5, 256, true, true, true},   {100, 256, true, true, true}, {7, 13, true, true, true},
                            {3, 64, true, true, false},   {9, 40, false, false, false}, {70, 24, false, true, true},
-                           {2, 16392, false, true, false}};
+                           {2, 16392, false, true, false},
+                           // More than 64 rows: the register GLU kernel with 4, 4 (a short CTA), 3 and 1
+                           // chunks a thread, and the shared-memory one past 14336.
+                           {80, 14336, false, false, false}, {67, 12288, true, true, true},
+                           {66, 8192, false, true, false},   {65, 2888, true, true, true},
+                           {65, 14344, false, false, false}};
   const int64_t kGroups = 3, kBegin = 2;  // this rank's experts 2..4 of 0..5
   const float limit = 7.0f, alpha = 1.702f;
   for (const GluCase& c : cases) {
@@ -98,9 +103,37 @@ TEST(CudaRowOps, GluWithClampAndGroupBiasesMatchesTheHost) {
     }
     const Status st = runtime::row_op(a, nullptr);
     ASSERT_TRUE(st.ok()) << st.to_string();
+    // The same rows quantized per token to E4M3 (codes and one scale a row).
+    DeviceBuffer<uint8_t> d_codes(static_cast<size_t>(c.rows * c.n));
+    DeviceBuffer<float> d_scales(static_cast<size_t>(c.rows));
+    runtime::RowOpArgs q = a;
+    q.out = runtime::RowOut::kCodesPerToken;
+    q.out_bf16 = nullptr;
+    q.codes = d_codes.get();
+    q.scales = d_scales.get();
+    q.spec = QuantSpec::per_token(DType::kE4M3);
+    const Status sq = runtime::row_op(q, nullptr);
+    ASSERT_TRUE(sq.ok()) << sq.to_string();
     std::vector<uint16_t> out;
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
     CUDA_ASSERT(cudaDeviceSynchronize());
     CUDA_ASSERT(d_out.download(&out));
+    CUDA_ASSERT(d_codes.download(&codes));
+    CUDA_ASSERT(d_scales.download(&scales));
+    for (int64_t r = 0; r < c.rows; ++r) {
+      // The scale is absmax / 448 of the device's float values, which are within a few float ulps
+      // of the host's; each code then decodes to within one E4M3 step of value / scale.
+      float absmax = 0.0f;
+      for (int64_t j = 0; j < c.n; ++j) absmax = std::max(absmax, std::fabs(bf16_bits_to_float(out[r * c.n + j])));
+      ASSERT_NEAR(scales[r], absmax / 448.0f, absmax / 448.0f * 0.01f) << "row " << r;
+      for (int64_t j = 0; j < c.n; ++j) {
+        const float want = bf16_bits_to_float(out[r * c.n + j]) / scales[r];
+        const float got = fp8_to_float(codes[r * c.n + j], DType::kE4M3);
+        const float step = std::ldexp(1.0f, std::max(std::ilogb(std::max(std::fabs(want), 1e-30f)), -6) - 3);
+        ASSERT_LE(std::fabs(got - want), step) << "row " << r << " col " << j << ": code " << got << ", want " << want;
+      }
+    }
     for (int64_t r = 0; r < c.rows; ++r) {
       const int64_t e = c.groups ? group[r] - kBegin : 0;
       const float* b = c.bias && e >= 0 && e < kGroups ? &bias[e * 2 * c.n] : nullptr;

@@ -138,16 +138,6 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   }
 }
 
-// E4M3 codes of v * inv (the scalar kernel's encode(__fmul_rn(v, inv))), 8 bytes at once.
-__device__ __forceinline__ void store8_e4m3(uint8_t* p, const float (&v)[8], float inv) {
-  uint32_t lo = 0, hi = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    lo |= static_cast<uint32_t>(encode(__fmul_rn(v[i], inv), false)) << (8 * i);
-    hi |= static_cast<uint32_t>(encode(__fmul_rn(v[4 + i], inv), false)) << (8 * i);
-  }
-  *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
-}
 __device__ __forceinline__ void add_bias8(const float* bias, float (&v)[8]) {
   if (bias == nullptr) return;
 #pragma unroll
@@ -209,8 +199,8 @@ __global__ void rope_kv_vec_kernel(RopeKvArgs a) {
         if (a.k_cache8 != nullptr) {
           const float inv = __frcp_rn(a.k_scale[kh]);  // = __fdiv_rn(1, scale): both round 1/x once
           uint8_t* k = a.k_cache8 + cache_row + kh * hd;
-          store8_e4m3(k + j0, o0, inv);
-          store8_e4m3(k + half + j0, o1, inv);
+          store_codes8(k + j0, o0, inv, false);
+          store_codes8(k + half + j0, o1, inv, false);
         } else {
           uint16_t* k = a.k_cache + cache_row + kh * hd;
           store_bf16x8(k + j0, o0);
@@ -222,7 +212,7 @@ __global__ void rope_kv_vec_kernel(RopeKvArgs a) {
       float v[8];
       load_bf16x8(row + q_dim + kv_dim + c, v);
       if (a.bias != nullptr) add_bias8(a.bias + q_dim + kv_dim + c, v);
-      if (a.v_cache8 != nullptr) store8_e4m3(a.v_cache8 + cache_row + c, v, __frcp_rn(a.v_scale[c / hd]));
+      if (a.v_cache8 != nullptr) store_codes8(a.v_cache8 + cache_row + c, v, __frcp_rn(a.v_scale[c / hd]), false);
       else store_bf16x8(a.v_cache + cache_row + c, v);
     }
   }
