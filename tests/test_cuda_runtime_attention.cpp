@@ -7,6 +7,7 @@
 // Skips visibly without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -95,45 +96,77 @@ TEST(GpuRuntimeAttention, EightBitPrefillAsAccurateAsTheSpecification) {
   }
 }
 
-// BF16 prefill of one long prompt on Hopper takes the wgmma kernel (attention/bf16_prefill_attention.hpp:
-// one sequence of at least 256 queries, head_dim 128); prefilled in chunks of 128 queries the same
-// prompt takes the batched mma.sync kernel. The two runs' logits agree to BF16 attention's rounding,
+// BF16 prefill of long prompts on Hopper takes the wgmma kernel (attention/bf16_prefill_attention.hpp:
+// a step whose sequences' queries, weighted by keys, average >= 256, head_dim 128), one prompt or
+// several in one step, over a BF16 or an E4M3 cache; prefilled in steps of 128 tokens the same
+// prompts take the batched mma.sync kernel. The two runs' logits agree to BF16 attention's rounding,
 // and both stay as close to the float model as BF16 attention is. (Elsewhere both runs take the
 // mma.sync kernel: the comparison then holds trivially.)
-TEST(GpuRuntimeAttention, LongBf16PrefillMatchesChunkedPrefill) {
-  LLMQ_REQUIRE_GPU();
-  constexpr int64_t n = 320;
-  const ModelWeights w = model_with_head_dim(128, 512);
+void check_whole_against_chunked(const std::vector<int64_t>& lengths, DType kv_cache) {
+  int64_t total = 0, longest = 0;
+  for (int64_t n : lengths) total += n, longest = std::max(longest, n);
+  SCOPED_TRACE(std::to_string(lengths.size()) + " prompts, " + std::to_string(total) + " tokens, " + dtype_name(kv_cache) +
+               " cache");
+  const ModelWeights w = model_with_head_dim(128, 1024);
   const int64_t vocab = w.config.vocab_size;
   std::unique_ptr<GpuModel> gm;
   ASSERT_TRUE(GpuModel::from_float(w, DType::kBF16, 0, &gm).ok());
-  const std::vector<int32_t> p = prompt(n, vocab, 17);
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < lengths.size(); ++i) prompts.push_back(prompt(lengths[i], vocab, 17 + i));
   const auto run = [&](int64_t chunk) {
     GpuRuntimeOptions o;
-    o.max_context = 512;
+    o.max_context = longest;
+    o.max_batch = static_cast<int64_t>(lengths.size());
     o.max_step_tokens = chunk;
+    o.kv_cache_dtype = kv_cache;
     std::unique_ptr<GpuRuntime> rt;
     std::vector<float> out;
     const Status st = GpuRuntime::create(*gm, o, &rt);
     EXPECT_TRUE(st.ok()) << st.to_string();
-    if (st.ok()) EXPECT_TRUE(rt->prefill({p}, true, &out).ok());
+    if (st.ok()) {
+      const Status sp = rt->prefill(prompts, true, &out);
+      EXPECT_TRUE(sp.ok()) << sp.to_string();
+    }
     return out;
   };
-  const std::vector<float> whole = run(512), chunked = run(128);
+  const std::vector<float> whole = run(total), chunked = run(128);
+  // The float model, prompt by prompt (rows in sequence order, as prefill returns them).
   Transformer t(w);
-  std::vector<float> cpu(static_cast<size_t>(n * vocab));
-  ASSERT_TRUE(t.forward(p.data(), n, 0, cpu.data()).ok());
+  std::vector<float> cpu;
+  for (const std::vector<int32_t>& p : prompts) {
+    std::vector<float> rows(p.size() * static_cast<size_t>(vocab));
+    ASSERT_TRUE(t.forward(p.data(), static_cast<int64_t>(p.size()), 0, rows.data()).ok());
+    cpu.insert(cpu.end(), rows.begin(), rows.end());
+  }
+  ASSERT_EQ(whole.size(), cpu.size());
+  ASSERT_EQ(chunked.size(), cpu.size());
   Compare between, whole_cost, chunked_cost;
   compare_rows(whole, chunked, vocab, &between);
   compare_rows(whole, cpu, vocab, &whole_cost);
   compare_rows(chunked, cpu, vocab, &chunked_cost);
-  std::printf("  BF16 prefill of %lld: whole vs chunked RMS rel %.4f (worst %.4f, top-1 %lld / %lld); from float: whole %.4f, "
-              "chunked %.4f\n",
-              static_cast<long long>(n), between.rms_rel(), between.worst_rel, static_cast<long long>(between.top1_agree),
-              static_cast<long long>(between.rows), whole_cost.rms_rel(), chunked_cost.rms_rel());
+  std::printf("  BF16 prefill of %zu prompts (%lld tokens, %s cache): whole vs chunked RMS rel %.4f (worst %.4f, top-1 %lld / "
+              "%lld); from float: whole %.4f, chunked %.4f\n",
+              lengths.size(), static_cast<long long>(total), dtype_name(kv_cache), between.rms_rel(), between.worst_rel,
+              static_cast<long long>(between.top1_agree), static_cast<long long>(between.rows), whole_cost.rms_rel(),
+              chunked_cost.rms_rel());
   EXPECT_LT(whole_cost.rms_rel(), 1.25 * chunked_cost.rms_rel() + 1e-3);
   EXPECT_LT(between.rms_rel(), chunked_cost.rms_rel());
   EXPECT_GE(between.top1_agree, kMinTop1Agreement * static_cast<double>(between.rows));
+}
+
+TEST(GpuRuntimeAttention, LongBf16PrefillMatchesChunkedPrefill) {
+  LLMQ_REQUIRE_GPU();
+  check_whole_against_chunked({320}, DType::kBF16);
+}
+
+// Several prompts in one step (the serving engine's prefill chunks): one gather and one launch for
+// all of them, keys packed at multiples of 128; a short prompt rides along. And an E4M3 cache,
+// whose codes the gather widens and whose scales fold into the kernel.
+TEST(GpuRuntimeAttention, BatchedBf16PrefillMatchesChunkedPrefill) {
+  LLMQ_REQUIRE_GPU();
+  check_whole_against_chunked({300, 520, 260, 40}, DType::kBF16);
+  check_whole_against_chunked({300, 520, 260, 40}, DType::kE4M3);
+  check_whole_against_chunked({700}, DType::kE4M3);
 }
 
 TEST(GpuRuntimeAttention, RefusesWhatTheKernelsCannotTake) {

@@ -66,12 +66,18 @@ struct SharedStorage {
 };
 constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
 
+// The launch's sequences (Bf16AttentionBatch) and, per sequence, the first of its 128-row blocks in
+// the grid's order of items.
 struct Params {
   const uint16_t* q;
   uint16_t* out;
-  int q_len, kv_len, heads, group;
+  const float* k_scale;
+  const float* v_scale;
+  int heads, group, count;
   float scale_log2;
   bool causal;
+  int q_begin[kBf16AttentionMaxSeqs], q_len[kBf16AttentionMaxSeqs], kv_len[kBf16AttentionMaxSeqs],
+      kv_begin[kBf16AttentionMaxSeqs], block_begin[kBf16AttentionMaxSeqs];
 };
 
 
@@ -98,12 +104,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if LLMQ_SM90A
   extern __shared__ unsigned char smem_raw[];
   SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late, causal) row blocks first
+  const int item = gridDim.x - 1 - blockIdx.x;  // heavy (late, causal) row blocks first
+  int seq = 0;
+  while (seq + 1 < p.count && p.block_begin[seq + 1] <= item) ++seq;
+  const int m_block = item - p.block_begin[seq];
+  const int q_len = p.q_len[seq], kv_len = p.kv_len[seq], kv_begin = p.kv_begin[seq];
   const int head = blockIdx.y, kv_head = head / p.group;
   const int q0 = m_block * kBlockM;
-  const int q_rows = min(kBlockM, p.q_len - q0);
-  const int pos0 = p.kv_len - p.q_len + q0;
-  const int key_end = p.causal ? min(p.kv_len, pos0 + q_rows) : p.kv_len;
+  const int q_rows = min(kBlockM, q_len - q0);
+  const int pos0 = kv_len - q_len + q0;
+  const int key_end = p.causal ? min(kv_len, pos0 + q_rows) : kv_len;
+  const uint16_t* q_seq = p.q + static_cast<int64_t>(p.q_begin[seq]) * p.heads * kHeadDim;
+  uint16_t* out_seq = p.out + static_cast<int64_t>(p.q_begin[seq]) * p.heads * kHeadDim;
   const int n_tiles = (key_end + kBlockN - 1) / kBlockN;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -121,7 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp != kConsumers * 4 || lane != 0) return;
     for (int it = 0; it < n_tiles; ++it) {
       const int s = it % kStages;
-      const int key0 = it * kBlockN;
+      const int key0 = kv_begin + it * kBlockN;  // the sequence's rows of K, columns of V^T
       mbarrier_wait(smem_u32(&sh.empty[s]), ((it / kStages) & 1) ^ 1);
       const uint32_t full = smem_u32(&sh.full[s]);
       mbarrier_arrive_expect_tx(full, 2 * kTileBytes);
@@ -145,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int row = row_lo + 8 * r;
     const bool valid = row < q_rows;
     pos_row[r] = pos0 + row;
-    const uint16_t* src = p.q + (static_cast<int64_t>(q0 + row) * p.heads + head) * kHeadDim;
+    const uint16_t* src = q_seq + (static_cast<int64_t>(q0 + row) * p.heads + head) * kHeadDim;
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks) {  // A fragment: a0 / a1 rows g / g + 8 at dims 16ks + 2t, a2 / a3 at + 8
       q_frag[ks][r] = valid ? *reinterpret_cast<const uint32_t*>(src + 16 * ks + 2 * t) : 0u;
@@ -154,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   const auto active_tiles = [&](int w) {
     const int last_row = min(w * 64 + 63, q_rows - 1);
-    const int end = w * 64 >= q_rows ? 0 : (p.causal ? min(p.kv_len, pos0 + last_row + 1) : p.kv_len);
+    const int end = w * 64 >= q_rows ? 0 : (p.causal ? min(kv_len, pos0 + last_row + 1) : kv_len);
     return (end + kBlockN - 1) / kBlockN;
   };
   const int n_active = active_tiles(wg);
@@ -166,6 +178,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
   float sacc[kBlockN / 2];
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, corr[2] = {1.f, 1.f};
+  // E4M3 cache: scores of the dequantized keys, q . (code k_scale).
+  const float scale_log2 = p.k_scale != nullptr ? p.scale_log2 * p.k_scale[kv_head] : p.scale_log2;
   uint32_t p_frag[kSteps][4];
 
   const auto issue_scores = [&](int tile) {
@@ -178,11 +192,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // sums and O's correction. sacc[4n + e]: row g + 8 (e / 2), key 8n + 2t + e % 2 of the tile.
   const auto softmax = [&](int tile) {
     const int key0 = tile * kBlockN;
-    if (key0 + kBlockN > p.kv_len || (p.causal && key0 + kBlockN - 1 > pos0 + wg * 64)) {
+    if (key0 + kBlockN > kv_len || (p.causal && key0 + kBlockN - 1 > pos0 + wg * 64)) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) {
         const int key = key0 + (i / 4) * 8 + 2 * t + (i & 1);
-        const int limit = p.causal ? min(p.kv_len, pos_row[(i / 2) % 2] + 1) : p.kv_len;
+        const int limit = p.causal ? min(kv_len, pos_row[(i / 2) % 2] + 1) : kv_len;
         if (key >= limit) sacc[i] = -INFINITY;
       }
     }
@@ -193,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int n = 0; n < kBlockN / 8; ++n) mt = fmaxf(mt, fmaxf(sacc[4 * n + 2 * r], sacc[4 * n + 2 * r + 1]));
       mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
       mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-      const float m = fmaxf(row_max[r], mt * p.scale_log2);
+      const float m = fmaxf(row_max[r], mt * scale_log2);
       corr[r] = m == row_max[r] ? 1.f : fast_exp2(row_max[r] - m);
       row_max[r] = m;
       const float shift = m == -INFINITY ? 0.f : m;
@@ -202,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int n = 0; n < kBlockN / 8; ++n)
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          sacc[4 * n + e] = fast_exp2(__fmaf_rn(sacc[4 * n + e], p.scale_log2, -shift));
+          sacc[4 * n + e] = fast_exp2(__fmaf_rn(sacc[4 * n + e], scale_log2, -shift));
           sum += sacc[4 * n + e];
         }
       row_sum[r] = __fmaf_rn(row_sum[r], corr[r], sum);
@@ -260,10 +274,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     release(it % kStages);
   }
 
+  if (p.v_scale != nullptr) {  // E4M3 cache: O of the dequantized values, (P codes) v_scale
+    const float vs = p.v_scale[kv_head];
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] *= vs;
+  }
   uint16_t* out_row[2];  // O / l as BF16, straight from registers (int8_softmax.cuh's epilogue, no sink)
 #pragma unroll
   for (int r = 0; r < 2; ++r)
-    out_row[r] = row_lo + 8 * r < q_rows ? p.out + (static_cast<int64_t>(q0 + row_lo + 8 * r) * p.heads + head) * kHeadDim
+    out_row[r] = row_lo + 8 * r < q_rows ? out_seq + (static_cast<int64_t>(q0 + row_lo + 8 * r) * p.heads + head) * kHeadDim
                                          : nullptr;
   const float no_sink[2] = {0.f, 0.f};
   store_normalized_rows<kHeadDim, false>(*reinterpret_cast<const float(*)[kHeadDim / 8][4]>(&o), row_sum, no_sink, out_row, t);
@@ -290,39 +309,81 @@ Status sm90_bf16_attention(const Bf16AttentionArgs& a, CudaStream stream) {
   if (a.q_len < 0 || a.kv_len < 0 || a.q_len > a.kv_len)
     return invalid_argument("bf16 attention: q_len " + std::to_string(a.q_len) + ", kv_len " + std::to_string(a.kv_len) +
                             ": need 0 <= q_len <= kv_len");
+  if (a.kv_len > (int64_t{1} << 30)) return invalid_argument("bf16 attention: kv_len too large for one launch");
+  Bf16AttentionBatchArgs b;
+  b.seqs.count = 1;
+  b.seqs.q_len[0] = static_cast<int>(a.q_len);
+  b.seqs.kv_len[0] = static_cast<int>(a.kv_len);
+  b.keys = a.kv_len;
+  b.heads = a.heads;
+  b.kv_heads = a.kv_heads;
+  b.causal = a.causal;
+  b.softmax_scale = a.softmax_scale;
+  b.q = a.q;
+  b.k = a.k;
+  b.v_t = a.v_t;
+  b.out = a.out;
+  return sm90_bf16_attention_batch(b, stream);
+}
+
+Status sm90_bf16_attention_batch(const Bf16AttentionBatchArgs& a, CudaStream stream) {
+  const Bf16AttentionBatch& seqs = a.seqs;
+  if (seqs.count < 0 || seqs.count > kBf16AttentionMaxSeqs)
+    return invalid_argument("bf16 attention: " + std::to_string(seqs.count) + " sequences (at most " +
+                            std::to_string(kBf16AttentionMaxSeqs) + " a launch)");
   if (a.heads <= 0 || a.kv_heads <= 0 || a.heads % a.kv_heads != 0)
     return invalid_argument("bf16 attention: heads must be a positive multiple of kv_heads");
-  if (a.q_len > (int64_t{1} << 30) || a.kv_len > (int64_t{1} << 30) || a.heads > 65535)
-    return invalid_argument("bf16 attention: q_len, kv_len or heads too large for one launch");
-  if (a.q_len == 0) return {};
+  if (a.keys < 0 || a.keys > (int64_t{1} << 30) || a.heads > 65535)
+    return invalid_argument("bf16 attention: keys or heads too large for one launch");
+  Params p{};
+  int64_t blocks = 0;
+  for (int s = 0; s < seqs.count; ++s) {
+    const std::string which = "bf16 attention: sequence " + std::to_string(s) + ": ";
+    if (seqs.q_len[s] < 0 || seqs.kv_len[s] < 0 || seqs.q_len[s] > seqs.kv_len[s])
+      return invalid_argument(which + "q_len " + std::to_string(seqs.q_len[s]) + ", kv_len " + std::to_string(seqs.kv_len[s]) +
+                              ": need 0 <= q_len <= kv_len");
+    if (seqs.q_begin[s] < 0 || seqs.kv_begin[s] < 0 || seqs.kv_begin[s] % kBlockN != 0 ||
+        static_cast<int64_t>(seqs.kv_begin[s]) + seqs.kv_len[s] > a.keys)
+      return invalid_argument(which + "keys at row " + std::to_string(seqs.kv_begin[s]) + " (a multiple of 128) + " +
+                              std::to_string(seqs.kv_len[s]) + " must lie in the " + std::to_string(a.keys) + " rows of k");
+    p.q_begin[s] = seqs.q_begin[s];
+    p.q_len[s] = seqs.q_len[s];
+    p.kv_len[s] = seqs.kv_len[s];
+    p.kv_begin[s] = seqs.kv_begin[s];
+    p.block_begin[s] = static_cast<int>(blocks);
+    blocks += (seqs.q_len[s] + kBlockM - 1) / kBlockM;
+  }
+  if (blocks == 0) return {};
   if (a.q == nullptr || a.k == nullptr || a.v_t == nullptr || a.out == nullptr)
     return invalid_argument("bf16 attention: q, k, v_t, out: null device pointer");
   if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v_t) || !aligned16(a.out))
     return invalid_argument("bf16 attention: q, k, v_t, out must be 16-byte aligned");
+  if ((a.k_scale == nullptr) != (a.v_scale == nullptr))
+    return invalid_argument("bf16 attention: k_scale and v_scale come together (an E4M3 cache) or not at all");
   cuda::DeviceFacts dev;
   LLMQ_RETURN_IF_ERROR(cuda::current_device_facts(&dev));
   if (!sm90_bf16_attention_runs(dev))
     return unsupported("bf16 attention: the Hopper kernel needs an sm_90 GPU and a library built with sm_90a code");
   CUtensorMap tmap_k, tmap_v;
-  // As byte matrices: K [kv_len, kv_heads * 256 bytes], a box 128 keys x 128 bytes (64 dims);
+  // As byte matrices: K [keys, kv_heads * 256 bytes], a box 128 keys x 128 bytes (64 dims);
   // V^T [kv_heads * 128, 2 * stride bytes], a box 128 channels x 128 bytes (64 keys).
-  const int64_t stride = attention_v_t_stride(a.kv_len);
-  LLMQ_RETURN_IF_ERROR(int8_gemm::encode_u8_tensor_map(&tmap_k, a.k, a.kv_len, a.kv_heads * 256, a.kv_heads * 256,
+  const int64_t stride = attention_v_t_stride(a.keys);
+  LLMQ_RETURN_IF_ERROR(int8_gemm::encode_u8_tensor_map(&tmap_k, a.k, a.keys, a.kv_heads * 256, a.kv_heads * 256,
                                                        kBlockN, 128, 128));
   LLMQ_RETURN_IF_ERROR(int8_gemm::encode_u8_tensor_map(&tmap_v, a.v_t, a.kv_heads * kHeadDim, 2 * stride, 2 * stride,
                                                        kHeadDim, 128, 128));
-  Params p;
   p.q = a.q;
   p.out = a.out;
-  p.q_len = static_cast<int>(a.q_len);
-  p.kv_len = static_cast<int>(a.kv_len);
+  p.k_scale = a.k_scale;
+  p.v_scale = a.v_scale;
+  p.count = seqs.count;
   p.heads = static_cast<int>(a.heads);
   p.group = static_cast<int>(a.heads / a.kv_heads);
   const float scale = a.softmax_scale > 0.f ? a.softmax_scale : 1.f / std::sqrt(static_cast<float>(kHeadDim));
   p.scale_log2 = scale * mma::kLog2e;
   p.causal = a.causal;
   LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(bf16_attention_sm90_kernel), kSmemBytes, dev.ordinal));
-  const dim3 grid(static_cast<unsigned>((a.q_len + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.heads));
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.heads));
   bf16_attention_sm90_kernel<<<grid, kThreads, kSmemBytes, static_cast<cudaStream_t>(stream)>>>(tmap_k, tmap_v, p);
   LLMQ_CUDA_RETURN_IF_LAUNCH_ERROR("bf16_attention_sm90_kernel");
   return {};

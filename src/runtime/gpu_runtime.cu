@@ -180,9 +180,8 @@ Status GpuRuntime::Impl::forward(const StepMeta& m) {
         if (run(kStageAttention))
           LLMQ_RETURN_IF_ERROR(quant_attention.run(a.q, k_cache(l), v_cache(l), pages, m.seqs, a.out,
                                                    softmax_scale, stream, a.window, a.sinks));
-      } else if (a.batch > 0 && bf16_attention.applies(m.seqs, a.window, a.sinks)) {  // one long sequence, Hopper
-        if (run(kStageAttention))
-          LLMQ_RETURN_IF_ERROR(bf16_attention.run(a.q, k_cache(l), v_cache(l), pages, m.seqs, a.out, softmax_scale, stream));
+      } else if (a.batch > 0 && bf16_attention.applies(m.seqs, a.window, a.sinks)) {  // long sequences, Hopper
+        if (run(kStageAttention)) LLMQ_RETURN_IF_ERROR(bf16_attention.run(a, m.seqs, stream));
       } else if (a.batch > 0) {
         LLMQ_RETURN_IF_ERROR(attention::prefill_attention(a, stream));
       }

@@ -137,7 +137,7 @@ struct GpuRuntime::Impl {
   DeviceAllocation gemm_workspace, quant_workspace, attn_workspace, argmax_workspace;
   DeviceAllocation logits_flag;  // int32, set by the device when a sampled row is NaN/Inf or constant
   attention::QuantPrefillAttention quant_attention;  // --attention int8 / fp8 / half-int8
-  attention::Bf16PrefillAttention bf16_attention;    // BF16 prefill of one long sequence on Hopper (wgmma)
+  attention::Bf16PrefillAttention bf16_attention;    // BF16 prefill of long sequences on Hopper (wgmma)
   const TensorParallelGroup* group = nullptr;  // a model split over several GPUs (tensor_parallel.hpp)
   int tp_rank = 0;
   runtime::RowPeerSum peer;  // the group's all-reduce folded into the norms (ranks 0: none)

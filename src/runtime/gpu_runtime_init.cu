@@ -35,11 +35,11 @@ int64_t attention_workspace_bytes(const ModelConfig& c, const GpuRuntimeOptions&
   return bytes;
 }
 
-// Whether the BF16 prefill attention's Hopper path may run (it needs the BF16 cache; --attention
-// 8-bit takes the quantized path instead).
-bool bf16_prefill(const GpuRuntimeOptions& o) {
-  return o.kv_cache_dtype == DType::kBF16 && o.prefill_attention == AttentionVariant::kBf16;
-}
+// Whether the BF16 prefill attention's Hopper path may run (over a BF16 or an E4M3 cache; --attention
+// 8-bit takes the quantized path instead), and the keys its packed buffers hold: a step's
+// sequences together, at least one sequence's positions.
+bool bf16_prefill(const GpuRuntimeOptions& o) { return o.prefill_attention == AttentionVariant::kBf16; }
+int64_t bf16_prefill_keys(const GpuRuntimeOptions& o) { return std::max(capacity_of(o), o.max_step_tokens); }
 
 // Device bytes of a runtime of `o` besides the KV cache: activations, logits, the MoE buffers, the
 // rope table, the block tables and the attention workspace (the allocations that grow with the
@@ -55,7 +55,7 @@ int64_t bytes_besides_cache(const GpuModel& gm, const GpuRuntimeOptions& o) {
          lm_rows * c.vocab_size * 4 * (m.lm_head.n < c.vocab_size ? 2 : 1) +
          (c.is_moe() ? runtime::MoeBuffers::bytes_for(rows, c, m.layers.front().moe.block()) : 0) +
          capacity_of(o) * c.head_dim * 4 + table_bytes + attention_workspace_bytes(c, o) +
-         attention::Bf16PrefillAttention::bytes_for(c.n_kv_heads, c.head_dim, capacity_of(o), bf16_prefill(o));
+         attention::Bf16PrefillAttention::bytes_for(c.n_kv_heads, c.head_dim, bf16_prefill_keys(o), bf16_prefill(o));
 }
 
 // The option checks that sizing needs (init repeats them with the rest).
@@ -229,7 +229,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
                        " quantizes the BF16 KV cache per step: use --kv-cache bf16");
   LLMQ_RETURN_IF_ERROR(quant_attention.allocate(o.prefill_attention, c.n_heads, c.n_kv_heads, c.head_dim,
                                                 o.max_step_tokens, pages.capacity()));
-  LLMQ_RETURN_IF_ERROR(bf16_attention.allocate(c.n_heads, c.n_kv_heads, c.head_dim, pages.capacity(), bf16_prefill(o)));
+  LLMQ_RETURN_IF_ERROR(bf16_attention.allocate(c.n_heads, c.n_kv_heads, c.head_dim, bf16_prefill_keys(o), bf16_prefill(o)));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(runtime::argmax_workspace_bytes(o.max_batch), "argmax workspace",
                                                   &argmax_workspace));
   LLMQ_CUDA_RETURN_IF_ERROR(cudaMemset(argmax_workspace.get(), 0, static_cast<size_t>(argmax_workspace.bytes())));
