@@ -9,8 +9,10 @@
 //     exactly, byte for byte, as they do in the identity layout, and no other cache byte changes.
 // Every kernel form is run: the register kernel (8-aligned rows up to 16384 wide; the GLU only up to
 // 64 rows), the GLU kernel of more rows (8-aligned, up to 14336 wide), the shared-memory kernel with
-// 8-wide (wider rows) and with scalar accesses (n % 8 != 0), each with BF16 and E4M3 outputs; both rope_kv kernels, against each other. Outputs are BF16: within 1 BF16 ulp of the host
-// (device expf and summation order move the float value by a few float ulps); the residual exactly.
+// 8-wide (wider rows) and with scalar accesses (n % 8 != 0); both rope_kv kernels, against each
+// other. BF16 outputs within 1 BF16 ulp of the host (device expf and summation order move the float
+// value by a few float ulps), the residual exactly; the GLU's E4M3 and INT8 codes within one step
+// of value / scale, the scale absmax / qmax of the same rows.
 // Skips visibly without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -103,35 +105,43 @@ TEST(CudaRowOps, GluWithClampAndGroupBiasesMatchesTheHost) {
     }
     const Status st = runtime::row_op(a, nullptr);
     ASSERT_TRUE(st.ok()) << st.to_string();
-    // The same rows quantized per token to E4M3 (codes and one scale a row).
-    DeviceBuffer<uint8_t> d_codes(static_cast<size_t>(c.rows * c.n));
-    DeviceBuffer<float> d_scales(static_cast<size_t>(c.rows));
-    runtime::RowOpArgs q = a;
-    q.out = runtime::RowOut::kCodesPerToken;
-    q.out_bf16 = nullptr;
-    q.codes = d_codes.get();
-    q.scales = d_scales.get();
-    q.spec = QuantSpec::per_token(DType::kE4M3);
-    const Status sq = runtime::row_op(q, nullptr);
-    ASSERT_TRUE(sq.ok()) << sq.to_string();
     std::vector<uint16_t> out;
-    std::vector<uint8_t> codes;
-    std::vector<float> scales;
     CUDA_ASSERT(cudaDeviceSynchronize());
     CUDA_ASSERT(d_out.download(&out));
-    CUDA_ASSERT(d_codes.download(&codes));
-    CUDA_ASSERT(d_scales.download(&scales));
-    for (int64_t r = 0; r < c.rows; ++r) {
-      // The scale is absmax / 448 of the device's float values, which are within a few float ulps
-      // of the host's; each code then decodes to within one E4M3 step of value / scale.
-      float absmax = 0.0f;
-      for (int64_t j = 0; j < c.n; ++j) absmax = std::max(absmax, std::fabs(bf16_bits_to_float(out[r * c.n + j])));
-      ASSERT_NEAR(scales[r], absmax / 448.0f, absmax / 448.0f * 0.01f) << "row " << r;
-      for (int64_t j = 0; j < c.n; ++j) {
-        const float want = bf16_bits_to_float(out[r * c.n + j]) / scales[r];
-        const float got = fp8_to_float(codes[r * c.n + j], DType::kE4M3);
-        const float step = std::ldexp(1.0f, std::max(std::ilogb(std::max(std::fabs(want), 1e-30f)), -6) - 3);
-        ASSERT_LE(std::fabs(got - want), step) << "row " << r << " col " << j << ": code " << got << ", want " << want;
+    // The same rows quantized per token to E4M3 and to INT8 (codes and one scale a row).
+    for (DType format : {DType::kE4M3, DType::kI8}) {
+      SCOPED_TRACE(dtype_name(format));
+      const bool int8 = format == DType::kI8;
+      const float qmax = int8 ? 127.0f : 448.0f;
+      DeviceBuffer<uint8_t> d_codes(static_cast<size_t>(c.rows * c.n));
+      DeviceBuffer<float> d_scales(static_cast<size_t>(c.rows));
+      runtime::RowOpArgs q = a;
+      q.out = runtime::RowOut::kCodesPerToken;
+      q.out_bf16 = nullptr;
+      q.codes = d_codes.get();
+      q.scales = d_scales.get();
+      q.spec = QuantSpec::per_token(format);
+      const Status sq = runtime::row_op(q, nullptr);
+      ASSERT_TRUE(sq.ok()) << sq.to_string();
+      std::vector<uint8_t> codes;
+      std::vector<float> scales;
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      CUDA_ASSERT(d_codes.download(&codes));
+      CUDA_ASSERT(d_scales.download(&scales));
+      for (int64_t r = 0; r < c.rows; ++r) {
+        // The scale is absmax / qmax of the device's float values, which are within a few float
+        // ulps of the host's (and of the BF16 output's within half a BF16 ulp); each code is then
+        // within one step of value / scale (E4M3: 3 mantissa bits; INT8: 1).
+        float absmax = 0.0f;
+        for (int64_t j = 0; j < c.n; ++j) absmax = std::max(absmax, std::fabs(bf16_bits_to_float(out[r * c.n + j])));
+        ASSERT_NEAR(scales[r], absmax / qmax, absmax / qmax * 0.01f) << "row " << r;
+        for (int64_t j = 0; j < c.n; ++j) {
+          const float want = bf16_bits_to_float(out[r * c.n + j]) / scales[r];
+          const uint8_t code = codes[r * c.n + j];
+          const float got = int8 ? static_cast<float>(static_cast<int8_t>(code)) : fp8_to_float(code, DType::kE4M3);
+          const float step = int8 ? 1.0f : std::ldexp(1.0f, std::max(std::ilogb(std::max(std::fabs(want), 1e-30f)), -6) - 3);
+          ASSERT_LE(std::fabs(got - want), step) << "row " << r << " col " << j << ": code " << got << ", want " << want;
+        }
       }
     }
     for (int64_t r = 0; r < c.rows; ++r) {

@@ -160,13 +160,16 @@ TEST(GpuRuntimeAttention, LongBf16PrefillMatchesChunkedPrefill) {
 }
 
 // Several prompts in one step (the serving engine's prefill chunks): one gather and one launch for
-// all of them, keys packed at multiples of 128; a short prompt rides along. And an E4M3 cache,
-// whose codes the gather widens and whose scales fold into the kernel.
+// all of them, keys packed at multiples of 128; a short prompt rides along; more sequences than one
+// launch takes. And an E4M3 cache, whose codes the gather widens and whose scales fold into the
+// kernel.
 TEST(GpuRuntimeAttention, BatchedBf16PrefillMatchesChunkedPrefill) {
   LLMQ_REQUIRE_GPU();
   check_whole_against_chunked({300, 520, 260, 40}, DType::kBF16);
   check_whole_against_chunked({300, 520, 260, 40}, DType::kE4M3);
   check_whole_against_chunked({700}, DType::kE4M3);
+  // 66 prompts: more than one launch's table (64) takes.
+  check_whole_against_chunked(std::vector<int64_t>(66, 256), DType::kBF16);
 }
 
 TEST(GpuRuntimeAttention, RefusesWhatTheKernelsCannotTake) {

@@ -104,7 +104,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if LLMQ_SM90A
   extern __shared__ unsigned char smem_raw[];
   SharedStorage& sh = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
-  const int item = gridDim.x - 1 - blockIdx.x;  // heavy (late, causal) row blocks first
+  // The items in reverse: within a sequence its late (causal: heavy) row blocks first.
+  const int item = gridDim.x - 1 - blockIdx.x;
   int seq = 0;
   while (seq + 1 < p.count && p.block_begin[seq + 1] <= item) ++seq;
   const int m_block = item - p.block_begin[seq];
@@ -274,18 +275,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     release(it % kStages);
   }
 
-  if (p.v_scale != nullptr) {  // E4M3 cache: O of the dequantized values, (P codes) v_scale
-    const float vs = p.v_scale[kv_head];
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) o[i] *= vs;
-  }
   uint16_t* out_row[2];  // O / l as BF16, straight from registers (int8_softmax.cuh's epilogue, no sink)
 #pragma unroll
   for (int r = 0; r < 2; ++r)
     out_row[r] = row_lo + 8 * r < q_rows ? out_seq + (static_cast<int64_t>(q0 + row_lo + 8 * r) * p.heads + head) * kHeadDim
                                          : nullptr;
   const float no_sink[2] = {0.f, 0.f};
-  store_normalized_rows<kHeadDim, false>(*reinterpret_cast<const float(*)[kHeadDim / 8][4]>(&o), row_sum, no_sink, out_row, t);
+  // E4M3 cache: O of the dequantized values is (P codes) v_scale, v_scale / l taken once as the
+  // mma.sync kernel takes it.
+  const float out_scale = p.v_scale != nullptr ? p.v_scale[kv_head] : 1.f;
+  store_normalized_rows<kHeadDim, false>(*reinterpret_cast<const float(*)[kHeadDim / 8][4]>(&o), row_sum, no_sink, out_row, t,
+                                         out_scale);
 #endif
 }
 

@@ -1,5 +1,5 @@
-// src/attention/bf16_prefill_attention.hpp: gather a prefill step's sequences' K rows and V^T from
-// the paged cache into packed buffers, then the Hopper BF16 wgmma attention over all of them.
+// Bf16PrefillAttention (bf16_prefill_attention.hpp): gather a prefill step's sequences' K rows and
+// V^T from the paged cache into packed buffers, then the Hopper BF16 wgmma attention over them all.
 //   gather_k_and_v_t_kernel: a CTA per (64-key tile of a sequence, kv head). K: each 8-element piece
 //     of the tile's rows copied through the block table into the sequence's rows of [keys, kv_heads,
 //     128] (E4M3 codes widened to BF16, exactly). V: the tile's rows staged in shared memory, then
@@ -133,6 +133,7 @@ bool Bf16PrefillAttention::applies(const std::vector<PrefillSequence>& seqs, int
   if (!active_ || window != 0 || sinks != nullptr || seqs.empty()) return false;
   double work = 0.0, keys = 0.0;  // sum of q_len x kv_len, of kv_len
   for (const PrefillSequence& s : seqs) {
+    if (s.q_len <= 0) continue;  // run skips it
     if (s.kv_len > keys_) return false;
     work += static_cast<double>(s.q_len) * static_cast<double>(s.kv_len);
     keys += static_cast<double>(s.kv_len);

@@ -252,19 +252,20 @@ __device__ __forceinline__ float sink_share(float sink, float ref_log2) {
   return fast_exp2(x);
 }
 
-// The epilogue: O / (l + sink[r]) (l summed over the quad that shares a row; sink: sink_share,
-// read only with kSink) as BF16 into the rows `out_row[r]` (row g + 8r; null: a row past the
-// queries, skipped).
+// The epilogue: O out_scale / (l + sink[r]) (l summed over the quad that shares a row; sink:
+// sink_share, read only with kSink; out_scale / (l + sink) taken once) as BF16 into the rows
+// `out_row[r]` (row g + 8r; null: a row past the queries, skipped).
 template <int kHeadDim, bool kSink>
 __device__ __forceinline__ void store_normalized_rows(const float (&o)[kHeadDim / 8][4], const float (&row_sum)[2],
-                                                      const float (&sink)[2], uint16_t* const (&out_row)[2], int t) {
+                                                      const float (&sink)[2], uint16_t* const (&out_row)[2], int t,
+                                                      float out_scale = 1.f) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = row_sum[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if constexpr (kSink) sum += sink[r];
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = sum > 0.f ? out_scale / sum : 0.f;
     if (out_row[r] == nullptr) continue;
 #pragma unroll
     for (int d = 0; d < kHeadDim / 8; ++d)
