@@ -73,6 +73,13 @@ TEST(GpuRuntime, MoeModelMatchesCpuReference) {
     std::unique_ptr<GpuRuntime> rt;
     ASSERT_TRUE(GpuRuntime::create(*gm, o, &rt).ok());
     std::printf("  1 token:   %s\n", rt->describe_linears(1).back().c_str());
+    // --fp8-fast-accum reaches the experts' wgmma GEMMs (the runner's option is the one switch).
+    EXPECT_EQ(rt->describe_linears(256).back().find("fast accumulation"), std::string::npos);
+    o.fp8_fast_accumulation = true;
+    std::unique_ptr<GpuRuntime> fast;
+    ASSERT_TRUE(GpuRuntime::create(*gm, o, &fast).ok());
+    EXPECT_NE(fast->describe_linears(256).back().find("wgmma (fast accumulation) gate/up"), std::string::npos)
+        << fast->describe_linears(256).back();
   }
   LongPrefill lp;
   long_prefill(*gm, &cpu, &cpu_float, n, "moe 8x top-2 fp8-dynamic", &lp);

@@ -146,6 +146,7 @@ class CudaGemmRunner {
   Status run(const CudaGemmProblem& p, void* workspace, int64_t workspace_bytes, CudaStream stream);
 
   int device_ordinal() const;
+  const CudaGemmOptions& options() const;  // as created
   int64_t heuristic_queries() const;  // cublasLtMatmulAlgoGetHeuristic calls so far
   int64_t cached_plans() const;
   int64_t tuned_shapes() const;  // M classes whose algorithm was chosen by timing

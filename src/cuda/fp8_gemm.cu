@@ -482,6 +482,7 @@ Status CudaGemmRunner::run(const CudaGemmProblem& p, void* workspace, int64_t wo
 }
 
 int CudaGemmRunner::device_ordinal() const { return impl_->ordinal; }
+const CudaGemmOptions& CudaGemmRunner::options() const { return impl_->options; }
 int64_t CudaGemmRunner::heuristic_queries() const { return impl_->heuristic_queries; }
 int64_t CudaGemmRunner::cached_plans() const { return static_cast<int64_t>(impl_->plans.size()); }
 int64_t CudaGemmRunner::tuned_shapes() const { return static_cast<int64_t>(impl_->tuned.size()); }

@@ -33,6 +33,10 @@ Status CudaGemmRunner::run(const CudaGemmProblem& /*p*/, void* /*workspace*/,
   return unsupported("this llmq was built without CUDA");
 }
 int CudaGemmRunner::device_ordinal() const { return -1; }
+const CudaGemmOptions& CudaGemmRunner::options() const {
+  static const CudaGemmOptions none;
+  return none;
+}
 int64_t CudaGemmRunner::heuristic_queries() const { return 0; }
 int64_t CudaGemmRunner::cached_plans() const { return 0; }
 int64_t CudaGemmRunner::tuned_shapes() const { return 0; }

@@ -174,7 +174,6 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   lin.stream = stream;
   lin.sm_major = info.major;
   lin.sm_minor = info.minor;
-  lin.fp8_fast_accumulation = o.fp8_fast_accumulation;
   plan = runtime::plan_model(*model, rows, lm_rows, lin);
 
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 4, "residual stream", &x));

@@ -90,10 +90,6 @@ struct LinearContext {
   CudaStream stream = nullptr;
   int sm_major = 9;
   int sm_minor = 0;
-  // MoE experts' per-channel FP8 wgmma GEMMs accumulate in the tensor core over all of K
-  // (MoeGroupedGemm::fast_accumulation), as the runner's cuBLASLt FP8 GEMMs do under
-  // CudaGemmOptions::fp8_fast_accumulation: both follow GpuRuntimeOptions::fp8_fast_accumulation.
-  bool fp8_fast_accumulation = false;
 };
 
 enum class LinearOut { kBF16, kF32 };

@@ -84,6 +84,14 @@ Status check_moe_linear(const GpuLinear& l) {
 
 namespace {
 
+// Per-channel FP8 experts accumulate in the tensor core over all of K (MoeGroupedGemm::
+// fast_accumulation) exactly when the runner's cuBLASLt FP8 GEMMs do (CudaGemmOptions::
+// fp8_fast_accumulation, set from GpuRuntimeOptions'); 1x128-block experts promote every 128 of K.
+bool fast_accumulation(const GpuLinear& l, const LinearContext& ctx) {
+  return ctx.gemm != nullptr && ctx.gemm->options().fp8_fast_accumulation && l.parts[0].w_dtype == DType::kE4M3 &&
+         l.parts[0].scale_kind != WeightScale::kBlock128;
+}
+
 // The grouped GEMM of one expert linear over the step's permuted rows.
 MoeGroupedGemm grouped(const GpuMoe& moe, const GpuLinear& l, const MoeBuffers& buf, int64_t tokens,
                        const LinearContext& ctx) {
@@ -101,7 +109,7 @@ MoeGroupedGemm grouped(const GpuMoe& moe, const GpuLinear& l, const MoeBuffers& 
   g.w_scale = l.parts[0].w_scale.as<float>();  // null for BF16 experts
   g.a_dtype = l.parts[0].w_dtype;
   g.block_scales = l.parts[0].scale_kind == WeightScale::kBlock128;
-  g.fast_accumulation = ctx.fp8_fast_accumulation && g.w_dtype == DType::kE4M3 && !g.block_scales;
+  g.fast_accumulation = fast_accumulation(l, ctx);
   // The rows spread over every expert, not only this rank's (g.rows counts all of them).
   g.wgmma_block_rows = moe_wgmma_block_rows(g.rows, moe.experts);
   return g;
@@ -269,7 +277,8 @@ std::string describe_moe(const GpuMoe& moe, const LinearPlan& router_plan, int64
                                                           std::to_string(moe.expert_begin + moe.held() - 1) + " here)" : "";
   return "moe " + std::to_string(moe.experts) + " experts" + held + " top-" + std::to_string(moe.top_k) + ": " +
          (fused ? std::string("router + route (one kernel), ") : "router " + linear_path(moe.router, router_plan, tokens) + ", route, ") + (decode ? "" : "gather, ") + "grouped " +
-         (decode ? "decode-gemm" : "wgmma") + " gate/up, " +
+         (decode ? "decode-gemm" : "wgmma") + (!decode && fast_accumulation(moe.gate_up, ctx) ? " (fast accumulation)" : "") +
+         " gate/up, " +
          (moe.activation == GluActivation::kClampedSwiglu ? "clamped-swiglu" : "silu") + "-quant, grouped " + (decode ? "decode-gemm" : "wgmma") +
          " down, combine (" + std::to_string(launches) + " launches, + the norm)";
 }
