@@ -437,11 +437,10 @@ Status launch_row_op(const RowKernelArgs& args, CudaStream stream) {
   int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (a.n / per_thread + 31) / 32 * 32)));
   const bool vec = a.n % 8 == 0 && aligned16(a.x) && aligned16(a.delta) && aligned16(a.gain) && aligned16(a.src) &&
                    aligned16(a.out_bf16) && aligned16(a.codes) && aligned16(a.delta_bias) && aligned16(a.glu_bias);
-  // Registers: 8 elements per thread, once (n <= 8192) or twice (n <= 16384): every decode step, and
-  // the norms and copies of prefill steps too (ncu, H100, 8192 rows of add + RMSNorm + quantize, 4096
-  // wide: 129 us, 85% of the memory bandwidth). Not the GLU of many rows: its 896-thread CTAs (14336
-  // wide) fit one per SM, each row's load, reduction and store then run one after another (337 us
-  // at 8192 rows, where the shared-memory form's narrower CTAs overlap them).
+  // The GLU of more than 64 rows: row_op_glu_kernel (C chunks a thread, 448-thread CTAs, two an
+  // SM) up to 14336 wide. The register kernel below, one chunk a thread in CTAs up to 1024 wide,
+  // fit one such CTA an SM for it (896 threads at 14336: each row's load, reduction and store ran
+  // one after another, 337 us at 8192 rows on an H100).
   if constexpr (is_glu(F)) {
     const int64_t vecs = a.n / 8;
     const int64_t chunks = ceil_div(vecs, int64_t{kGluRowsThreads});
@@ -456,6 +455,9 @@ Status launch_row_op(const RowKernelArgs& args, CudaStream stream) {
       return {};
     }
   }
+  // Registers: 8 elements per thread, once (n <= 8192) or twice (n <= 16384): every decode step, and
+  // the norms and copies of prefill steps too (ncu, H100, 8192 rows of add + RMSNorm + quantize, 4096
+  // wide: 129 us, 85% of the memory bandwidth).
   if (vec && (a.rows <= 64 || !is_glu(F))) {
     const int64_t vecs = a.n / 8;
     const int chunks = vecs <= 1024 ? 1 : (vecs <= 2048 ? 2 : 0);
