@@ -21,13 +21,20 @@
 // MoE BF16 3.8e-2 and once 0.16 at TP=4 (a routing flip), 8-bit 0.13-0.36.
 #include <cuda_runtime.h>
 
+#include <random>
+#include <cmath>
+#include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <thread>
 
 #include "llmq/calibration.hpp"
 #include "llmq/format.hpp"
 
 #include "llmq/tensor_parallel.hpp"
+#include "llmq/tensor_parallel_group.hpp"
+#include "parallel/p2p_all_reduce.hpp"
+#include "runtime/row_kernels.hpp"
 #include "model_family_support.hpp"
 #include "runtime_compare.hpp"
 
@@ -374,6 +381,159 @@ TEST(TensorParallel, Stories260KGreedyMatchesLlama2c) {
   }
 }
 
+// Decode steps of many rows (a serving batch): the norms sum the ranks' partial rows themselves
+// (RowPeerSum, up to kRowPeerMaxRows rows) where smaller steps of check_split use few. TP=2 against
+// TP=1 on 300 sequences, and against TP=2 with NCCL's all-reduce (no fused exchange).
+TEST(TensorParallel, WideDecodeStepsMatchOneGpu) {
+  LLMQ_REQUIRE_GPUS(2);
+  const ModelWeights w = split_model();
+  const ShardLoader loader = [&](TensorParallelRank r, int device, std::unique_ptr<GpuModel>* m) {
+    return GpuModel::from_float(w, DType::kBF16, device, m, r);
+  };
+  constexpr int64_t kRows = 300;
+  const auto wide = [&](int tp, bool one_shot, RunLogits* out) {
+    std::unique_ptr<TensorParallelRuntime> rt;
+    Status st = TensorParallelRuntime::load(tp, 0, loader, &rt, group_options(one_shot));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    const int64_t V = rt->config().vocab_size;
+    GpuRuntimeOptions o;
+    o.max_batch = kRows;
+    o.max_context = 32;
+    o.max_step_tokens = 4 * kRows;
+    st = rt->start(o);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t b = 0; b < kRows; ++b) prompts.push_back(prompt(4, V, 100 + static_cast<uint64_t>(b)));
+    st = rt->prefill(prompts, false, &out->prefill);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<int32_t> tokens = prompt(kRows, V, 500 + static_cast<uint64_t>(step));
+      std::vector<float> g;
+      st = rt->decode(tokens, &g);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      out->decode.push_back(std::move(g));
+    }
+  };
+  RunLogits single, fused, nccl;
+  wide(1, true, &single);
+  if (::testing::Test::HasFatalFailure()) return;
+  wide(2, true, &fused);
+  if (::testing::Test::HasFatalFailure()) return;
+  wide(2, false, &nccl);
+  if (::testing::Test::HasFatalFailure()) return;
+  const int64_t V = w.config.vocab_size;
+  const Compare fused_vs_single = compare_runs(fused, single, V), fused_vs_nccl = compare_runs(fused, nccl, V);
+  std::printf("  %lld-row decode steps, tp=2 fused exchange vs tp=1: worst rel %.2e top1 %lld/%lld; vs tp=2 NCCL: worst rel "
+              "%.2e top1 %lld/%lld\n",
+              static_cast<long long>(kRows), fused_vs_single.worst_rel, static_cast<long long>(fused_vs_single.top1_agree),
+              static_cast<long long>(fused_vs_single.rows), fused_vs_nccl.worst_rel, static_cast<long long>(fused_vs_nccl.top1_agree),
+              static_cast<long long>(fused_vs_nccl.rows));
+  EXPECT_LE(fused_vs_single.worst_rel, kFloatLogitRelTolerance);
+  EXPECT_GE(fused_vs_single.top1_agree, kMinTop1Agreement * static_cast<double>(fused_vs_single.rows));
+  EXPECT_LE(fused_vs_nccl.worst_rel, kFloatLogitRelTolerance);
+  EXPECT_GE(fused_vs_nccl.top1_agree, kMinTop1Agreement * static_cast<double>(fused_vs_nccl.rows));
+}
+
+// fn(r) on a thread per rank, rank r's GPU current: every rank's status.
+std::vector<Status> on_every_rank(int n, const std::function<Status(int)>& fn) {
+  std::vector<Status> st(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] { st[r] = cudaSetDevice(r) == cudaSuccess ? fn(r) : Status(StatusCode::kInternal, "cudaSetDevice"); });
+  for (auto& t : threads) t.join();
+  return st;
+}
+
+// The norm-fused exchange by itself (RowPeerSum through runtime::row_op, one thread per rank): the
+// most rows it takes at hidden 8192, 1024-thread CTAs, so a call's CTAs run in several waves rather
+// than all at once; three calls in a row (call parities and counters cycle). Every rank gets the
+// same bits: the residual x + the ranks' deltas summed in rank order and rounded to BF16 once,
+// exactly, and the normalised row within one BF16 ulp of the host's.
+TEST(TensorParallel, FusedNormExchangeOverManyRows) {
+  LLMQ_REQUIRE_GPUS(2);
+  const int n = gpu_count() >= 4 ? 4 : 2;
+  std::vector<int> devices;
+  for (int r = 0; r < n; ++r) devices.push_back(r);
+  std::unique_ptr<TensorParallelGroup> group;
+  const Status created = TensorParallelGroup::create(devices, &group, group_options(true));
+  ASSERT_TRUE(created.ok()) << created.to_string();
+  const parallel::P2pAllReduce* p2p = one_shot_all_reduce(*group);
+  if (p2p == nullptr) GTEST_SKIP() << "no peer access between the GPUs: the exchange is off";
+  constexpr int64_t kDim = 8192;
+  const int64_t slot = p2p->row_sum(0).slot_elements;
+  int64_t rows = std::min<int64_t>(runtime::kRowPeerMaxRows, slot / (kDim * (n - 1)));
+  ASSERT_TRUE(runtime::row_op_fuses_peer_sum(rows, kDim, n, slot));
+  ASSERT_FALSE(runtime::row_op_fuses_peer_sum(rows + 1, kDim, n, slot));
+  for (int call = 0; call < 3; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call) + ", " + std::to_string(rows) + " rows over " + std::to_string(n) + " ranks");
+    std::mt19937_64 rng(static_cast<uint64_t>(call));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(rows * kDim)), gain(static_cast<size_t>(kDim));
+    for (float& v : x) v = normal(rng);
+    for (float& v : gain) v = 1.0f + 0.1f * normal(rng);
+    std::vector<std::vector<uint16_t>> delta(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r)
+      for (int64_t i = 0; i < rows * kDim; ++i) delta[r].push_back(float_to_bf16_bits(i % 101 == 0 ? 40.0f : normal(rng)));
+    std::vector<std::vector<float>> x_out(static_cast<size_t>(n));
+    std::vector<std::vector<uint16_t>> y_out(static_cast<size_t>(n));
+    const std::vector<Status> st = on_every_rank(n, [&](int r) -> Status {
+      float *dx = nullptr, *dg = nullptr;
+      uint16_t *dd = nullptr, *dy = nullptr;
+      if (cudaMalloc(&dx, rows * kDim * 4) != cudaSuccess || cudaMalloc(&dg, kDim * 4) != cudaSuccess ||
+          cudaMalloc(&dd, rows * kDim * 2) != cudaSuccess || cudaMalloc(&dy, rows * kDim * 2) != cudaSuccess)
+        return Status(StatusCode::kInternal, "cudaMalloc");
+      cudaMemcpy(dx, x.data(), rows * kDim * 4, cudaMemcpyHostToDevice);
+      cudaMemcpy(dg, gain.data(), kDim * 4, cudaMemcpyHostToDevice);
+      cudaMemcpy(dd, delta[r].data(), rows * kDim * 2, cudaMemcpyHostToDevice);
+      runtime::RowOpArgs a;
+      a.fn = runtime::RowFn::kAddRmsNorm;
+      a.rows = rows;
+      a.n = kDim;
+      a.x = dx;
+      a.delta = dd;
+      a.gain = dg;
+      a.out = runtime::RowOut::kBF16;
+      a.out_bf16 = dy;
+      a.peer = p2p->row_sum(r);
+      const Status s = runtime::row_op(a, nullptr);
+      x_out[r].resize(static_cast<size_t>(rows * kDim));
+      y_out[r].resize(static_cast<size_t>(rows * kDim));
+      cudaError_t e = cudaMemcpy(x_out[r].data(), dx, rows * kDim * 4, cudaMemcpyDeviceToHost);
+      if (e == cudaSuccess) e = cudaMemcpy(y_out[r].data(), dy, rows * kDim * 2, cudaMemcpyDeviceToHost);
+      cudaFree(dx);
+      cudaFree(dg);
+      cudaFree(dd);
+      cudaFree(dy);
+      if (e != cudaSuccess) return Status(StatusCode::kInternal, cudaGetErrorString(e));
+      return s;
+    });
+    for (int r = 0; r < n; ++r) ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+    for (int r = 1; r < n; ++r) {
+      ASSERT_TRUE(x_out[r] == x_out[0]) << "rank " << r << "'s residual differs from rank 0's";
+      ASSERT_TRUE(y_out[r] == y_out[0]) << "rank " << r << "'s output differs from rank 0's";
+    }
+    for (int64_t row = 0; row < rows; ++row) {
+      double ss = 0.0;
+      std::vector<float> want_x(static_cast<size_t>(kDim));
+      for (int64_t j = 0; j < kDim; ++j) {
+        const int64_t i = row * kDim + j;
+        float d = 0.0f;
+        for (int r = 0; r < n; ++r) d += bf16_bits_to_float(delta[r][i]);
+        want_x[j] = x[i] + bf16_bits_to_float(float_to_bf16_bits(d));
+        ASSERT_EQ(x_out[0][i], want_x[j]) << "row " << row << " col " << j;
+        ss += static_cast<double>(want_x[j]) * want_x[j];
+      }
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / kDim + 1e-5));
+      for (int64_t j = 0; j < kDim; ++j) {
+        const float want = gain[j] * (inv * want_x[j]);
+        const float got = bf16_bits_to_float(y_out[0][row * kDim + j]);
+        const float ulp = std::ldexp(1.0f, std::ilogb(std::max(std::fabs(want), 1e-30f)) - 7);
+        ASSERT_LE(std::fabs(got - want), ulp + 1e-3f * std::fabs(want)) << "row " << row << " col " << j;
+      }
+    }
+  }
+}
+
 // The group's all-reduce by itself, one thread per rank: decode-sized messages (the one-shot peer
 // kernel: every rank gets the float sum in rank order rounded once, bit for bit) and a large one
 // (NCCL's ring: within one BF16 rounding per addition), repeated so the staging slots and call
@@ -395,24 +555,17 @@ TEST(TensorParallel, AllReduceSumsEveryRank) {
         std::normal_distribution<float> normal(0.0f, 1.0f);
         for (int64_t i = 0; i < count; ++i) in[r].push_back(float_to_bf16_bits(i % 97 == 0 ? 300.0f : normal(rng)));
       }
-      std::vector<Status> st(static_cast<size_t>(n));
-      std::vector<std::thread> threads;
-      for (int r = 0; r < n; ++r)
-        threads.emplace_back([&, r] {
-          st[r] = [&]() -> Status {
-            if (cudaSetDevice(r) != cudaSuccess) return Status(StatusCode::kInternal, "cudaSetDevice");
-            void* d = nullptr;
-            if (cudaMalloc(&d, count * 2) != cudaSuccess) return Status(StatusCode::kInternal, "cudaMalloc");
-            cudaMemcpy(d, in[r].data(), count * 2, cudaMemcpyHostToDevice);
-            const Status s = group->all_reduce_bf16(r, d, count, nullptr);
-            out[r].resize(static_cast<size_t>(count));
-            const cudaError_t e = cudaMemcpy(out[r].data(), d, count * 2, cudaMemcpyDeviceToHost);
-            cudaFree(d);
-            if (e != cudaSuccess) return Status(StatusCode::kInternal, cudaGetErrorString(e));
-            return s;
-          }();
-        });
-      for (auto& t : threads) t.join();
+      const std::vector<Status> st = on_every_rank(n, [&](int r) -> Status {
+        void* d = nullptr;
+        if (cudaMalloc(&d, count * 2) != cudaSuccess) return Status(StatusCode::kInternal, "cudaMalloc");
+        cudaMemcpy(d, in[r].data(), count * 2, cudaMemcpyHostToDevice);
+        const Status s = group->all_reduce_bf16(r, d, count, nullptr);
+        out[r].resize(static_cast<size_t>(count));
+        const cudaError_t e = cudaMemcpy(out[r].data(), d, count * 2, cudaMemcpyDeviceToHost);
+        cudaFree(d);
+        if (e != cudaSuccess) return Status(StatusCode::kInternal, cudaGetErrorString(e));
+        return s;
+      });
       for (int r = 0; r < n; ++r) ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
       int64_t inexact = 0;
       double worst = 0.0;

@@ -95,6 +95,10 @@ Status open_nccl(const std::string& preferred, const NcclLibrary** out) {
 // Up to this size (decode steps up to batch 32 at hidden size 8192) all-reduces take the one-shot
 // peer kernel; prefill steps go through NCCL's bandwidth-optimal ring.
 constexpr int64_t kP2pAllReduceMaxBytes = 512 * 1024;
+// The norm-fused exchange (runtime/row_kernels.hpp's RowPeerSum) of decode steps up to 1024 rows at
+// hidden size 8192 (Llama-3-70B) at two ranks (row_op_fuses_peer_sum: fewer at more ranks): staged
+// twice per rank, 64 MB a GPU at two ranks.
+constexpr int64_t kRowPeerSumMaxBytes = parallel::kRowPeerMaxRows * 8192 * 2;
 
 // "<what>: <NCCL's sentence> (NCCL error N)", like cuda_check.cuh's. An invalid argument or usage
 // is llmq calling NCCL wrongly (kInternal); the rest are failures of the system, the GPUs or their
@@ -149,7 +153,7 @@ Status TensorParallelGroup::create(const std::vector<int>& devices, std::unique_
   LLMQ_RETURN_IF_ERROR(nccl_status(*lib, lib->comm_init_all(s.comms.data(), static_cast<int>(devices.size()), devices.data()),
                                    "ncclCommInitAll over " + std::to_string(devices.size()) + " devices"));
   if (options.one_shot_all_reduce) {
-    const Status st = parallel::P2pAllReduce::create(devices, kP2pAllReduceMaxBytes, &s.p2p);
+    const Status st = parallel::P2pAllReduce::create(devices, kP2pAllReduceMaxBytes, kRowPeerSumMaxBytes, &s.p2p);
     if (!st.ok() && st.code() != StatusCode::kUnsupported) return st;
   }
   *out = std::move(g);

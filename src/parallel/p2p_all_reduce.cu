@@ -65,7 +65,8 @@ P2pAllReduce::~P2pAllReduce() {
   }
 }
 
-Status P2pAllReduce::create(const std::vector<int>& devices, int64_t max_bytes, std::unique_ptr<P2pAllReduce>* out) {
+Status P2pAllReduce::create(const std::vector<int>& devices, int64_t max_bytes, int64_t row_max_bytes,
+                            std::unique_ptr<P2pAllReduce>* out) {
   const int n = static_cast<int>(devices.size());
   if (n < 2 || n > kP2pMaxRanks) return unsupported("one-shot all-reduce: 2 to 8 ranks");
   for (int i = 0; i < n; ++i)
@@ -78,6 +79,7 @@ Status P2pAllReduce::create(const std::vector<int>& devices, int64_t max_bytes, 
   std::unique_ptr<P2pAllReduce> p(new P2pAllReduce());
   p->devices_ = devices;
   p->max_elements_ = max_bytes / 2 / 8 * 8;
+  p->row_elements_ = row_max_bytes / 2 / 8 * 8;
   p->ranks_.resize(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
     LLMQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[i]));
@@ -91,7 +93,7 @@ Status P2pAllReduce::create(const std::vector<int>& devices, int64_t max_bytes, 
     LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(2 * n * p->max_elements_ * 2, "all-reduce staging", &r.staging));
     LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(kP2pMaxRanks * kP2pMaxBlocks * 4, "all-reduce flags", &r.flags));
     LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(kP2pMaxBlocks * 4, "all-reduce counters", &r.counter));
-    LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(2 * n * p->max_elements_ * 2, "fused all-reduce staging",
+    LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(2 * n * p->row_elements_ * 2, "fused all-reduce staging",
                                                              &r.row_staging));
     LLMQ_RETURN_IF_ERROR(cuda::DeviceAllocation::allocate(kP2pMaxRanks * kRowPeerMaxRows * 4, "fused all-reduce flags",
                                                              &r.row_flags));
@@ -118,7 +120,7 @@ RowPeerSum P2pAllReduce::row_sum(int rank) const {
     p.flags[r] = ranks_[r].row_flags.as<uint32_t>();
   }
   p.counter = ranks_[static_cast<size_t>(rank)].row_counter.as<uint32_t>();
-  p.slot_elements = max_elements_;
+  p.slot_elements = row_elements_;
   return p;
 }
 

@@ -32,7 +32,10 @@ constexpr int kP2pMaxBlocks = 32;
 class P2pAllReduce {
  public:
   // Needs peer access between every pair of `devices` (enabled here); unsupported otherwise.
-  static Status create(const std::vector<int>& devices, int64_t max_bytes, std::unique_ptr<P2pAllReduce>* out);
+  // max_bytes: the largest message of run(); row_max_bytes: the largest of the norm-fused exchange
+  // (row_sum: its rows x hidden size x 2), each staged twice (call parity) per rank on every rank.
+  static Status create(const std::vector<int>& devices, int64_t max_bytes, int64_t row_max_bytes,
+                       std::unique_ptr<P2pAllReduce>* out);
   ~P2pAllReduce();
   // Whether a call of `count` BF16 values at `data` can run here (size, 16-byte alignment).
   bool takes(const void* data, int64_t count) const;
@@ -52,6 +55,7 @@ class P2pAllReduce {
   std::vector<int> devices_;
   std::vector<Rank> ranks_;
   int64_t max_elements_ = 0;
+  int64_t row_elements_ = 0;
 };
 
 }  // namespace llmq::parallel

@@ -10,7 +10,9 @@
 namespace llmq::parallel {
 
 constexpr int kRowPeerMaxRanks = 8;
-constexpr int64_t kRowPeerMaxRows = 64;
+// A decode step's rows (the serving engine's batches reach 1024). A call's CTAs need not be resident
+// together: a row waits only for the same row on the peers, which every GPU reaches in grid order.
+constexpr int64_t kRowPeerMaxRows = 1024;
 
 struct RowPeerSum {
   int ranks = 0;  // 0 or 1: no exchange

@@ -237,7 +237,7 @@ struct GpuRuntime::Impl {
   // Whether a step of `tokens` rows adds its row-parallel partial sums inside the norms that read
   // them (decode sizes) instead of all-reducing them first: one launch less per block.
   bool fused_sum(int64_t tokens) const {
-    return peer.ranks > 1 && (skip & kStageAllReduce) == 0 && runtime::row_op_fuses_peer_sum(tokens, c.dim, peer.slot_elements);
+    return peer.ranks > 1 && (skip & kStageAllReduce) == 0 && runtime::row_op_fuses_peer_sum(tokens, c.dim, peer.ranks, peer.slot_elements);
   }
   // Attached between begin_calibration and end_calibration; null otherwise (then the forward pass
   // only tests the pointer).

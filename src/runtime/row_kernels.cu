@@ -519,13 +519,15 @@ Status embedding(const int32_t* tokens, int64_t rows, const void* table, bool ta
   return {};
 }
 
-bool row_op_fuses_peer_sum(int64_t rows, int64_t n, int64_t slot_elements) {
-  return rows >= 1 && rows <= kRowPeerMaxRows && n % 8 == 0 && n / 8 <= 2048 && rows * n <= slot_elements;
+bool row_op_fuses_peer_sum(int64_t rows, int64_t n, int ranks, int64_t slot_elements) {
+  return rows >= 1 && rows <= kRowPeerMaxRows && n % 8 == 0 && n / 8 <= 2048 && ranks >= 2 &&
+         rows * n * (ranks - 1) <= slot_elements;
 }
 
 Status row_op(const RowOpArgs& a, CudaStream stream) {
   if (a.rows == 0) return {};
-  if (a.peer.ranks > 1 && (a.fn != RowFn::kAddRmsNorm || a.delta == nullptr || !row_op_fuses_peer_sum(a.rows, a.n, a.peer.slot_elements) ||
+  if (a.peer.ranks > 1 && (a.fn != RowFn::kAddRmsNorm || a.delta == nullptr ||
+                           !row_op_fuses_peer_sum(a.rows, a.n, a.peer.ranks, a.peer.slot_elements) ||
                            !aligned16(a.x) || !aligned16(a.delta) || !aligned16(a.gain) || !aligned16(a.out_bf16) ||
                            !aligned16(a.codes) || !aligned16(a.delta_bias) || a.peer.ranks > kRowPeerMaxRanks))
     return invalid_argument("row_op: the peer sum runs in the decode norm kernel only (" + std::to_string(a.rows) + " rows of " +

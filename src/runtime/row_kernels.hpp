@@ -40,8 +40,10 @@ enum class RowFn { kAddRmsNorm, kSiluMul, kClampedSwiglu, kCopy };
 using parallel::kRowPeerMaxRanks;
 using parallel::kRowPeerMaxRows;
 using parallel::RowPeerSum;
-// Whether a kAddRmsNorm of `rows` x `n` can sum its delta over ranks (the decode kernel's shapes).
-bool row_op_fuses_peer_sum(int64_t rows, int64_t n, int64_t slot_elements);
+// Whether a kAddRmsNorm of `rows` x `n` sums its delta over `ranks` itself (the decode kernel's
+// shapes): what each GPU pushes, (ranks - 1) x rows x n, at most slot_elements (a ring all-reduce
+// sends about 2 x rows x n whatever the ranks, so more ranks fuse fewer rows).
+bool row_op_fuses_peer_sum(int64_t rows, int64_t n, int ranks, int64_t slot_elements);
 enum class RowOut { kBF16, kCodesPerToken, kCodesStatic };
 
 struct RowOpArgs {
