@@ -1,10 +1,10 @@
 // GPU tests of the decode GEMM (include/llmq/cuda_decode_gemm.hpp) against the CPU reference
 // llmq::quantized_gemm:
-//  * Realistic: activations with outlier channels for 16 tokens, Gaussian weights quantized per
+//  * Realistic: activations with outlier channels for 32 tokens, Gaussian weights quantized per
 //    channel by llmq::quantize (E4M3 and INT8); W8A8 quantizes the activations per token in the
 //    weight's format, W8A16 passes them as BF16 (the reference reads the same BF16 view). The
-//    kernel for M in {1, 2, 4, 8, 13, 16} uses the first M tokens, so one 16-token reference per
-//    case serves every M. Pass: relative Frobenius error < kMaxRelativeError, and INT8 W8A8 equal
+//    kernel for M in {1, 2, 4, 8, 13, 16} (W8A8 also 17, 24, 32: four token tiles) uses the first
+//    M tokens, so one 32-token reference per case serves every M. Pass: relative Frobenius error < kMaxRelativeError, and INT8 W8A8 equal
 //    to the reference bit for bit (INT32 sums and the reference's float epilogue).
 //  * Bias: the reference's FP32 accumulators (F32 output) plus bias, rounded once to BF16 on the
 //    host: the float operations quantized_gemm does with options.bias.
@@ -71,7 +71,7 @@ struct WeightSet {
   std::unique_ptr<DeviceBuffer<float>> d_w_scale, d_bias;
 };
 
-// Everything of one (K, N, mode, scale granularity) case: host tensors, the 16-token reference
+// Everything of one (K, N, mode, scale granularity) case: host tensors, the 32-token reference
 // (FP32, no bias) and the device copies.
 struct Case {
   int64_t k = 0, n = 0, tokens = 0;
@@ -306,8 +306,14 @@ void expect_error(const DecodeGemmProblem& p, StatusCode code, const std::string
 TEST(CudaDecodeGemm, CanImplementNamesTheReason) {
   EXPECT_TRUE(cuda_decode_gemm_can_implement(valid_problem()).ok());
   DecodeGemmProblem p = valid_problem();
-  p.m = 17;
-  expect_error(p, StatusCode::kInvalidArgument, "m: must be in [0, 16]");
+  p.m = 33;
+  expect_error(p, StatusCode::kInvalidArgument, "m: must be in [0, 32]");
+  p.m = 17;  // bf16 activations (W8A16): 16 tokens at most
+  expect_error(p, StatusCode::kUnsupported, "W8A16 (bf16 activations) takes at most 16");
+  p.a_dtype = DType::kE4M3;
+  p.a_scale = reinterpret_cast<const float*>(uintptr_t{0x50000});
+  p.m = 32;
+  EXPECT_TRUE(cuda_decode_gemm_can_implement(p).ok()) << "W8A8 takes 32 tokens";
   p = valid_problem();
   p.m = 0;
   p.a = nullptr;
@@ -379,6 +385,27 @@ TEST(CudaDecodeGemm, PlanRejectsBadConfigs) {
   cfg = {};
   cfg.tiles_per_cta = 8;
   EXPECT_EQ(cuda_decode_gemm_plan(p, cfg, &plan).code(), StatusCode::kInvalidArgument);
+  {  // more than 16 tokens (W8A8): two weight tiles a CTA, no other count
+    DeviceBuffer<uint8_t> a32(32 * 128);
+    DeviceBuffer<float> as(32);
+    DeviceBuffer<uint16_t> d32(32 * 64);
+    ASSERT_TRUE(a32.ok() && as.ok() && d32.ok());
+    DecodeGemmProblem q = p;
+    q.m = 32;
+    q.a = a32.get();
+    q.a_dtype = DType::kE4M3;
+    q.a_scale = as.get();
+    q.d = d32.get();
+    for (int tiles : {1, 3, 4}) {
+      cfg = {};
+      cfg.tiles_per_cta = tiles;
+      EXPECT_EQ(cuda_decode_gemm_plan(q, cfg, &plan).code(), StatusCode::kInvalidArgument) << tiles << " tiles at M=32";
+    }
+    cfg = {};
+    const Status st32 = cuda_decode_gemm_plan(q, cfg, &plan);
+    EXPECT_TRUE(st32.ok()) << st32.to_string();
+    EXPECT_EQ(plan.tiles_per_cta, 2);
+  }
   cfg = {};
   cfg.split_k = 2;
   const Status st = cuda_decode_gemm_plan(p, cfg, &plan);
@@ -408,7 +435,8 @@ TEST_P(CudaDecodeGemmShapes, MatchesQuantizedGemmForEveryM) {
   const ShapeCase sc = GetParam();
   const Case& c = cached_case(sc.k, sc.n, sc.mode, false, sc.k);
   ASSERT_TRUE(c.ready) << "building the case failed";
-  for (int64_t m : {1, 2, 4, 8, 13, 16}) {
+  for (int64_t m : {1, 2, 4, 8, 13, 16, 17, 24, 32}) {
+    if (m > kDecodeGemmW8A16MaxM && !is_w8a8(c.mode)) continue;
     double worst = 0;
     int64_t differ = 0;
     std::string plan;
@@ -476,8 +504,10 @@ TEST(CudaDecodeGemm, EveryConfigMatchesTheReference) {
       const Case& c = cached_case(k, n, mode, false, k);
       ASSERT_TRUE(c.ready) << "building the case failed";
       for (size_t i = 0; i < configs.size(); ++i)
-        for (int64_t m : {3, 16}) {
+        for (int64_t m : {3, 16, 30}) {
           const DecodeGemmConfig& cfg = configs[i];
+          // Past 16 tokens: W8A8 only, with two weight tiles a CTA (or the planner's choice).
+          if (m > 16 && (!is_w8a8(mode) || (cfg.tiles_per_cta != 0 && cfg.tiles_per_cta != 2))) continue;
           const std::string what = c.text() + " M=" + std::to_string(m) + " config{split_k=" +
                                    std::to_string(cfg.split_k) + " tiles=" + std::to_string(cfg.tiles_per_cta) +
                                    " prefetch=" + std::to_string(cfg.l2_prefetch) + "}";
@@ -494,7 +524,8 @@ TEST(CudaDecodeGemm, StridedActivationsAndOutput) {
     // A rows 1040 + 48 elements apart (16-byte multiples for both widths), D rows 205 apart.
     const Case& c = cached_case(1040, 200, mode, false, 1088);
     ASSERT_TRUE(c.ready) << "building the case failed";
-    for (int64_t m : {1, 9, 16}) {
+    for (int64_t m : {1, 9, 16, 29}) {
+      if (m > kDecodeGemmW8A16MaxM && !is_w8a8(mode)) continue;
       Outcome o;
       ASSERT_NO_FATAL_FAILURE(
           run_and_compare(c, m, true, {}, 205, c.text() + " lda=1088 ldd=205 M=" + std::to_string(m), &o));
@@ -507,7 +538,8 @@ TEST(CudaDecodeGemm, PerTensorScales) {
   for (Mode mode : kAllModes) {
     const Case& c = cached_case(1024, 136, mode, true, 1024);
     ASSERT_TRUE(c.ready) << "building the case failed";
-    for (int64_t m : {2, 16}) {
+    for (int64_t m : {2, 16, 32}) {
+      if (m > kDecodeGemmW8A16MaxM && !is_w8a8(mode)) continue;
       Outcome o;
       ASSERT_NO_FATAL_FAILURE(run_and_compare(c, m, false, {}, 0, c.text() + " M=" + std::to_string(m), &o));
     }

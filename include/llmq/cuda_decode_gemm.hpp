@@ -1,6 +1,6 @@
-// Decode GEMM on CUDA: 1 to 16 tokens against 8-bit weights, streamed once from device memory.
+// Decode GEMM on CUDA: 1 to 32 tokens against 8-bit weights, streamed once from device memory.
 //
-//   D[M, N] (bf16) = A[M, K] * W[N, K]^T * scales (+ bias[N]),   1 <= M <= 16,
+//   D[M, N] (bf16) = A[M, K] * W[N, K]^T * scales (+ bias[N]),   1 <= M <= 32,
 //
 // with W FP8 E4M3 or INT8, row-major [N, K] (nn.Linear layout), one float scale per output
 // channel (w_scale[N]) or one per tensor, and A either
@@ -11,7 +11,7 @@
 //     a_scale[M] (or one per tensor): FP8 products summed in FP32, INT8 products summed exactly in
 //     INT32, then acc * (a_scale[m] * w_scale[n]) (+ bias) as in the CPU reference
 //     llmq::quantized_gemm. The INT8 W8A8 output equals the reference bit for bit.
-// At M <= 16 the time is the weight bytes over the memory bandwidth, so the kernel is built to
+// At these M the time is the weight bytes over the memory bandwidth, so the kernel is built to
 // keep device memory busy: every lane streams its weights with 16-byte loads straight into
 // registers, eight of them in flight before the first product (no shared-memory staging, no
 // barrier in the loop), a CTA's eight warps split K, and the tensor cores (mma.sync m16n8k16 /
@@ -34,11 +34,19 @@
 
 namespace llmq {
 
-// The most tokens one call takes: the tokens are the 16-row side of one tensor-core tile.
-inline constexpr int64_t kMaxDecodeGemmM = 16;
+// The most tokens one call takes: up to four n8 tiles of tokens against each 16 weight rows.
+inline constexpr int64_t kMaxDecodeGemmM = 32;
+// Grouped mode (MoE experts): the rows of one grid slice, an expert's chunk.
+inline constexpr int64_t kDecodeGemmGroupRows = 16;
+// W8A16 (bf16 activations, twice the activation registers) takes at most this many tokens.
+inline constexpr int64_t kDecodeGemmW8A16MaxM = 16;
+// Up to how many tokens the decode GEMM beats cuBLASLt for these operands: a planner's rule (the
+// runtime's linears, src/runtime/linear.cu), not a limit (can_implement takes up to kMaxDecodeGemmM
+// W8A8 tokens). The numbers and their measurement are in decode_gemm.cu.
+int64_t decode_gemm_preferred_max_tokens(DType a_dtype, DType w_dtype);
 
 struct DecodeGemmProblem {
-  int64_t m = 0;  // tokens, 0..16 (0 or n == 0: nothing to do)
+  int64_t m = 0;  // tokens, 0..kMaxDecodeGemmM; W8A16 0..kDecodeGemmW8A16MaxM (0 or n == 0: nothing to do)
   int64_t n = 0;  // output channels
   int64_t k = 0;  // input channels, a positive multiple of 16 (16-byte loads)
 
@@ -64,7 +72,7 @@ struct DecodeGemmProblem {
 struct DecodeGemmConfig {
   int split_k = 0;        // CTAs of one cluster that share a row range, each on 1/split_k of K:
                           // 1, 2, 4 or 8 (> 1 needs sm_90)
-  int tiles_per_cta = 0;  // 16-row tiles one CTA streams together: 1, 2, 3 or 4 (more tiles share
+  int tiles_per_cta = 0;  // 16-row tiles one CTA streams together: 1, 2, 3 or 4, only 2 past 16 tokens (more tiles share
                           // each activation load; fewer give more CTAs)
   bool l2_prefetch = true;  // weight loads ask L2 for the whole 256-byte block (.L2::256B)
 };
@@ -81,8 +89,8 @@ struct DecodeGemmPlan {
   int64_t smem_bytes = 0;   // static shared memory per CTA (cross-warp and cluster reduction)
 };
 
-// Why the problem cannot run (ok when it can), without touching the device: shapes, dtypes,
-// null pointers, 16-byte alignment of A and W rows, scale arguments, and for INT8 W8A8 the INT32
+// Why the problem cannot run (ok when it can), without touching the device: shapes (M up to
+// kMaxDecodeGemmM, W8A16 up to kDecodeGemmW8A16MaxM), dtypes, null pointers, 16-byte alignment of A and W rows, scale arguments, and for INT8 W8A8 the INT32
 // bound K <= kMaxInt8SegmentK. Errors name the field ("k: ...", "a_scale: ...").
 Status cuda_decode_gemm_can_implement(const DecodeGemmProblem& p);
 

@@ -7,7 +7,7 @@
 // or synthetic weights with the shapes of a real model generated on the device), GpuRuntime holds
 // what one stream of work needs (KV cache, activations, graphs).
 //
-// What runs where (src/runtime/): the linears of decode steps (<= 16 tokens) go through llmq's
+// What runs where (src/runtime/): the linears of decode steps (<= 16 tokens, more in W8A8) go through llmq's
 // decode GEMM (8-bit weights streamed at memory speed) or cuBLASLt BF16; prefill through cuBLASLt
 // FP8 (outer-vector or block scales), llmq's INT8 GEMM or cuBLASLt BF16; shapes none of them take
 // (a tiny model's K = 172, say) through a plain CUDA-core kernel with the same arithmetic. RMSNorm,

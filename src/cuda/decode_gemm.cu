@@ -1,5 +1,5 @@
 // Decode GEMM (include/llmq/cuda_decode_gemm.hpp): D[M, N] = A[M, K] * W[N, K]^T * scales for
-// M <= 16 tokens and 8-bit weights, written to run at the speed of streaming W once.
+// M <= 32 tokens and 8-bit weights, written to run at the speed of streaming W once.
 //
 // Work split. N is cut into tiles of 16 weight rows (the 16 A rows of an mma tile). A CTA of 8
 // warps owns tiles_per_cta consecutive tiles; K is cut into batches of kUnroll 64-wide steps and
@@ -22,7 +22,7 @@
 // flight during batch j's products) cost the occupancy it needed and was no faster.
 //
 // Products (tensor cores, weight rows as the mma's 16 A rows, tokens as its n8 columns: one mma
-// per 16 rows x 32 K for M <= 8, two for M <= 16):
+// per 16 rows x 32 K for M <= 8, two for M <= 16, four for M <= 32):
 //   W8A16: mma.m16n8k16 bf16 -> fp32. A lane's 16 weight bytes of a row become 8 bf16x2
 //          registers: E4M3 by moving sign, exponent and mantissa into BF16 position (the value
 //          times 2^-120, exact) and one bf16x2 multiply by 2^120 (exact); INT8 as
@@ -69,30 +69,56 @@ namespace decode_gemm {
 
 using KernelFn = void (*)(Params);
 
-template <bool kInt8, bool kABf16, bool kM16, bool kPrefetch, bool kW16 = false, bool kBlock = false>
+// Four token tiles take two weight tiles a CTA: more and the warps' partial sums (kWarps x tiles x
+// token tiles x 512 bytes) pass the 48 KiB of static shared memory; one holds four steps of four
+// activation pieces in registers, which spilled (ptxas: 576 bytes).
+template <int kTokenTiles>
+constexpr int kMaxTilesFor = kTokenTiles == 4 ? 2 : 4;
+template <int kTokenTiles>
+constexpr int kMinTilesFor = kTokenTiles == 4 ? 2 : 1;
+
+template <bool kInt8, bool kABf16, int kTokenTiles, bool kPrefetch, bool kW16 = false, bool kBlock = false>
 KernelFn kernel_for_tiles(int tiles) {
-  if (tiles == 4) return decode_gemm_kernel<kInt8, kABf16, kM16, 4, kPrefetch, kW16, kBlock>;
-  if (tiles == 3) return decode_gemm_kernel<kInt8, kABf16, kM16, 3, kPrefetch, kW16, kBlock>;
-  if (tiles == 2) return decode_gemm_kernel<kInt8, kABf16, kM16, 2, kPrefetch, kW16, kBlock>;
-  return decode_gemm_kernel<kInt8, kABf16, kM16, 1, kPrefetch, kW16, kBlock>;
+  if constexpr (kMaxTilesFor<kTokenTiles> == 4) {
+    if (tiles == 4) return decode_gemm_kernel<kInt8, kABf16, kTokenTiles, 4, kPrefetch, kW16, kBlock>;
+    if (tiles == 3) return decode_gemm_kernel<kInt8, kABf16, kTokenTiles, 3, kPrefetch, kW16, kBlock>;
+  }
+  if constexpr (kMinTilesFor<kTokenTiles> == 1)
+    if (tiles == 1) return decode_gemm_kernel<kInt8, kABf16, kTokenTiles, 1, kPrefetch, kW16, kBlock>;
+  return decode_gemm_kernel<kInt8, kABf16, kTokenTiles, 2, kPrefetch, kW16, kBlock>;
 }
 
-template <bool kM16, bool kPrefetch>
+// Null for a form that has no kernel at these tokens (W8A16: can_implement refuses it; block scales
+// and BF16 experts: grouped mode only, whose launches take at most 16 rows).
+template <int kTokenTiles, bool kPrefetch>
 KernelFn kernel_for(bool int8, bool a_bf16, bool w16, bool block, int tiles) {
-  if (w16) return kernel_for_tiles<false, false, kM16, kPrefetch, true>(tiles);
-  if (block) return kernel_for_tiles<false, false, kM16, kPrefetch, false, true>(tiles);
-  if (int8)
-    return a_bf16 ? kernel_for_tiles<true, true, kM16, kPrefetch>(tiles) : kernel_for_tiles<true, false, kM16, kPrefetch>(tiles);
-  return a_bf16 ? kernel_for_tiles<false, true, kM16, kPrefetch>(tiles) : kernel_for_tiles<false, false, kM16, kPrefetch>(tiles);
+  if constexpr (kTokenTiles == 4) {  // W8A8 only: W8A16's activations, block scales and BF16 experts stay at M <= 16
+    if (w16 || block || a_bf16) return nullptr;
+    return int8 ? kernel_for_tiles<true, false, 4, kPrefetch>(tiles) : kernel_for_tiles<false, false, 4, kPrefetch>(tiles);
+  } else {
+    if (w16) return kernel_for_tiles<false, false, kTokenTiles, kPrefetch, true>(tiles);
+    if (block) return kernel_for_tiles<false, false, kTokenTiles, kPrefetch, false, true>(tiles);
+    if (int8)
+      return a_bf16 ? kernel_for_tiles<true, true, kTokenTiles, kPrefetch>(tiles)
+                    : kernel_for_tiles<true, false, kTokenTiles, kPrefetch>(tiles);
+    return a_bf16 ? kernel_for_tiles<false, true, kTokenTiles, kPrefetch>(tiles)
+                  : kernel_for_tiles<false, false, kTokenTiles, kPrefetch>(tiles);
+  }
 }
 
-// kM16: M > 8 (mma rows 8..15 carry tokens; else they are zero registers and A rows 8..15 are
-// never loaded).
-KernelFn select_kernel(bool int8, bool a_bf16, bool m16, int tiles, bool prefetch, bool w16 = false, bool block = false) {
-  if (m16)
-    return prefetch ? kernel_for<true, true>(int8, a_bf16, w16, block, tiles) : kernel_for<true, false>(int8, a_bf16, w16, block, tiles);
-  return prefetch ? kernel_for<false, true>(int8, a_bf16, w16, block, tiles) : kernel_for<false, false>(int8, a_bf16, w16, block, tiles);
+// The n8 tiles of tokens M needs: 1 (M <= 8), 2 (M <= 16) or 4 (M <= 32); rows past M are zero
+// registers and their A rows are never loaded.
+int token_tiles(int64_t m) { return m <= 8 ? 1 : (m <= 16 ? 2 : 4); }
+
+KernelFn select_kernel(bool int8, bool a_bf16, int64_t m, int tiles, bool prefetch, bool w16 = false, bool block = false) {
+  switch (token_tiles(m)) {
+    case 1: return prefetch ? kernel_for<1, true>(int8, a_bf16, w16, block, tiles) : kernel_for<1, false>(int8, a_bf16, w16, block, tiles);
+    case 2: return prefetch ? kernel_for<2, true>(int8, a_bf16, w16, block, tiles) : kernel_for<2, false>(int8, a_bf16, w16, block, tiles);
+    default: return prefetch ? kernel_for<4, true>(int8, a_bf16, w16, block, tiles) : kernel_for<4, false>(int8, a_bf16, w16, block, tiles);
+  }
 }
+
+static_assert(kDecodeGemmGroupRows == kTileN, "grouped mode: a slice's chunk is one tile's rows (find_group_chunk)");
 
 using cuda::DeviceFacts;  // queried once per device (every decode call plans, once per token)
 
@@ -161,12 +187,20 @@ Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPl
   // per lane per batch instead of eight) fill the waves of gpt-oss's experts: N = 5760 / 2880 at
   // four routed experts give 480 / 240 CTAs at 3 tiles (91% of two / one waves of 264) where 4
   // tiles leave 360 / 180 (68%).
+  const bool four = token_tiles(p.m) == 4;
+  const int min_tiles = four ? kMinTilesFor<4> : kMinTilesFor<1>, max_tiles = four ? kMaxTilesFor<4> : kMaxTilesFor<1>;
+  if (cfg.tiles_per_cta != 0 && (cfg.tiles_per_cta < min_tiles || cfg.tiles_per_cta > max_tiles))
+    return invalid_argument("config.tiles_per_cta: " + std::to_string(min_tiles) + ".." + std::to_string(max_tiles) +
+                            " for " + std::to_string(p.m) + " tokens, got " + std::to_string(cfg.tiles_per_cta));
+  if (select_kernel(int8, a_bf16, p.m, max_tiles, cfg.l2_prefetch, w16, block) == nullptr)
+    return unsupported("decode gemm: no kernel for " + std::to_string(p.m) + " tokens in this form (W8A8 only past " +
+                       std::to_string(kDecodeGemmGroupRows) + ")");
   int tiles_per_cta = cfg.tiles_per_cta;
   if (tiles_per_cta == 0) {
     int64_t best_waves = 0;
-    for (const int t : {1, 2, 3, 4}) {
+    for (int t = min_tiles; t <= max_tiles; ++t) {
       int per_sm = 0;
-      LLMQ_RETURN_IF_ERROR(ctas_per_sm(select_kernel(int8, a_bf16, p.m > 8, t, cfg.l2_prefetch, w16, block), dev, &per_sm));
+      LLMQ_RETURN_IF_ERROR(ctas_per_sm(select_kernel(int8, a_bf16, p.m, t, cfg.l2_prefetch, w16, block), dev, &per_sm));
       const int64_t waves = ceil_div(ceil_div(tiles, t) * slices, per_sm * int64_t{dev.sms});
       if (tiles_per_cta == 0 || waves < best_waves) {
         best_waves = waves;
@@ -174,7 +208,7 @@ Status make_plan(const DecodeGemmProblem& p, const DecodeGemmConfig& cfg, FullPl
       }
     }
   }
-  const KernelFn fn = select_kernel(int8, a_bf16, p.m > 8, tiles_per_cta, cfg.l2_prefetch, w16, block);
+  const KernelFn fn = select_kernel(int8, a_bf16, p.m, tiles_per_cta, cfg.l2_prefetch, w16, block);
   int ptx_version = 0;
   int64_t smem = 0;
   LLMQ_RETURN_IF_ERROR(kernel_facts(fn, dev, &ptx_version, &smem));
@@ -221,6 +255,17 @@ bool aligned(const void* ptr, int64_t bytes) {
 // ---------------------------------------------------------------------------------------------
 // Public API
 
+// Measured on an H200 in Llama-3-8B decode steps (bench/results/2026-11-28-h200-decode-gemm-32-tokens.json),
+// where cuBLASLt's FP8 / INT8 kernels run the N = 4096 projections on 32 CTAs: four token tiles
+// took INT8 W8A8 at 24 / 32 rows from 5.79 / 5.87 to 4.38 / 4.68 ms a step; E4M3 gained at 17-24
+// rows (5.11 -> 4.89 ms at 20) and lost at 32 (5.29 -> 5.37), where its mma.sync products, not the
+// weight stream, set the pace. Everything else keeps the two token tiles every form has.
+int64_t decode_gemm_preferred_max_tokens(DType a_dtype, DType w_dtype) {
+  if (a_dtype == DType::kI8 && w_dtype == DType::kI8) return 32;
+  if (a_dtype == DType::kE4M3 && w_dtype == DType::kE4M3) return 24;
+  return 16;
+}
+
 Status cuda_decode_gemm_can_implement(const DecodeGemmProblem& p) {
   using decode_gemm::aligned;
   constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
@@ -240,6 +285,9 @@ Status cuda_decode_gemm_can_implement(const DecodeGemmProblem& p) {
   if (!w8a16 && p.w_dtype == DType::kI8 && p.k > kMaxInt8SegmentK)
     return unsupported("k: " + std::to_string(p.k) + " exceeds kMaxInt8SegmentK = " +
                        std::to_string(kMaxInt8SegmentK) + " (INT32 accumulators could overflow)");
+  if (w8a16 && p.m > kDecodeGemmW8A16MaxM)
+    return unsupported("m: W8A16 (bf16 activations) takes at most " + std::to_string(kDecodeGemmW8A16MaxM) +
+                       " tokens, got " + std::to_string(p.m));
   const int64_t a_elt = w8a16 ? 2 : 1;
   const int64_t lda = p.a_row_stride == 0 ? p.k : p.a_row_stride;
   const int64_t ldw = p.w_row_stride == 0 ? p.k : p.w_row_stride;
@@ -288,6 +336,9 @@ namespace decode_gemm {
 Status launch(const DecodeGemmProblem& p, CudaStream stream, const DecodeGemmConfig& config, const GroupLaunch* group) {
   LLMQ_RETURN_IF_ERROR(cuda_decode_gemm_can_implement(p));
   if (p.m == 0 || p.n == 0) return {};
+  if (group != nullptr && p.m > kDecodeGemmGroupRows)  // a slice's rows are one chunk (kTileN)
+    return invalid_argument("grouped decode gemm: m must be at most " + std::to_string(kDecodeGemmGroupRows) + ", got " +
+                            std::to_string(p.m));
   FullPlan full;
   LLMQ_RETURN_IF_ERROR(make_plan(p, config, &full, group != nullptr && group->w16,
                                  group != nullptr ? group->busy_slices : 1, group != nullptr && group->block));

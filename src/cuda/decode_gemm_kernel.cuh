@@ -171,7 +171,7 @@ __device__ __forceinline__ void mma_8bit(float (&c)[4], uint32_t a0, uint32_t a1
 
 // ---------------------------------------------------------------------------------------------
 // The kernel. kInt8: weights INT8 (else E4M3); kABf16: W8A16 (else A has the weight's format);
-// kM16: M > 8 (a second n8 tile of tokens 8..15); kTiles: 16-row tiles per CTA; kPrefetch:
+// kTokenTiles: n8 tiles of tokens (1: M <= 8, 2: M <= 16, 4: M <= 32); kTiles: 16-row tiles per CTA; kPrefetch:
 // .L2::256B on the weight loads.
 
 // kW16 (with kInt8 = kABf16 = false): BF16 weights and BF16 activations, for MoE's BF16 experts.
@@ -181,11 +181,11 @@ __device__ __forceinline__ void mma_8bit(float (&c)[4], uint32_t a0, uint32_t a1
 // kBlock (E4M3 W8A8 only): 128x128 weight-block scales w_scale[row / 128, k / 128] and 1x128
 // activation-block scales a_scale[token, k / 128]; each 64-wide K step's products are taken fresh
 // and added times both scales of their K block (a 16-row tile lies in one 128-row block).
-template <bool kInt8, bool kABf16, bool kM16, int kTiles, bool kPrefetch, bool kW16 = false, bool kBlock = false>
+template <bool kInt8, bool kABf16, int kTokenTiles, int kTiles, bool kPrefetch, bool kW16 = false, bool kBlock = false>
 __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p) {
   using Acc = std::conditional_t<kInt8 && !kABf16, int32_t, float>;
   constexpr int kAElt = kABf16 ? 2 : 1;
-  constexpr int kTokenTiles = kM16 ? 2 : 1;           // n8 tiles of tokens
+  static_assert(kTokenTiles == 1 || kTokenTiles == 2 || kTokenTiles == 4, "1, 2 or 4 n8 tiles of tokens");
   constexpr int kUnroll = kLoadsPerBatch / (2 * kTiles);  // steps per batch: 2 rows per tile per lane
   constexpr int kValues = kTiles * kTokenTiles * 32 * 4;  // accumulators of one warp
   // Partial sums of the warps, then the CTA's sums that the cluster reads.
@@ -243,10 +243,20 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
       row_ok[t][h] = row < p.n;
       wrow[t][h] = w_base + (row_ok[t][h] ? row * p.w_stride : 0) + q * 16;
     }
-  // ... and the activations of tokens g (and g + 8), the mma's n8 columns.
-  const bool has0 = g < m_rows, has1 = kM16 && g + 8 < m_rows;
-  const uint8_t* arow0 = p.a + (has0 ? a_row(g) : 0) * p.a_stride + q * 16 * kAElt;
-  const uint8_t* arow1 = p.a + (has1 ? a_row(g + 8) : 0) * p.a_stride + q * 16 * kAElt;
+  // ... and the activations of tokens g + 8 j, the mma's n8 columns.
+  // Four token tiles (never grouped: rows are plain) address their rows from one pointer, which
+  // keeps the registers of three more 64-bit pointers for the loads in flight.
+  bool has[kTokenTiles];
+  const uint8_t* arow[kTokenTiles == 4 ? 1 : kTokenTiles];
+#pragma unroll
+  for (int j = 0; j < kTokenTiles; ++j) {
+    has[j] = g + 8 * j < m_rows;
+    if (kTokenTiles != 4 || j == 0) arow[j] = p.a + (has[j] ? a_row(g + 8 * j) : 0) * p.a_stride + q * 16 * kAElt;
+  }
+  auto a_piece = [&](int j) -> const uint8_t* {
+    if constexpr (kTokenTiles == 4) return arow[0] + 8 * j * p.a_stride;
+    else return arow[j];
+  };
   const uint4 zero = make_uint4(0, 0, 0, 0);
   // kBlock: this lane's tokens (mma columns 2q, 2q + 1 of each token tile) and their scale rows.
   const float* sa_row[kTokenTiles][2] = {};
@@ -302,10 +312,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemm_kernel(const Params p
       const int64_t kk = k_begin + static_cast<int64_t>(s0 + u) * kStepK;
       const bool ok = s0 + u < steps && kk + q * 16 < k_end;
 #pragma unroll
-      for (int i = 0; i < kAElt; ++i) {
-        b.a[u][i] = ok && has0 ? load_activations(arow0 + kk * kAElt + 16 * i) : zero;
-        if constexpr (kM16) b.a[u][kAElt + i] = ok && has1 ? load_activations(arow1 + kk * kAElt + 16 * i) : zero;
-      }
+      for (int j = 0; j < kTokenTiles; ++j)
+#pragma unroll
+        for (int i = 0; i < kAElt; ++i)
+          b.a[u][j * kAElt + i] = ok && has[j] ? load_activations(a_piece(j) + kk * kAElt + 16 * i) : zero;
     }
   };
   // The products of one batch, step by step. Weight rows g, g + 8 are the mma's A rows; the

@@ -17,12 +17,12 @@ Status decode_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream) {
   // chunk, so that CTAs of empty experts are never launched (at gpt-oss's 32 experts and 64 tokens
   // the empty (expert, chunk) slices of a per-expert grid cost more than the GEMM).
   // Both bounds come from `rows` (always valid), not from max_rows_per_expert (a caller's promise).
-  const int64_t slices = g.rows / kMaxDecodeGemmM + std::min(g.experts, g.rows);
+  const int64_t slices = g.rows / kDecodeGemmGroupRows + std::min(g.experts, g.rows);
   if (slices > 65535)
     return unsupported("max_rows_per_expert: " + std::to_string(g.max_rows_per_expert) + " rows x " +
                        std::to_string(g.experts) + " experts is past the decode kernel's grid (use the wgmma kernel)");
   DecodeGemmProblem p;
-  p.m = std::min(g.rows, kMaxDecodeGemmM);  // picks the variant (> 8: 16-row chunks); rows come from offsets
+  p.m = std::min(g.rows, kDecodeGemmGroupRows);  // picks the variant (> 8: 16-row chunks); rows come from offsets
   p.n = g.n;
   p.k = g.k;
   p.a = g.a;

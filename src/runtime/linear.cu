@@ -91,13 +91,21 @@ CudaGemmProblem cublas_problem(const GpuLinear& l, const LinearPart& part, const
   return p;
 }
 
+// The most rows this linear's decode-sized class takes: as far as the decode GEMM beats cuBLASLt
+// for its operands (decode_gemm_preferred_max_tokens), the one rule for both the class and the kernel.
+int64_t decode_class_rows(const GpuLinear& l) {
+  const DType a = quantized_input(l) ? l.act_dtype : DType::kBF16;
+  const DType w = l.parts.empty() ? DType::kBF16 : l.parts[0].w_dtype;
+  return std::min<int64_t>(kMaxDecodeGemmM, decode_gemm_preferred_max_tokens(a, w));
+}
+
 Path choose_path(const GpuLinear& l, const LinearPart& part, int64_t m, LinearOut y_type, int64_t ldy,
                  const LinearContext& ctx) {
   const bool eight_bit = part.w_dtype == DType::kE4M3 || part.w_dtype == DType::kI8;
   // Decode GEMM: 8-bit weights with per-channel scales, BF16 input or the weight's own format with
   // per-row scales. Its can_implement checks K, alignment and the INT32 bound; pointers are not
   // known here, so only the shape-dependent conditions are tested with stand-in pointers.
-  if (m <= kMaxDecodeGemmM && eight_bit && part.scale_kind == WeightScale::kChannel && y_type == LinearOut::kBF16 &&
+  if (m <= decode_class_rows(l) && eight_bit && part.scale_kind == WeightScale::kChannel && y_type == LinearOut::kBF16 &&
       (!quantized_input(l) || (per_row_scales(l) && l.act_dtype == part.w_dtype)) &&
       (part.w_dtype == DType::kI8 || compute_capability_has_fp8(ctx.sm_major, ctx.sm_minor))) {
     alignas(16) static const char stand_in[16] = {};
@@ -157,16 +165,16 @@ LinearPlan plan_linear(const GpuLinear& l, int64_t max_rows, LinearOut y_type, i
   plan.y_type = y_type;
   plan.ldy = ldy;
   plan.max_rows = max_rows;
-  const int64_t small_m = std::min<int64_t>(kMaxDecodeGemmM, std::max<int64_t>(max_rows, 1));
-  for (const LinearPart& part : l.parts) {
-    plan.small.push_back(choose_path(l, part, small_m, y_type, ldy, ctx));
-    plan.large.push_back(max_rows > kMaxDecodeGemmM ? choose_path(l, part, max_rows, y_type, ldy, ctx) : Path::kGeneric);
-  }
+  plan.small_max_rows = decode_class_rows(l);
+  const int64_t small_m = std::min<int64_t>(plan.small_max_rows, std::max<int64_t>(max_rows, 1));
+  for (const LinearPart& part : l.parts) plan.small.push_back(choose_path(l, part, small_m, y_type, ldy, ctx));
+  for (const LinearPart& part : l.parts)
+    plan.large.push_back(max_rows > plan.small_max_rows ? choose_path(l, part, max_rows, y_type, ldy, ctx) : Path::kGeneric);
   return plan;
 }
 
 std::string linear_path(const GpuLinear& l, const LinearPlan& plan, int64_t m) {
-  const std::vector<Path>& paths = m <= kMaxDecodeGemmM ? plan.small : plan.large;
+  const std::vector<Path>& paths = m <= plan.small_max_rows ? plan.small : plan.large;
   std::string s;
   for (size_t i = 0; i < l.parts.size() && i < paths.size(); ++i) {
     if (!s.empty()) s += " + ";
@@ -231,7 +239,7 @@ Status run_linear(const GpuLinear& l, const LinearPlan& plan, const LinearInput&
     return Status(StatusCode::kInternal, l.name + ": M=" + std::to_string(m) + " outside its plan (" +
                                              std::to_string(plan.max_rows) + " rows, " + std::to_string(plan.small.size()) +
                                              " parts of " + std::to_string(l.parts.size()) + ")");
-  const std::vector<Path>& paths = m <= kMaxDecodeGemmM ? plan.small : plan.large;
+  const std::vector<Path>& paths = m <= plan.small_max_rows ? plan.small : plan.large;
   const int64_t y_elem = plan.y_type == LinearOut::kF32 ? 4 : 2;
   for (size_t i = 0; i < l.parts.size(); ++i) {
     const LinearPart& part = l.parts[i];

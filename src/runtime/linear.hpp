@@ -1,8 +1,8 @@
 // One linear layer of the GPU runtime, y[M, N] = x[M, K] * W^T, with its weights on the device and
 // the way its input is quantized; plan_linear, which picks the kernel once per step-size class when
 // a runtime is made, and run_linear, which runs the planned kernel. The kernels:
-//   * decode (M <= 16): llmq's decode GEMM (8-bit weights with per-channel scales, W8A8 per-token or
-//     W8A16), cuBLASLt BF16;
+//   * decode (M <= 16; W8A8 to 24 E4M3 / 32 INT8 rows, decode_gemm_preferred_max_tokens): llmq's
+//     decode GEMM (8-bit weights with per-channel scales, W8A8 per-token or W8A16), cuBLASLt BF16;
 //   * prefill: cuBLASLt FP8 (outer-vector per-token x per-channel, or 1x128 x 128x128 blocks),
 //     llmq's INT8 GEMM, cuBLASLt BF16;
 //   * anything those refuse (K not a multiple of 16, F32 weights, W8A16 at large M): the plain
@@ -97,16 +97,18 @@ enum class LinearOut { kBF16, kF32 };
 enum class LinearPath { kDecodeGemm, kCublasFp8Outer, kCublasFp8Tensor, kCublasFp8Block, kCublasBf16, kInt8Gemm, kGeneric };
 
 // The kernel of each part of a linear, for the two step sizes a runtime runs: decode-sized steps
-// (M <= kMaxDecodeGemmM) and larger ones up to max_rows. Each class is planned at its largest M:
-// every kernel's can_implement condition on M is an upper bound (extents, tile counts) or holds for
-// every M of the class (the decode GEMM's M <= 16; block scales' M % 4, met by padded rows), so the
+// (M <= small_max_rows: as far as the decode GEMM is preferred for the linear's operands,
+// decode_gemm_preferred_max_tokens) and larger ones up to max_rows. Each class is planned at its largest M: every
+// kernel's can_implement condition on M is an upper bound (extents, tile counts) or holds for every
+// M of the class (the decode GEMM's token bound; block scales' M % 4, met by padded rows), so the
 // plan holds for every M of the class. The output's type and row stride are part of the plan.
 struct LinearPlan {
   LinearOut y_type = LinearOut::kBF16;
   int64_t ldy = 0;
   int64_t max_rows = 0;
-  std::vector<LinearPath> small;  // per part: M <= kMaxDecodeGemmM
-  std::vector<LinearPath> large;  // per part: kMaxDecodeGemmM < M <= max_rows
+  int64_t small_max_rows = 0;
+  std::vector<LinearPath> small;  // per part: M <= small_max_rows
+  std::vector<LinearPath> large;  // per part: small_max_rows < M <= max_rows
 };
 LinearPlan plan_linear(const GpuLinear& linear, int64_t max_rows, LinearOut y_type, int64_t ldy, const LinearContext& ctx);
 
