@@ -1,4 +1,4 @@
-// Benchmark of the decode GEMM (include/llmq/cuda_decode_gemm.hpp) for 1-16 tokens against, in
+// Benchmark of the decode GEMM (include/llmq/cuda_decode_gemm.hpp) for 1-32 tokens (W8A16 1-16) against, in
 // the same run, cuBLASLt BF16 x BF16 (the peer: what an unquantized model runs) and cuBLASLt FP8
 // E4M3 with per-tensor scales (both through llmq::CudaGemmRunner), and a device-to-device copy
 // of the 8-bit weight bytes (the bandwidth ceiling).
@@ -6,7 +6,7 @@
 // Method (CUTLASS style): weights filled on the device with random non-zero values and positive
 // scales; S >= 2 weight sets per width rotated so that one pass over them moves more than 2x the
 // L2 (read from the device), so every run streams its weights from device memory; activations
-// (at most 16 x K) stay the same, as a model's would be fresh in L2. One untimed run per set
+// (at most 32 x K) stay the same, as a model's would be fresh in L2. One untimed run per set
 // (cuBLASLt plan, first touch) plus --warmup runs; then a spin kernel holds the GPU while the host
 // queues every timed run, each of --iters >= 50 runs is timed on its own by a pair of CUDA events,
 // and the median is reported.
@@ -104,7 +104,7 @@ std::vector<std::string> split_list(const std::string& s) {
 
 // The command line into `o` (exits 2 on a bad option or value, 0 after --help).
 void parse(int argc, char** argv, Options* o) {
-  CLI::App app{"bench_cuda_decode_gemm: the decode GEMM (1-16 tokens) against cuBLASLt BF16 and FP8 and a copy "
+  CLI::App app{"bench_cuda_decode_gemm: the decode GEMM (1-32 tokens) against cuBLASLt BF16 and FP8 and a copy "
                "of the weights, in the same run"};
   llmq::bench::last_value_wins(app);
   app.add_option("--json", o->json_path, "also write one JSON object per line per (shape, M, kernel) to PATH")
