@@ -5,7 +5,8 @@
 //     decode GEMM (8-bit weights with per-channel scales, W8A8 per-token or W8A16), cuBLASLt BF16;
 //   * prefill: cuBLASLt FP8 (outer-vector per-token x per-channel, or 1x128 x 128x128 blocks),
 //     llmq's INT8 GEMM, cuBLASLt BF16;
-//   * anything those refuse (K not a multiple of 16, F32 weights, W8A16 at large M): the plain
+//   * W8A16 past 16 rows: the decode GEMM over 16-row chunks (no cuBLASLt GEMM takes it);
+//   * anything those refuse (K not a multiple of 16, F32 weights): the plain
 //     CUDA-core kernel of generic_linear.cu, which computes the same function.
 // A QKV or gate/up projection is one GpuLinear whose parts are concatenated along N; parts are one
 // tensor whenever their scales allow it (always for per-channel scales, blocks when every part's N
@@ -94,7 +95,16 @@ struct LinearContext {
 
 enum class LinearOut { kBF16, kF32 };
 
-enum class LinearPath { kDecodeGemm, kCublasFp8Outer, kCublasFp8Tensor, kCublasFp8Block, kCublasBf16, kInt8Gemm, kGeneric };
+enum class LinearPath {
+  kDecodeGemm,
+  kDecodeGemmChunks,  // the decode GEMM over chunks of rows, where nothing else but the CUDA-core kernel takes M
+  kCublasFp8Outer,
+  kCublasFp8Tensor,
+  kCublasFp8Block,
+  kCublasBf16,
+  kInt8Gemm,
+  kGeneric
+};
 
 // The kernel of each part of a linear, for the two step sizes a runtime runs: decode-sized steps
 // (M <= small_max_rows: as far as the decode GEMM is preferred for the linear's operands,
