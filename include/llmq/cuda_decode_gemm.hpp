@@ -46,7 +46,7 @@ inline constexpr int64_t kDecodeGemmW8A16MaxM = 16;
 int64_t decode_gemm_preferred_max_tokens(DType a_dtype, DType w_dtype);
 
 struct DecodeGemmProblem {
-  int64_t m = 0;  // tokens, 0..kMaxDecodeGemmM; W8A16 0..kDecodeGemmW8A16MaxM (0 or n == 0: nothing to do)
+  int64_t m = 0;  // tokens, 0..kMaxDecodeGemmM (W8A16 ..kDecodeGemmW8A16MaxM); 0 or n == 0: nothing to do
   int64_t n = 0;  // output channels
   int64_t k = 0;  // input channels, a positive multiple of 16 (16-byte loads)
 
@@ -72,8 +72,8 @@ struct DecodeGemmProblem {
 struct DecodeGemmConfig {
   int split_k = 0;        // CTAs of one cluster that share a row range, each on 1/split_k of K:
                           // 1, 2, 4 or 8 (> 1 needs sm_90)
-  int tiles_per_cta = 0;  // 16-row tiles one CTA streams together: 1, 2, 3 or 4, only 2 past 16 tokens (more tiles share
-                          // each activation load; fewer give more CTAs)
+  int tiles_per_cta = 0;  // 16-row tiles one CTA streams together: 1, 2, 3 or 4; only 2 past 16
+                          // tokens (more tiles share each activation load; fewer give more CTAs)
   bool l2_prefetch = true;  // weight loads ask L2 for the whole 256-byte block (.L2::256B)
 };
 
@@ -90,8 +90,8 @@ struct DecodeGemmPlan {
 };
 
 // Why the problem cannot run (ok when it can), without touching the device: shapes (M up to
-// kMaxDecodeGemmM, W8A16 up to kDecodeGemmW8A16MaxM), dtypes, null pointers, 16-byte alignment of A and W rows, scale arguments, and for INT8 W8A8 the INT32
-// bound K <= kMaxInt8SegmentK. Errors name the field ("k: ...", "a_scale: ...").
+// kMaxDecodeGemmM, W8A16 up to kDecodeGemmW8A16MaxM), dtypes, null pointers, 16-byte alignment of
+// A and W rows, scale arguments, and for INT8 W8A8 the INT32 bound K <= kMaxInt8SegmentK. Errors name the field ("k: ...", "a_scale: ...").
 Status cuda_decode_gemm_can_implement(const DecodeGemmProblem& p);
 
 // The launch a call with this problem and config would make on the current device (also checks

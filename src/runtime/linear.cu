@@ -92,6 +92,13 @@ CudaGemmProblem cublas_problem(const GpuLinear& l, const LinearPart& part, const
   return p;
 }
 
+// Stand-in operands for can_implement at planning time, when no pointer is known: 16-byte aligned,
+// never dereferenced.
+alignas(16) const char kStandIn[16] = {};
+LinearInput stand_in_input() {
+  return {reinterpret_cast<const uint16_t*>(kStandIn), kStandIn, reinterpret_cast<const float*>(kStandIn)};
+}
+
 // The most rows this linear's decode-sized class takes: as far as the decode GEMM beats cuBLASLt
 // for its operands (decode_gemm_preferred_max_tokens), the one rule for both the class and the kernel.
 int64_t decode_class_rows(const GpuLinear& l) {
@@ -111,11 +118,9 @@ bool decode_gemm_takes(const GpuLinear& l, const LinearPart& part, int64_t m, Li
         (!quantized_input(l) || (per_row_scales(l) && l.act_dtype == part.w_dtype)) &&
         (part.w_dtype == DType::kI8 || compute_capability_has_fp8(ctx.sm_major, ctx.sm_minor))))
     return false;
-  alignas(16) static const char stand_in[16] = {};
-  LinearInput x{reinterpret_cast<const uint16_t*>(stand_in), stand_in, reinterpret_cast<const float*>(stand_in)};
-  DecodeGemmProblem p = decode_problem(l, part, x, std::max<int64_t>(m, 1), const_cast<char*>(stand_in), ldy);
-  p.w = stand_in;
-  p.w_scale = reinterpret_cast<const float*>(stand_in);
+  DecodeGemmProblem p = decode_problem(l, part, stand_in_input(), std::max<int64_t>(m, 1), const_cast<char*>(kStandIn), ldy);
+  p.w = kStandIn;
+  p.w_scale = reinterpret_cast<const float*>(kStandIn);
   return cuda_decode_gemm_can_implement(p).ok();
 }
 
@@ -123,13 +128,11 @@ Path choose_path(const GpuLinear& l, const LinearPart& part, int64_t m, LinearOu
                  const LinearContext& ctx) {
   if (m <= decode_class_rows(l) && decode_gemm_takes(l, part, m, y_type, ldy, ctx)) return Path::kDecodeGemm;
   const int64_t mm = std::max<int64_t>(padded_rows(l, m), 4);
-  alignas(16) static const char stand_in[16] = {};
-  LinearInput x{reinterpret_cast<const uint16_t*>(stand_in), stand_in, reinterpret_cast<const float*>(stand_in)};
   auto cublas_ok = [&](Path path) {
     if (ctx.gemm == nullptr) return false;
-    CudaGemmProblem p = cublas_problem(l, part, x, mm, const_cast<char*>(stand_in), y_type, ldy, path);
-    p.b.data = stand_in;
-    if (path != Path::kCublasBf16) p.b.scales = reinterpret_cast<const float*>(stand_in);  // BF16 takes none
+    CudaGemmProblem p = cublas_problem(l, part, stand_in_input(), mm, const_cast<char*>(kStandIn), y_type, ldy, path);
+    p.b.data = kStandIn;
+    if (path != Path::kCublasBf16) p.b.scales = reinterpret_cast<const float*>(kStandIn);  // BF16 takes none
     return cuda_gemm_can_implement(p, ctx.sm_major, ctx.sm_minor).ok();
   };
   if (part.w_dtype == DType::kBF16 && !quantized_input(l) && cublas_ok(Path::kCublasBf16)) return Path::kCublasBf16;

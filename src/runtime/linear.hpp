@@ -97,7 +97,7 @@ enum class LinearOut { kBF16, kF32 };
 
 enum class LinearPath {
   kDecodeGemm,
-  kDecodeGemmChunks,  // the decode GEMM over chunks of rows, where nothing else but the CUDA-core kernel takes M
+  kDecodeGemmChunks,  // the decode GEMM over chunks of rows, where only the CUDA-core kernel would take M
   kCublasFp8Outer,
   kCublasFp8Tensor,
   kCublasFp8Block,
@@ -108,10 +108,10 @@ enum class LinearPath {
 
 // The kernel of each part of a linear, for the two step sizes a runtime runs: decode-sized steps
 // (M <= small_max_rows: as far as the decode GEMM is preferred for the linear's operands,
-// decode_gemm_preferred_max_tokens) and larger ones up to max_rows. Each class is planned at its largest M: every
-// kernel's can_implement condition on M is an upper bound (extents, tile counts) or holds for every
-// M of the class (the decode GEMM's token bound; block scales' M % 4, met by padded rows), so the
-// plan holds for every M of the class. The output's type and row stride are part of the plan.
+// decode_gemm_preferred_max_tokens) and larger ones up to max_rows. Each class is planned at its
+// largest M: every kernel's can_implement condition on M is an upper bound (extents, tile counts)
+// or holds for every M of the class (the decode GEMM's token bound; block scales' M % 4, met by
+// padded rows), so the plan holds for every M of the class. The output's type and row stride are part of the plan.
 struct LinearPlan {
   LinearOut y_type = LinearOut::kBF16;
   int64_t ldy = 0;
