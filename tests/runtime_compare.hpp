@@ -198,6 +198,17 @@ void check_scheme(const GpuModel& gpu_model, Transformer* cpu_quantized, Transfo
   EXPECT_LE(gpu_cost.rms_rel(), kSchemeAccuracyFactor * ref_cost.rms_rel() + kSchemeAccuracySlack);
 }
 
+// A scheme's quantized model and its GPU copy (fatal failures abort the caller).
+void quantize_to_gpu(const ModelWeights& w, const std::string& scheme_name, const CalibrationStats* stats, QuantizedModel* qm,
+                     std::unique_ptr<GpuModel>* gm) {
+  Scheme scheme;
+  ASSERT_TRUE(find_scheme(scheme_name, &scheme).ok()) << scheme_name;
+  Status st = quantize_model(w, scheme, stats, {}, qm);
+  ASSERT_TRUE(st.ok()) << scheme_name << ": " << st.to_string();
+  st = GpuModel::from_quantized(*qm, 0, gm);
+  ASSERT_TRUE(st.ok()) << scheme_name << ": " << st.to_string();
+}
+
 // A long prefill of an 8-bit model, every position's logits (MoE: more rows per expert than the
 // decode-size kernel takes, so the gather + wgmma grouped GEMMs): the GPU against the CPU reference
 // of the same quantized model, and both against the float model. Prints one line naming the path.

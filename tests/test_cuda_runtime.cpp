@@ -119,14 +119,9 @@ TEST(GpuRuntime, PerTensorSchemesTakeTensorScaledGemms) {
   ASSERT_TRUE(calibrate(w, calib, 24, &stats).ok());
   for (const std::string s : {"fp8-tensor-static", "fp8-tensor-dynamic", "fp8-dynamic"}) {
     SCOPED_TRACE("REPRO " + s);
-    Scheme scheme;
-    ASSERT_TRUE(find_scheme(s, &scheme).ok());
     QuantizedModel qm;
-    Status st = quantize_model(w, scheme, &stats, {}, &qm);
-    ASSERT_TRUE(st.ok()) << st.to_string();
     std::unique_ptr<GpuModel> gm;
-    st = GpuModel::from_quantized(qm, 0, &gm);
-    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_NO_FATAL_FAILURE(quantize_to_gpu(w, s, &stats, &qm, &gm));
     GpuRuntimeOptions o;
     o.max_context = 256;
     o.max_step_tokens = 256;
@@ -148,6 +143,44 @@ TEST(GpuRuntime, PerTensorSchemesTakeTensorScaledGemms) {
     // rounding of the GPU's activations moves); a wrong scale would move them all.
     EXPECT_LE(lp.vs_ref.over_garbage_bound, 2);
     EXPECT_LE(lp.gpu_cost.rms_rel(), kSchemeAccuracyFactor * lp.ref_cost.rms_rel() + kSchemeAccuracySlack);
+  }
+}
+
+// W8A16 (fp8-weight-only: no cuBLASLt GEMM takes 8-bit weights with BF16 activations): up to 16
+// rows the decode GEMM, then the decode GEMM over 16-row chunks, and past 48 rows cuBLASLt BF16 on
+// the codes dequantized to BF16, its FP32 sums times the channel scales rounded once (the
+// reference's operation order; the sum over K in another order, so the scheme's bounds, not bits).
+TEST(GpuRuntime, WeightOnlyPrefillTakesTheDequantizedGemm) {
+  LLMQ_REQUIRE_GPU();
+  const ModelWeights w = make_default_model();
+  Transformer cpu_float(w);
+  QuantizedModel qm;
+  std::unique_ptr<GpuModel> gm;
+  ASSERT_NO_FATAL_FAILURE(quantize_to_gpu(w, "fp8-weight-only", nullptr, &qm, &gm));
+  GpuRuntimeOptions o;
+  o.max_context = 256;
+  o.max_step_tokens = 256;
+  std::unique_ptr<GpuRuntime> rt;
+  ASSERT_TRUE(GpuRuntime::create(*gm, o, &rt).ok());
+  const struct {
+    int64_t rows;
+    const char* path;
+  } expect[] = {{16, "decode-gemm e4m3"}, {17, "decode-gemm in row chunks"}, {48, "decode-gemm in row chunks"},
+                {49, "cublaslt-bf16 on dequantized weights"}, {96, "cublaslt-bf16 on dequantized weights"}};
+  for (const auto& e : expect) {
+    const std::vector<std::string> paths = rt->describe_linears(e.rows);
+    ASSERT_GE(paths.size(), 4u);
+    for (size_t i = 0; i < 4; ++i)  // qkv, o, gate_up, down (lm_head keeps BF16 weights)
+      EXPECT_NE(paths[i].find(e.path), std::string::npos) << e.rows << " rows: " << paths[i];
+  }
+  QuantizedLinearBackend backend(qm);
+  Transformer cpu(qm.weights, &backend);
+  for (int64_t n : {40, 96}) {
+    LongPrefill lp;
+    long_prefill(*gm, &cpu, &cpu_float, n, "default fp8-weight-only", &lp);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_LE(lp.vs_ref.over_garbage_bound, 2) << n << " tokens";
+    EXPECT_LE(lp.gpu_cost.rms_rel(), kSchemeAccuracyFactor * lp.ref_cost.rms_rel() + kSchemeAccuracySlack) << n << " tokens";
   }
 }
 

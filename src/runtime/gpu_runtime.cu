@@ -597,7 +597,7 @@ int64_t GpuRuntime::device_bytes() const {
   b += g.moe.bytes();
   for (const DeviceAllocation* a : {&g.qkv_out, &g.q_rot, &g.attn_out, &g.o_out, &g.gu_out, &g.down_out, &g.logits, &g.lm_gather,
                                     &g.kv_cache, &g.cos_sin, &g.meta, &g.dec, &g.history, &g.gemm_workspace,
-                                    &g.quant_workspace, &g.attn_workspace, &g.argmax_workspace, &g.logits_flag})
+                                    &g.quant_workspace, &g.attn_workspace, &g.argmax_workspace, &g.logits_flag, &g.dequant_scratch})
     b += a->bytes();
   return b;
 }

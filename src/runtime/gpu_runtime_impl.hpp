@@ -135,6 +135,7 @@ struct GpuRuntime::Impl {
   runtime::LinearContext lin;
   runtime::ModelPlan plan;  // every linear's kernels for this runtime's step sizes (model_plan.cu)
   DeviceAllocation gemm_workspace, quant_workspace, attn_workspace, argmax_workspace;
+  DeviceAllocation dequant_scratch;  // W8A16 at prefill sizes: one part's codes in BF16 and FP32 sums (linear.hpp)
   DeviceAllocation logits_flag;  // int32, set by the device when a sampled row is NaN/Inf or constant
   attention::QuantPrefillAttention quant_attention;  // --attention int8 / fp8 / half-int8
   attention::Bf16PrefillAttention bf16_attention;    // BF16 prefill of long sequences on Hopper (wgmma)

@@ -41,9 +41,19 @@ int64_t attention_workspace_bytes(const ModelConfig& c, const GpuRuntimeOptions&
 bool bf16_prefill(const GpuRuntimeOptions& o) { return o.prefill_attention == AttentionVariant::kBf16; }
 int64_t bf16_prefill_keys(const GpuRuntimeOptions& o) { return std::max(capacity_of(o), o.max_step_tokens); }
 
+// The BF16 scratch W8A16 linears may take at prefill sizes (linear.hpp), at most: the layers'
+// linears write BF16 rows, lm_head float32 logits (never dequantized).
+int64_t dequant_scratch_bound(const GpuModel::Impl& m, int64_t rows) {
+  int64_t bytes = 0;
+  for (const GpuLayer& L : m.layers)
+    for (const GpuLinear* l : {&L.qkv, &L.o, &L.gate_up, &L.down})
+      bytes = std::max(bytes, runtime::dequant_scratch_bound(*l, rows, runtime::LinearOut::kBF16));
+  return bytes;
+}
+
 // Device bytes of a runtime of `o` besides the KV cache: activations, logits, the MoE buffers, the
-// rope table, the block tables and the attention workspace (the allocations that grow with the
-// step, the batch or the context).
+// rope table, the block tables, the attention workspace (the allocations that grow with the
+// step, the batch or the context) and the W8A16 scratch.
 int64_t bytes_besides_cache(const GpuModel& gm, const GpuRuntimeOptions& o) {
   const GpuModel::Impl& m = gm.impl();
   const ModelConfig& c = m.config;
@@ -55,7 +65,8 @@ int64_t bytes_besides_cache(const GpuModel& gm, const GpuRuntimeOptions& o) {
          lm_rows * c.vocab_size * 4 * (m.lm_head.n < c.vocab_size ? 2 : 1) +
          (c.is_moe() ? runtime::MoeBuffers::bytes_for(rows, c, m.layers.front().moe.block()) : 0) +
          capacity_of(o) * c.head_dim * 4 + table_bytes + attention_workspace_bytes(c, o) +
-         attention::Bf16PrefillAttention::bytes_for(c.n_kv_heads, c.head_dim, bf16_prefill_keys(o), bf16_prefill(o));
+         attention::Bf16PrefillAttention::bytes_for(c.n_kv_heads, c.head_dim, bf16_prefill_keys(o), bf16_prefill(o)) +
+         dequant_scratch_bound(m, rows);
 }
 
 // The option checks that sizing needs (init repeats them with the rest).
@@ -175,6 +186,19 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   lin.sm_major = info.major;
   lin.sm_minor = info.minor;
   plan = runtime::plan_model(*model, rows, lm_rows, lin);
+  int64_t dequant_bytes = runtime::dequant_scratch_bytes(model->lm_head, plan.lm_head);
+  for (size_t l = 0; l < model->layers.size(); ++l) {
+    const GpuLayer& L = model->layers[l];
+    const runtime::LayerPlan& P = plan.layers[l];
+    for (const auto& [linear, lp] : {std::make_pair(&L.qkv, &P.qkv), std::make_pair(&L.o, &P.o),
+                                     std::make_pair(&L.gate_up, &P.gate_up), std::make_pair(&L.down, &P.down)})
+      dequant_bytes = std::max(dequant_bytes, runtime::dequant_scratch_bytes(*linear, *lp));
+  }
+  if (dequant_bytes > 0) {
+    LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(dequant_bytes, "W8A16 prefill scratch (dequantized codes, FP32 sums)", &dequant_scratch));
+    lin.dequant = dequant_scratch.get();
+    lin.dequant_bytes = dequant_scratch.bytes();
+  }
 
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(rows * c.dim * 4, "residual stream", &x));
   LLMQ_RETURN_IF_ERROR(in_attn.allocate(rows, c.dim, "qkv input"));

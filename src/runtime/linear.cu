@@ -7,7 +7,9 @@
 #include "llmq/cuda_decode_gemm.hpp"
 #include "llmq/cuda_int8_gemm.hpp"
 #include "llmq/device.hpp"
+#include "runtime/dequant_weights.hpp"
 #include "runtime/linear.hpp"
+#include "runtime/scale_columns.hpp"
 
 namespace llmq::runtime {
 namespace {
@@ -18,6 +20,7 @@ const char* path_name(Path p) {
   switch (p) {
     case Path::kDecodeGemm: return "decode-gemm";
     case Path::kDecodeGemmChunks: return "decode-gemm in row chunks";
+    case Path::kDequantBf16: return "cublaslt-bf16 on dequantized weights";
     case Path::kCublasFp8Outer: return "cublaslt-fp8 per-token x per-channel";
     case Path::kCublasFp8Tensor: return "cublaslt-fp8 per-tensor x per-tensor";
     case Path::kCublasFp8Block: return "cublaslt-fp8 1x128 x 128x128";
@@ -124,6 +127,47 @@ bool decode_gemm_takes(const GpuLinear& l, const LinearPart& part, int64_t m, Li
   return cuda_decode_gemm_can_implement(p).ok();
 }
 
+// W8A16 past this many rows: cuBLASLt BF16 on the codes dequantized to BF16 instead of the decode
+// GEMM streaming the 8-bit weights once per 16 rows. Measured crossover (H200, Llama-3-8B decode
+// at ctx 512, bench/results/2026-11-28-h200-w8a16-dequant.json): the chunks take 8.43 / 11.99 /
+// 14.39 / 15.67 ms a step at 32 / 48 / 49 / 64 rows, the dequantized path 11.97 / 12.49 ms at 49 /
+// 64 (a fixed ~11 ms: 8 GB read, 16 GB written and read again), so they meet at 48 rows.
+constexpr int64_t kDequantMinRows = 48;
+
+// Whether a kDequantBf16 part runs the dequantized GEMM at m rows (else its decode-GEMM chunks):
+// the one place the threshold is read.
+bool dequant_runs_at(int64_t m) { return m > kDequantMinRows; }
+
+// What a planned path runs at m rows: kDequantBf16 runs its chunks up to the threshold (run_part).
+Path path_at(Path planned, int64_t m) {
+  return planned == Path::kDequantBf16 && !dequant_runs_at(m) ? Path::kDecodeGemmChunks : planned;
+}
+
+// Rows of FP32 sums the dequantized path holds at once (its scratch: kDequantRowChunk x N floats).
+constexpr int64_t kDequantRowChunk = 1024;
+
+// The operands kDequantBf16 takes: 8-bit weights with per-channel scales, BF16 activations, a BF16
+// output (its epilogue writes BF16; F32 outputs keep the chunks).
+bool dequant_operands(const GpuLinear& l, const LinearPart& part, LinearOut y_type) {
+  return !quantized_input(l) && (part.w_dtype == DType::kE4M3 || part.w_dtype == DType::kI8) &&
+         part.scale_kind == WeightScale::kChannel && y_type == LinearOut::kBF16;
+}
+
+// The BF16 GEMM over a part's dequantized codes, as cuBLASLt sees it: b the scratch copy, FP32 sums
+// into `acc` (rows part.n floats apart); the channel scales come after (scale_columns_to_bf16).
+CudaGemmProblem dequant_problem(const GpuLinear& l, const LinearPart& part, const LinearInput& x, int64_t m, float* acc,
+                                const void* w_bf16) {
+  CudaGemmProblem p = cublas_problem(l, part, x, m, acc, LinearOut::kF32, part.n, Path::kCublasBf16);
+  p.b.data = w_bf16;
+  p.b.dtype = DType::kBF16;
+  return p;
+}
+
+// Scratch of one part: its codes in BF16 (256-byte aligned end), then kDequantRowChunk rows of sums.
+int64_t dequant_part_bytes(const GpuLinear& l, const LinearPart& part) {
+  return (part.n * l.k * 2 + 255) / 256 * 256 + kDequantRowChunk * part.n * 4;
+}
+
 Path choose_path(const GpuLinear& l, const LinearPart& part, int64_t m, LinearOut y_type, int64_t ldy,
                  const LinearContext& ctx) {
   if (m <= decode_class_rows(l) && decode_gemm_takes(l, part, m, y_type, ldy, ctx)) return Path::kDecodeGemm;
@@ -157,7 +201,16 @@ Path choose_path(const GpuLinear& l, const LinearPart& part, int64_t m, LinearOu
   // BF16 activations): the decode GEMM a chunk of its class's rows at a time, which streams the
   // weights once a chunk and still runs far ahead of the CUDA-core kernel (H200, Llama-3-8B
   // fp8-weight-only decode at 32 rows: 111 ms a step on the CUDA-core kernel).
-  if (decode_gemm_takes(l, part, decode_class_rows(l), y_type, ldy, ctx)) return Path::kDecodeGemmChunks;
+  if (decode_gemm_takes(l, part, decode_class_rows(l), y_type, ldy, ctx)) {
+    // W8A16 at prefill sizes: cuBLASLt BF16 on the dequantized weights, where it takes the shape.
+    if (dequant_operands(l, part, y_type) && dequant_runs_at(m) && ctx.gemm != nullptr &&
+        cuda_gemm_can_implement(dequant_problem(l, part, stand_in_input(), std::min(mm, kDequantRowChunk),
+                                                reinterpret_cast<float*>(const_cast<char*>(kStandIn)), kStandIn),
+                                ctx.sm_major, ctx.sm_minor)
+            .ok())
+      return Path::kDequantBf16;
+    return Path::kDecodeGemmChunks;
+  }
   return Path::kGeneric;
 }
 
@@ -188,12 +241,27 @@ LinearPlan plan_linear(const GpuLinear& l, int64_t max_rows, LinearOut y_type, i
   return plan;
 }
 
+int64_t dequant_scratch_bytes(const GpuLinear& l, const LinearPlan& plan) {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < l.parts.size() && i < plan.large.size(); ++i)
+    if (plan.large[i] == Path::kDequantBf16) bytes = std::max(bytes, dequant_part_bytes(l, l.parts[i]));
+  return bytes;
+}
+
+int64_t dequant_scratch_bound(const GpuLinear& l, int64_t max_rows, LinearOut y_type) {
+  int64_t bytes = 0;
+  if (!dequant_runs_at(max_rows)) return 0;
+  for (const LinearPart& part : l.parts)
+    if (dequant_operands(l, part, y_type)) bytes = std::max(bytes, dequant_part_bytes(l, part));
+  return bytes;
+}
+
 std::string linear_path(const GpuLinear& l, const LinearPlan& plan, int64_t m) {
   const std::vector<Path>& paths = m <= plan.small_max_rows ? plan.small : plan.large;
   std::string s;
   for (size_t i = 0; i < l.parts.size() && i < paths.size(); ++i) {
     if (!s.empty()) s += " + ";
-    s += path_name(paths[i]);
+    s += path_name(path_at(paths[i], m));
     s += std::string(" ") + dtype_name(l.parts[i].w_dtype);
     if (l.act != ActQuant::kNone) s += std::string("/") + dtype_name(l.act_dtype);
   }
@@ -202,24 +270,55 @@ std::string linear_path(const GpuLinear& l, const LinearPlan& plan, int64_t m) {
 
 namespace {
 
+// The decode GEMM over chunks of its class's rows. Rows are independent: chunk r's activations,
+// scales and outputs start r rows in.
+Status run_chunks(const GpuLinear& l, const LinearPart& part, const LinearInput& x, int64_t m, void* yp, int64_t ldy,
+                  const LinearContext& ctx) {
+  const int64_t chunk = decode_class_rows(l);
+  for (int64_t r = 0; r < m; r += chunk) {
+    LinearInput xr = x;
+    if (xr.bf16 != nullptr) xr.bf16 += r * l.k;
+    if (xr.codes != nullptr) xr.codes = static_cast<const char*>(xr.codes) + r * l.k;
+    if (xr.scales != nullptr) xr.scales += r;
+    void* yr = static_cast<char*>(yp) + r * ldy * 2;
+    LLMQ_RETURN_IF_ERROR(cuda_decode_gemm(decode_problem(l, part, xr, std::min(chunk, m - r), yr, ldy), ctx.stream));
+  }
+  return {};
+}
+
+// W8A16 past the threshold: the codes dequantized exactly into BF16 (no scale), cuBLASLt BF16 into
+// FP32 sums kDequantRowChunk rows at a time, and each sum times its channel's scale rounded once
+// to BF16: the reference's operation order (acc * w_scale, one rounding); only the order of the
+// sum over K differs, as between any two GEMMs.
+Status run_dequantized(const GpuLinear& l, const LinearPart& part, const LinearInput& x, int64_t m, void* yp,
+                       int64_t ldy, const LinearContext& ctx) {
+  const int64_t need = dequant_part_bytes(l, part);
+  if (ctx.dequant == nullptr || ctx.dequant_bytes < need)
+    return Status(StatusCode::kInternal, "dequantized-weights scratch of " + std::to_string(ctx.dequant_bytes) +
+                                             " bytes, " + std::to_string(need) + " needed");
+  auto* w = static_cast<uint16_t*>(ctx.dequant);
+  auto* acc = reinterpret_cast<float*>(static_cast<char*>(ctx.dequant) + (part.n * l.k * 2 + 255) / 256 * 256);
+  LLMQ_RETURN_IF_ERROR(dequantize_weights_bf16(part.w.get(), part.w_dtype, nullptr, part.n, l.k, w, ctx.stream));
+  for (int64_t r = 0; r < m; r += kDequantRowChunk) {
+    const int64_t rows = std::min(kDequantRowChunk, m - r);
+    LinearInput xr = x;
+    xr.bf16 += r * l.k;
+    LLMQ_RETURN_IF_ERROR(
+        ctx.gemm->run(dequant_problem(l, part, xr, rows, acc, w), ctx.workspace, ctx.workspace_bytes, ctx.stream));
+    LLMQ_RETURN_IF_ERROR(scale_columns_to_bf16(acc, rows, part.n, part.w_scale.as<float>(),
+                                               static_cast<uint16_t*>(yp) + r * ldy, ldy, ctx.stream));
+  }
+  return {};
+}
+
 Status run_part(const GpuLinear& l, const LinearPart& part, const LinearInput& x, int64_t m, void* yp, LinearOut y_type,
                 int64_t ldy, const LinearContext& ctx, Path path) {
   switch (path) {
     case Path::kDecodeGemm:
       return cuda_decode_gemm(decode_problem(l, part, x, m, yp, ldy), ctx.stream);
-    case Path::kDecodeGemmChunks: {
-      // Rows are independent: chunk r's activations, scales and outputs start r rows in.
-      const int64_t chunk = decode_class_rows(l);
-      for (int64_t r = 0; r < m; r += chunk) {
-        LinearInput xr = x;
-        if (xr.bf16 != nullptr) xr.bf16 += r * l.k;
-        if (xr.codes != nullptr) xr.codes = static_cast<const char*>(xr.codes) + r * l.k;
-        if (xr.scales != nullptr) xr.scales += r;
-        void* yr = static_cast<char*>(yp) + r * ldy * 2;
-        LLMQ_RETURN_IF_ERROR(cuda_decode_gemm(decode_problem(l, part, xr, std::min(chunk, m - r), yr, ldy), ctx.stream));
-      }
-      return {};
-    }
+    case Path::kDecodeGemmChunks: return run_chunks(l, part, x, m, yp, ldy, ctx);
+    case Path::kDequantBf16:
+      return dequant_runs_at(m) ? run_dequantized(l, part, x, m, yp, ldy, ctx) : run_chunks(l, part, x, m, yp, ldy, ctx);
     case Path::kCublasFp8Outer:
     case Path::kCublasFp8Tensor:
     case Path::kCublasBf16:
@@ -273,7 +372,7 @@ Status run_linear(const GpuLinear& l, const LinearPlan& plan, const LinearInput&
     const LinearPart& part = l.parts[i];
     void* yp = static_cast<char*>(y) + part.n_offset * y_elem;
     const Status st = run_part(l, part, x, m, yp, plan.y_type, plan.ldy, ctx, paths[i]);
-    if (!st.ok()) return Status(st.code(), l.name + " (" + path_name(paths[i]) + ", M=" + std::to_string(m) + "): " + st.message());
+    if (!st.ok()) return Status(st.code(), l.name + " (" + path_name(path_at(paths[i], m)) + ", M=" + std::to_string(m) + "): " + st.message());
   }
   return {};
 }

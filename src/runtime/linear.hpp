@@ -5,7 +5,9 @@
 //     decode GEMM (8-bit weights with per-channel scales, W8A8 per-token or W8A16), cuBLASLt BF16;
 //   * prefill: cuBLASLt FP8 (outer-vector per-token x per-channel, or 1x128 x 128x128 blocks),
 //     llmq's INT8 GEMM, cuBLASLt BF16;
-//   * W8A16 past 16 rows: the decode GEMM over 16-row chunks (no cuBLASLt GEMM takes it);
+//   * W8A16 past 16 rows (no cuBLASLt GEMM takes it): the decode GEMM over 16-row chunks, and past
+//     kDequantMinRows cuBLASLt BF16 on the codes dequantized to BF16 (dequant_weights.hpp), its FP32
+//     sums then scaled per channel and rounded once (scale_columns.hpp);
 //   * anything those refuse (K not a multiple of 16, F32 weights): the plain
 //     CUDA-core kernel of generic_linear.cu, which computes the same function.
 // A QKV or gate/up projection is one GpuLinear whose parts are concatenated along N; parts are one
@@ -89,6 +91,10 @@ struct LinearContext {
   void* workspace = nullptr;  // cuBLASLt workspace + converted scales
   int64_t workspace_bytes = 0;
   CudaStream stream = nullptr;
+  // Scratch of kDequantBf16 (one part's codes in BF16, then FP32 sums of a row chunk):
+  // dequant_scratch_bytes of the plans.
+  void* dequant = nullptr;
+  int64_t dequant_bytes = 0;
   int sm_major = 9;
   int sm_minor = 0;
 };
@@ -98,6 +104,7 @@ enum class LinearOut { kBF16, kF32 };
 enum class LinearPath {
   kDecodeGemm,
   kDecodeGemmChunks,  // the decode GEMM over chunks of rows, where only the CUDA-core kernel would take M
+  kDequantBf16,       // W8A16 at prefill sizes: cuBLASLt BF16 on the dequantized codes (chunks to kDequantMinRows)
   kCublasFp8Outer,
   kCublasFp8Tensor,
   kCublasFp8Block,
@@ -111,7 +118,10 @@ enum class LinearPath {
 // decode_gemm_preferred_max_tokens) and larger ones up to max_rows. Each class is planned at its
 // largest M: every kernel's can_implement condition on M is an upper bound (extents, tile counts)
 // or holds for every M of the class (the decode GEMM's token bound; block scales' M % 4, met by
-// padded rows), so the plan holds for every M of the class. The output's type and row stride are part of the plan.
+// padded rows), so the plan holds for every M of the class. One path chooses its kernel by M
+// inside the class: kDequantBf16 (W8A16), planned at the largest M, runs the decode GEMM's chunks
+// up to kDequantMinRows rows and the dequantized BF16 GEMM above (linear.cu). The output's type
+// and row stride are part of the plan.
 struct LinearPlan {
   LinearOut y_type = LinearOut::kBF16;
   int64_t ldy = 0;
@@ -125,6 +135,11 @@ LinearPlan plan_linear(const GpuLinear& linear, int64_t max_rows, LinearOut y_ty
 // y[m, part columns] for every part, by the plan's kernels; y has the plan's row stride. M may be 0.
 Status run_linear(const GpuLinear& linear, const LinearPlan& plan, const LinearInput& x, int64_t m, void* y,
                   const LinearContext& ctx);
+
+// Bytes of BF16 scratch the plan's kDequantBf16 parts need (the largest part's weights), or 0; and
+// the most any plan of this linear up to max_rows could need (for sizing memory before planning).
+int64_t dequant_scratch_bytes(const GpuLinear& linear, const LinearPlan& plan);
+int64_t dequant_scratch_bound(const GpuLinear& linear, int64_t max_rows, LinearOut y_type);
 
 // The kernels the plan runs at M rows, e.g. "decode-gemm e4m3/e4m3" (for reports).
 std::string linear_path(const GpuLinear& linear, const LinearPlan& plan, int64_t m);

@@ -1,0 +1,23 @@
+// Dequantize 8-bit weights to BF16 on the device, for the GEMMs no 8-bit kernel takes: W8A16
+// (8-bit weights, BF16 activations) at prefill sizes, where cuBLASLt BF16 on the dequantized copy
+// beats streaming the 8-bit weights once per 16 rows through the decode GEMM (linear.cu). Internal;
+// no CUDA headers.
+#pragma once
+
+#include <cstdint>
+
+#include "llmq/cuda_stream.hpp"
+#include "llmq/dtype.hpp"
+#include "llmq/status.hpp"
+
+namespace llmq::runtime {
+
+// out[r, c] = bf16(value(codes[r, c]) * scale[r]) for r < rows, c < cols (row-major, rows cols
+// apart): codes E4M3 or INT8, one float scale per row (output channel), or scale null for the
+// codes' values alone, which BF16 holds exactly (every E4M3 and INT8 value is a BF16 value). With
+// scales the product is one FP32 multiply of exact operands, rounded once to BF16.
+// cols % 16 == 0 and 16-byte aligned codes and out (16 codes a thread).
+Status dequantize_weights_bf16(const void* codes, DType code_dtype, const float* scale, int64_t rows, int64_t cols,
+                               uint16_t* out, CudaStream stream);
+
+}  // namespace llmq::runtime
