@@ -240,6 +240,53 @@ TEST_F(CudaGemmTest, AutotunedRunnerTunesOncePerMClassAndMatchesReference) {
   EXPECT_EQ(runner->heuristic_queries(), 4);
 }
 
+// Tile search (CudaGemmOptions::tile_search_max_m): FP8 problems up to the option's M time a few
+// tiles of cuBLASLt's first algorithm once per M class, whichever tile wins computes the very bits
+// of the heuristic's own tile (the same algorithm and K order), and nothing past the option's M, or
+// BF16, is searched.
+TEST_F(CudaGemmTest, TileSearchKeepsTheHeuristicsBitsAndSearchesOncePerMClass) {
+  CudaGemmOptions searching;
+  searching.tile_search_max_m = 256;
+  std::unique_ptr<CudaGemmRunner> plain, search;
+  ASSERT_TRUE(CudaGemmRunner::create(0, &plain).ok());
+  ASSERT_TRUE(CudaGemmRunner::create(0, searching, &search).ok());
+  const int64_t n = 1024, k = 4096;
+  const std::vector<float> w = testing::normal_vector(n * k, 81, 0.05f);
+  QuantizedTensor qb;
+  ASSERT_TRUE(quantize(matrix_view(w.data(), n, k), QuantSpec::per_channel(DType::kE4M3), &qb).ok());
+  const DeviceOperand db = upload_operand(qb);
+  auto same_bits = [&](int64_t m, uint64_t seed) {
+    const std::vector<float> x = testing::outlier_matrix(m, k, seed);
+    QuantizedTensor qa;
+    ASSERT_TRUE(quantize(matrix_view(x.data(), m, k), QuantSpec::per_token(DType::kE4M3), &qa).ok());
+    const DeviceOperand da = upload_operand(qa);
+    std::vector<uint8_t> out[2];
+    CudaGemmRunner* runners[2] = {plain.get(), search.get()};
+    for (int r = 0; r < 2; ++r) {
+      const DeviceBuffer d = poisoned(static_cast<size_t>(m * n * 2));
+      const CudaGemmProblem p = problem_of(m, n, k, input_of(da, DType::kE4M3, GemmScaleMode::kOuterVector),
+                                           input_of(db, DType::kE4M3, GemmScaleMode::kOuterVector), d.get());
+      ASSERT_TRUE(run(p, runners[r]).ok()) << "M=" << m;
+      out[r] = download(d);
+    }
+    EXPECT_TRUE(out[0] == out[1]) << "M=" << m << ": the searched tile's output differs from the heuristic's";
+    int64_t nans = 0;
+    const std::vector<float> got = read_output(out[1], DType::kBF16, m, n, n, 0, &nans);
+    EXPECT_EQ(nans, 0) << "M=" << m;
+    EXPECT_LT(rel_frobenius(got, reference(qa, qb, DType::kBF16, nullptr)), kRelFrobError) << "M=" << m;
+  };
+  same_bits(40, 82);
+  EXPECT_EQ(search->tuned_shapes(), 1);  // the class of 64
+  same_bits(64, 83);
+  EXPECT_EQ(search->tuned_shapes(), 1);  // the same class: remembered
+  same_bits(9, 84);
+  same_bits(200, 85);
+  EXPECT_EQ(search->tuned_shapes(), 3);  // classes 16 and 256
+  same_bits(300, 86);
+  EXPECT_EQ(search->tuned_shapes(), 3);  // past the option's M
+  EXPECT_EQ(plain->tuned_shapes(), 0);
+}
+
 // FP8 fast accumulation (CudaGemmOptions::fp8_fast_accumulation) at the longest K of Llama-3-8B
 // (the down projection, 14336): the tensor core's own accumulator over all of K stays within the
 // suite's bound of the exact product, like the promoting default, and both error sizes are

@@ -46,8 +46,8 @@ TEST(LinearPlan, TheDecodeGemmTakesExactlyTheRowsItIsPreferredFor) {
     bool chunks_past;     // past decode_rows: the decode GEMM in chunks
   };
   const Case cases[] = {
-      {"W8A8 E4M3 per token", DType::kE4M3, ActQuant::kPerToken, DType::kE4M3, 24, 24, true},
-      {"W8A8 E4M3 static tensor", DType::kE4M3, ActQuant::kStaticTensor, DType::kE4M3, 24, 24, true},
+      {"W8A8 E4M3 per token", DType::kE4M3, ActQuant::kPerToken, DType::kE4M3, 8, 8, true},
+      {"W8A8 E4M3 static tensor", DType::kE4M3, ActQuant::kStaticTensor, DType::kE4M3, 8, 8, true},
       {"W8A8 INT8 per token", DType::kI8, ActQuant::kPerToken, DType::kI8, 32, 32, false},
       {"W8A16 E4M3", DType::kE4M3, ActQuant::kNone, DType::kBF16, 16, 16, true},
       {"W8A16 INT8", DType::kI8, ActQuant::kNone, DType::kBF16, 16, 16, true},

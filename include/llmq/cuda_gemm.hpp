@@ -114,6 +114,14 @@ struct CudaGemmOptions {
   // heuristic's first answer then, not remembered). Results may differ in the last bits between
   // algorithms, so a tuned run is reproducible within a process, not across processes.
   int autotune_candidates = 1;
+  // FP8 problems with per-token x per-channel scales and M up to this also time up to nine other
+  // tiles of cuBLASLt's first algorithm (64, 128 or 256 weight rows by the M class's tokens, three
+  // quarters or half of them; the same algorithm, K unsplit, so the same bits) and keep the fastest
+  // for the M class, as above (timed on first use, not while capturing). For FP8 the heuristic gives
+  // one answer, a 128 x 128 tile, which at decode sizes runs the N = 4096 projections on 32-64 CTAs
+  // of the 132 SMs (H200, Llama-3-8B FP8 decode steps: 64 rows 5.01 -> 3.88 ms, 192 rows 6.81 ->
+  // 5.78). 0: off.
+  int64_t tile_search_max_m = 0;
   int timed_runs = 3;
   // FP8 GEMMs accumulate in the tensor core's own accumulator over all of K (cuBLASLt's FAST_ACCUM),
   // instead of promoting partial sums to FP32 as they go. Faster (H100, Llama-3-8B shapes: 5% off a

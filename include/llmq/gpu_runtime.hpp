@@ -196,6 +196,11 @@ struct GpuRuntimeOptions {
   // N answers on first use of each M class and keeps the fastest (CudaGemmOptions: tuning adds a
   // few milliseconds per new shape class, and results may differ across processes in the last bits).
   int gemm_autotune = 1;
+  // CudaGemmOptions::tile_search_max_m: FP8 GEMMs of up to this many rows time a few tiles of
+  // cuBLASLt's first algorithm on first use of each M class and keep the fastest (0: the
+  // heuristic's tile). Not past 256: timed alone, a GEMM of 512 rows re-reads weights that stay in
+  // L2, and the tile that won there made a 512-token prefill 5% slower (H200).
+  int64_t gemm_tile_search_max_m = 256;
   // CudaGemmOptions::fp8_fast_accumulation for the model's cuBLASLt FP8 GEMMs, and
   // MoeGroupedGemm::fast_accumulation for per-channel FP8 experts in the wgmma grouped kernel
   // (block-scaled experts still promote every 128 of K).

@@ -257,12 +257,15 @@ bool aligned(const void* ptr, int64_t bytes) {
 
 // Measured on an H200 in Llama-3-8B decode steps (bench/results/2026-11-28-h200-decode-gemm-32-tokens.json),
 // where cuBLASLt's FP8 / INT8 kernels run the N = 4096 projections on 32 CTAs: four token tiles
-// took INT8 W8A8 at 24 / 32 rows from 5.79 / 5.87 to 4.38 / 4.68 ms a step; E4M3 gained at 17-24
-// rows (5.11 -> 4.89 ms at 20) and lost at 32 (5.29 -> 5.37), where its mma.sync products, not the
-// weight stream, set the pace. Everything else keeps the two token tiles every form has.
+// took INT8 W8A8 at 24 / 32 rows from 5.79 / 5.87 to 4.38 / 4.68 ms a step. E4M3 W8A8 stops at 8:
+// with its tiles searched (CudaGemmOptions::tile_search_max_m, the runtime's default) cuBLASLt's
+// FP8 GEMM runs a decode step of 12 / 16 / 24 rows in 3.34 / 3.42 / 3.51 ms where the decode GEMM
+// takes 3.58 / 3.67 / 4.77, and loses only at 8 (3.28 against 3.13; H200, same session,
+// bench/results/2026-11-28-h200-gemm-tile-search.json). Everything else keeps the two token tiles
+// every form has.
 int64_t decode_gemm_preferred_max_tokens(DType a_dtype, DType w_dtype) {
   if (a_dtype == DType::kI8 && w_dtype == DType::kI8) return 32;
-  if (a_dtype == DType::kE4M3 && w_dtype == DType::kE4M3) return 24;
+  if (a_dtype == DType::kE4M3 && w_dtype == DType::kE4M3) return 8;
   return 16;
 }
 

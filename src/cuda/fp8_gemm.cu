@@ -17,6 +17,7 @@
 #include <array>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "cuda/cublas_check.cuh"
 #include "cuda/cublaslt_handles.cuh"
@@ -54,6 +55,35 @@ int32_t lt_scale_mode(GemmScaleMode mode) {
     case GemmScaleMode::kBlock128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
   }
   return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+
+// cuBLASLt's tile of `rows` x `cols` (its m x n: our weight rows x tokens), for the sizes the tile
+// search asks for; CUBLASLT_MATMUL_TILE_UNDEFINED otherwise.
+int32_t tile_id(int64_t rows, int64_t cols) {
+  struct Tile {
+    int64_t rows, cols;
+    cublasLtMatmulTile_t id;
+  };
+  static constexpr Tile kTiles[] = {
+      {64, 8, CUBLASLT_MATMUL_TILE_64x8},       {64, 16, CUBLASLT_MATMUL_TILE_64x16},
+      {64, 24, CUBLASLT_MATMUL_TILE_64x24},     {64, 32, CUBLASLT_MATMUL_TILE_64x32},
+      {64, 48, CUBLASLT_MATMUL_TILE_64x48},     {64, 64, CUBLASLT_MATMUL_TILE_64x64},
+      {64, 96, CUBLASLT_MATMUL_TILE_64x96},     {64, 128, CUBLASLT_MATMUL_TILE_64x128},
+      {64, 192, CUBLASLT_MATMUL_TILE_64x192},   {64, 256, CUBLASLT_MATMUL_TILE_64x256},
+      {128, 8, CUBLASLT_MATMUL_TILE_128x8},     {128, 16, CUBLASLT_MATMUL_TILE_128x16},
+      {128, 24, CUBLASLT_MATMUL_TILE_128x24},   {128, 32, CUBLASLT_MATMUL_TILE_128x32},
+      {128, 48, CUBLASLT_MATMUL_TILE_128x48},   {128, 64, CUBLASLT_MATMUL_TILE_128x64},
+      {128, 96, CUBLASLT_MATMUL_TILE_128x96},   {128, 128, CUBLASLT_MATMUL_TILE_128x128},
+      {128, 192, CUBLASLT_MATMUL_TILE_128x192}, {128, 256, CUBLASLT_MATMUL_TILE_128x256},
+      {256, 8, CUBLASLT_MATMUL_TILE_256x8},     {256, 16, CUBLASLT_MATMUL_TILE_256x16},
+      {256, 24, CUBLASLT_MATMUL_TILE_256x24},   {256, 32, CUBLASLT_MATMUL_TILE_256x32},
+      {256, 48, CUBLASLT_MATMUL_TILE_256x48},   {256, 64, CUBLASLT_MATMUL_TILE_256x64},
+      {256, 96, CUBLASLT_MATMUL_TILE_256x96},   {256, 128, CUBLASLT_MATMUL_TILE_256x128},
+      {256, 192, CUBLASLT_MATMUL_TILE_256x192}, {256, 256, CUBLASLT_MATMUL_TILE_256x256},
+  };
+  for (const Tile& t : kTiles)
+    if (t.rows == rows && t.cols == cols) return static_cast<int32_t>(t.id);
+  return static_cast<int32_t>(CUBLASLT_MATMUL_TILE_UNDEFINED);
 }
 
 // Largest power of two (up to 256) dividing an address or byte offset. cuBLASLt picks kernels by
@@ -279,6 +309,14 @@ struct CudaGemmRunner::Impl {
   TimingEvents events;
   int64_t heuristic_queries = 0;
 
+  // Whether a new plan for `p` times the tiles of append_tiles: FP8 with per-token x per-channel
+  // scales (the heuristic's one answer; the bits of every tile were checked for these alone), up to
+  // the option's M. BF16's heuristic gives several answers, and searching its tiles lost a little.
+  bool tile_search(const CudaGemmProblem& p) const {
+    return p.m <= options.tile_search_max_m && is_fp8(p.a.dtype) && p.a.scale_mode == GemmScaleMode::kOuterVector &&
+           p.b.scale_mode == GemmScaleMode::kOuterVector;
+  }
+
   // One GEMM with `algo` on the plan's descriptors and the problem's pointers.
   cublasStatus_t matmul(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const CudaGemmProblem& p,
                         void* lt_workspace, int64_t lt_workspace_bytes, cudaStream_t stream) {
@@ -364,11 +402,54 @@ struct CudaGemmRunner::Impl {
                          cublasLtGetStatusName(st) + ", " + std::to_string(returned) + " results)");
     LLMQ_RETURN_IF_ERROR(detail::cublas_status(st, "cublasLtMatmulAlgoGetHeuristic"));
     plan.algo = results[0].algo;
-    if (returned > 1) LLMQ_RETURN_IF_ERROR(choose_tuned(p, a_scales, b_scales, lt_workspace, lt_workspace_bytes,
+    if (returned > 1 || tile_search(p)) LLMQ_RETURN_IF_ERROR(choose_tuned(p, a_scales, b_scales, lt_workspace, lt_workspace_bytes,
                                                          stream, results.data(), returned, &plan));
     auto inserted = plans.emplace(key, std::move(plan));
     *out = &inserted.first->second;
     return {};
+  }
+
+  // The tiles a tile search times besides the heuristic's (CudaGemmOptions::tile_search_max_m): of
+  // `first`'s algorithm, those cuBLASLt accepts for the plan's problem within the workspace, cut
+  // 64, 128 or 256 weight rows by the M class's tokens (at most 256), three quarters or half of
+  // them. At decode sizes the fastest cut varied by shape (H200, Llama-3-8B FP8 at M = 64: 64 x 64
+  // for the down projection, 128 x 64 for gate/up, 128 x 32 for O), and a search of every tile the
+  // algorithm offers (~70 here) costs a new M class ~70 ms where these nine cost a few. The
+  // algorithm, its K split (none) and its reduction stay `first`'s: every candidate gave the same
+  // bits.
+  void append_tiles(const Plan& plan, const cublasLtMatmulHeuristicResult_t& first, int64_t m,
+                    int64_t lt_workspace_bytes, std::vector<cublasLtMatmulHeuristicResult_t>* out) {
+    size_t bytes = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(&first.algo, CUBLASLT_ALGO_CAP_TILE_IDS, nullptr, 0, &bytes) !=
+            CUBLAS_STATUS_SUCCESS ||
+        bytes == 0)
+      return;
+    std::vector<int32_t> offered(bytes / sizeof(int32_t));
+    if (cublasLtMatmulAlgoCapGetAttribute(&first.algo, CUBLASLT_ALGO_CAP_TILE_IDS, offered.data(), bytes, &bytes) !=
+        CUBLAS_STATUS_SUCCESS)
+      return;
+    int32_t first_tile = 0;
+    (void)cublasLtMatmulAlgoConfigGetAttribute(&first.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &first_tile,
+                                               sizeof(first_tile), nullptr);
+    const int64_t tokens = std::min<int64_t>(m_class(m), 256);
+    for (int64_t t : {tokens, tokens * 3 / 4, tokens / 2}) {
+      for (int64_t w : {64, 128, 256}) {
+        const int32_t tile = tile_id(w, t);
+        if (tile == CUBLASLT_MATMUL_TILE_UNDEFINED || tile == first_tile ||
+            std::find(offered.begin(), offered.end(), tile) == offered.end())
+          continue;
+        cublasLtMatmulHeuristicResult_t v = first;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&v.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile)) !=
+            CUBLAS_STATUS_SUCCESS)
+          continue;
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoCheck(handle.get(), plan.desc.get(), plan.lt_a.get(), plan.lt_b.get(), plan.lt_d.get(),
+                                    plan.lt_d.get(), &v.algo, &check) != CUBLAS_STATUS_SUCCESS ||
+            check.workspaceSize > static_cast<size_t>(lt_workspace_bytes))
+          continue;
+        out->push_back(v);
+      }
+    }
   }
 
   // Autotuning (CudaGemmOptions): the algorithm remembered for this M class if cuBLASLt accepts it
@@ -391,9 +472,12 @@ struct CudaGemmRunner::Impl {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
     if (capture != cudaStreamCaptureStatusNone) return {};
+    std::vector<cublasLtMatmulHeuristicResult_t> candidates(results, results + count);
+    if (tile_search(p)) append_tiles(*plan, results[0], p.m, lt_workspace_bytes, &candidates);
     int best = 0;
-    LLMQ_RETURN_IF_ERROR(fastest(*plan, results, count, p, lt_workspace, lt_workspace_bytes, stream, &best));
-    plan->algo = results[best].algo;
+    LLMQ_RETURN_IF_ERROR(fastest(*plan, candidates.data(), static_cast<int>(candidates.size()), p, lt_workspace,
+                                 lt_workspace_bytes, stream, &best));
+    plan->algo = candidates[best].algo;
     tuned.emplace(class_key, plan->algo);
     return {};
   }

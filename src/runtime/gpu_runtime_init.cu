@@ -176,6 +176,7 @@ Status GpuRuntime::Impl::init(const GpuModel& gm, const GpuRuntimeOptions& o) {
   LLMQ_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   CudaGemmOptions gemm_options;
   gemm_options.autotune_candidates = o.gemm_autotune;
+  gemm_options.tile_search_max_m = o.gemm_tile_search_max_m;
   gemm_options.fp8_fast_accumulation = o.fp8_fast_accumulation;
   LLMQ_RETURN_IF_ERROR(CudaGemmRunner::create(model->device, gemm_options, &gemm));
   LLMQ_RETURN_IF_ERROR(DeviceAllocation::allocate(kCublasLtWorkspaceBytes * 2, "cuBLASLt workspace", &gemm_workspace));

@@ -1,7 +1,7 @@
 // One linear layer of the GPU runtime, y[M, N] = x[M, K] * W^T, with its weights on the device and
 // the way its input is quantized; plan_linear, which picks the kernel once per step-size class when
 // a runtime is made, and run_linear, which runs the planned kernel. The kernels:
-//   * decode (M <= 16; W8A8 to 24 E4M3 / 32 INT8 rows, decode_gemm_preferred_max_tokens): llmq's
+//   * decode (M <= 16; W8A8 E4M3 to 8, INT8 to 32 rows, decode_gemm_preferred_max_tokens): llmq's
 //     decode GEMM (8-bit weights with per-channel scales, W8A8 per-token or W8A16), cuBLASLt BF16;
 //   * prefill: cuBLASLt FP8 (outer-vector per-token x per-channel, or 1x128 x 128x128 blocks),
 //     llmq's INT8 GEMM, cuBLASLt BF16;

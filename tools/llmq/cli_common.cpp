@@ -35,6 +35,11 @@ void add_gpu_launch_flags(CLI::App* app, GpuLaunchFlags* flags) {
       ->check(CLI::IsMember({"auto", "nccl"}));
   app->add_option("--pdl", flags->pdl, "programmatic dependent launch on sm_90+ (on), or off to measure what it buys")
       ->check(CLI::IsMember({"on", "off"}));
+  app->add_option("--gemm-tile-search", flags->gemm_tile_search,
+                  "cuda: FP8 GEMMs (per-token x per-channel scales) of up to M rows time up to nine tiles of cuBLASLt's "
+                  "first algorithm per M class and keep the fastest (0: the heuristic's tile; E4M3 W8A8 leaves the "
+                  "decode GEMM past 8 rows either way)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
 }
 
 void add_fp8_fast_accum_flag(CLI::App* app, bool* flag) {

@@ -106,6 +106,7 @@ void fit_row(const BenchArgs& a, TensorParallelRuntime& tpr, const std::string& 
     o.cuda_graphs = !a.no_graphs;
     o.skip_stages = a.skip_stages;
     o.gemm_autotune = a.gemm_autotune;
+    o.gemm_tile_search_max_m = a.launch.gemm_tile_search;
     o.fp8_fast_accumulation = a.fp8_fast_accum;
     o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
     return o;
@@ -224,6 +225,7 @@ int run_e2e(const BenchArgs& a) {
           o.cuda_graphs = !a.no_graphs;
           o.skip_stages = a.skip_stages;
           o.gemm_autotune = a.gemm_autotune;
+          o.gemm_tile_search_max_m = a.launch.gemm_tile_search;
           o.fp8_fast_accumulation = a.fp8_fast_accum;
           o.kv_cache_dtype = kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
           Status st = tpr->start(o);
@@ -259,7 +261,7 @@ int run_e2e(const BenchArgs& a) {
                 {"tpot_ms_median", med}, {"tpot_ms_p90", p90}, {"tokens_per_s", static_cast<double>(batch) / med * 1e3},
                 {"active_expert_fraction", active_experts},
                 {"floor_ms", floor_ms}, {"weight_bytes", step_weight_bytes}, {"kv_bytes", kv_bytes},
-                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"kv_cache", kv_cache}, {"step_ms", ms}, {"tp", tp},
+                {"gpu_memory_used", used}, {"cuda_graphs", !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"gemm_tile_search", a.launch.gemm_tile_search}, {"kv_cache", kv_cache}, {"step_ms", ms}, {"tp", tp},
                 {"allreduce", allreduce}, {"expert_parallel", tp > 1 && a.ep}};
           if (without > 0) {
             row["tpot_ms_without_allreduce"] = without;
@@ -285,6 +287,7 @@ int run_e2e(const BenchArgs& a) {
       o.max_step_tokens = n;
       o.skip_stages = a.skip_stages;
       o.gemm_autotune = a.gemm_autotune;
+      o.gemm_tile_search_max_m = a.launch.gemm_tile_search;
       o.fp8_fast_accumulation = a.fp8_fast_accum;
       AttentionVariant attention = AttentionVariant::kBf16;
       Status parsed = parse_attention_variant(attention_name, &attention);

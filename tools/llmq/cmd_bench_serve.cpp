@@ -215,7 +215,7 @@ int run_serve(const ServeArgs& a) {
     }
     json j = {{"kind", "serve"}, {"device", device}, {"date", today()}, {"commit", kBuildCommit},
               {"model", a.model}, {"precision", gpu ? a.precision : "f32"}, {"kv_cache", gpu ? a.kv_cache : "f32"},
-              {"tp", a.tp}, {"graphs", gpu && !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"fp8_fast_accumulation", gpu && a.fp8_fast_accum}, {"max_model_len", max_model_len}, {"dataset", a.dataset}, {"rate", a.rate},
+              {"tp", a.tp}, {"graphs", gpu && !a.no_graphs}, {"gemm_autotune", a.gemm_autotune}, {"gemm_tile_search", a.launch.gemm_tile_search}, {"fp8_fast_accumulation", gpu && a.fp8_fast_accum}, {"max_model_len", max_model_len}, {"dataset", a.dataset}, {"rate", a.rate},
               {"kv_blocks_peak", stats.peak_blocks}, {"kv_blocks", pool.usable_blocks()}, {"block_size", a.block_size},
               {"preemptions", stats.preemptions}, {"prefix_hit_rate", hit_rate}, {"max_batched_tokens", a.max_batched_tokens},
               {"max_running", a.max_running}, {"no_preemption", a.no_preemption}, {"decode_steps", decode_steps.to_json()},

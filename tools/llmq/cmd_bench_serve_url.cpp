@@ -28,7 +28,7 @@ constexpr const char* kEngineOptions[] = {"--device",   "--precision",  "--kv-ca
                                           "--gpu-memory-utilization", "--max-model-len", "--no-graphs",
                                           "--nccl-library", "--allreduce", "--pdl", "--max-batched-tokens",
                                           "--max-running", "--block-size", "--kv-blocks", "--no-prefix-cache",
-                                          "--gemm-autotune", "--fp8-fast-accum"};
+                                          "--gemm-autotune", "--fp8-fast-accum", "--gemm-tile-search"};
 constexpr const char* kUrlOptions[] = {"--api-key", "--timeout", "--max-concurrency", "--vocab-size", "--per-request"};
 
 // Distinct failure reasons, most frequent first (ties in the order first seen).

@@ -84,6 +84,7 @@ int run(const CalibrateArgs& a) {
         !st.ok())
       return fail(st);
     GpuRuntimeOptions o;
+    o.gemm_tile_search_max_m = a.launch.gemm_tile_search;
     // Windows of `chunk` positions (and, sampling on the GPU, sequences of the start token and
     // sample_length more), batched up to kGpuStepTokens positions per step.
     o.max_context = on_host || !a.data.empty() ? chunk : std::max(chunk, sample_length + 1);

@@ -174,6 +174,7 @@ int run(const EvalArgs& a) {
   window.max_context = options.context;
   window.max_step_tokens = options.context;
   window.cuda_graphs = false;
+  window.gemm_tile_search_max_m = a.launch.gemm_tile_search;
   std::vector<std::string> candidate_labels;
   std::vector<const WeightError*> candidate_weight_errors;
   // The static KV scales each candidate runs with: a --quantized checkpoint's declared ones, read

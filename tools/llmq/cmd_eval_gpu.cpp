@@ -115,6 +115,7 @@ int run_eval_on_gpus(const EvalArgs& a) {
   window.max_context = context;
   window.max_step_tokens = context;
   window.cuda_graphs = false;  // prefill only
+  window.gemm_tile_search_max_m = a.launch.gemm_tile_search;
   {
     GpuRuntimeOptions o = window;
     if (samples) {
@@ -172,6 +173,7 @@ int run_eval_on_gpus(const EvalArgs& a) {
   o.max_context = context;
   o.max_step_tokens = context;
   o.fp8_fast_accumulation = a.fp8_fast_accum;
+  o.gemm_tile_search_max_m = a.launch.gemm_tile_search;
   o.cuda_graphs = false;  // prefill only
   for (AttentionVariant attention : attentions) {
     o.prefill_attention = attention;

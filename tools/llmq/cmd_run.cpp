@@ -85,6 +85,7 @@ Status run_on_gpu(const RunArgs& a, uint64_t seed, TensorParallelRuntime& rt, co
   o.max_step_tokens = std::max<int64_t>(1, static_cast<int64_t>(prompt.size()));
   o.kv_cache_dtype = a.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
   o.fp8_fast_accumulation = a.fp8_fast_accum;
+  o.gemm_tile_search_max_m = a.launch.gemm_tile_search;
   LLMQ_RETURN_IF_ERROR(parse_attention_variant(a.attention, &o.prefill_attention));
   LLMQ_RETURN_IF_ERROR(rt.start(o));
   using Clock = std::chrono::steady_clock;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "llmq/calibration.hpp"
+#include "llmq/gpu_runtime.hpp"
 #include "llmq/status.hpp"
 #include "llmq/tensor_parallel.hpp"
 
@@ -44,6 +45,7 @@ struct GpuLaunchFlags {
   std::string nccl_library;      // --nccl-library
   std::string allreduce = "auto";  // --allreduce auto|nccl
   std::string pdl = "on";          // --pdl on|off
+  int64_t gemm_tile_search = GpuRuntimeOptions{}.gemm_tile_search_max_m;  // --gemm-tile-search M
 };
 void add_gpu_launch_flags(CLI::App* app, GpuLaunchFlags* flags);
 // Applies --pdl (process-wide) and returns the group options --tp > 1 uses.

@@ -53,6 +53,7 @@ Status start_gpu_engine(const GpuEngineFlags& f, const GpuModelSource& source, i
   o.max_step_tokens = f.max_batched_tokens;
   o.cuda_graphs = !f.no_graphs;
   o.gemm_autotune = f.gemm_autotune;
+  o.gemm_tile_search_max_m = f.launch.gemm_tile_search;
   o.fp8_fast_accumulation = f.fp8_fast_accum;
   o.kv_block_size = f.block_size;
   o.kv_cache_dtype = f.kv_cache == "e4m3" ? DType::kE4M3 : DType::kBF16;
