@@ -12,12 +12,11 @@
 
 namespace llmq::runtime {
 
-// out[r, c] = bf16(value(codes[r, c]) * scale[r]) for r < rows, c < cols (row-major, rows cols
-// apart): codes E4M3 or INT8, one float scale per row (output channel), or scale null for the
-// codes' values alone, which BF16 holds exactly (every E4M3 and INT8 value is a BF16 value). With
-// scales the product is one FP32 multiply of exact operands, rounded once to BF16.
+// out[r, c] = bf16(value(codes[r, c])) for r < rows, c < cols (row-major, rows cols apart): codes
+// E4M3 or INT8, whose every value BF16 holds exactly, so the copy is exact; the channel scales come
+// after the GEMM (scale_columns.hpp), in the reference's order.
 // cols % 16 == 0 and 16-byte aligned codes and out (16 codes a thread).
-Status dequantize_weights_bf16(const void* codes, DType code_dtype, const float* scale, int64_t rows, int64_t cols,
-                               uint16_t* out, CudaStream stream);
+Status dequantize_weights_bf16(const void* codes, DType code_dtype, int64_t rows, int64_t cols, uint16_t* out,
+                               CudaStream stream);
 
 }  // namespace llmq::runtime

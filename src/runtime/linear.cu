@@ -298,7 +298,7 @@ Status run_dequantized(const GpuLinear& l, const LinearPart& part, const LinearI
                                              " bytes, " + std::to_string(need) + " needed");
   auto* w = static_cast<uint16_t*>(ctx.dequant);
   auto* acc = reinterpret_cast<float*>(static_cast<char*>(ctx.dequant) + (part.n * l.k * 2 + 255) / 256 * 256);
-  LLMQ_RETURN_IF_ERROR(dequantize_weights_bf16(part.w.get(), part.w_dtype, nullptr, part.n, l.k, w, ctx.stream));
+  LLMQ_RETURN_IF_ERROR(dequantize_weights_bf16(part.w.get(), part.w_dtype, part.n, l.k, w, ctx.stream));
   for (int64_t r = 0; r < m; r += kDequantRowChunk) {
     const int64_t rows = std::min(kDequantRowChunk, m - r);
     LinearInput xr = x;
