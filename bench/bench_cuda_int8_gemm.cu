@@ -9,6 +9,7 @@
 //
 // Usage: bench_cuda_int8_gemm [--json PATH] [--iters N] [--warmup N]
 //                             [--kernels auto,wgmma64,wgmma128,wgmma256,mma_sync,cublaslt]
+//                               (also wgmmaMxN: block_m M, block_n N)
 //                             [--shapes all|square|llama|MxNxK[,MxNxK...]]
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -307,9 +308,15 @@ int main(int argc, char** argv) {
         llmq::Int8GemmConfig cfg;
         if (kname == "auto") cfg.kernel = llmq::Int8GemmKernel::kAuto;
         else if (kname == "mma_sync") cfg.kernel = llmq::Int8GemmKernel::kMmaSync;
-        else {  // wgmma[N] (known_kernel)
+        else {  // wgmma[N] or wgmmaMxN (known_kernel)
           cfg.kernel = llmq::Int8GemmKernel::kWgmma;
-          cfg.block_n = kname.size() > 5 ? std::atoi(kname.c_str() + 5) : 0;
+          int bm = 0, bn = 0;
+          if (std::sscanf(kname.c_str() + 5, "%dx%d", &bm, &bn) == 2) {
+            cfg.block_m = bm;
+            cfg.block_n = bn;
+          } else {
+            cfg.block_n = kname.size() > 5 ? std::atoi(kname.c_str() + 5) : 0;
+          }
         }
         llmq::Int8GemmPlan plan;
         const llmq::Status st = llmq::cuda_int8_gemm_plan(s.m, s.n, s.k, cfg, &plan);

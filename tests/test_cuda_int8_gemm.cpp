@@ -44,7 +44,17 @@ std::string shape_text(const Shape& s) {
   return "M=" + std::to_string(s.m) + " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k);
 }
 
-// The kernels under test. A wgmma entry is skipped on GPUs other than sm_90 (kUnsupported).
+Int8GemmConfig wgmma_config(int block_m, int block_n) {
+  Int8GemmConfig c;
+  c.kernel = Int8GemmKernel::kWgmma;
+  c.block_m = block_m;
+  c.block_n = block_n;
+  return c;
+}
+
+// The kernels under test. A wgmma entry is skipped on GPUs other than sm_90 (kUnsupported). The
+// 64-row tiles (both consumer warpgroups on the same rows, half the columns each) must give the
+// 128-row tiles' bits.
 struct KernelCase {
   const char* name;
   Int8GemmConfig config;
@@ -52,9 +62,11 @@ struct KernelCase {
 std::vector<KernelCase> kernel_cases() {
   return {
       {"mma_sync", {Int8GemmKernel::kMmaSync, 0}},
-      {"wgmma_bn64", {Int8GemmKernel::kWgmma, 64}},
-      {"wgmma_bn128", {Int8GemmKernel::kWgmma, 128}},
-      {"wgmma_bn256", {Int8GemmKernel::kWgmma, 256}},
+      {"wgmma_bm128_bn64", wgmma_config(128, 64)},
+      {"wgmma_bm128_bn128", wgmma_config(128, 128)},
+      {"wgmma_bm128_bn256", wgmma_config(128, 256)},
+      {"wgmma_bm64_bn128", wgmma_config(64, 128)},
+      {"wgmma_bm64_bn256", wgmma_config(64, 256)},
       {"auto", {Int8GemmKernel::kAuto, 0}},
   };
 }
@@ -443,6 +455,39 @@ TEST(CudaInt8Gemm, PlanPicksTheHopperKernelOnSm90) {
   } else {
     EXPECT_EQ(plan.kernel, Int8GemmKernel::kMmaSync);
   }
+}
+
+// The chooser (sm_90): 128-row tiles where they fill the SMs; 64-row tiles for the few-token GEMMs
+// of decode, where a 128-row tile of 64 tokens is half padding and 16-64 tiles leave SMs idle; and
+// the tile sizes a config names, refusing the one it lacks.
+TEST(CudaInt8Gemm, ChooserTakesSixtyFourRowTilesForFewTokens) {
+  LLMQ_REQUIRE_GPU();
+  CudaDeviceInfo info;
+  ASSERT_TRUE(query_cuda_device(0, &info).ok());
+  if (!(info.major == 9 && info.minor == 0)) GTEST_SKIP() << "the wgmma kernel is sm_90 only";
+  Int8GemmPlan plan;
+  for (int64_t m : {1, 16, 64}) {
+    ASSERT_TRUE(cuda_int8_gemm_plan(m, 4096, 4096, {}, &plan).ok());
+    EXPECT_EQ(plan.block_m, 64) << "m " << m;
+    EXPECT_EQ(plan.block_n, 128) << "m " << m;
+    EXPECT_EQ(plan.grid, 32) << "m " << m;
+  }
+  ASSERT_TRUE(cuda_int8_gemm_plan(4096, 4096, 4096, {}, &plan).ok());
+  EXPECT_EQ(plan.block_m, 128);
+  EXPECT_GE(plan.tiles, info.multiprocessors);
+  ASSERT_TRUE(cuda_int8_gemm_plan(64, 4096, 4096, wgmma_config(128, 0), &plan).ok());
+  EXPECT_EQ(plan.block_m, 128);
+  ASSERT_TRUE(cuda_int8_gemm_plan(4096, 4096, 4096, wgmma_config(64, 0), &plan).ok());
+  EXPECT_EQ(plan.block_m, 64);
+  EXPECT_GE(plan.block_n, 128);
+  EXPECT_EQ(plan.stages, plan.block_n == 128 ? 8 : 4);
+  const Status narrow = cuda_int8_gemm_plan(64, 4096, 4096, wgmma_config(64, 64), &plan);
+  EXPECT_EQ(narrow.code(), StatusCode::kInvalidArgument) << narrow.to_string();
+  const Status tall = cuda_int8_gemm_plan(64, 4096, 4096, wgmma_config(96, 128), &plan);
+  EXPECT_EQ(tall.code(), StatusCode::kInvalidArgument) << tall.to_string();
+  Int8GemmConfig mma = wgmma_config(64, 128);
+  mma.kernel = Int8GemmKernel::kMmaSync;
+  EXPECT_EQ(cuda_int8_gemm_plan(64, 4096, 4096, mma, &plan).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
