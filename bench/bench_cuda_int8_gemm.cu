@@ -55,8 +55,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-// Kernel names --kernels takes: auto, mma_sync, cublaslt, wgmma (block_n by the plan) and wgmmaN
-// (block_n N).
+// Kernel names --kernels takes: auto, mma_sync, cublaslt, wgmma (the tile by the plan), wgmmaN
+// (block_n N, block_m by the plan) and wgmmaMxN (block_m M, block_n N).
 bool known_kernel(const std::string& k) {
   return k == "auto" || k == "mma_sync" || k == "cublaslt" || k.rfind("wgmma", 0) == 0;
 }
@@ -98,7 +98,7 @@ void parse_args(int argc, char** argv, Options* o) {
         for (const std::string& k : o->kernels)
           if (!known_kernel(k)) throw CLI::ValidationError("--kernels", "unknown '" + k + "'");
       },
-      "auto,wgmma64,wgmma128,wgmma256,mma_sync,cublaslt (default all)")
+      "auto,wgmma64,wgmma128,wgmma256,mma_sync,cublaslt (default all); also wgmmaMxN (block_m x block_n)")
       ->type_name("LIST");
   make_shapes("all", &o->shapes);  // the default
   app.add_option_function<std::string>(

@@ -29,10 +29,12 @@ enum class Int8GemmKernel {
 struct Int8GemmConfig {
   Int8GemmKernel kernel = Int8GemmKernel::kAuto;
   // wgmma CTA tile width along N: 64, 128 or 256; 0 picks one from the shape (fewest waves,
-  // weighted by the per-tile cost). kMmaSync takes 0 or 128 (its tile is 128 x 128).
+  // weighted by the per-tile cost); naming only block_n leaves block_m to the chooser. kMmaSync
+  // takes 0 or 128 (its tile is 128 x 128).
   int block_n = 0;
   // wgmma tile height along M (tokens): 128, or 64 (with block_n 128 or 256); 0 picks one with
-  // block_n (64 where 128-row tiles would leave SMs idle: the few-token GEMMs of decode).
+  // block_n (64 where 128-row tiles would leave SMs idle: the few-token GEMMs of decode). kMmaSync
+  // takes 0 or 128.
   int block_m = 0;
 };
 

@@ -266,10 +266,12 @@ double k_block_cycles_one_wave(int block_m, int block_n) {
 }
 
 // The tile a call runs: the config's where it names one; else choose_block_n's 128-row tile when
-// its tiles fill the SMs (prefill); else (the few-token GEMMs of decode, where a 128-row tile of
-// 64 tokens is half padding and too few tiles leave SMs idle) the fewest waves x
-// k_block_cycles_one_wave over 128 x {64, 128, 256} and 64 x {128, 256}. Split-K was tried here and
-// never won (bench/results/2026-11-28-h200-int8-small-m-tiles.json).
+// its tiles fill the SMs (prefill) or M is past the few-token range the cycles were measured in;
+// else (the few-token GEMMs of decode, where a 128-row tile of 64 tokens is half padding and too
+// few tiles leave SMs idle) the fewest waves x k_block_cycles_one_wave over 128 x {64, 128, 256}
+// and 64 x {128, 256}. Split-K was tried here and never won
+// (bench/results/2026-11-28-h200-int8-small-m-tiles.json).
+constexpr int64_t kFewTokensMaxM = 256;
 struct Sm90Choice {
   int block_m = 128, block_n = 256;
 };
@@ -277,7 +279,8 @@ Sm90Choice choose_sm90(int64_t m, int64_t n, const Int8GemmConfig& config, int s
   if (config.block_m != 0 && config.block_n != 0) return {config.block_m, config.block_n};
   if (config.block_m != 64) {
     const int bn = config.block_n != 0 ? config.block_n : choose_block_n(m, n, sms);
-    if (config.block_m == 128 || ceil_div(m, int64_t{128}) * ceil_div(n, int64_t{bn}) >= sms) return {128, bn};
+    if (config.block_m == 128 || m > kFewTokensMaxM || ceil_div(m, int64_t{128}) * ceil_div(n, int64_t{bn}) >= sms)
+      return {128, bn};
   }
   Sm90Choice best;
   double best_time = 0.0;
@@ -419,8 +422,8 @@ Status cuda_int8_gemm_can_implement(int64_t m, int64_t n, int64_t k) {
   if (k > kMaxInt8SegmentK)
     return unsupported("k: " + std::to_string(k) + " exceeds kMaxInt8SegmentK = " +
                        std::to_string(kMaxInt8SegmentK) + " (the INT32 accumulators could overflow)");
-  // The persistent scheduler counts tiles in int (the narrowest tile is 128 x 64).
-  if (ceil_div(m, 128) * ceil_div(n, 64) > kMaxExtent)
+  // The persistent scheduler counts tiles in int (the smallest tiles are 128 x 64 and 64 x 128).
+  if (std::max(ceil_div(m, 128) * ceil_div(n, 64), ceil_div(m, 64) * ceil_div(n, 128)) > kMaxExtent)
     return invalid_argument("m, n: too many output tiles for one launch");
   return {};
 }
