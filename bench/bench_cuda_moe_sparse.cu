@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
                << "\n";
       };
       int call = 0;
-      auto grouped = [&](MoeGemmKernel kernel, bool bf16 = false, bool fast = false, int64_t block_rows = 0) {
+      auto grouped = [&](MoeGemmKernel kernel, bool bf16 = false, bool fast = false, int64_t block_rows = 0,
+                         int64_t block_cols = 0) {
         const int i = call++ % n_sets;
         MoeGroupedGemm g;
         g.rows = P;
@@ -157,6 +158,7 @@ int main(int argc, char** argv) {
         g.decode_tiles_per_cta = decode_tiles;
         g.fast_accumulation = fast;
         g.wgmma_block_rows = block_rows;
+        g.wgmma_block_cols = block_cols;
         if (bf16) {  // BF16 experts: the baseline FP8 is measured against, same kernels
           g.a = a16.p;
           g.a_dtype = DType::kBF16;
@@ -184,6 +186,11 @@ int main(int argc, char** argv) {
         // Both tile heights (the kernel picks 64 rows where the experts average at most 64).
         emit("wg-r64", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma, false, false, 64); }, runs));
         emit("wg-r128", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma, false, false, 128); }, runs));
+        // 128-row tiles of 128 and of 192 columns (per-channel FP8; the kernel takes 192 where the
+        // experts average at least 256 rows), promoted and with the tensor core's own accumulator.
+        emit("wg-c128", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma, false, false, 128, 128); }, runs));
+        emit("wg-c192", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma, false, false, 128, 192); }, runs));
+        emit("wg-c192-fast", queued_median_us([&] { grouped(MoeGemmKernel::kWgmma, false, true, 128, 192); }, runs));
       }
       // The dense path: every token through every expert (one strided-batched GEMM + post-scale).
       auto dense = [&] {

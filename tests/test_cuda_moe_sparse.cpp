@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -265,6 +266,7 @@ TEST(CudaMoeSparse, GroupedGemmMatchesTheCpuReferenceOnSkewedRoutings) {
         bool rows_in_place;
         bool fast = false;  // MoeGroupedGemm::fast_accumulation
         int64_t block_rows = 0;  // MoeGroupedGemm::wgmma_block_rows (0: the kernel's choice)
+        int64_t block_cols = 0;  // MoeGroupedGemm::wgmma_block_cols (0: the kernel's choice)
       };
       std::vector<Variant> variants = {{MoeGemmKernel::kDecode, true}, {MoeGemmKernel::kDecode, false}};
       CudaDeviceInfo info;
@@ -275,12 +277,17 @@ TEST(CudaMoeSparse, GroupedGemmMatchesTheCpuReferenceOnSkewedRoutings) {
         variants.push_back({MoeGemmKernel::kWgmma, false, false, 64});  // both tile heights on every routing
         variants.push_back({MoeGemmKernel::kWgmma, false, false, 128});
         variants.push_back({MoeGemmKernel::kWgmma, false, true, 64});
+        variants.push_back({MoeGemmKernel::kWgmma, false, true, 128});
+        variants.push_back({MoeGemmKernel::kWgmma, false, false, 128, 192});  // the 128-column bits
+        variants.push_back({MoeGemmKernel::kWgmma, false, true, 128, 192});
       }
+      std::vector<uint16_t> y_cols128[2];  // 128-row, 128-column tiles' output, promoted and fast
       for (const Variant& v : variants) {
         SCOPED_TRACE(testing::repro(31, P, K, std::string("experts=") + std::to_string(E) + " n=" + std::to_string(N) +
                                                   " " + skew_name(skew) + " kernel=" + moe_gemm_kernel_name(v.kernel) +
                                                   (v.rows_in_place ? " a_rows" : " gathered") + (v.fast ? " fast" : "") +
-                                                  " block_rows=" + std::to_string(v.block_rows)));
+                                                  " block_rows=" + std::to_string(v.block_rows) +
+                                                  " block_cols=" + std::to_string(v.block_cols)));
         CUDA_ASSERT(d_y.fill_bytes(0xFF));
         MoeGroupedGemm g;
         g.rows = P;
@@ -303,11 +310,18 @@ TEST(CudaMoeSparse, GroupedGemmMatchesTheCpuReferenceOnSkewedRoutings) {
         g.d = d_y.get();
         g.fast_accumulation = v.fast;
         g.wgmma_block_rows = v.block_rows;
+        g.wgmma_block_cols = v.block_cols;
         const Status st = cuda_moe_grouped_gemm(g, nullptr, v.kernel);
         ASSERT_TRUE(st.ok()) << st.to_string();
         CUDA_ASSERT(cudaDeviceSynchronize());
         std::vector<uint16_t> y;
         CUDA_ASSERT(d_y.download(&y));
+        // 192-column tiles sum each output in the 128-column tiles' order: the same bits.
+        if (v.kernel == MoeGemmKernel::kWgmma && v.block_rows == 128 && v.block_cols == 0) y_cols128[v.fast] = y;
+        if (v.block_cols == 192) {
+          ASSERT_EQ(y.size(), y_cols128[v.fast].size()) << "the 128-column variant runs first";
+          EXPECT_EQ(0, std::memcmp(y.data(), y_cols128[v.fast].data(), y.size() * 2)) << "192 columns differ from 128";
+        }
         double worst = 0;
         for (int64_t e = 0; e < E; ++e) {
           double diff = 0, norm = 0;
@@ -650,4 +664,15 @@ TEST(CudaMoeSparse, RefusesBadArgumentsNamingThem) {
 }
 
 }  // namespace
+// The wgmma kernel's tile shape rules (host only).
+TEST(CudaMoeSparse, TileRulesTakeWideTilesForPrefillSizedExperts) {
+  EXPECT_EQ(moe_wgmma_block_rows(512 * 8, 128), 64);   // Qwen3-30B-A3B decode: 32 rows an expert
+  EXPECT_EQ(moe_wgmma_block_rows(4096 * 2, 8), 128);
+  EXPECT_EQ(moe_wgmma_block_cols(4096 * 2, 8, 14336), 192);  // Mixtral prefill: 1024 rows an expert
+  EXPECT_EQ(moe_wgmma_block_cols(4096 * 4, 32, 2880), 192);  // gpt-oss-20b: 512
+  EXPECT_EQ(moe_wgmma_block_cols(512 * 2, 8, 14336), 128);   // 128 rows an expert: 192 lost 2%
+  EXPECT_EQ(moe_wgmma_block_cols(4096 * 2, 8, 128), 128);    // narrower than a 192-column tile
+  EXPECT_EQ(moe_wgmma_block_cols(100, 0, 14336), 128);
+}
+
 }  // namespace llmq

@@ -177,10 +177,17 @@ struct MoeGroupedGemm {
   // that know better (expert parallelism: all the rows over all the experts, not this rank's), by
   // tests, and by bench_cuda_moe_sparse's wg-r64 / wg-r128 rows.
   int64_t wgmma_block_rows = 0;
+  // wgmma kernel: tiles of 128 or 192 columns (192: per-channel FP8 experts in 128-row tiles); 0:
+  // moe_wgmma_block_cols for per-channel FP8, else 128. Set by tests and by bench_cuda_moe_sparse's
+  // wg-c128 / wg-c192 rows.
+  int64_t wgmma_block_cols = 0;
 };
 // The one rule for the wgmma kernel's tile height: 64 rows where `rows` over `experts` average at
 // most 64 (the routing's per-expert counts stay on the device), else 128.
 int64_t moe_wgmma_block_rows(int64_t rows, int64_t experts);
+// The one rule for the wgmma kernel's tile width (per-channel FP8 experts in 128-row tiles): 192
+// columns where `rows` over `experts` average at least 256 (prefill) and n >= 192, else 128.
+int64_t moe_wgmma_block_cols(int64_t rows, int64_t experts, int64_t n);
 Status cuda_moe_grouped_gemm(const MoeGroupedGemm& g, CudaStream stream, MoeGemmKernel kernel = MoeGemmKernel::kAuto);
 // The one rule for kAuto: the decode kernel when any expert gets at most kMoeDecodeMaxRows rows, when
 // A is read in place through a_rows or in another type than the weights, or where sm_90a code cannot

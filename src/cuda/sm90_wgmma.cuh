@@ -126,6 +126,10 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[kSteps][4]) {
   " %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"                 \
   " %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"     \
   " %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define LLMQ_WGMMA_REGS96                                                                           \
+  LLMQ_WGMMA_REGS64 ","                                                                             \
+  " %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"                 \
+  " %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 // C(d[i]), ..., C(d[i + n - 1]) with C a constraint string: "+r" / "+f" (accumulate into d) or
 // "=r" / "=f" (d is written only, so the compiler may let the old values die before the product).
 #define LLMQ_WGMMA_D8(C, i)                                                                          \
@@ -134,6 +138,7 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[kSteps][4]) {
 #define LLMQ_WGMMA_D32(C, i) LLMQ_WGMMA_D8(C, i), LLMQ_WGMMA_D8(C, (i) + 8), LLMQ_WGMMA_D8(C, (i) + 16), LLMQ_WGMMA_D8(C, (i) + 24)
 #define LLMQ_WGMMA_D64(C, i) LLMQ_WGMMA_D32(C, i), LLMQ_WGMMA_D32(C, (i) + 32)
 #define LLMQ_WGMMA_D128(C) LLMQ_WGMMA_D64(C, 0), LLMQ_WGMMA_D64(C, 64)
+#define LLMQ_WGMMA_D96(C) LLMQ_WGMMA_D64(C, 0), LLMQ_WGMMA_D32(C, 64)
 
 // A and B from shared memory (descriptors desc_a, desc_b; operands %A, %B), the accumulate flag
 // (register operand %S) as scale-d; TAIL: the immediates some types take after it.
@@ -192,6 +197,12 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
   LLMQ_WGMMA_SS("m64n128k32.f32.e4m3.e4m3", LLMQ_WGMMA_REGS64, LLMQ_WGMMA_D64("+f", 0), 64, 65, 66, ", 1, 1");
 }
 
+// D[64 x 192] (+)= A[64 x 32] * B[192 x 32]^T in FP32, E4M3 (the 192-column form).
+__device__ __forceinline__ void wgmma_m64n192k32_e4m3(float (&d)[96], uint64_t desc_a, uint64_t desc_b,
+                                                      int accumulate) {
+  LLMQ_WGMMA_SS("m64n192k32.f32.e4m3.e4m3", LLMQ_WGMMA_REGS96, LLMQ_WGMMA_D96("+f"), 96, 97, 98, ", 1, 1");
+}
+
 // D[64 x 64] (+)= A[64 x 32] * B[64 x 32]^T in FP32, E4M3 (the 64-column form of the above).
 __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
   LLMQ_WGMMA_SS("m64n64k32.f32.e4m3.e4m3", LLMQ_WGMMA_REGS32, LLMQ_WGMMA_D32("+f", 0), 32, 33, 34, ", 1, 1");
@@ -212,9 +223,10 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t de
 // Dispatch by the compile-time tile width, as wgmma_s8 does: 32 bytes of K of E4M3 or BF16.
 template <int kN>
 __device__ __forceinline__ void wgmma_e4m3(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  static_assert(kN == 64 || kN == 128, "wgmma_e4m3: N must be 64 or 128");
+  static_assert(kN == 64 || kN == 128 || kN == 192, "wgmma_e4m3: N must be 64, 128 or 192");
   if constexpr (kN == 64) wgmma_m64n64k32_e4m3(d, desc_a, desc_b, accumulate);
   if constexpr (kN == 128) wgmma_m64n128k32_e4m3(d, desc_a, desc_b, accumulate);
+  if constexpr (kN == 192) wgmma_m64n192k32_e4m3(d, desc_a, desc_b, accumulate);
 }
 template <int kN>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {

@@ -3,9 +3,10 @@
 //
 // The wgmma kernel follows llmq's INT8 GEMM (src/cuda/int8_gemm_sm90.cu): persistent, warp-
 // specialised, 384 threads; warpgroup 0 produces (one thread issues TMA copies of A [kBlockM x 128]
-// and W [128 x 128] E4M3 tiles, 128-byte swizzled, into a ring of 6 (128-row tiles) or 8 (64-row)
-// stages), warpgroups 1 and 2 consume (128 rows: each 64 rows x 128 columns, 4 wgmma m64n128k32 per
-// K block; 64 rows: each the 64 rows x 64 columns, m64n64k32; Tile below). What is new:
+// and W [kBlockN x 128] E4M3 tiles, 128-byte swizzled, into a ring of 6 (128 x 128 tiles), 5
+// (128 x 192) or 8 (64-row) stages), warpgroups 1 and 2 consume (128 rows: each 64 rows x 128 or
+// 192 columns, 4 wgmma m64n128k32 / m64n192k32 per K block; 64 rows: each the 64 rows x 64
+// columns, m64n64k32; Tile below). What is new:
 //   * Tiles over variable groups. Each CTA reads expert_offsets once and builds in shared memory
 //     the first tile of every expert: expert e has ceil(rows_e / kBlockM) M-blocks x ceil(n / 128)
 //     N-blocks. Tile t belongs to the last expert whose first tile is <= t (a binary search);
@@ -50,10 +51,8 @@ using sm90::wgmma_bf16;
 using sm90::wgmma_e4m3;
 using sm90::wgmma_wait_group;
 
-constexpr int kBlockN = 128;
 constexpr int kBlockK = 128;  // one 128-byte swizzle row of E4M3
 constexpr int kThreads = 384;
-constexpr uint32_t kBBytes = kBlockN * kBlockK;
 constexpr int kMaxExperts = 1024;
 
 // A tile is kBlockM rows x 128 columns. 128 rows: each consumer warpgroup takes 64 rows and every
@@ -61,13 +60,22 @@ constexpr int kMaxExperts = 1024;
 // Qwen3-30B-A3B's 512 tokens x top-8 over 128 experts are 32 rows an expert): each warpgroup takes
 // the 64 rows and half the columns, so an expert's padding rows cost half the tensor work and the
 // A bytes of a 128-row tile.
-template <int kBlockM>
+// 192 columns (128-row tiles of per-channel FP8 experts at prefill sizes): each warpgroup's 64 x
+// 192 block reads the shared A rows once per 192 columns instead of 128, and a tile's ring stage
+// moves 40 KiB for 1.5x the products of a 32 KiB one.
+template <int kBlockM, int kBlockN = 128>
 struct Tile {
   static_assert(kBlockM == 128 || kBlockM == 64, "tiles of 128 or 64 rows");
-  static constexpr int kWgCols = kBlockM == 128 ? 128 : 64;  // the columns one consumer warpgroup owns
-  static constexpr int kStages = kBlockM == 128 ? 6 : 8;
+  static_assert(kBlockN == 128 || (kBlockN == 192 && kBlockM == 128), "128 columns, or 192 with 128 rows");
+  static constexpr int kWgCols = kBlockM == 128 ? kBlockN : 64;  // the columns one consumer warpgroup owns
   static constexpr uint32_t kABytes = kBlockM * kBlockK;
+  static constexpr uint32_t kBBytes = kBlockN * kBlockK;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  static constexpr int kStages = 204800 / kStageBytes < 8 ? 204800 / kStageBytes : 8;  // 6, 8 or 5
+  // 192 columns keep the epilogue's column scales in shared memory, 192 floats a warpgroup (in
+  // registers they would be 48 a thread on top of 192 accumulators).
+  static constexpr bool kScalesInSmem = kWgCols > 128;
+  static constexpr uint32_t kScaleBytes = kScalesInSmem ? 2 * kWgCols * sizeof(float) : 0;
   // Consumer warpgroup c's A rows and B rows (bytes into a stage).
   static __device__ __forceinline__ uint32_t a_offset(int c) { return kBlockM == 128 ? c * 64u * kBlockK : 0u; }
   static __device__ __forceinline__ uint32_t b_offset(int c) { return kBlockM == 128 ? 0u : c * 64u * kBlockK; }
@@ -75,10 +83,10 @@ struct Tile {
 
 // Ring, barriers, the expert table (offsets and first tiles, [experts + 1] each) and the 1024
 // bytes lost to aligning the base.
-template <int kBlockM>
+template <int kBlockM, int kBlockN>
 size_t smem_bytes(int64_t experts) {
-  using S = Tile<kBlockM>;
-  return S::kStages * S::kStageBytes + 2 * S::kStages * 8 + 2 * sizeof(int32_t) * (experts + 1) + 1024;
+  using S = Tile<kBlockM, kBlockN>;
+  return S::kStages * S::kStageBytes + 2 * S::kStages * 8 + S::kScaleBytes + 2 * sizeof(int32_t) * (experts + 1) + 1024;
 }
 
 struct GroupedParams {
@@ -97,7 +105,7 @@ struct GroupedParams {
 // per channel in the epilogue, or (kBlock) 1x128 activation blocks x 128x128 weight blocks applied
 // at each K block's promotion (a tile's 128 columns lie in one weight block: n % 128 == 0). kFast: E4M3
 // accumulated in the tensor core over all of K (no promotion), the BF16 form's loop.
-template <bool kBf16, bool kBlock, bool kFast, int kBlockM>
+template <bool kBf16, bool kBlock, bool kFast, int kBlockM, int kBlockN>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a,
                                  const __grid_constant__ CUtensorMap tmap_w, GroupedParams p) {
@@ -105,15 +113,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kConsumerWarps = 8;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  using S = Tile<kBlockM>;
+  using S = Tile<kBlockM, kBlockN>;
+  static_assert(!S::kScalesInSmem || !(kBf16 || kBlock), "192 columns: per-channel FP8 experts only");
   constexpr int kStages = S::kStages;
   constexpr uint32_t kABytes = S::kABytes, kStageBytes = S::kStageBytes;
   constexpr int kWgCols = S::kWgCols;
   using Ring = sm90::StageRing<kStages>;
   const Ring ring{base + kStages * kStageBytes};
   auto stage_a = [&](int s) { return base + static_cast<uint32_t>(s) * kStageBytes; };
-  // The expert table lives after the barriers (generic pointers for ordinary loads and stores).
-  int32_t* offsets = reinterpret_cast<int32_t*>(smem_raw + (ring.bars + Ring::kBarrierBytes - smem_u32(smem_raw)));
+  // The column scales (192 columns) and the expert table live after the barriers (generic pointers
+  // for ordinary loads and stores).
+  float* col_scales = reinterpret_cast<float*>(smem_raw + (ring.bars + Ring::kBarrierBytes - smem_u32(smem_raw)));
+  int32_t* offsets = reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(col_scales) + S::kScaleBytes);
   int32_t* first_tile = offsets + p.experts + 1;
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
@@ -196,19 +207,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t prow0 = offsets[e] + r0;
       const bool ok0 = r0 < rows_e, ok1 = r0 + 8 < rows_e;
       constexpr bool kUnscaled = kBf16 || kBlock;  // scales applied per K block (block) or none (BF16)
+      constexpr int kSbRegs = S::kScalesInSmem ? 1 : kWgCols / 8;  // column-scale pairs held in registers
       float sa0 = 1.0f, sa1 = 1.0f;
-      float sb[kWgCols / 8][2];
+      float sb[kSbRegs][2];
 #pragma unroll
-      for (int j = 0; j < kWgCols / 8; ++j) sb[j][0] = sb[j][1] = 1.0f;
+      for (int j = 0; j < kSbRegs; ++j) sb[j][0] = sb[j][1] = 1.0f;
       if constexpr (!kUnscaled) {
         sa0 = ok0 ? p.a_scale[prow0] : 0.0f;
         sa1 = ok1 ? p.a_scale[prow0 + 8] : 0.0f;
         const float* ws = p.w_scale + static_cast<int64_t>(e) * p.n;
+        if constexpr (S::kScalesInSmem) {
+          // Two of the tile's columns a thread (thread_in_group and + 128), stored to the
+          // warpgroup's shared scales after the K loop, when the loads have long arrived.
+          const int c0 = nb * kBlockN + thread_in_group, c1 = c0 + 128;
+          sb[0][0] = c0 < p.n ? ws[c0] : 0.0f;
+          sb[0][1] = thread_in_group + 128 < kWgCols && c1 < p.n ? ws[c1] : 0.0f;
+        } else {
 #pragma unroll
-        for (int j = 0; j < kWgCols / 8; ++j) {
-          const int col = col0 + 8 * j;
-          sb[j][0] = col < p.n ? ws[col] : 0.0f;
-          sb[j][1] = col + 1 < p.n ? ws[col + 1] : 0.0f;
+          for (int j = 0; j < kWgCols / 8; ++j) {
+            const int col = col0 + 8 * j;
+            sb[j][0] = col < p.n ? ws[col] : 0.0f;
+            sb[j][1] = col + 1 < p.n ? ws[col + 1] : 0.0f;
+          }
         }
       }
       if constexpr (kBf16 || kFast) {
@@ -308,12 +328,28 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+      // 192 columns: the warpgroup's scales to shared memory. Its threads left the previous tile's
+      // epilogue before any of them issued this tile's first wgmma (warpgroup-wide instructions),
+      // so the stores cannot race those reads; the barrier makes them visible to the warpgroup.
+      float* wg_scales = col_scales + consumer * kWgCols;
+      if constexpr (S::kScalesInSmem) {
+        wg_scales[thread_in_group] = sb[0][0];
+        if (thread_in_group + 128 < kWgCols) wg_scales[thread_in_group + 128] = sb[0][1];
+        sm90::named_barrier_sync<128>(1 + consumer);
+      }
 #pragma unroll
       for (int j = 0; j < kWgCols / 8; ++j) {
         const int col = col0 + 8 * j;
         if (col >= p.n) continue;
         const bool two = col + 1 < p.n;
-        const float sb0 = sb[j][0], sb1 = sb[j][1];
+        float sb0, sb1;
+        if constexpr (S::kScalesInSmem) {
+          sb0 = wg_scales[col - nb * kBlockN];
+          sb1 = wg_scales[col - nb * kBlockN + 1];
+        } else {
+          sb0 = sb[j][0];
+          sb1 = sb[j][1];
+        }
         auto put = [&](int64_t row, float sa, float v0, float v1) {
           const uint16_t b0 = __bfloat16_as_ushort(__float2bfloat16_rn(v0 * __fmul_rn(sa, sb0)));
           uint16_t* dst = p.d + row * p.n + col;
@@ -339,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // The device's facts are cuda::current_device_facts' (cached: this runs per expert linear per layer).
 using cuda::DeviceFacts;
 
-template <bool kBf16, bool kBlock, bool kFast, int kBlockM>
+template <bool kBf16, bool kBlock, bool kFast, int kBlockM, int kBlockN = 128>
 Status launch_tiles(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_t stream) {
   // Rows as bytes: TMA copies them whatever the element type.
   const int64_t k_bytes = g.k * (kBf16 ? 2 : 1);
@@ -356,10 +392,10 @@ Status launch_tiles(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_
   p.k = static_cast<int>(k_bytes);
   p.n_blocks = static_cast<int>(ceil_div(g.n, kBlockN));
   p.scale_k_blocks = static_cast<int>(ceil_div(g.k, 128));
-  const size_t smem = smem_bytes<kBlockM>(g.experts);
-  const auto kernel = moe_grouped_gemm_sm90_kernel<kBf16, kBlock, kFast, kBlockM>;
+  const size_t smem = smem_bytes<kBlockM, kBlockN>(g.experts);
+  const auto kernel = moe_grouped_gemm_sm90_kernel<kBf16, kBlock, kFast, kBlockM, kBlockN>;
   LLMQ_RETURN_IF_ERROR(cuda::allow_dynamic_smem(reinterpret_cast<const void*>(kernel),
-                                                static_cast<int>(smem_bytes<kBlockM>(kMaxExperts)), dev.ordinal));
+                                                static_cast<int>(smem_bytes<kBlockM, kBlockN>(kMaxExperts)), dev.ordinal));
   // Upper bound on tiles: each expert adds at most one partial M-block to ceil(rows / kBlockM).
   const int64_t max_tiles = (ceil_div(g.rows, kBlockM) + g.experts) * p.n_blocks;
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, dev.sms));
@@ -372,10 +408,19 @@ int64_t block_rows_for(const MoeGroupedGemm& g) {
   return g.wgmma_block_rows != 0 ? g.wgmma_block_rows : moe_wgmma_block_rows(g.rows, g.experts);
 }
 
+// 192 columns take per-channel FP8 in 128-row tiles (check() refuses the rest when asked for).
+int64_t block_cols_for(const MoeGroupedGemm& g) {
+  if (g.wgmma_block_cols != 0) return g.wgmma_block_cols;
+  const bool per_channel_fp8 = g.w_dtype == DType::kE4M3 && g.a_dtype == DType::kE4M3 && !g.block_scales;
+  return per_channel_fp8 && block_rows_for(g) == 128 ? moe_wgmma_block_cols(g.rows, g.experts, g.n) : 128;
+}
+
 template <bool kBf16, bool kBlock = false, bool kFast = false>
 Status launch_wgmma(const MoeGroupedGemm& g, const DeviceFacts& dev, cudaStream_t stream) {
-  return block_rows_for(g) == 64 ? launch_tiles<kBf16, kBlock, kFast, 64>(g, dev, stream)
-                                 : launch_tiles<kBf16, kBlock, kFast, 128>(g, dev, stream);
+  if (block_rows_for(g) == 64) return launch_tiles<kBf16, kBlock, kFast, 64>(g, dev, stream);
+  if constexpr (!kBf16 && !kBlock)
+    if (block_cols_for(g) == 192) return launch_tiles<kBf16, kBlock, kFast, 128, 192>(g, dev, stream);
+  return launch_tiles<kBf16, kBlock, kFast, 128>(g, dev, stream);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -399,6 +444,10 @@ Status check(const MoeGroupedGemm& g) {
     return invalid_argument("w_dtype: BF16 experts take BF16 activations and no scales (a_scale and w_scale null)");
   if (g.wgmma_block_rows != 0 && g.wgmma_block_rows != 64 && g.wgmma_block_rows != 128)
     return invalid_argument("wgmma_block_rows: 0 (the kernel's choice), 64 or 128, got " + std::to_string(g.wgmma_block_rows));
+  if (g.wgmma_block_cols != 0 && g.wgmma_block_cols != 128 && g.wgmma_block_cols != 192)
+    return invalid_argument("wgmma_block_cols: 0 (the kernel's choice), 128 or 192, got " + std::to_string(g.wgmma_block_cols));
+  if (g.wgmma_block_cols == 192 && (bf16 || g.block_scales || g.a_dtype != DType::kE4M3 || g.wgmma_block_rows == 64))
+    return invalid_argument("wgmma_block_cols: 192 takes per-channel FP8 (e4m3) experts and activations in 128-row tiles");
   if (g.fast_accumulation && (bf16 || g.block_scales || g.a_dtype != DType::kE4M3))
     return invalid_argument("fast_accumulation: per-channel FP8 (e4m3) experts and activations only");
   if (g.rows == 0) return {};
@@ -431,6 +480,13 @@ MoeGemmKernel pick(const MoeGroupedGemm& g, const DeviceFacts& dev) {
 
 int64_t moe_wgmma_block_rows(int64_t rows, int64_t experts) {
   return experts > 0 && ceil_div(rows, experts) <= 64 ? 64 : 128;
+}
+
+// H200, bench_cuda_moe_sparse against 128 columns in one session: 4096 tokens (512 / 1024 rows an
+// expert) gpt-oss-20b 307 -> 276 us, Mixtral-8x7B 954 -> 895; at 512 tokens (128 rows an expert,
+// Mixtral) 2% slower, so prefill-sized experts only.
+int64_t moe_wgmma_block_cols(int64_t rows, int64_t experts, int64_t n) {
+  return experts > 0 && ceil_div(rows, experts) >= 256 && n >= 192 ? 192 : 128;
 }
 
 MoeGemmKernel moe_gemm_kernel_for(int64_t max_rows_per_expert, bool rows_in_place, bool same_types, int sm_major,
