@@ -275,9 +275,9 @@ TEST(CudaMoeSparse, GroupedGemmMatchesTheCpuReferenceOnSkewedRoutings) {
         variants.push_back({MoeGemmKernel::kWgmma, false});
         variants.push_back({MoeGemmKernel::kWgmma, false, true});
         variants.push_back({MoeGemmKernel::kWgmma, false, false, 64});  // both tile heights on every routing
-        variants.push_back({MoeGemmKernel::kWgmma, false, false, 128});
+        variants.push_back({MoeGemmKernel::kWgmma, false, false, 128, 128});
         variants.push_back({MoeGemmKernel::kWgmma, false, true, 64});
-        variants.push_back({MoeGemmKernel::kWgmma, false, true, 128});
+        variants.push_back({MoeGemmKernel::kWgmma, false, true, 128, 128});
         variants.push_back({MoeGemmKernel::kWgmma, false, false, 128, 192});  // the 128-column bits
         variants.push_back({MoeGemmKernel::kWgmma, false, true, 128, 192});
       }
@@ -317,7 +317,7 @@ TEST(CudaMoeSparse, GroupedGemmMatchesTheCpuReferenceOnSkewedRoutings) {
         std::vector<uint16_t> y;
         CUDA_ASSERT(d_y.download(&y));
         // 192-column tiles sum each output in the 128-column tiles' order: the same bits.
-        if (v.kernel == MoeGemmKernel::kWgmma && v.block_rows == 128 && v.block_cols == 0) y_cols128[v.fast] = y;
+        if (v.kernel == MoeGemmKernel::kWgmma && v.block_rows == 128 && v.block_cols == 128) y_cols128[v.fast] = y;
         if (v.block_cols == 192) {
           ASSERT_EQ(y.size(), y_cols128[v.fast].size()) << "the 128-column variant runs first";
           EXPECT_EQ(0, std::memcmp(y.data(), y_cols128[v.fast].data(), y.size() * 2)) << "192 columns differ from 128";
@@ -650,6 +650,17 @@ TEST(CudaMoeSparse, RefusesBadArgumentsNamingThem) {
   MoeGroupedGemm odd_tiles = g;  // the wgmma kernel's tiles are 64 or 128 rows
   odd_tiles.wgmma_block_rows = 96;
   EXPECT_NE(cuda_moe_grouped_gemm(odd_tiles, nullptr).message().find("wgmma_block_rows"), std::string::npos);
+  MoeGroupedGemm odd_cols = g;  // 128 or 192 columns
+  odd_cols.wgmma_block_cols = 256;
+  EXPECT_NE(cuda_moe_grouped_gemm(odd_cols, nullptr).message().find("wgmma_block_cols"), std::string::npos);
+  MoeGroupedGemm wide_short = g;  // 192 columns only in 128-row tiles
+  wide_short.wgmma_block_cols = 192;
+  wide_short.wgmma_block_rows = 64;
+  EXPECT_NE(cuda_moe_grouped_gemm(wide_short, nullptr).message().find("wgmma_block_cols"), std::string::npos);
+  MoeGroupedGemm wide_block = g;  // nor with block scales
+  wide_block.wgmma_block_cols = 192;
+  wide_block.block_scales = true;
+  EXPECT_NE(cuda_moe_grouped_gemm(wide_block, nullptr).message().find("wgmma_block_cols"), std::string::npos);
   MoeGroupedGemm fast_bf16 = g;  // BF16 experts accumulate in FP32 already: the flag is refused, not ignored
   fast_bf16.fast_accumulation = true;
   fast_bf16.a_dtype = DType::kBF16;
@@ -673,6 +684,9 @@ TEST(CudaMoeSparse, TileRulesTakeWideTilesForPrefillSizedExperts) {
   EXPECT_EQ(moe_wgmma_block_cols(512 * 2, 8, 14336), 128);   // 128 rows an expert: 192 lost 2%
   EXPECT_EQ(moe_wgmma_block_cols(4096 * 2, 8, 128), 128);    // narrower than a 192-column tile
   EXPECT_EQ(moe_wgmma_block_cols(100, 0, 14336), 128);
+  EXPECT_EQ(moe_wgmma_block_cols(256 * 8, 8, 192), 192);  // the boundaries
+  EXPECT_EQ(moe_wgmma_block_cols(255 * 8, 8, 192), 128);
+  EXPECT_EQ(moe_wgmma_block_cols(256 * 8, 8, 191), 128);
 }
 
 }  // namespace llmq

@@ -107,7 +107,7 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[kSteps][4]) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The mma forms. One instruction each, D of 32, 64 or 128 registers a thread, laid out as the PTX
+// The mma forms. One instruction each, D of 32, 64, 96 or 128 registers a thread, laid out as the PTX
 // ISA's wgmma D fragment: d[4j + 0, 1] row r, columns 8j + 2t, +1; d[4j + 2, 3] row r + 8
 // (r = 16 warp + lane / 4, t = lane % 4). The operand lists are spelled by the macros below.
 // scale-d is the predicate p: false makes D = A * B (no accumulate).

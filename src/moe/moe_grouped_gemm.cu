@@ -8,7 +8,7 @@
 // 192 columns, 4 wgmma m64n128k32 / m64n192k32 per K block; 64 rows: each the 64 rows x 64
 // columns, m64n64k32; Tile below). What is new:
 //   * Tiles over variable groups. Each CTA reads expert_offsets once and builds in shared memory
-//     the first tile of every expert: expert e has ceil(rows_e / kBlockM) M-blocks x ceil(n / 128)
+//     the first tile of every expert: expert e has ceil(rows_e / kBlockM) M-blocks x ceil(n / kBlockN)
 //     N-blocks. Tile t belongs to the last expert whose first tile is <= t (a binary search);
 //     within an expert the M-blocks of one N-block are consecutive, so the CTAs running together
 //     share the expert's weight panel in L2 (weights are the large operand at MoE sizes). Rows of
@@ -328,11 +328,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      // 192 columns: the warpgroup's scales to shared memory. Its threads left the previous tile's
-      // epilogue before any of them issued this tile's first wgmma (warpgroup-wide instructions),
-      // so the stores cannot race those reads; the barrier makes them visible to the warpgroup.
+      // 192 columns: the warpgroup's scales to shared memory. The first barrier waits for every
+      // thread of the warpgroup to leave the previous tile's epilogue (which read these), the
+      // second makes the stores visible before this one's.
       float* wg_scales = col_scales + consumer * kWgCols;
       if constexpr (S::kScalesInSmem) {
+        sm90::named_barrier_sync<128>(1 + consumer);
         wg_scales[thread_in_group] = sb[0][0];
         if (thread_in_group + 128 < kWgCols) wg_scales[thread_in_group + 128] = sb[0][1];
         sm90::named_barrier_sync<128>(1 + consumer);
@@ -446,7 +447,7 @@ Status check(const MoeGroupedGemm& g) {
     return invalid_argument("wgmma_block_rows: 0 (the kernel's choice), 64 or 128, got " + std::to_string(g.wgmma_block_rows));
   if (g.wgmma_block_cols != 0 && g.wgmma_block_cols != 128 && g.wgmma_block_cols != 192)
     return invalid_argument("wgmma_block_cols: 0 (the kernel's choice), 128 or 192, got " + std::to_string(g.wgmma_block_cols));
-  if (g.wgmma_block_cols == 192 && (bf16 || g.block_scales || g.a_dtype != DType::kE4M3 || g.wgmma_block_rows == 64))
+  if (g.wgmma_block_cols == 192 && (bf16 || g.block_scales || g.a_dtype != DType::kE4M3 || block_rows_for(g) == 64))
     return invalid_argument("wgmma_block_cols: 192 takes per-channel FP8 (e4m3) experts and activations in 128-row tiles");
   if (g.fast_accumulation && (bf16 || g.block_scales || g.a_dtype != DType::kE4M3))
     return invalid_argument("fast_accumulation: per-channel FP8 (e4m3) experts and activations only");
