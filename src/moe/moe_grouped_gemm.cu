@@ -409,11 +409,16 @@ int64_t block_rows_for(const MoeGroupedGemm& g) {
   return g.wgmma_block_rows != 0 ? g.wgmma_block_rows : moe_wgmma_block_rows(g.rows, g.experts);
 }
 
+// E4M3 experts and activations with per-channel (not block) scales: what 192-column tiles and the
+// tensor core's own accumulator take.
+bool per_channel_fp8(const MoeGroupedGemm& g) {
+  return g.w_dtype == DType::kE4M3 && g.a_dtype == DType::kE4M3 && !g.block_scales;
+}
+
 // 192 columns take per-channel FP8 in 128-row tiles (check() refuses the rest when asked for).
 int64_t block_cols_for(const MoeGroupedGemm& g) {
   if (g.wgmma_block_cols != 0) return g.wgmma_block_cols;
-  const bool per_channel_fp8 = g.w_dtype == DType::kE4M3 && g.a_dtype == DType::kE4M3 && !g.block_scales;
-  return per_channel_fp8 && block_rows_for(g) == 128 ? moe_wgmma_block_cols(g.rows, g.experts, g.n) : 128;
+  return per_channel_fp8(g) && block_rows_for(g) == 128 ? moe_wgmma_block_cols(g.rows, g.experts, g.n) : 128;
 }
 
 template <bool kBf16, bool kBlock = false, bool kFast = false>
@@ -447,9 +452,9 @@ Status check(const MoeGroupedGemm& g) {
     return invalid_argument("wgmma_block_rows: 0 (the kernel's choice), 64 or 128, got " + std::to_string(g.wgmma_block_rows));
   if (g.wgmma_block_cols != 0 && g.wgmma_block_cols != 128 && g.wgmma_block_cols != 192)
     return invalid_argument("wgmma_block_cols: 0 (the kernel's choice), 128 or 192, got " + std::to_string(g.wgmma_block_cols));
-  if (g.wgmma_block_cols == 192 && (bf16 || g.block_scales || g.a_dtype != DType::kE4M3 || block_rows_for(g) == 64))
+  if (g.wgmma_block_cols == 192 && (!per_channel_fp8(g) || block_rows_for(g) == 64))
     return invalid_argument("wgmma_block_cols: 192 takes per-channel FP8 (e4m3) experts and activations in 128-row tiles");
-  if (g.fast_accumulation && (bf16 || g.block_scales || g.a_dtype != DType::kE4M3))
+  if (g.fast_accumulation && !per_channel_fp8(g))
     return invalid_argument("fast_accumulation: per-channel FP8 (e4m3) experts and activations only");
   if (g.rows == 0) return {};
   if (g.expert_offsets == nullptr) return invalid_argument("expert_offsets: null device pointer");
